@@ -1,0 +1,179 @@
+//! In-process single flight: per key, one task (the leader) talks to the backend; the others in
+//! the process wait for its outcome.
+//!
+//! Invariants:
+//! - the map holds an entry for a key exactly while its leader is alive: the leader's guard removes
+//!   it on completion and in `Drop`, so a cancelled or panicking leader leaves nothing behind;
+//! - followers of a leader that went away without an outcome are told so and try again, one of
+//!   them becoming the next leader (the same contract as tokio's `OnceCell` and moka's
+//!   `get_with`).
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+use crate::wakeup::lock;
+use crate::Error;
+
+type Outcome<T, E> = Result<T, Error<E>>;
+
+enum State<T, E> {
+    Running,
+    Done(Outcome<T, E>),
+    Abandoned,
+}
+
+type Slot<T, E> = watch::Sender<State<T, E>>;
+
+/// Key → the running leader's slot, type-erased because each call chooses its own `T` and `E`.
+#[derive(Default)]
+pub(crate) struct Flights {
+    /// The `std` mutex is held only for a map operation, never across an `.await`.
+    map: Mutex<HashMap<String, Arc<dyn Any + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for Flights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Flights")
+            .field("in_flight", &self.len())
+            .finish()
+    }
+}
+
+pub(crate) enum Role<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
+    /// Do the work, then hand the outcome to [`Leader::finish`].
+    Lead(Leader<'a, T, E>),
+    /// Another task is doing it.
+    Follow(Follower<T, E>),
+    /// The key is in flight with other types `T`/`E`: go alone, without sharing.
+    Alone,
+}
+
+impl Flights {
+    pub(crate) fn join<T, E>(&self, key: &str) -> Role<'_, T, E>
+    where
+        T: Clone + Send + Sync + 'static,
+        E: Send + Sync + 'static,
+    {
+        let mut map = lock(&self.map);
+        if let Some(existing) = map.get(key) {
+            return match Arc::clone(existing).downcast::<Slot<T, E>>() {
+                Ok(slot) => Role::Follow(Follower {
+                    rx: slot.subscribe(),
+                }),
+                Err(_) => Role::Alone,
+            };
+        }
+        let slot: Arc<Slot<T, E>> = Arc::new(watch::channel(State::Running).0);
+        map.insert(key.to_owned(), slot.clone());
+        Role::Lead(Leader {
+            flights: self,
+            key: key.to_owned(),
+            slot,
+            finished: false,
+        })
+    }
+
+    /// How many keys are in flight (nothing may be left behind after a call ends).
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.map).len()
+    }
+
+    fn remove(&self, key: &str, slot: &Arc<dyn Any + Send + Sync>) {
+        let mut map = lock(&self.map);
+        if map.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            map.remove(key);
+        }
+    }
+}
+
+pub(crate) struct Leader<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
+    flights: &'a Flights,
+    key: String,
+    slot: Arc<Slot<T, E>>,
+    finished: bool,
+}
+
+impl<T, E> Leader<'_, T, E>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Send + Sync + 'static,
+{
+    /// Hands the outcome to every follower and leaves the map.
+    pub(crate) fn finish(mut self, outcome: &Outcome<T, E>) {
+        self.slot.send_replace(State::Done(outcome.clone()));
+        self.finished = true;
+        self.leave();
+    }
+}
+
+impl<T: Send + Sync + 'static, E: Send + Sync + 'static> Leader<'_, T, E> {
+    fn leave(&self) {
+        let slot: Arc<dyn Any + Send + Sync> = self.slot.clone();
+        self.flights.remove(&self.key, &slot);
+    }
+}
+
+impl<T: Send + Sync + 'static, E: Send + Sync + 'static> Drop for Leader<'_, T, E> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        // Cancelled or panicking: release the followers so that one of them takes over.
+        self.slot.send_replace(State::Abandoned);
+        self.leave();
+    }
+}
+
+pub(crate) struct Follower<T, E> {
+    rx: watch::Receiver<State<T, E>>,
+}
+
+impl<T: Clone, E> Follower<T, E> {
+    /// The leader's outcome, or `None` if it went away without one.
+    pub(crate) async fn outcome(mut self) -> Option<Outcome<T, E>> {
+        let state = self
+            .rx
+            .wait_for(|s| !matches!(s, State::Running))
+            .await
+            .ok()?;
+        match &*state {
+            State::Done(outcome) => Some(outcome.clone()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn followers_get_the_leaders_outcome_and_the_map_empties() {
+        let flights = Flights::default();
+        let Role::Lead(leader) = flights.join::<u32, ()>("k") else {
+            panic!("the first caller leads");
+        };
+        let Role::Follow(follower) = flights.join::<u32, ()>("k") else {
+            panic!("the second caller follows");
+        };
+        assert!(matches!(flights.join::<String, ()>("k"), Role::Alone));
+        leader.finish(&Ok(7));
+        assert_eq!(flights.len(), 0);
+        assert!(matches!(follower.outcome().await, Some(Ok(7))));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_leader_releases_its_followers() {
+        let flights = Flights::default();
+        let leader = flights.join::<u32, ()>("k");
+        let Role::Follow(follower) = flights.join::<u32, ()>("k") else {
+            panic!("the second caller follows");
+        };
+        drop(leader);
+        assert_eq!(flights.len(), 0);
+        assert!(follower.outcome().await.is_none());
+    }
+}

@@ -1,0 +1,151 @@
+//! The Redis key layout of one cache entry (or one lock), and the escaping that keeps it sound.
+//!
+//! Invariants this module guarantees for every name it accepts:
+//! - all keys of one entry share one hash tag `{...}`, so Redis Cluster puts them on one slot and
+//!   one Lua script may touch them all;
+//! - the escaped user key never contains `{`, `}`, `%`, spaces, control characters or non-ASCII
+//!   bytes, so the tag is well formed and visible as-is in `redis-cli`;
+//! - escaping is injective: two different user keys never share a Redis key, and no user key can
+//!   reach outside its namespace.
+
+use std::fmt::Write as _;
+
+use crate::Error;
+
+/// The longest user key accepted, in bytes before escaping.
+pub const MAX_KEY_BYTES: usize = 512;
+
+/// The longest namespace accepted, in bytes.
+const MAX_NAMESPACE_BYTES: usize = 64;
+
+/// The Redis names that belong to one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryKeys {
+    /// The key as the user gave it, for messages and logs.
+    pub user: String,
+    /// `ns:{k}`: the value envelope.
+    pub value: String,
+    /// `ns:{k}_lock`: the owner's token while someone computes.
+    pub lock: String,
+    /// `ns:{k}_fence`: the fencing counter, bumped on every acquisition, `set` and invalidation.
+    pub fence: String,
+    /// `ns:{k}_done`: the wake-up channel, published when the value lands or the lock is freed.
+    pub channel: String,
+}
+
+impl EntryKeys {
+    pub(crate) fn new(namespace: &str, key: &str) -> Result<Self, Error> {
+        if key.is_empty() {
+            return Err(invalid(key, "a key must not be empty"));
+        }
+        if key.len() > MAX_KEY_BYTES {
+            return Err(invalid(
+                key,
+                "a key must be at most MAX_KEY_BYTES (512) bytes long",
+            ));
+        }
+        let tagged = format!("{namespace}:{{{}}}", escape(key));
+        Ok(EntryKeys {
+            user: key.to_owned(),
+            lock: format!("{tagged}_lock"),
+            fence: format!("{tagged}_fence"),
+            channel: format!("{tagged}_done"),
+            value: tagged,
+        })
+    }
+}
+
+/// Checks a namespace: it prefixes every key verbatim, so it must not hold a hash tag of its own.
+pub(crate) fn validate_namespace(namespace: &str) -> Result<(), Error> {
+    if namespace.is_empty() || namespace.len() > MAX_NAMESPACE_BYTES {
+        return Err(invalid(namespace, "a namespace must be 1 to 64 bytes long"));
+    }
+    if !namespace.bytes().all(is_plain) {
+        return Err(invalid(
+            namespace,
+            "a namespace may hold only printable ASCII without '{', '}', '%' or spaces",
+        ));
+    }
+    Ok(())
+}
+
+fn invalid(key: &str, reason: &'static str) -> Error {
+    Error::InvalidKey {
+        key: key.to_owned(),
+        reason,
+    }
+}
+
+/// Bytes that stand for themselves; every other byte is written `%XX`.
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b'%')
+}
+
+fn escape(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if is_plain(b) {
+            out.push(b as char);
+        } else {
+            // Writing to a String cannot fail.
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn month_keys_follow_the_documented_layout() {
+        let keys = EntryKeys::new("reports", "2019-05").unwrap();
+        assert_eq!(keys.value, "reports:{2019-05}");
+        assert_eq!(keys.lock, "reports:{2019-05}_lock");
+        assert_eq!(keys.fence, "reports:{2019-05}_fence");
+        assert_eq!(keys.channel, "reports:{2019-05}_done");
+    }
+
+    #[test]
+    fn braces_newlines_and_non_ascii_are_escaped_injectively() {
+        let odd = [
+            "a{b}",
+            "a%7Bb%7D",
+            "line\nbreak",
+            "zürich",
+            "a b",
+            "%",
+            "%25",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for k in odd {
+            let keys = EntryKeys::new("ns", k).unwrap();
+            let inner = &keys.value["ns:{".len()..keys.value.len() - 1];
+            assert!(!inner.contains(['{', '}', '\n', ' ']), "{inner}");
+            assert!(inner.is_ascii());
+            assert!(seen.insert(keys.value.clone()), "collision for {k:?}");
+        }
+    }
+
+    #[test]
+    fn empty_and_oversize_keys_are_refused() {
+        assert!(matches!(
+            EntryKeys::new("ns", ""),
+            Err(Error::InvalidKey { .. })
+        ));
+        assert!(EntryKeys::new("ns", &"x".repeat(MAX_KEY_BYTES)).is_ok());
+        assert!(matches!(
+            EntryKeys::new("ns", &"x".repeat(MAX_KEY_BYTES + 1)),
+            Err(Error::InvalidKey { .. })
+        ));
+    }
+
+    #[test]
+    fn namespaces_cannot_carry_their_own_tag() {
+        assert!(validate_namespace("reports").is_ok());
+        assert!(validate_namespace("a{b}").is_err());
+        assert!(validate_namespace("").is_err());
+        assert!(validate_namespace("with space").is_err());
+    }
+}

@@ -1,0 +1,60 @@
+//! Stops cache stampedes: when many tasks, processes or machines miss the same key at once,
+//! exactly one computes it and the others wait for its value.
+//!
+//! ```
+//! use stampede_guard::Cache;
+//! use std::time::Duration;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+//! let cache = Cache::in_memory(); // or Cache::builder().redis_url("redis://...").build().await?
+//! let rows: Vec<u64> = cache
+//!     .get_or_compute("2019-05", Duration::from_secs(300), || async {
+//!         Ok::<_, std::io::Error>(vec![1, 2, 3]) // the slow query
+//!     })
+//!     .await?;
+//! assert_eq!(rows, [1, 2, 3]);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it works
+//! 1. Read the value; a hit returns at once (one `GET`).
+//! 2. On a miss, one task per process per key goes on (in-process single flight); it runs a
+//!    script that reads the value again or takes the key's lock (`SET NX PX` with a random token)
+//!    and bumps its fencing counter.
+//! 3. The lock holder computes while a heartbeat renews its lease, then writes the value and frees
+//!    the lock in one script, which refuses the write if the key was invalidated, set or taken
+//!    over in the meantime (fencing), and publishes a wake-up.
+//! 4. Everyone else waits for the wake-up (or a jittered, capped exponential backoff, never past
+//!    the holder's lease) and reads again; if the holder died, its lease runs out and one waiter
+//!    takes over.
+//!
+//! # Backends
+//! - The embedded in-memory store ([`Cache::in_memory`]): one process, no server; the default.
+//! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines.
+#![deny(missing_docs, missing_debug_implementations)]
+#![warn(rust_2018_idioms, unreachable_pub)]
+
+mod cache;
+mod codec;
+mod envelope;
+mod error;
+mod flight;
+mod key;
+mod lease;
+mod lock;
+mod options;
+mod store;
+mod wakeup;
+
+pub use cache::{Cache, CacheBuilder};
+pub use codec::{Bincode, Codec, CodecError};
+pub use error::Error;
+pub use key::MAX_KEY_BYTES;
+pub use lease::Lease;
+pub use options::{Backoff, CallOptions, Fallback};
+
+/// The largest encoded value accepted (64 MiB); larger ones are refused with
+/// [`Error::ValueTooLarge`] rather than sent to Redis.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;

@@ -1,0 +1,196 @@
+//! Per-call options and their defaults.
+
+use std::time::Duration;
+
+/// How a call behaves: the lock's lease, how long to wait for another caller, how to back off, and
+/// what to do when the backend is down.
+///
+/// Every [`Cache`](crate::Cache) carries a set (the builder's, or [`CallOptions::default`]);
+/// [`Cache::with_options`](crate::Cache::with_options) gives a handle with another set for the
+/// calls made through it.
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | [`lease`](Self::lease) | 5 s | how long a lock lives without renewal; a dead holder blocks others this long at most |
+/// | [`renew`](Self::renew) | on | extend the lease every `lease / 3` while the computation runs |
+/// | [`wait_timeout`](Self::wait_timeout) | 30 s | how long a caller waits for another's computation before [`Error::WaitTimeout`](crate::Error::WaitTimeout) |
+/// | [`backoff`](Self::backoff) | 10 ms doubling to 500 ms, jittered | re-check interval when no wake-up arrives |
+/// | [`on_backend_error`](Self::on_backend_error) | [`Fallback::Fail`] | Redis down: fail, or compute without the cache |
+///
+/// ```
+/// use stampede_guard::{CallOptions, Fallback};
+/// use std::time::Duration;
+///
+/// let options = CallOptions::default()
+///     .lease(Duration::from_secs(10))
+///     .wait_timeout(Duration::from_secs(5))
+///     .on_backend_error(Fallback::ComputeUncached);
+/// assert_eq!(options.get_lease(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use]
+pub struct CallOptions {
+    pub(crate) lease: Duration,
+    pub(crate) renew: bool,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) on_backend_error: Fallback,
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        CallOptions {
+            lease: Duration::from_secs(5),
+            renew: true,
+            wait_timeout: Duration::from_secs(30),
+            backoff: Backoff::default(),
+            on_backend_error: Fallback::Fail,
+        }
+    }
+}
+
+impl CallOptions {
+    /// How long the lock lives unless renewed. A holder that dies keeps others waiting at most this
+    /// long; a holder that pauses longer than this (without renewal) loses the lock. Values under
+    /// 30 ms are raised to 30 ms.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(30));
+        self
+    }
+
+    /// Whether the holder extends its lease every `lease / 3` while it computes (default on).
+    /// Turned off, a computation that outlasts the lease loses the lock, and its result is not
+    /// written over a newer holder's.
+    pub fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// How long a caller waits for another caller's computation before giving up with
+    /// [`Error::WaitTimeout`](crate::Error::WaitTimeout).
+    pub fn wait_timeout(mut self, wait: Duration) -> Self {
+        self.wait_timeout = wait;
+        self
+    }
+
+    /// The re-check schedule used while waiting, when no wake-up notification arrives.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// What to do when the backend cannot be reached.
+    pub fn on_backend_error(mut self, fallback: Fallback) -> Self {
+        self.on_backend_error = fallback;
+        self
+    }
+
+    /// The lease in force.
+    pub fn get_lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The wait bound in force.
+    pub fn get_wait_timeout(&self) -> Duration {
+        self.wait_timeout
+    }
+}
+
+/// What a call does when the backend (Redis) fails.
+///
+/// ```
+/// use stampede_guard::{CallOptions, Fallback};
+/// let options = CallOptions::default().on_backend_error(Fallback::ComputeUncached);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Fallback {
+    /// Return [`Error::Backend`](crate::Error::Backend), naming the failed operation.
+    #[default]
+    Fail,
+    /// Run the computation without the cache and return its value. Callers in one process still
+    /// share one computation per key; across processes there is no coordination while Redis is
+    /// down, so every process may compute once.
+    ComputeUncached,
+}
+
+/// Jittered, capped exponential backoff: the n-th delay is drawn uniformly from
+/// `[d/2, d]` where `d = min(initial * 2^n, max)`.
+///
+/// Waiters are normally woken by a notification the moment the value lands; the backoff only
+/// bounds how long a missed notification (a dropped connection, a holder that died) can delay
+/// them. The wait never sleeps past the lock's remaining lease.
+///
+/// ```
+/// use stampede_guard::Backoff;
+/// use std::time::Duration;
+///
+/// let backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
+/// assert_eq!(backoff.max(), Duration::from_millis(200));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff::new(Duration::from_millis(10), Duration::from_millis(500))
+    }
+}
+
+impl Backoff {
+    /// A schedule starting at `initial` and doubling up to `max` (`max` is raised to `initial`
+    /// if smaller; `initial` is at least 1 ms).
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        let initial = initial.max(Duration::from_millis(1));
+        Backoff {
+            initial,
+            max: max.max(initial),
+        }
+    }
+
+    /// The first delay's upper bound.
+    pub fn initial(&self) -> Duration {
+        self.initial
+    }
+
+    /// The cap.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The upper bound of the `attempt`-th delay (0-based).
+    pub(crate) fn ceiling(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
+        self.initial.saturating_mul(factor).min(self.max)
+    }
+
+    /// The `attempt`-th delay, jittered.
+    pub(crate) fn delay(&self, attempt: u32) -> Duration {
+        let ceiling = self.ceiling(attempt);
+        let floor = ceiling / 2;
+        let span = (ceiling - floor).as_micros() as u64;
+        floor + Duration::from_micros(rand::random_range(0..=span))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delays_double_up_to_the_cap_and_stay_in_the_jitter_band() {
+        let b = Backoff::new(Duration::from_millis(10), Duration::from_millis(100));
+        let ceilings: Vec<u128> = (0..6).map(|n| b.ceiling(n).as_millis()).collect();
+        assert_eq!(ceilings, [10, 20, 40, 80, 100, 100]);
+        for n in 0..50 {
+            let d = b.delay(n);
+            assert!(d >= b.ceiling(n) / 2 && d <= b.ceiling(n), "{d:?}");
+        }
+        assert_eq!(b.ceiling(u32::MAX), Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,365 @@
+//! The embedded store: one process, no server. The default of [`Cache::in_memory`].
+//!
+//! It keeps the same semantics as the Redis store (TTLs, leases, fencing, wake-ups) so that code
+//! written against it behaves the same on Redis. Time is `tokio::time`, so tests can pause it.
+//!
+//! [`Cache::in_memory`]: crate::Cache::in_memory
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use super::{BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES};
+use crate::key::EntryKeys;
+use crate::wakeup::{lock, Listener, Wakeups};
+
+/// Sweep expired entries after this many writes, so memory stays bounded by the live entries.
+const SWEEP_EVERY: u64 = 1024;
+
+#[derive(Debug, Default)]
+pub(crate) struct MemoryStore {
+    /// One mutex for all maps: every operation is one short critical section without `.await`,
+    /// which is what makes each operation atomic, as a Lua script is in Redis.
+    state: Mutex<State>,
+    wakeups: Arc<Wakeups>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    values: HashMap<String, Expiring<Vec<u8>>>,
+    locks: HashMap<String, Expiring<String>>,
+    fences: HashMap<String, Expiring<u64>>,
+    /// The highest fencing token handed out, so that a re-seeded counter never repeats one even
+    /// when tokio's clock is paused and the wall clock has not moved.
+    high_water: u64,
+    writes: u64,
+}
+
+#[derive(Debug)]
+struct Expiring<T> {
+    item: T,
+    until: Instant,
+}
+
+fn live<'m, T>(map: &'m HashMap<String, Expiring<T>>, key: &str, now: Instant) -> Option<&'m T> {
+    map.get(key).filter(|e| e.until > now).map(|e| &e.item)
+}
+
+impl State {
+    fn bump_fence(&mut self, key: &str, retention: Duration, now: Instant) -> u64 {
+        let next = match live(&self.fences, key, now) {
+            Some(n) => n + 1,
+            // Seeded from the wall clock in microseconds, like the Redis script: a counter that
+            // lapsed never hands out a token at or below one handed out before.
+            None => SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0)
+                .max(self.high_water)
+                .saturating_add(1),
+        };
+        self.high_water = self.high_water.max(next);
+        self.fences.insert(
+            key.to_owned(),
+            Expiring {
+                item: next,
+                until: now + retention,
+            },
+        );
+        next
+    }
+
+    fn wrote(&mut self, now: Instant) {
+        self.writes += 1;
+        if self.writes % SWEEP_EVERY == 0 {
+            self.values.retain(|_, e| e.until > now);
+            self.locks.retain(|_, e| e.until > now);
+            self.fences.retain(|_, e| e.until > now);
+        }
+    }
+}
+
+fn retention(lease: Duration) -> Duration {
+    lease * FENCE_RETENTION_LEASES
+}
+
+impl MemoryStore {
+    fn with_state<R>(&self, f: impl FnOnce(&mut State, Instant) -> R) -> R {
+        let now = Instant::now();
+        f(&mut lock(&self.state), now)
+    }
+}
+
+impl Store for MemoryStore {
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Vec<u8>>>> {
+        let value = self.with_state(|s, now| live(&s.values, &keys.value, now).cloned());
+        Box::pin(std::future::ready(Ok(value)))
+    }
+
+    fn read_or_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+        read_value: bool,
+    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
+        let answer = self.with_state(|s, now| {
+            if read_value {
+                if let Some(v) = live(&s.values, &keys.value, now) {
+                    return ReadOrLock::Value(v.clone());
+                }
+            }
+            if let Some(held) = s.locks.get(&keys.lock).filter(|e| e.until > now) {
+                return ReadOrLock::Held {
+                    expires_in: Some(held.until - now),
+                };
+            }
+            s.locks.insert(
+                keys.lock.clone(),
+                Expiring {
+                    item: token.to_owned(),
+                    until: now + lease,
+                },
+            );
+            let fence = s.bump_fence(&keys.fence, retention(lease), now);
+            s.wrote(now);
+            ReadOrLock::Acquired { fence }
+        });
+        Box::pin(std::future::ready(Ok(answer)))
+    }
+
+    fn store_and_unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Stored>> {
+        let stored = self.with_state(|s, now| {
+            let written = live(&s.fences, &keys.fence, now) == Some(&fence);
+            if written {
+                s.values.insert(
+                    keys.value.clone(),
+                    Expiring {
+                        item: value,
+                        until: now + ttl,
+                    },
+                );
+            }
+            let released = live(&s.locks, &keys.lock, now).is_some_and(|t| t == token);
+            if released {
+                s.locks.remove(&keys.lock);
+            }
+            s.wrote(now);
+            Stored { written, released }
+        });
+        self.wakeups.notify(&keys.channel);
+        Box::pin(std::future::ready(Ok(stored)))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        let extended = self.with_state(|s, now| {
+            let ours = live(&s.locks, &keys.lock, now).is_some_and(|t| t == token);
+            if ours {
+                if let Some(l) = s.locks.get_mut(&keys.lock) {
+                    l.until = now + lease;
+                }
+                if let Some(f) = s.fences.get_mut(&keys.fence) {
+                    f.until = f.until.max(now + retention(lease));
+                }
+            }
+            ours
+        });
+        Box::pin(std::future::ready(Ok(extended)))
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        let released = self.with_state(|s, now| {
+            let ours = live(&s.locks, &keys.lock, now).is_some_and(|t| t == token);
+            if ours {
+                s.locks.remove(&keys.lock);
+            }
+            ours
+        });
+        if released {
+            self.wakeups.notify(&keys.channel);
+        }
+        Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn set<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.with_state(|s, now| {
+            s.bump_fence(&keys.fence, retention(lease), now);
+            s.values.insert(
+                keys.value.clone(),
+                Expiring {
+                    item: value,
+                    until: now + ttl,
+                },
+            );
+            s.wrote(now);
+        });
+        self.wakeups.notify(&keys.channel);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.with_state(|s, now| {
+            s.bump_fence(&keys.fence, retention(lease), now);
+            s.values.remove(&keys.value);
+            s.wrote(now);
+        });
+        self.wakeups.notify(&keys.channel);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        Box::pin(std::future::ready(Ok(self.wakeups.listen(&keys.channel))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(k: &str) -> EntryKeys {
+        EntryKeys::new("t", k).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn values_expire_after_their_ttl() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        store
+            .set(
+                &k,
+                b"v".to_vec(),
+                Duration::from_secs(10),
+                Duration::from_secs(1),
+            )
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(9_999)).await;
+        assert_eq!(store.get(&k).await.unwrap(), Some(b"v".to_vec()));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(store.get(&k).await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_is_exclusive_until_its_lease_runs_out() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        let lease = Duration::from_secs(5);
+        let ReadOrLock::Acquired { fence: first } =
+            store.read_or_lock(&k, "A", lease, true).await.unwrap()
+        else {
+            panic!("a free lock must be granted");
+        };
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            store.read_or_lock(&k, "B", lease, true).await.unwrap(),
+            ReadOrLock::Held {
+                expires_in: Some(Duration::from_secs(3))
+            }
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let ReadOrLock::Acquired { fence: second } =
+            store.read_or_lock(&k, "B", lease, true).await.unwrap()
+        else {
+            panic!("an expired lock must be granted to the next caller");
+        };
+        assert!(second > first);
+        assert!(
+            !store.extend(&k, "A", lease).await.unwrap(),
+            "A lost the lease"
+        );
+        let stale = store
+            .store_and_unlock(&k, "A", first, b"old".to_vec(), lease)
+            .await
+            .unwrap();
+        assert_eq!(
+            stale,
+            Stored {
+                written: false,
+                released: false
+            }
+        );
+        let fresh = store
+            .store_and_unlock(&k, "B", second, b"new".to_vec(), lease)
+            .await
+            .unwrap();
+        assert_eq!(
+            fresh,
+            Stored {
+                written: true,
+                released: true
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn invalidation_refuses_the_write_of_a_computation_in_flight() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        let lease = Duration::from_secs(5);
+        let ReadOrLock::Acquired { fence } =
+            store.read_or_lock(&k, "A", lease, true).await.unwrap()
+        else {
+            panic!("a free lock must be granted");
+        };
+        store.invalidate(&k, lease).await.unwrap();
+        let out = store
+            .store_and_unlock(&k, "A", fence, b"v".to_vec(), lease)
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            Stored {
+                written: false,
+                released: true
+            }
+        );
+        assert_eq!(store.get(&k).await.unwrap(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fencing_tokens_keep_rising_after_the_counter_lapses() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        let lease = Duration::from_millis(100);
+        let mut last = 0;
+        for _ in 0..3 {
+            let ReadOrLock::Acquired { fence } =
+                store.read_or_lock(&k, "A", lease, false).await.unwrap()
+            else {
+                panic!("the lock must be free");
+            };
+            assert!(fence > last);
+            last = fence;
+            // Past the lock's lease and the counter's retention.
+            tokio::time::advance(lease * (FENCE_RETENTION_LEASES + 1)).await;
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The backends behind a cache: a handful of atomic operations that the cache and the lock are
+//! built from. Every operation that compares and sets is atomic in the backend (a Lua script in
+//! Redis, one critical section in memory), keyed by the owner's token.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::key::EntryKeys;
+use crate::wakeup::Listener;
+
+mod memory;
+pub(crate) mod redis;
+mod scripts;
+
+pub(crate) use memory::MemoryStore;
+
+/// A boxed future: keeps [`Store`] object-safe so one `Cache` type serves every backend.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a backend reports when it fails; the memory store never does.
+pub(crate) type StoreResult<T> = Result<T, ::redis::RedisError>;
+
+/// The answer of [`Store::read_or_lock`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ReadOrLock {
+    /// The value was there.
+    Value(Vec<u8>),
+    /// No value; the caller now holds the lock with this fencing token.
+    Acquired { fence: u64 },
+    /// Someone else holds the lock; it expires in `expires_in` unless renewed
+    /// (`None` if the lock has no expiry, which this crate never sets).
+    Held { expires_in: Option<Duration> },
+}
+
+/// The answer of [`Store::store_and_unlock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stored {
+    /// The value was written: no acquisition, `set` or invalidation happened since ours.
+    pub written: bool,
+    /// The lock was still ours and is now free.
+    pub released: bool,
+}
+
+/// The fencing counter outlives the lock by this factor of the lease, so that a holder that
+/// renews keeps it alive. If it lapses anyway, the next bump re-seeds it from the server clock in
+/// microseconds, which is above any token handed out before: tokens never go backwards.
+pub(crate) const FENCE_RETENTION_LEASES: u32 = 2;
+
+/// A backend. Implementations: [`MemoryStore`] and [`redis::RedisStore`].
+pub(crate) trait Store: Send + Sync + 'static {
+    /// Reads the value bytes, if any.
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Vec<u8>>>>;
+
+    /// If `read_value` and a value exists, returns it. Otherwise takes the lock for `token` if it
+    /// is free (bumping the fencing counter), or reports who holds it for how long.
+    /// `read_value = false` takes the lock even over a value, to replace bytes that do not decode.
+    fn read_or_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+        read_value: bool,
+    ) -> BoxFuture<'a, StoreResult<ReadOrLock>>;
+
+    /// Writes `value` with `ttl` if the fencing counter still equals `fence`; frees the lock if it
+    /// is still `token`'s; wakes the waiters.
+    fn store_and_unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Stored>>;
+
+    /// Extends the lock to `lease` from now if it is still `token`'s; false if it is not.
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Frees the lock if it is still `token`'s and wakes the waiters; false if it was not.
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Writes `value` unconditionally, bumps the fencing counter (so in-flight computations do
+    /// not overwrite it) and wakes the waiters.
+    fn set<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// Deletes the value, bumps the fencing counter (refusing in-flight computations' writes) and
+    /// wakes the waiters.
+    fn invalidate<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// Registers for wake-ups on `keys.channel`. Every wake-up published after this returns
+    /// reaches the listener.
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>>;
+}
+
+/// Milliseconds for a backend argument: at least 1, since Redis refuses `PX 0`.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}

@@ -1,0 +1,360 @@
+//! The Redis store: generic over `redis::aio::ConnectionLike`, so the same code serves one server
+//! through a `ConnectionManager` (which reconnects by itself) and, later, a cluster connection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{ErrorKind, PushInfo, PushKind, RedisError, Value};
+
+use super::scripts::SCRIPTS;
+use super::{millis, BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES};
+use crate::key::EntryKeys;
+use crate::wakeup::{lock, Listener, Wakeups};
+
+/// How long a connection attempt may take before the call gets a backend error.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one command may take. Generous for a 64 MiB value on a busy server, short enough
+/// that a hung server surfaces as an error rather than a hang.
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(crate) struct RedisStore<C> {
+    conn: C,
+    pubsub: Arc<PubSub>,
+}
+
+impl<C> std::fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+/// The connection settings shared by the data and the notification connection.
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        // Retries of one reconnection attempt; while they run, calls fail fast with an error.
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+impl RedisStore<ConnectionManager> {
+    /// Connects lazily: building never fails because the server is down; calls do, with a
+    /// backend error, until it is up.
+    pub(crate) fn connect(client: redis::Client) -> StoreResult<Self> {
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
+        let pubsub = PubSub::connect(&client)?;
+        Ok(RedisStore { conn, pubsub })
+    }
+}
+
+/// Wake-up notifications over one RESP3 connection per store, with per-channel reference counts
+/// so that a channel is subscribed once however many local waiters listen on it.
+struct PubSub {
+    conn: ConnectionManager,
+    wakeups: Arc<Wakeups>,
+    /// Channel → state. The `std` mutex guards only counts and is never held across `.await`.
+    channels: Mutex<HashMap<String, Arc<Subscription>>>,
+}
+
+#[derive(Default)]
+struct Subscription {
+    listeners: std::sync::atomic::AtomicUsize,
+    /// Whether the server has us subscribed; the async mutex orders SUBSCRIBE and UNSUBSCRIBE of
+    /// one channel, so an unsubscribe can never overtake a later subscribe.
+    subscribed: tokio::sync::Mutex<bool>,
+}
+
+impl PubSub {
+    fn connect(client: &redis::Client) -> StoreResult<Arc<Self>> {
+        let info = client.get_connection_info().clone();
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(resp3))?;
+        let wakeups = Arc::new(Wakeups::default());
+        let sink = Arc::clone(&wakeups);
+        let config = manager_config()
+            .set_push_sender(move |push: PushInfo| {
+                route_push(&sink, push);
+                Ok::<(), redis::aio::SendError>(())
+            })
+            .set_automatic_resubscription();
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Arc::new(PubSub {
+            conn,
+            wakeups,
+            channels: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    async fn listen(self: &Arc<Self>, channel: &str) -> StoreResult<Listener> {
+        let sub = {
+            let mut channels = lock(&self.channels);
+            let sub = Arc::clone(channels.entry(channel.to_owned()).or_default());
+            sub.listeners
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            sub
+        };
+        // Registered before SUBSCRIBE completes: a message that arrives right after is not lost.
+        let me = Arc::clone(self);
+        let name = channel.to_owned();
+        let listener = self
+            .wakeups
+            .listen(channel)
+            .on_drop(move || me.release(name));
+        let mut subscribed = sub.subscribed.lock().await;
+        if !*subscribed {
+            let mut conn = self.conn.clone();
+            conn.subscribe(channel).await?;
+            *subscribed = true;
+        }
+        Ok(listener)
+    }
+
+    /// One listener fewer; the last one out unsubscribes, in the background since `Drop` cannot wait.
+    fn release(self: Arc<Self>, channel: String) {
+        let Some(sub) = lock(&self.channels).get(&channel).cloned() else {
+            return;
+        };
+        if sub
+            .listeners
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            != 1
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let mut subscribed = sub.subscribed.lock().await;
+            let idle = || sub.listeners.load(std::sync::atomic::Ordering::SeqCst) == 0;
+            if !idle() {
+                return;
+            }
+            if *subscribed {
+                let mut conn = self.conn.clone();
+                if let Err(e) = conn.unsubscribe(&channel).await {
+                    tracing::debug!(channel, error = %e, "unsubscribe failed");
+                }
+                *subscribed = false;
+            }
+            let mut channels = lock(&self.channels);
+            if idle() && channels.get(&channel).is_some_and(|s| Arc::ptr_eq(s, &sub)) {
+                channels.remove(&channel);
+            }
+        });
+    }
+}
+
+/// Runs on the connection's reader task for every push message: keep it short.
+fn route_push(wakeups: &Wakeups, push: PushInfo) {
+    match push.kind {
+        PushKind::Message | PushKind::SMessage => {
+            if let Some(Value::BulkString(channel)) = push.data.first() {
+                if let Ok(channel) = std::str::from_utf8(channel) {
+                    wakeups.notify(channel);
+                }
+            }
+        }
+        // Messages may have been missed while the connection was down: everyone re-checks.
+        PushKind::Disconnection => wakeups.notify_all(),
+        _ => {}
+    }
+}
+
+fn unexpected(what: &'static str, got: &Value) -> RedisError {
+    RedisError::from((ErrorKind::UnexpectedReturnType, what, format!("{got:?}")))
+}
+
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn retention_ms(lease: Duration) -> u64 {
+    millis(lease * FENCE_RETENTION_LEASES)
+}
+
+impl<C> Store for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            match redis::cmd("GET")
+                .arg(&keys.value)
+                .query_async(&mut conn)
+                .await
+            {
+                Ok(v) => Ok(v),
+                // Another type under our key is foreign data: a miss, replaced on the next write.
+                Err(e) if e.code() == Some("WRONGTYPE") => {
+                    tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn read_or_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+        read_value: bool,
+    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let reply: Vec<Value> = SCRIPTS
+                .read_or_lock
+                .key(&keys.value)
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(token)
+                .arg(millis(lease))
+                .arg(if read_value { "1" } else { "0" })
+                .arg(retention_ms(lease))
+                .invoke_async(&mut conn)
+                .await?;
+            match reply.as_slice() {
+                [Value::Int(1), Value::BulkString(v)] => Ok(ReadOrLock::Value(v.clone())),
+                [Value::Int(2), fence] => match int(fence) {
+                    Some(n) if n > 0 => Ok(ReadOrLock::Acquired { fence: n as u64 }),
+                    _ => Err(unexpected("read-or-lock: bad fencing token", fence)),
+                },
+                [Value::Int(3), pttl] => Ok(ReadOrLock::Held {
+                    expires_in: int(pttl)
+                        .filter(|ms| *ms >= 0)
+                        .map(|ms| Duration::from_millis(ms as u64)),
+                }),
+                _ => Err(unexpected(
+                    "read-or-lock: unexpected reply",
+                    &Value::Array(reply),
+                )),
+            }
+        })
+    }
+
+    fn store_and_unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Stored>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let (written, released): (i64, i64) = SCRIPTS
+                .store_and_unlock
+                .key(&keys.value)
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(token)
+                .arg(fence)
+                .arg(value)
+                .arg(millis(ttl))
+                .arg(&keys.channel)
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(Stored {
+                written: written == 1,
+                released: released == 1,
+            })
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let extended: i64 = SCRIPTS
+                .extend
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(token)
+                .arg(millis(lease))
+                .arg(retention_ms(lease))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(extended == 1)
+        })
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let released: i64 = SCRIPTS
+                .unlock
+                .key(&keys.lock)
+                .arg(token)
+                .arg(&keys.channel)
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(released == 1)
+        })
+    }
+
+    fn set<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let _: i64 = SCRIPTS
+                .set
+                .key(&keys.value)
+                .key(&keys.fence)
+                .arg(value)
+                .arg(millis(ttl))
+                .arg(retention_ms(lease))
+                .arg(&keys.channel)
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let _: i64 = SCRIPTS
+                .invalidate
+                .key(&keys.value)
+                .key(&keys.fence)
+                .arg(retention_ms(lease))
+                .arg(&keys.channel)
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        Box::pin(self.pubsub.listen(&keys.channel))
+    }
+}

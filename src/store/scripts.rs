@@ -1,0 +1,115 @@
+//! The Lua scripts behind every compare-and-set in Redis.
+//!
+//! Each script takes data only through KEYS and ARGV, and every key it touches shares the entry's
+//! hash tag, so it runs on one Redis Cluster slot. Wake-up channels are not keys; they travel in
+//! ARGV. Scripts are sent by SHA (`EVALSHA`); redis-rs reloads one on `NOSCRIPT`.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Bumps the fencing counter KEYS[fence], seeding a missing counter from the server clock in
+/// microseconds (`seconds .. zero-padded micros`, built as a string because Lua's number
+/// formatting would round it), so that tokens never go backwards even after the counter lapsed.
+const BUMP_FENCE: &str = r"
+local function bump_fence(fence, retention_ms)
+  if redis.call('EXISTS', fence) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', fence, t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  local n = redis.call('INCR', fence)
+  redis.call('PEXPIRE', fence, retention_ms)
+  return n
+end
+";
+
+/// KEYS: value, lock, fence. ARGV: token, lease ms, read value (1/0), fence retention ms.
+/// Returns {1, value} | {2, fence} (lock taken) | {3, lock pttl} (held by another).
+/// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
+const READ_OR_LOCK: &str = r"
+if ARGV[3] == '1' then
+  local v = redis.pcall('GET', KEYS[1])
+  if type(v) == 'string' then
+    return {1, v}
+  end
+end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {2, bump_fence(KEYS[3], ARGV[4])}
+end
+return {3, redis.call('PTTL', KEYS[2])}
+";
+
+/// KEYS: value, lock, fence. ARGV: token, fence, value, ttl ms, channel.
+/// Writes only if the fencing counter is still ours: nobody acquired, set or invalidated since.
+/// Returns {written, released}.
+const STORE_AND_UNLOCK: &str = r"
+local written = 0
+if redis.call('GET', KEYS[3]) == ARGV[2] then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+  written = 1
+end
+local released = 0
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  released = 1
+end
+redis.call('PUBLISH', ARGV[5], '')
+return {written, released}
+";
+
+/// KEYS: lock, fence. ARGV: token, lease ms, fence retention ms. Returns 1 if extended.
+const EXTEND: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+return 1
+";
+
+/// KEYS: lock. ARGV: token, channel. Returns 1 if the lock was ours and is now free.
+const UNLOCK: &str = r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '')
+return 1
+";
+
+/// KEYS: value, fence. ARGV: value, ttl ms, fence retention ms, channel.
+const SET: &str = r"
+bump_fence(KEYS[2], ARGV[3])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[4], '')
+return 1
+";
+
+/// KEYS: value, fence. ARGV: fence retention ms, channel.
+const INVALIDATE: &str = r"
+bump_fence(KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], '')
+return 1
+";
+
+pub(crate) struct Scripts {
+    pub read_or_lock: Script,
+    pub store_and_unlock: Script,
+    pub extend: Script,
+    pub unlock: Script,
+    pub set: Script,
+    pub invalidate: Script,
+}
+
+/// Hashed once per process.
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    read_or_lock: Script::new(&format!("{BUMP_FENCE}{READ_OR_LOCK}")),
+    store_and_unlock: Script::new(STORE_AND_UNLOCK),
+    extend: Script::new(EXTEND),
+    unlock: Script::new(UNLOCK),
+    set: Script::new(&format!("{BUMP_FENCE}{SET}")),
+    invalidate: Script::new(&format!("{BUMP_FENCE}{INVALIDATE}")),
+});
