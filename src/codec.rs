@@ -16,7 +16,7 @@ pub type CodecError = Box<dyn std::error::Error + Send + Sync>;
 /// use stampede_guard::{Cache, Codec, CodecError};
 /// use serde::{de::DeserializeOwned, Serialize};
 ///
-/// /// A codec that stores values as JSON-like debug text would go here; this one wraps bincode.
+/// /// A codec of your own; this one wraps bincode under another id.
 /// #[derive(Debug, Clone, Copy)]
 /// struct MyCodec;
 ///
@@ -32,8 +32,13 @@ pub type CodecError = Box<dyn std::error::Error + Send + Sync>;
 ///     }
 /// }
 ///
-/// let cache = Cache::builder().codec(MyCodec).build_in_memory();
-/// # let _ = cache;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let cache = Cache::builder().codec(MyCodec).build().await?;
+/// cache.set("k", &1u8, std::time::Duration::from_secs(1)).await?;
+/// assert_eq!(cache.get::<u8>("k").await?, Some(1));
+/// # Ok(())
+/// # }
 /// ```
 pub trait Codec: Send + Sync + 'static {
     /// A number that identifies this codec's format; 0 to 15 are reserved for this crate.

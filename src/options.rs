@@ -95,6 +95,11 @@ impl CallOptions {
     pub fn get_wait_timeout(&self) -> Duration {
         self.wait_timeout
     }
+
+    /// The backoff schedule in force.
+    pub fn get_backoff(&self) -> Backoff {
+        self.backoff
+    }
 }
 
 /// What a call does when the backend (Redis) fails.

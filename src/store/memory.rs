@@ -73,7 +73,7 @@ impl State {
 
     fn wrote(&mut self, now: Instant) {
         self.writes += 1;
-        if self.writes % SWEEP_EVERY == 0 {
+        if self.writes.is_multiple_of(SWEEP_EVERY) {
             self.values.retain(|_, e| e.until > now);
             self.locks.retain(|_, e| e.until > now);
             self.fences.retain(|_, e| e.until > now);

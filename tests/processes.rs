@@ -1,0 +1,380 @@
+//! Real OS processes sharing one real redis-server. The binary re-executes itself as the workers
+//! (`STAMPEDE_CHILD` names the role), so it has its own `main` and prints a libtest-like summary.
+
+mod support;
+
+use std::process::{Child, Command};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::seq::SliceRandom;
+use redis::Commands;
+use stampede_guard::{Cache, CallOptions};
+use support::{eventually, RedisServer};
+
+const LEASE: Duration = Duration::from_secs(1);
+
+fn main() {
+    if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
+        let code = match child(&role) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("child {role} failed: {e}");
+                1
+            }
+        };
+        std::process::exit(code);
+    }
+    let tests: &[(&str, fn())] = &[
+        (
+            "one_key_two_hundred_callers_in_four_processes_computes_once",
+            one_key_in_four_processes,
+        ),
+        (
+            "twelve_months_in_four_processes_compute_once_each",
+            twelve_months_in_four_processes,
+        ),
+        (
+            "a_killed_holder_is_replaced_after_its_lease",
+            a_killed_holder_is_replaced_after_its_lease,
+        ),
+    ];
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
+        }
+    }
+    println!("\nprocesses: {passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn month(i: usize) -> String {
+    format!("{}-{:02}", 2019 + i / 12, i % 12 + 1)
+}
+
+/// Starts this binary as a worker process with `role` and settings.
+fn spawn_child(role: &str, server: &RedisServer, vars: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.env("STAMPEDE_CHILD", role)
+        .env("STAMPEDE_URL", server.url());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("a worker process")
+}
+
+fn wait_all(children: Vec<Child>) {
+    for mut child in children {
+        let status = child.wait().expect("the worker's exit status");
+        assert!(status.success(), "a worker failed: {status}");
+    }
+}
+
+/// Releases the workers together: each says it is ready, then waits for the `go` key.
+fn release_when_ready(conn: &mut redis::Connection, workers: usize) {
+    assert!(
+        eventually(Duration::from_secs(60), || conn
+            .get::<_, Option<usize>>("ready")
+            .unwrap()
+            .unwrap_or(0)
+            == workers),
+        "workers did not get ready"
+    );
+    let _: () = conn.set("go", 1).unwrap();
+}
+
+fn one_key_in_four_processes() {
+    let server = RedisServer::start();
+    let workers: Vec<Child> = (0..4)
+        .map(|_| {
+            spawn_child(
+                "stampede",
+                &server,
+                &[
+                    ("TASKS", "50".into()),
+                    ("KEYS", "1".into()),
+                    ("COMPUTE_MS", "200".into()),
+                ],
+            )
+        })
+        .collect();
+    let mut conn = server.conn();
+    release_when_ready(&mut conn, 4);
+    wait_all(workers);
+    let computes: usize = conn.get("computes:2019-01").unwrap();
+    assert_eq!(
+        computes, 1,
+        "one computation across 4 processes × 50 callers"
+    );
+    let overlaps: Option<usize> = conn.get("overlaps").unwrap();
+    assert_eq!(
+        overlaps, None,
+        "the probe never saw two computations at once"
+    );
+}
+
+fn twelve_months_in_four_processes() {
+    let server = RedisServer::start();
+    let workers: Vec<Child> = (0..4)
+        .map(|_| {
+            spawn_child(
+                "stampede",
+                &server,
+                &[
+                    ("TASKS", "25".into()),
+                    ("KEYS", "12".into()),
+                    ("COMPUTE_MS", "50".into()),
+                ],
+            )
+        })
+        .collect();
+    let mut conn = server.conn();
+    release_when_ready(&mut conn, 4);
+    wait_all(workers);
+    for i in 0..12 {
+        let computes: usize = conn.get(format!("computes:{}", month(i))).unwrap();
+        assert_eq!(computes, 1, "month {}", month(i));
+    }
+    let overlaps: Option<usize> = conn.get("overlaps").unwrap();
+    assert_eq!(
+        overlaps, None,
+        "the probe never saw two computations of one month at once"
+    );
+}
+
+fn a_killed_holder_is_replaced_after_its_lease() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let mut holder = spawn_child("holder", &server, &[]);
+    assert!(
+        eventually(Duration::from_secs(60), || conn
+            .exists::<_, bool>("holder:started")
+            .unwrap()),
+        "the holder did not start computing"
+    );
+    let waiters: Vec<Child> = (0..2)
+        .map(|_| spawn_child("waiter", &server, &[]))
+        .collect();
+    assert!(
+        eventually(Duration::from_secs(60), || conn
+            .get::<_, Option<usize>>("waiting")
+            .unwrap()
+            == Some(2)),
+        "the waiters did not start"
+    );
+    // Let the waiters reach their wait, and the holder renew its lease a few times.
+    std::thread::sleep(LEASE * 2);
+    let killed_at = now_ms();
+    holder.kill().expect("SIGKILL the holder");
+    let _ = holder.wait();
+    wait_all(waiters);
+
+    let computes: usize = conn.get("computes:2019-05").unwrap();
+    assert_eq!(
+        computes, 2,
+        "the killed holder's computation and exactly one takeover"
+    );
+    let takeovers: Vec<u64> = conn.lrange("takeover_started_ms", 0, -1).unwrap();
+    assert_eq!(takeovers.len(), 1);
+    assert!(
+        takeovers[0] >= killed_at,
+        "the takeover began only after the holder was gone"
+    );
+    let done: Vec<u64> = conn.lrange("waiter_done_ms", 0, -1).unwrap();
+    assert_eq!(done.len(), 2);
+    let bound = LEASE + CallOptions::default().get_backoff().max();
+    for d in done {
+        let waited = Duration::from_millis(d - killed_at);
+        assert!(
+            waited < bound,
+            "a waiter waited {waited:?} after the kill, over lease + one backoff step ({bound:?})"
+        );
+    }
+}
+
+fn child(role: &str) -> Result<(), String> {
+    let url = std::env::var("STAMPEDE_URL").map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let options = CallOptions::default().lease(LEASE);
+        let cache = Cache::builder()
+            .redis_url(url.as_str())
+            .namespace("reports")
+            .options(options)
+            .build()
+            .await
+            .map_err(|e| e.to_string())?;
+        match role {
+            "stampede" => stampede_worker(cache, conn).await,
+            "holder" => {
+                cache
+                    .get_or_compute("2019-05", Duration::from_secs(300), || async {
+                        let _: () = redis::cmd("INCR")
+                            .arg("computes:2019-05")
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let _: () = redis::cmd("SET")
+                            .arg("holder:started")
+                            .arg(now_ms())
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        tokio::time::sleep(Duration::from_secs(120)).await;
+                        Ok::<_, String>("from the holder".to_string())
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Err("the holder was meant to be killed".into())
+            }
+            "waiter" => {
+                let _: () = redis::cmd("INCR")
+                    .arg("waiting")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut compute_conn = conn.clone();
+                let value = cache
+                    .get_or_compute("2019-05", Duration::from_secs(300), || async move {
+                        let _: () = redis::cmd("RPUSH")
+                            .arg("takeover_started_ms")
+                            .arg(now_ms())
+                            .query_async(&mut compute_conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        let _: () = redis::cmd("INCR")
+                            .arg("computes:2019-05")
+                            .query_async(&mut compute_conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok::<_, String>("from a waiter".to_string())
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let _: () = redis::cmd("RPUSH")
+                    .arg("waiter_done_ms")
+                    .arg(now_ms())
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if value == "from a waiter" {
+                    Ok(())
+                } else {
+                    Err(format!("unexpected value {value:?}"))
+                }
+            }
+            other => Err(format!("unknown role {other}")),
+        }
+    })
+}
+
+/// TASKS callers, each asking for KEYS months in its own random order; the computation counts
+/// itself and probes for overlap through the server.
+async fn stampede_worker(
+    cache: Cache,
+    mut conn: redis::aio::MultiplexedConnection,
+) -> Result<(), String> {
+    let var = |name: &str| -> Result<usize, String> {
+        std::env::var(name)
+            .map_err(|e| format!("{name}: {e}"))?
+            .parse()
+            .map_err(|e| format!("{name}: {e}"))
+    };
+    let (tasks, keys, compute_ms) = (var("TASKS")?, var("KEYS")?, var("COMPUTE_MS")?);
+    let _: () = redis::cmd("INCR")
+        .arg("ready")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let go: bool = redis::cmd("EXISTS")
+            .arg("go")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if go {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let mut callers = Vec::new();
+    for _ in 0..tasks {
+        let (cache, conn) = (cache.clone(), conn.clone());
+        callers.push(tokio::spawn(async move {
+            let mut months: Vec<String> = (0..keys).map(month).collect();
+            months.shuffle(&mut rand::rng());
+            for m in months {
+                let mut conn = conn.clone();
+                let value = cache
+                    .get_or_compute(&m, Duration::from_secs(300), || async {
+                        let running: i64 = redis::cmd("INCR")
+                            .arg(format!("probe:{m}"))
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        if running > 1 {
+                            let _: () = redis::cmd("INCR")
+                                .arg("overlaps")
+                                .query_async(&mut conn)
+                                .await
+                                .map_err(|e| e.to_string())?;
+                        }
+                        let _: () = redis::cmd("INCR")
+                            .arg(format!("computes:{m}"))
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        tokio::time::sleep(Duration::from_millis(compute_ms as u64)).await;
+                        let _: () = redis::cmd("DECR")
+                            .arg(format!("probe:{m}"))
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok::<_, String>(format!("report {m}"))
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if value != format!("report {m}") {
+                    return Err(format!("wrong value {value:?} for {m}"));
+                }
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for caller in callers {
+        caller.await.map_err(|e| e.to_string())??;
+    }
+    Ok(())
+}

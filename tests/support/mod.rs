@@ -1,0 +1,227 @@
+//! Real `redis-server` processes for the tests: each on a free loopback port, in its own temp
+//! dir, killed (by pid, as a child of the test) on drop. No server on the default port is used.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One `redis-server` child process.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
+their own Redis servers: install it (Debian/Ubuntu: `apt-get install redis-server`, macOS: \
+`brew install redis`) or run `.ci/run`, which installs it.";
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers PING.
+    pub fn start() -> Self {
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                child: None,
+                port: free_port(),
+                dir: tempfile::tempdir().expect("a temp dir for redis-server"),
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server did not come up on any of 5 free ports");
+    }
+
+    /// Spawns the process on `self.port`; false if it did not answer within 10 s (port taken).
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--protected-mode", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
+            Err(e) => panic!("could not start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return false;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        false
+    }
+
+    fn ping(&self) -> bool {
+        let Ok(client) = redis::Client::open(self.url()) else {
+            return false;
+        };
+        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
+            return false;
+        };
+        redis::cmd("PING").query::<String>(&mut conn).is_ok()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A plain synchronous connection, for inspecting and tampering with the server's state.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
+            .expect("a connection to the test redis-server")
+    }
+
+    /// SIGKILLs the server and waits for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server and starts a new, empty one on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not come back on port {}", self.port);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Sends a signal to a process this test started (by pid).
+pub fn signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("the kill command");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
+/// Polls `check` every 10 ms until it holds or `limit` passes; returns whether it held.
+pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `redis-cli monitor` on a server: the commands clients send, in order, without the ones that
+/// scripts run inside the server. Counts round trips as the server sees them.
+pub struct Monitor {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Monitor {
+    pub fn start(server: &RedisServer) -> Self {
+        use std::io::BufRead;
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &server.port().to_string(), "monitor"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("redis-cli: {e}. {INSTALL_HINT}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // MONITOR answers OK once it is active; only then are later commands seen.
+        let ok = lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("redis-cli monitor starts");
+        assert_eq!(ok, "OK");
+        Monitor { child, lines }
+    }
+
+    /// The commands seen so far (names, upper case), ended by a marker sent now.
+    pub fn commands_until_now(self, server: &RedisServer) -> Vec<String> {
+        let marker = "stampede-guard-monitor-marker";
+        let _: String = redis::cmd("ECHO")
+            .arg(marker)
+            .query(&mut server.conn())
+            .unwrap();
+        let mut commands = Vec::new();
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the marker reaches the monitor");
+            if line.contains(marker) {
+                break;
+            }
+            // `1700000000.123456 [0 127.0.0.1:5000] "GET" "key"`; script commands say `[0 lua]`.
+            if line.contains(" lua] ") {
+                continue;
+            }
+            if let Some(name) = line.split('"').nth(1) {
+                commands.push(name.to_uppercase());
+            }
+        }
+        commands
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
