@@ -1,0 +1,264 @@
+//! Criterion benchmarks of single operations, each against a redis-server this bench starts on a
+//! free loopback port:
+//! - `hit_path`: `get_or_compute` on a warm key vs raw redis-rs `GET` + bincode decode on the
+//!   same kind of connection (a `ConnectionManager` with the library's timeouts), at 1 and 64
+//!   calls in flight. Throughput ratio = raw time / guarded time (target ≥ 0.9).
+//! - `memory_hit`: the embedded store's hit vs `moka::future::Cache::get` (target ≤ 1.5× moka).
+//! - `won_miss`: a cold key each iteration: GET, read-or-lock, compute (0 ms), store-and-unlock.
+//!
+//! The value is the load generator's: a 1024-byte `String`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::future::Future;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use stampede_guard::Cache;
+use support::RedisServer;
+
+const KEY: &str = "2019-05";
+const RAW_KEY: &str = "raw:2019-05";
+const TTL: Duration = Duration::from_secs(3600);
+const VALUE_BYTES: usize = 1024;
+
+/// The library's codec configuration (bincode 2 standard, 64 MiB limit), for the raw baseline.
+const BINCODE: bincode::config::Configuration<
+    bincode::config::LittleEndian,
+    bincode::config::Varint,
+    bincode::config::Limit<{ stampede_guard::MAX_VALUE_BYTES }>,
+> = bincode::config::standard().with_limit::<{ stampede_guard::MAX_VALUE_BYTES }>();
+
+fn value() -> String {
+    "2019-05|".repeat(VALUE_BYTES / 8 + 1)[..VALUE_BYTES].to_owned()
+}
+
+/// One thread for the client, so that redis-server has the other core to itself. On a
+/// multi-thread runtime a 1-in-flight call's latency swings between ~19 and ~58 µs run to run,
+/// depending on whether the caller and the connection's driver task land on the same worker:
+/// that measures the scheduler, not the library.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Runs `iters` calls of `op` as `in_flight` tasks, each calling it in a loop; returns the time
+/// scaled to exactly `iters` calls.
+async fn concurrently<F, Fut>(in_flight: u64, iters: u64, op: F) -> Duration
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let per_task = iters.div_ceil(in_flight).max(1);
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..in_flight {
+        let op = op.clone();
+        tasks.spawn(async move {
+            for _ in 0..per_task {
+                op().await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("a benchmark task panicked");
+    }
+    started
+        .elapsed()
+        .mul_f64(iters as f64 / (per_task * in_flight) as f64)
+}
+
+async fn warm_hit(cache: &Cache) {
+    let v: String = cache
+        .get_or_compute(KEY, TTL, || async {
+            Err::<String, _>("the key is warm: a hit must not compute")
+        })
+        .await
+        .expect("a hit");
+    black_box(v);
+}
+
+async fn guarded_hit(cache: Cache) {
+    warm_hit(&cache).await
+}
+
+/// What an application without the library does: GET, then decode with the same codec.
+async fn raw_hit(mut raw: ConnectionManager) {
+    let bytes: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(RAW_KEY)
+        .query_async(&mut raw)
+        .await
+        .expect("GET");
+    let bytes = bytes.expect("the raw key is warm");
+    let (v, _): (String, usize) =
+        bincode::serde::decode_from_slice(&bytes, BINCODE).expect("decode");
+    black_box(v);
+}
+
+/// Criterion measures the two sides seconds apart, and background load on a shared 2-core
+/// machine moves each by up to ±40 %. This alternates short timed batches of both sides and
+/// prints the median of the per-pair ratios `baseline time / stampede-guard time`
+/// (1.0 = as fast; 0.5 = half the throughput).
+fn print_ratio(
+    label: &str,
+    mut guarded: impl FnMut() -> Duration,
+    mut baseline: impl FnMut() -> Duration,
+) {
+    const PAIRS: usize = 21;
+    let mut ratios: Vec<f64> = (0..PAIRS)
+        .map(|_| {
+            let g = guarded();
+            baseline().as_secs_f64() / g.as_secs_f64()
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[PAIRS / 2];
+    println!(
+        "ratio {label}: baseline time / stampede-guard time = {median:.2} \
+         (median of {PAIRS} interleaved batch pairs; stampede-guard takes {:.2}x the baseline's time)",
+        1.0 / median
+    );
+}
+
+fn hit_path(c: &mut Criterion) {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let (cache, raw) = rt.block_on(async {
+        let cache = Cache::builder()
+            .redis_url(server.url())
+            .namespace("bench")
+            .build()
+            .await
+            .expect("a cache");
+        cache.set(KEY, &value(), TTL).await.expect("warm the key");
+        // The same settings as the library's data connection, so only the library's own work
+        // differs between the two sides.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        let client = redis::Client::open(server.url()).expect("the URL");
+        let mut raw = ConnectionManager::new_with_config(client, config)
+            .await
+            .expect("a raw connection");
+        let bytes = bincode::serde::encode_to_vec(value(), BINCODE).expect("encode");
+        redis::cmd("SET")
+            .arg(RAW_KEY)
+            .arg(bytes)
+            .exec_async(&mut raw)
+            .await
+            .expect("SET the raw key");
+        (cache, raw)
+    });
+
+    let mut group = c.benchmark_group("hit_path");
+    group.throughput(Throughput::Elements(1));
+    for in_flight in [1u64, 64] {
+        group.bench_function(BenchmarkId::new("get_or_compute", in_flight), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let cache = cache.clone();
+                concurrently(in_flight, iters, move || guarded_hit(cache.clone()))
+            })
+        });
+        group.bench_function(BenchmarkId::new("raw_get_decode", in_flight), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let raw = raw.clone();
+                concurrently(in_flight, iters, move || raw_hit(raw.clone()))
+            })
+        });
+    }
+    group.finish();
+    for (in_flight, ops) in [(1u64, 2_000u64), (64, 20_000)] {
+        let (cache, raw) = (cache.clone(), raw.clone());
+        print_ratio(
+            &format!("hit_path/{in_flight} (raw redis-rs GET + decode)"),
+            || {
+                rt.block_on(concurrently(in_flight, ops, {
+                    let cache = cache.clone();
+                    move || guarded_hit(cache.clone())
+                }))
+            },
+            || {
+                rt.block_on(concurrently(in_flight, ops, {
+                    let raw = raw.clone();
+                    move || raw_hit(raw.clone())
+                }))
+            },
+        );
+    }
+
+    let mut group = c.benchmark_group("won_miss");
+    group.throughput(Throughput::Elements(1));
+    let next = Arc::new(AtomicU64::new(0));
+    group.bench_function("get_or_compute_cold_key", |b| {
+        b.to_async(&rt).iter(|| {
+            // A key nobody asked for before: the call takes the lock, computes and stores.
+            let key = format!("cold-{}", next.fetch_add(1, Ordering::Relaxed));
+            let cache = cache.clone();
+            async move {
+                let v: String = cache
+                    .get_or_compute(&key, Duration::from_secs(60), || async {
+                        Ok::<_, std::io::Error>(value())
+                    })
+                    .await
+                    .expect("a won miss");
+                black_box(v);
+            }
+        })
+    });
+    group.finish();
+    drop(server);
+}
+
+fn memory_hit(c: &mut Criterion) {
+    let rt = runtime();
+    let cache = Cache::in_memory();
+    let moka: moka::future::Cache<String, String> = moka::future::Cache::new(1_000);
+    rt.block_on(async {
+        cache.set(KEY, &value(), TTL).await.expect("warm the key");
+        moka.insert(KEY.to_owned(), value()).await;
+    });
+
+    let mut group = c.benchmark_group("memory_hit");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("get_or_compute", |b| {
+        b.to_async(&rt).iter(|| warm_hit(&cache))
+    });
+    group.bench_function("moka_get", |b| {
+        b.to_async(&rt).iter(|| async {
+            black_box(moka.get(KEY).await.expect("the key is warm"));
+        })
+    });
+    group.finish();
+    const OPS: u32 = 100_000;
+    print_ratio(
+        "memory_hit (moka get)",
+        || {
+            rt.block_on(async {
+                let started = Instant::now();
+                for _ in 0..OPS {
+                    warm_hit(&cache).await;
+                }
+                started.elapsed()
+            })
+        },
+        || {
+            rt.block_on(async {
+                let started = Instant::now();
+                for _ in 0..OPS {
+                    black_box(moka.get(KEY).await.expect("the key is warm"));
+                }
+                started.elapsed()
+            })
+        },
+    );
+}
+
+criterion_group!(benches, hit_path, memory_hit);
+criterion_main!(benches);

@@ -1,0 +1,606 @@
+//! The stampede load generator of `../shared/BENCH.md`: P worker processes × T tasks ask for K
+//! month keys at once against one Redis, and each round prints one JSON line on stdout.
+//!
+//! ```text
+//! cargo run --release --example stampede_bench -- \
+//!   --url redis://127.0.0.1:PORT/0 --processes P --tasks T --keys K \
+//!   --compute-ms C --payload S --rounds R [--ttl SECONDS] [--mode guarded|naive]
+//! ```
+//!
+//! The binary re-executes itself as its workers (the `STAMPEDE_BENCH_WORKER` variable names the
+//! role). Parent and workers talk over pipes, never through Redis, so the start barrier adds no
+//! commands to the round's count:
+//! - worker → parent (its stdout): `ready` once connected and warmed up, then its samples
+//!   (`calls`, `reqs`) and `done <errors> <finished at, µs since the epoch>`;
+//! - parent → worker (its stdin): `go`, written to all workers right after `CONFIG RESETSTAT`.
+//!
+//! Progress goes to stderr; the parent's stdout holds only the JSON lines.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::seq::SliceRandom;
+use stampede_guard::Cache;
+
+/// Names the worker role in a re-executed child; its value is the worker's index.
+const WORKER_ENV: &str = "STAMPEDE_BENCH_WORKER";
+/// The cache's namespace: the generator's keys stay apart from anything else on the server.
+const NAMESPACE: &str = "stampede-bench";
+/// How long workers may take to connect and warm up before the round is abandoned.
+const READY_LIMIT: Duration = Duration::from_secs(60);
+/// A caller still running this long after the release (plus K × C) counts as never finished.
+/// Generous: the library's own `wait_timeout` (30 s) turns a stuck wait into an error first.
+const CALLER_LIMIT: Duration = Duration::from_secs(120);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() {
+    let result = match std::env::var(WORKER_ENV) {
+        Ok(index) => worker::run(&index),
+        Err(_) => parent(),
+    };
+    if let Err(e) = result {
+        eprintln!("stampede_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// How the value is cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `get_or_compute`: each missing key computed once.
+    Guarded,
+    /// Plain cache-aside through the same cache: `get`, on a miss compute and `set`.
+    Naive,
+}
+
+/// The command line of BENCH.md; workers re-parse the same arguments.
+#[derive(Debug, Clone)]
+struct Config {
+    url: String,
+    processes: usize,
+    tasks: usize,
+    keys: usize,
+    compute: Duration,
+    payload: usize,
+    rounds: usize,
+    ttl: Duration,
+    mode: Mode,
+}
+
+const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB [--processes P] [--tasks T] \
+[--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive]";
+
+impl Config {
+    /// Parses the flags by hand: nine flags do not need a parser crate.
+    fn from_args(args: impl Iterator<Item = String>) -> Result<Self, BoxError> {
+        let mut config = Config {
+            url: String::new(),
+            processes: 4,
+            tasks: 25,
+            keys: 12,
+            compute: Duration::from_millis(200),
+            payload: 1024,
+            rounds: 3,
+            ttl: Duration::from_secs(300),
+            mode: Mode::Guarded,
+        };
+        let mut args = args;
+        while let Some(flag) = args.next() {
+            if flag == "--help" || flag == "-h" {
+                return Err(USAGE.into());
+            }
+            let value = args
+                .next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+            let number = || {
+                value
+                    .parse::<u64>()
+                    .map_err(|_| format!("{flag} takes a whole number, not {value:?}"))
+            };
+            match flag.as_str() {
+                "--url" => config.url = value.clone(),
+                "--processes" => config.processes = number()? as usize,
+                "--tasks" => config.tasks = number()? as usize,
+                "--keys" => config.keys = number()? as usize,
+                "--compute-ms" => config.compute = Duration::from_millis(number()?),
+                "--payload" => config.payload = number()? as usize,
+                "--rounds" => config.rounds = number()? as usize,
+                "--ttl" => config.ttl = Duration::from_secs(number()?),
+                "--mode" => {
+                    config.mode = match value.as_str() {
+                        "guarded" => Mode::Guarded,
+                        "naive" => Mode::Naive,
+                        other => {
+                            return Err(format!("--mode is guarded or naive, not {other:?}").into())
+                        }
+                    }
+                }
+                other => return Err(format!("unknown flag {other:?}\n{USAGE}").into()),
+            }
+        }
+        if config.url.is_empty() {
+            return Err(format!("--url is required\n{USAGE}").into());
+        }
+        if config.processes == 0 || config.tasks == 0 || config.keys == 0 {
+            return Err("--processes, --tasks and --keys must be at least 1".into());
+        }
+        if config.ttl.is_zero() {
+            return Err("--ttl must be at least 1 second".into());
+        }
+        Ok(config)
+    }
+}
+
+/// The i-th key: months from 2019-01.
+fn month(i: usize) -> String {
+    format!("{}-{:02}", 2019 + i / 12, i % 12 + 1)
+}
+
+/// The counter that the computation of `month` increments, on db 0.
+fn counter_key(month: &str) -> String {
+    format!("bench:computes:{month}")
+}
+
+/// The value of `month`: `(month + "|")` repeated and truncated to `size` bytes.
+fn expected_value(month: &str, size: usize) -> String {
+    let unit = format!("{month}|");
+    unit.repeat(size / unit.len() + 1)[..size].to_owned()
+}
+
+/// Microseconds since the Unix epoch: the one clock that parent and workers share.
+fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// The same server as `url`, on db 0, where the compute counters live.
+fn db0_client(url: &str) -> Result<redis::Client, redis::RedisError> {
+    let info = redis::Client::open(url)?.get_connection_info().clone();
+    let settings = info.redis_settings().clone().set_db(0);
+    redis::Client::open(info.set_redis_settings(settings))
+}
+
+fn parent() -> Result<(), BoxError> {
+    let config = Config::from_args(std::env::args().skip(1))?;
+    let client = redis::Client::open(config.url.as_str())?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(5))?;
+    let mut counters =
+        db0_client(&config.url)?.get_connection_with_timeout(Duration::from_secs(5))?;
+    let months: Vec<String> = (0..config.keys).map(month).collect();
+    eprintln!(
+        "stampede_bench: {:?} mode, {} processes × {} tasks × {} keys, compute {:?}, payload {} B, {} rounds",
+        config.mode, config.processes, config.tasks, config.keys, config.compute, config.payload, config.rounds
+    );
+    for round in 0..config.rounds {
+        redis::cmd("FLUSHDB").exec(&mut conn)?;
+        // The counters are on db 0, which FLUSHDB above misses when the URL names another db.
+        for m in &months {
+            redis::cmd("DEL").arg(counter_key(m)).exec(&mut counters)?;
+        }
+        let outcome = run_round(&config, &mut conn)?;
+        // Commands first: the GETs of the counters below must not be counted.
+        let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut conn)?;
+        let mut computes = 0u64;
+        for m in &months {
+            let n: Option<u64> = redis::cmd("GET").arg(counter_key(m)).query(&mut counters)?;
+            computes += n.unwrap_or(0);
+        }
+        let redis_cmds = commands_executed(&stats).saturating_sub(computes);
+        println!(
+            "{}",
+            json_line(round, computes, redis_cmds, &config, &outcome)
+        );
+        std::io::stdout().flush()?;
+    }
+    Ok(())
+}
+
+/// What the workers of one round reported.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// Per `get_or_compute` call, in µs.
+    calls: Vec<u64>,
+    /// Per caller's whole K-key request, in µs.
+    reqs: Vec<u64>,
+    errors: u64,
+    wall: Duration,
+}
+
+/// A line a worker wrote, tagged with its index; `None` when its stdout closed.
+type Event = (usize, Option<String>);
+
+fn run_round(config: &Config, conn: &mut redis::Connection) -> Result<Outcome, BoxError> {
+    let exe = std::env::current_exe()?;
+    let (tx, events) = mpsc::channel::<Event>();
+    let mut workers: Vec<(Child, ChildStdin)> = Vec::with_capacity(config.processes);
+    for index in 0..config.processes {
+        let mut child = Command::new(&exe)
+            .args(std::env::args().skip(1))
+            .env(WORKER_ENV, index.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("a worker's pipes were not set up".into());
+        };
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send((index, Some(line))).is_err() {
+                    return;
+                }
+            }
+            let _ = tx.send((index, None));
+        });
+        workers.push((child, stdin));
+    }
+    drop(tx);
+
+    let result = barrier_and_collect(config, conn, &mut workers, &events);
+    // Every worker has reported or is given up on: reap them all, killing stragglers (ours, by pid).
+    for (mut child, stdin) in workers {
+        drop(stdin);
+        if result.is_err() || !matches!(child.try_wait(), Ok(Some(_))) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && !matches!(child.try_wait(), Ok(Some(_))) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+    result
+}
+
+fn barrier_and_collect(
+    config: &Config,
+    conn: &mut redis::Connection,
+    workers: &mut [(Child, ChildStdin)],
+    events: &mpsc::Receiver<Event>,
+) -> Result<Outcome, BoxError> {
+    // 1. Everyone connected and warmed up.
+    let mut ready = 0;
+    let deadline = Instant::now() + READY_LIMIT;
+    while ready < workers.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok((_, Some(line))) if line == "ready" => ready += 1,
+            Ok((index, Some(line))) => {
+                return Err(format!("worker {index} said {line:?} before ready").into())
+            }
+            Ok((index, None)) => {
+                return Err(format!("worker {index} exited before it was ready").into())
+            }
+            Err(_) => {
+                return Err(format!(
+                    "only {ready} of {} workers got ready within {READY_LIMIT:?}",
+                    workers.len()
+                )
+                .into())
+            }
+        }
+    }
+    // 2. Count from here, then release all callers at once.
+    redis::cmd("CONFIG").arg("RESETSTAT").exec(conn)?;
+    let released = unix_micros();
+    for (_, stdin) in workers.iter_mut() {
+        // A worker that cannot be told to go never reports: counted below as unfinished callers.
+        let _ = stdin.write_all(b"go\n").and_then(|()| stdin.flush());
+    }
+    eprintln!(
+        "stampede_bench: released {} callers",
+        workers.len() * config.tasks
+    );
+
+    // 3. Collect the samples.
+    let mut outcome = Outcome::default();
+    let mut finished_at = released;
+    let mut done = vec![false; workers.len()];
+    let mut open = workers.len();
+    let limit = CALLER_LIMIT + config.compute * config.keys as u32 + Duration::from_secs(30);
+    let deadline = Instant::now() + limit;
+    while open > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok((index, line)) = events.recv_timeout(left) else {
+            eprintln!("stampede_bench: {open} workers did not finish within {limit:?}");
+            break;
+        };
+        let Some(line) = line else {
+            open -= 1;
+            continue;
+        };
+        let (kind, rest) = line.split_once(' ').unwrap_or((line.as_str(), ""));
+        match kind {
+            "calls" => outcome.calls.extend(parse_numbers(rest)),
+            "reqs" => outcome.reqs.extend(parse_numbers(rest)),
+            "done" => {
+                let fields: Vec<u64> = parse_numbers(rest).collect();
+                if let [errors, at] = fields[..] {
+                    outcome.errors += errors;
+                    finished_at = finished_at.max(at);
+                    done[index] = true;
+                }
+            }
+            _ => eprintln!("stampede_bench: worker {index}: unexpected line {line:?}"),
+        }
+    }
+    // A worker that never reported: all its callers count as never finished.
+    let silent = done.iter().filter(|d| !**d).count();
+    outcome.errors += (silent * config.tasks) as u64;
+    outcome.wall = Duration::from_micros(finished_at.saturating_sub(released));
+    Ok(outcome)
+}
+
+fn parse_numbers(s: &str) -> impl Iterator<Item = u64> + '_ {
+    s.split_whitespace().filter_map(|n| n.parse().ok())
+}
+
+/// Commands the server ran since `CONFIG RESETSTAT`, from `INFO commandstats`, without the
+/// generator's own bookkeeping (BENCH.md): `info`, `config|*`, `flushdb`, `client|*`, `hello`.
+fn commands_executed(stats: &str) -> u64 {
+    stats
+        .lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|line| {
+            let (name, fields) = line.split_once(':')?;
+            let excluded = matches!(name, "info" | "flushdb" | "hello")
+                || name.starts_with("config|")
+                || name.starts_with("client|");
+            if excluded {
+                return None;
+            }
+            fields
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Nearest-rank percentile of sorted µs samples, in ms.
+fn percentile_ms(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1] as f64 / 1000.0
+}
+
+fn json_line(
+    round: usize,
+    computes: u64,
+    redis_cmds: u64,
+    config: &Config,
+    outcome: &Outcome,
+) -> String {
+    let mut calls = outcome.calls.clone();
+    calls.sort_unstable();
+    let mut reqs = outcome.reqs.clone();
+    reqs.sort_unstable();
+    // Calls that never returned have no sample; they are in `errors`.
+    let max = |v: &[u64]| v.last().map_or(0.0, |us| *us as f64 / 1000.0);
+    format!(
+        concat!(
+            r#"{{"peer": "stampede-guard", "round": {}, "computes": {}, "computes_per_key": {:.3}, "#,
+            r#""wall_ms": {:.3}, "p50_ms": {:.3}, "p99_ms": {:.3}, "max_ms": {:.3}, "redis_cmds": {}, "#,
+            r#""errors": {}, "req_p50_ms": {:.3}, "req_p99_ms": {:.3}, "req_max_ms": {:.3}}}"#
+        ),
+        round,
+        computes,
+        computes as f64 / config.keys as f64,
+        outcome.wall.as_secs_f64() * 1000.0,
+        percentile_ms(&calls, 50.0),
+        percentile_ms(&calls, 99.0),
+        max(&calls),
+        redis_cmds,
+        outcome.errors,
+        percentile_ms(&reqs, 50.0),
+        percentile_ms(&reqs, 99.0),
+        max(&reqs),
+    )
+}
+
+/// The worker process: T callers in one tokio runtime, released by the parent's `go`.
+mod worker {
+    use super::*;
+    use redis::aio::MultiplexedConnection;
+    use tokio::sync::watch;
+
+    /// Why a call's value is missing or wrong (errors are counted, not stringified further).
+    type CallError = String;
+
+    pub(super) fn run(index: &str) -> Result<(), BoxError> {
+        let config = Config::from_args(std::env::args().skip(1))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(work(config, index))
+    }
+
+    async fn work(config: Config, index: &str) -> Result<(), BoxError> {
+        let cache = Cache::builder()
+            .redis_url(config.url.as_str())
+            .namespace(NAMESPACE)
+            .build()
+            .await?;
+        let counters = db0_client(&config.url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        // Warm up before the barrier: the cache connects lazily and loads its scripts on first
+        // use, and a long-running service has done both long before a stampede. This key is not
+        // one of the K months and its computation is not counted.
+        let warmup = format!("warmup-{index}");
+        let _: String = cache
+            .get_or_compute(&warmup, config.ttl, || async {
+                Ok::<_, CallError>(String::new())
+            })
+            .await
+            .map_err(|e| format!("warm-up failed: {e}"))?;
+        if config.mode == Mode::Naive {
+            cache.set(&warmup, &String::new(), config.ttl).await?;
+        }
+
+        let (go_tx, go) = watch::channel(false);
+        let mut callers = tokio::task::JoinSet::new();
+        for _ in 0..config.tasks {
+            let (cache, counters, config, mut go) =
+                (cache.clone(), counters.clone(), config.clone(), go.clone());
+            callers.spawn(async move {
+                // Parked until the release; `wait_for` also sees a release that came first.
+                if go.wait_for(|released| *released).await.is_err() {
+                    return Caller::default();
+                }
+                let limit = CALLER_LIMIT + config.compute * config.keys as u32;
+                let mut caller = Caller::default();
+                if tokio::time::timeout(limit, caller.request(&cache, &counters, &config))
+                    .await
+                    .is_err()
+                {
+                    caller.errors += 1; // never finished
+                }
+                caller
+            });
+        }
+        drop(go);
+
+        say("ready")?;
+        let line = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).map(|_| line)
+        })
+        .await??;
+        if line.trim() != "go" {
+            return Err(format!("expected go from the parent, got {line:?}").into());
+        }
+        go_tx.send_replace(true);
+
+        let (mut calls, mut reqs, mut errors, mut finished_at) =
+            (Vec::new(), Vec::new(), 0u64, 0u64);
+        while let Some(joined) = callers.join_next().await {
+            match joined {
+                Ok(caller) => {
+                    calls.extend(caller.calls);
+                    reqs.extend(caller.req);
+                    errors += caller.errors;
+                    finished_at = finished_at.max(caller.finished_at);
+                }
+                Err(e) => {
+                    eprintln!("stampede_bench worker {index}: a caller failed: {e}");
+                    errors += 1;
+                }
+            }
+        }
+        say(&format!("calls {}", join(&calls)))?;
+        say(&format!("reqs {}", join(&reqs)))?;
+        say(&format!("done {errors} {finished_at}"))?;
+        Ok(())
+    }
+
+    /// One caller's samples.
+    #[derive(Debug, Default)]
+    struct Caller {
+        calls: Vec<u64>,
+        req: Option<u64>,
+        errors: u64,
+        finished_at: u64,
+    }
+
+    impl Caller {
+        /// All K keys, one after another, in this caller's own random order.
+        async fn request(
+            &mut self,
+            cache: &Cache,
+            counters: &MultiplexedConnection,
+            config: &Config,
+        ) {
+            let mut order: Vec<usize> = (0..config.keys).collect();
+            order.shuffle(&mut rand::rng());
+            let started = Instant::now();
+            for i in order {
+                let month = month(i);
+                let call = Instant::now();
+                let value = match config.mode {
+                    Mode::Guarded => cache
+                        .get_or_compute(&month, config.ttl, || compute(&month, counters, config))
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Mode::Naive => naive(cache, &month, counters, config).await,
+                };
+                self.calls.push(call.elapsed().as_micros() as u64);
+                match value {
+                    Ok(v) if v == expected_value(&month, config.payload) => {}
+                    Ok(_) => {
+                        eprintln!("stampede_bench: wrong value for {month}");
+                        self.errors += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("stampede_bench: {month}: {e}");
+                        self.errors += 1;
+                    }
+                }
+            }
+            self.req = Some(started.elapsed().as_micros() as u64);
+            self.finished_at = unix_micros();
+        }
+    }
+
+    /// Plain cache-aside through the same cache, codec and connection: read; on a miss compute
+    /// and write. Every concurrent miss computes.
+    async fn naive(
+        cache: &Cache,
+        month: &str,
+        counters: &MultiplexedConnection,
+        config: &Config,
+    ) -> Result<String, CallError> {
+        if let Some(v) = cache
+            .get::<String>(month)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            return Ok(v);
+        }
+        let v = compute(month, counters, config).await?;
+        cache
+            .set(month, &v, config.ttl)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(v)
+    }
+
+    /// The slow query: sleep C, count itself with exactly one INCR, return the value.
+    async fn compute(
+        month: &str,
+        counters: &MultiplexedConnection,
+        config: &Config,
+    ) -> Result<String, CallError> {
+        tokio::time::sleep(config.compute).await;
+        let mut conn = counters.clone();
+        redis::cmd("INCR")
+            .arg(counter_key(month))
+            .exec_async(&mut conn)
+            .await
+            .map_err(|e| format!("INCR of the compute counter failed: {e}"))?;
+        Ok(expected_value(month, config.payload))
+    }
+
+    fn say(line: &str) -> Result<(), BoxError> {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}")?;
+        out.flush()?;
+        Ok(())
+    }
+
+    fn join(samples: &[u64]) -> String {
+        samples
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}

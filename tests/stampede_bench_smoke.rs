@@ -1,0 +1,130 @@
+//! Smoke test of the load generator (`examples/stampede_bench.rs`, contract in BENCH.md): a small
+//! run against a redis-server of its own must exit 0 and print one valid JSON line per round.
+//!
+//! `cargo test` builds the examples next to the test binaries (`target/<profile>/examples/`), so
+//! the generator is found there; a run that did not build it fails and says how to build it.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use redis::Commands;
+use support::RedisServer;
+
+const PROCESSES: usize = 2;
+const TASKS: usize = 5;
+const KEYS: usize = 4;
+const COMPUTE_MS: u64 = 50;
+const ROUNDS: usize = 2;
+
+/// `target/<profile>/examples/stampede_bench`, beside this test's `target/<profile>/deps/`.
+fn generator() -> PathBuf {
+    let me = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = me
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary sits in target/<profile>/deps/");
+    let exe = profile_dir
+        .join("examples")
+        .join(format!("stampede_bench{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        exe.is_file(),
+        "the load generator was not built at {}: run `cargo build --example stampede_bench` \
+         (plain `cargo test` builds it; `cargo test --test stampede_bench_smoke` alone does not)",
+        exe.display()
+    );
+    exe
+}
+
+/// Runs the generator with the smoke-test sizes; returns its JSON lines, parsed.
+fn run(server: &RedisServer, mode: &str) -> Vec<serde_json::Value> {
+    let output = Command::new(generator())
+        .args(["--url", &server.url()])
+        .args(["--processes", &PROCESSES.to_string()])
+        .args(["--tasks", &TASKS.to_string()])
+        .args(["--keys", &KEYS.to_string()])
+        .args(["--compute-ms", &COMPUTE_MS.to_string()])
+        .args(["--payload", "1024"])
+        .args(["--rounds", &ROUNDS.to_string()])
+        .args(["--mode", mode])
+        .output()
+        .expect("the load generator starts");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the generator failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // stdout holds only the JSON lines: one per round, nothing else.
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), ROUNDS, "one line per round, got:\n{stdout}");
+    lines
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect()
+}
+
+/// Every field of BENCH.md, with the type it must have.
+fn assert_contract_fields(line: &serde_json::Value, round: usize) {
+    assert_eq!(line["peer"], "stampede-guard", "{line}");
+    assert_eq!(line["round"].as_u64(), Some(round as u64), "{line}");
+    for field in ["computes", "redis_cmds", "errors"] {
+        assert!(line[field].is_u64(), "{field} is a whole number: {line}");
+    }
+    for field in [
+        "computes_per_key",
+        "wall_ms",
+        "p50_ms",
+        "p99_ms",
+        "max_ms",
+        "req_p50_ms",
+        "req_p99_ms",
+        "req_max_ms",
+    ] {
+        assert!(line[field].is_number(), "{field} is a number: {line}");
+    }
+    assert_eq!(line.as_object().map(|o| o.len()), Some(13), "{line}");
+    assert_eq!(line["errors"].as_u64(), Some(0), "{line}");
+    // Some caller computed a key, so it waited at least C; and the round cannot be shorter.
+    let f = |field: &str| line[field].as_f64().unwrap();
+    assert!(f("max_ms") >= COMPUTE_MS as f64, "{line}");
+    assert!(f("wall_ms") >= COMPUTE_MS as f64, "{line}");
+    assert!(
+        f("p50_ms") <= f("p99_ms") && f("p99_ms") <= f("max_ms"),
+        "{line}"
+    );
+    assert!(line["redis_cmds"].as_u64().unwrap() > 0, "{line}");
+}
+
+#[test]
+fn guarded_rounds_compute_each_key_once_and_print_one_json_line_each() {
+    let server = RedisServer::start();
+    let lines = run(&server, "guarded");
+    for (round, line) in lines.iter().enumerate() {
+        assert_contract_fields(line, round);
+        assert_eq!(line["computes"].as_u64(), Some(KEYS as u64), "{line}");
+        assert_eq!(line["computes_per_key"].as_f64(), Some(1.0), "{line}");
+        // Every call is at least one command (the hit path's GET).
+        let calls = (PROCESSES * TASKS * KEYS) as u64;
+        assert!(line["redis_cmds"].as_u64().unwrap() >= calls, "{line}");
+    }
+    // The last round is not flushed: its counters are there, under the contract's names, on db 0.
+    let mut conn = server.conn();
+    for i in 0..KEYS {
+        let month = format!("{}-{:02}", 2019 + i / 12, i % 12 + 1);
+        let n: Option<u64> = conn.get(format!("bench:computes:{month}")).unwrap();
+        assert_eq!(n, Some(1), "bench:computes:{month}");
+    }
+}
+
+#[test]
+fn naive_rounds_run_through_the_same_cache_without_errors() {
+    let server = RedisServer::start();
+    for (round, line) in run(&server, "naive").iter().enumerate() {
+        assert_contract_fields(line, round);
+        // Plain cache-aside stampedes: at least one computation per key, usually many.
+        assert!(line["computes_per_key"].as_f64().unwrap() >= 1.0, "{line}");
+    }
+}
