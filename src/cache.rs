@@ -8,18 +8,19 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use crate::codec::{Bincode, Codec};
+use crate::connect::Backend;
 use crate::envelope::Envelope;
 use crate::flight::{Flights, Role};
 use crate::key::{validate_namespace, EntryKeys};
 use crate::lease::Lease;
-use crate::lock::HeldLock;
-use crate::store::redis::RedisStore;
+use crate::lock::Lock;
+use crate::lock::{new_token, HeldLock};
 use crate::store::{MemoryStore, ReadOrLock, Store, Stored};
-use crate::wakeup::Listener;
+use crate::waiting::Waiter;
 use crate::{CallOptions, Error, Fallback, MAX_VALUE_BYTES};
 
 /// The namespace used when the builder is given none.
-const DEFAULT_NAMESPACE: &str = "stampede";
+pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
 /// for it at the same time.
@@ -192,6 +193,33 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub fn in_flight(&self) -> usize {
         self.inner.flights.len()
+    }
+
+    /// The distributed lock named `name` in this cache's namespace and backend, with this
+    /// handle's options (lease, renewal, wait bound, backoff, maximum hold). It shares the cache's
+    /// connections. `cache.lock(k)` is the very lock that `get_or_compute(k, ..)` takes.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// let lock = cache.lock("nightly-sync")?;
+    /// let guard = lock.acquire().await?;
+    /// assert!(lock.try_acquire().await?.is_none(), "held");
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for an empty or over-long name.
+    pub fn lock(&self, name: &str) -> Result<Lock, Error> {
+        let keys = EntryKeys::new(&self.inner.namespace, name)?;
+        Ok(Lock::from_parts(
+            Arc::clone(&self.inner.store),
+            keys,
+            self.options.clone(),
+        ))
     }
 
     /// Reads a value. Bytes that are not a value of this cache (corrupt, another codec, another
@@ -429,13 +457,12 @@ impl<C: Codec> Cache<C> {
     {
         let store = &self.inner.store;
         let options = &self.options;
-        let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
+        let token: Arc<str> = new_token();
+        let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
         // Cleared after bytes that do not decode: then the lock is taken over them, to replace them.
         let mut read_value = true;
-        let mut listener: Option<Listener> = None;
-        let mut listened = false;
-        let mut attempt = 0;
         loop {
+            let asked = Instant::now();
             let answer = match store
                 .read_or_lock(keys, &token, options.lease, read_value)
                 .await
@@ -443,13 +470,10 @@ impl<C: Codec> Cache<C> {
                 Ok(answer) => answer,
                 Err(e) => return self.without_cache("read-or-lock", e, keys, f).await,
             };
-            let expires_in = match answer {
+            match answer {
                 ReadOrLock::Value(bytes) => match self.decode(keys, &bytes) {
                     Some(value) => return Ok(value),
-                    None => {
-                        read_value = false;
-                        continue;
-                    }
+                    None => read_value = false,
                 },
                 ReadOrLock::Acquired { fence } => {
                     let held = HeldLock::new(
@@ -457,47 +481,15 @@ impl<C: Codec> Cache<C> {
                         Arc::clone(keys),
                         token,
                         fence,
-                        options.lease,
-                        options.renew,
+                        asked,
+                        options.renewal(),
                     );
                     return self.compute_and_store(held, keys, ttl, f).await;
                 }
-                ReadOrLock::Held { expires_in } => expires_in,
-            };
-            read_value = true;
-            if !listened {
-                // Listen first, then look again: a value that landed in between is read now, and
-                // one that lands later wakes us.
-                listened = true;
-                match store.listen(keys).await {
-                    Ok(l) => listener = Some(l),
-                    Err(e) => tracing::warn!(key = %keys.user, error = %e,
-                        "wake-up subscription failed; waiting by polling"),
+                ReadOrLock::Held { expires_in } => {
+                    read_value = true;
+                    waiter.wait(expires_in).await.map_err(Error::widen)?;
                 }
-                continue;
-            }
-            let waited = started.elapsed();
-            let remaining = options.wait_timeout.saturating_sub(waited);
-            if remaining.is_zero() {
-                return Err(Error::WaitTimeout {
-                    key: keys.user.clone(),
-                    waited,
-                });
-            }
-            let mut delay = options.backoff.delay(attempt).min(remaining);
-            if let Some(expires_in) = expires_in {
-                // Look again the moment a dead holder's lease runs out.
-                delay = delay.min(expires_in + Duration::from_millis(1));
-            }
-            attempt += 1;
-            match listener.as_mut() {
-                Some(l) => {
-                    tokio::select! {
-                        _ = l.notified() => {}
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                }
-                None => tokio::time::sleep(delay).await,
             }
         }
     }
@@ -631,22 +623,11 @@ pub struct CacheBuilder<C = Bincode> {
     codec: C,
 }
 
-enum Backend {
-    Memory,
-    RedisUrl(String),
-    RedisClient(redis::Client),
-}
-
 impl<C> std::fmt::Debug for CacheBuilder<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The URL is left out: it may carry a password.
-        let backend = match self.backend {
-            Backend::Memory => "memory",
-            Backend::RedisUrl(_) | Backend::RedisClient(_) => "redis",
-        };
         f.debug_struct("CacheBuilder")
             .field("namespace", &self.namespace)
-            .field("backend", &backend)
+            .field("backend", &self.backend.kind())
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -703,34 +684,12 @@ impl<C: Codec> CacheBuilder<C> {
     /// parse.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
-        let store: Arc<dyn Store> = match self.backend {
-            Backend::Memory => Arc::new(MemoryStore::default()),
-            Backend::RedisUrl(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| {
-                    Error::Config(format!("the Redis URL does not parse: {}", e.kind_name()))
-                })?;
-                Arc::new(RedisStore::connect(client).map_err(|e| Error::backend("connect", e))?)
-            }
-            Backend::RedisClient(client) => {
-                Arc::new(RedisStore::connect(client).map_err(|e| Error::backend("connect", e))?)
-            }
-        };
+        let store = self.backend.open()?;
         Ok(Cache::from_parts(
             store,
             self.codec,
             self.namespace,
             self.options,
         ))
-    }
-}
-
-/// A short description of a Redis error that cannot carry the URL (and so no password).
-trait KindName {
-    fn kind_name(&self) -> String;
-}
-
-impl KindName for redis::RedisError {
-    fn kind_name(&self) -> String {
-        format!("{:?}", self.kind())
     }
 }

@@ -30,6 +30,13 @@
 //!    the holder's lease) and reads again; if the holder died, its lease runs out and one waiter
 //!    takes over.
 //!
+//! # Which API do I want?
+//! - [`Cache::get_or_compute`]: an expensive value behind a shared cache, computed once.
+//! - [`Lock`] ([`Lock::builder`] or [`Cache::lock`]): a named lease with fencing tokens, for work
+//!   that must run on one machine at a time.
+//! - [`leader::Leader`]: a scheduled job that exactly one of many instances runs, the others
+//!   standing by to take over.
+//!
 //! # Backends
 //! - The embedded in-memory store ([`Cache::in_memory`]): one process, no server; the default.
 //! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines.
@@ -38,14 +45,17 @@
 
 mod cache;
 mod codec;
+mod connect;
 mod envelope;
 mod error;
 mod flight;
 mod key;
+pub mod leader;
 mod lease;
 mod lock;
 mod options;
 mod store;
+mod waiting;
 mod wakeup;
 
 pub use cache::{Cache, CacheBuilder};
@@ -53,6 +63,7 @@ pub use codec::{Bincode, Codec, CodecError};
 pub use error::Error;
 pub use key::MAX_KEY_BYTES;
 pub use lease::Lease;
+pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback};
 
 /// The largest encoded value accepted (64 MiB); larger ones are refused with

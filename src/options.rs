@@ -16,6 +16,7 @@ use std::time::Duration;
 /// | [`wait_timeout`](Self::wait_timeout) | 30 s | how long a caller waits for another's computation before [`Error::WaitTimeout`](crate::Error::WaitTimeout) |
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 500 ms, jittered | re-check interval when no wake-up arrives |
 /// | [`on_backend_error`](Self::on_backend_error) | [`Fallback::Fail`] | Redis down: fail, or compute without the cache |
+/// | [`max_hold`](Self::max_hold) | none | stop renewing a lock this long after acquiring it |
 ///
 /// ```
 /// use stampede_guard::{CallOptions, Fallback};
@@ -36,6 +37,7 @@ pub struct CallOptions {
     pub(crate) wait_timeout: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) on_backend_error: Fallback,
+    pub(crate) max_hold: Option<Duration>,
 }
 
 impl Default for CallOptions {
@@ -46,6 +48,7 @@ impl Default for CallOptions {
             wait_timeout: Duration::from_secs(30),
             backoff: Backoff::default(),
             on_backend_error: Fallback::Fail,
+            max_hold: None,
         }
     }
 }
@@ -80,10 +83,26 @@ impl CallOptions {
         self
     }
 
-    /// What to do when the backend cannot be reached.
+    /// What a cache call does when the backend cannot be reached (a [`Lock`](crate::Lock)
+    /// always returns the error).
     pub fn on_backend_error(mut self, fallback: Fallback) -> Self {
         self.on_backend_error = fallback;
         self
+    }
+
+    /// Stop renewing a lock this long after it was acquired (default: never). The lease then
+    /// runs out at most one lease later, so a stuck holder cannot keep a lock forever.
+    pub fn max_hold(mut self, max_hold: Option<Duration>) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    pub(crate) fn renewal(&self) -> crate::lease::Renewal {
+        crate::lease::Renewal {
+            lease: self.lease,
+            renew: self.renew,
+            max_hold: self.max_hold,
+        }
     }
 
     /// The lease in force.

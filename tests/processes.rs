@@ -38,30 +38,7 @@ fn main() {
             a_killed_holder_is_replaced_after_its_lease,
         ),
     ];
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in tests {
-        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                println!("test {name} ... ok");
-                passed += 1;
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed += 1;
-            }
-        }
-    }
-    println!("\nprocesses: {passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    support::run_tests("processes", tests);
 }
 
 fn now_ms() -> u64 {

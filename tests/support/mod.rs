@@ -225,3 +225,100 @@ impl Drop for Monitor {
         let _ = self.child.wait();
     }
 }
+
+/// The `main` of a test binary with `harness = false`: runs the tests whose names contain one of
+/// the command-line filters (all without filters), prints libtest-like lines and a summary, and
+/// exits non-zero if any failed.
+pub fn run_tests(binary: &str, tests: &[(&str, fn())]) {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
+        }
+    }
+    println!("\n{binary}: {passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+/// A worker process started from this test binary, with its stdout lines collected (with the
+/// moment each arrived) as it runs.
+pub struct Worker {
+    pub child: Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Worker {
+    /// Re-executes this test binary with `STAMPEDE_CHILD=role` and the given variables.
+    pub fn spawn(role: &str, vars: &[(&str, String)]) -> Self {
+        use std::io::BufRead;
+        let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+        cmd.env("STAMPEDE_CHILD", role).stdout(Stdio::piped());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("a worker process");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                sink.lock().unwrap().push((Instant::now(), line));
+            }
+        });
+        Worker { child, lines }
+    }
+
+    /// The lines printed so far.
+    pub fn lines(&self) -> Vec<(Instant, String)> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// The last line starting with `prefix`, if any.
+    pub fn last(&self, prefix: &str) -> Option<(Instant, String)> {
+        self.lines()
+            .into_iter()
+            .rev()
+            .find(|(_, l)| l.starts_with(prefix))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits for the process to end; true if it exited with success.
+    pub fn wait_success(&mut self) -> bool {
+        self.child.wait().map(|s| s.success()).unwrap_or(false)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.is_alive() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
