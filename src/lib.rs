@@ -43,24 +43,30 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
+mod builder;
 mod cache;
 mod codec;
+mod compute;
 mod connect;
 mod envelope;
 mod error;
 mod flight;
+mod freshness;
 mod key;
 pub mod leader;
 mod lease;
 mod lock;
 mod options;
+mod refresh;
 mod store;
 mod waiting;
 mod wakeup;
 
-pub use cache::{Cache, CacheBuilder};
+pub use builder::CacheBuilder;
+pub use cache::Cache;
 pub use codec::{Bincode, Codec, CodecError};
 pub use error::Error;
+pub use freshness::{Computed, Fetched, Source};
 pub use key::MAX_KEY_BYTES;
 pub use lease::Lease;
 pub use lock::{Lock, LockBuilder, LockGuard};

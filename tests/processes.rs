@@ -217,7 +217,7 @@ fn child(role: &str) -> Result<(), String> {
             "stampede" => stampede_worker(cache, conn).await,
             "holder" => {
                 cache
-                    .get_or_compute("2019-05", Duration::from_secs(300), || async {
+                    .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
                         let _: () = redis::cmd("INCR")
                             .arg("computes:2019-05")
                             .query_async(&mut conn)
@@ -244,7 +244,7 @@ fn child(role: &str) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 let mut compute_conn = conn.clone();
                 let value = cache
-                    .get_or_compute("2019-05", Duration::from_secs(300), || async move {
+                    .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
                         let _: () = redis::cmd("RPUSH")
                             .arg("takeover_started_ms")
                             .arg(now_ms())
@@ -312,10 +312,10 @@ async fn stampede_worker(
         callers.push(tokio::spawn(async move {
             let mut months: Vec<String> = (0..keys).map(month).collect();
             months.shuffle(&mut rand::rng());
-            for m in months {
-                let mut conn = conn.clone();
+            for key in months {
+                let (mut conn, m) = (conn.clone(), key.clone());
                 let value = cache
-                    .get_or_compute(&m, Duration::from_secs(300), || async {
+                    .get_or_compute(&key, Duration::from_secs(300), move || async move {
                         let running: i64 = redis::cmd("INCR")
                             .arg(format!("probe:{m}"))
                             .query_async(&mut conn)
@@ -343,8 +343,8 @@ async fn stampede_worker(
                     })
                     .await
                     .map_err(|e| e.to_string())?;
-                if value != format!("report {m}") {
-                    return Err(format!("wrong value {value:?} for {m}"));
+                if value != format!("report {key}") {
+                    return Err(format!("wrong value {value:?} for {key}"));
                 }
             }
             Ok::<(), String>(())

@@ -354,6 +354,10 @@ where
         })
     }
 
+    fn now_ms(&self) -> u64 {
+        super::system_now_ms()
+    }
+
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         Box::pin(self.pubsub.listen(&keys.channel))
     }
