@@ -67,6 +67,18 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
+    /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
+    /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
+    /// one slot; wake-ups use sharded pub/sub (Redis 7). Building waits for the cluster to answer.
+    pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.backend = Backend::RedisCluster(seeds.into_iter().map(Into::into).collect());
+        self
+    }
+
     /// Use the Redis server of an existing client.
     pub fn redis_client(mut self, client: redis::Client) -> Self {
         self.backend = Backend::RedisClient(client);
@@ -103,7 +115,7 @@ impl<C: Codec> CacheBuilder<C> {
     /// parse.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
-        let store = self.backend.open()?;
+        let store = self.backend.open().await?;
         Ok(Cache::from_parts(
             store,
             self.codec,

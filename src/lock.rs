@@ -319,6 +319,18 @@ impl LockBuilder {
         self
     }
 
+    /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
+    /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
+    /// one slot; wake-ups use sharded pub/sub (Redis 7). Building waits for the cluster to answer.
+    pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.backend = Backend::RedisCluster(seeds.into_iter().map(Into::into).collect());
+        self
+    }
+
     /// Use the Redis server of an existing client.
     pub fn redis_client(mut self, client: redis::Client) -> Self {
         self.backend = Backend::RedisClient(client);
@@ -339,7 +351,11 @@ impl LockBuilder {
     pub async fn build(self) -> Result<Lock, Error> {
         validate_namespace(&self.namespace)?;
         let keys = EntryKeys::new(&self.namespace, &self.name)?;
-        Ok(Lock::from_parts(self.backend.open()?, keys, self.options))
+        Ok(Lock::from_parts(
+            self.backend.open().await?,
+            keys,
+            self.options,
+        ))
     }
 }
 
