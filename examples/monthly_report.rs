@@ -56,8 +56,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             for m in 0..MONTHS {
                 let (cache, ledger, month) = (cache.clone(), ledger.clone(), month(m));
                 months.spawn(async move {
+                    let query_month = month.clone();
                     cache
-                        .get_or_compute(&month, TTL, || slow_query(month.clone(), request, ledger))
+                        .get_or_compute(&month, TTL, move || {
+                            slow_query(query_month, request, ledger)
+                        })
                         .await
                 });
             }

@@ -526,10 +526,18 @@ mod worker {
                 let month = month(i);
                 let call = Instant::now();
                 let value = match config.mode {
-                    Mode::Guarded => cache
-                        .get_or_compute(&month, config.ttl, || compute(&month, counters, config))
-                        .await
-                        .map_err(|e| e.to_string()),
+                    Mode::Guarded => {
+                        // The computation may run in a spawned task (a background refresh), so
+                        // it owns what it uses.
+                        let (key, conn) = (month.clone(), counters.clone());
+                        let (work, payload) = (config.compute, config.payload);
+                        cache
+                            .get_or_compute(&month, config.ttl, move || async move {
+                                compute(&key, &conn, work, payload).await
+                            })
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
                     Mode::Naive => naive(cache, &month, counters, config).await,
                 };
                 self.calls.push(call.elapsed().as_micros() as u64);
@@ -565,7 +573,7 @@ mod worker {
         {
             return Ok(v);
         }
-        let v = compute(month, counters, config).await?;
+        let v = compute(month, counters, config.compute, config.payload).await?;
         cache
             .set(month, &v, config.ttl)
             .await
@@ -577,16 +585,17 @@ mod worker {
     async fn compute(
         month: &str,
         counters: &MultiplexedConnection,
-        config: &Config,
+        work: Duration,
+        payload: usize,
     ) -> Result<String, CallError> {
-        tokio::time::sleep(config.compute).await;
+        tokio::time::sleep(work).await;
         let mut conn = counters.clone();
         redis::cmd("INCR")
             .arg(counter_key(month))
             .exec_async(&mut conn)
             .await
             .map_err(|e| format!("INCR of the compute counter failed: {e}"))?;
-        Ok(expected_value(month, config.payload))
+        Ok(expected_value(month, payload))
     }
 
     fn say(line: &str) -> Result<(), BoxError> {

@@ -1,25 +1,23 @@
-//! The user's handle: [`Cache`], its builder, and the `get_or_compute` family.
+//! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
+//! The machinery behind the family lives in `compute.rs` and `refresh.rs`.
 
+use std::fmt::Display;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
-use tokio::time::Instant;
 
 use crate::codec::{Bincode, Codec};
-use crate::envelope::Envelope;
-use crate::flight::{Flights, Role};
-use crate::key::{validate_namespace, EntryKeys};
-use crate::lease::Lease;
-use crate::lock::HeldLock;
-use crate::store::redis::RedisStore;
-use crate::store::{MemoryStore, ReadOrLock, Store, Stored};
-use crate::wakeup::Listener;
-use crate::{CallOptions, Error, Fallback, MAX_VALUE_BYTES};
+use crate::flight::Flights;
+use crate::key::EntryKeys;
+use crate::lock::Lock;
+use crate::refresh::Refreshes;
+use crate::store::{MemoryStore, Store};
+use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease};
 
 /// The namespace used when the builder is given none.
-const DEFAULT_NAMESPACE: &str = "stampede";
+pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
 /// for it at the same time.
@@ -50,16 +48,19 @@ const DEFAULT_NAMESPACE: &str = "stampede";
 /// # }
 /// ```
 pub struct Cache<C = Bincode> {
-    inner: Arc<Inner<C>>,
+    pub(crate) inner: Arc<Inner<C>>,
     /// Per handle, so that [`Cache::with_options`] is free and does not touch other handles.
-    options: CallOptions,
+    pub(crate) options: CallOptions,
 }
 
-struct Inner<C> {
-    store: Arc<dyn Store>,
-    codec: C,
-    namespace: String,
-    flights: Flights,
+pub(crate) struct Inner<C> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) codec: C,
+    pub(crate) namespace: String,
+    /// In-process single flight of computations.
+    pub(crate) flights: Flights,
+    /// Background refreshes running in this process, so a key is refreshed once at a time.
+    pub(crate) refreshes: Arc<Refreshes>,
 }
 
 impl<C> Clone for Cache<C> {
@@ -116,17 +117,12 @@ impl Cache {
     /// # }
     /// ```
     pub fn builder() -> CacheBuilder {
-        CacheBuilder {
-            namespace: DEFAULT_NAMESPACE.to_owned(),
-            backend: Backend::Memory,
-            options: CallOptions::default(),
-            codec: Bincode,
-        }
+        CacheBuilder::new(DEFAULT_NAMESPACE)
     }
 }
 
 impl<C: Codec> Cache<C> {
-    fn from_parts(
+    pub(crate) fn from_parts(
         store: Arc<dyn Store>,
         codec: C,
         namespace: String,
@@ -138,6 +134,7 @@ impl<C: Codec> Cache<C> {
                 codec,
                 namespace,
                 flights: Flights::default(),
+                refreshes: Arc::default(),
             }),
             options,
         }
@@ -194,8 +191,36 @@ impl<C: Codec> Cache<C> {
         self.inner.flights.len()
     }
 
-    /// Reads a value. Bytes that are not a value of this cache (corrupt, another codec, another
-    /// type) are logged and read as `None`.
+    /// The distributed lock named `name` in this cache's namespace and backend, with this
+    /// handle's options (lease, renewal, wait bound, backoff, maximum hold). It shares the cache's
+    /// connections. `cache.lock(k)` is the very lock that `get_or_compute(k, ..)` takes.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// let lock = cache.lock("nightly-sync")?;
+    /// let guard = lock.acquire().await?;
+    /// assert!(lock.try_acquire().await?.is_none(), "held");
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for an empty or over-long name.
+    pub fn lock(&self, name: &str) -> Result<Lock, Error> {
+        let keys = EntryKeys::new(&self.inner.namespace, name)?;
+        Ok(Lock::from_parts(
+            Arc::clone(&self.inner.store),
+            keys,
+            self.options.clone(),
+        ))
+    }
+
+    /// Reads a value, fresh or stale, without computing or refreshing anything. Bytes that are not
+    /// a value of this cache (corrupt, another codec, another type) are logged and read as `None`,
+    /// and so is a remembered failure.
     ///
     /// ```
     /// use std::time::Duration;
@@ -216,10 +241,13 @@ impl<C: Codec> Cache<C> {
             .get(&keys)
             .await
             .map_err(|e| Error::backend("get", e))?;
-        Ok(bytes.and_then(|b| self.decode(&keys, &b)))
+        Ok(bytes
+            .and_then(|b| self.read_stored::<T>(&keys, &b))
+            .and_then(|stored| stored.value.ok()))
     }
 
-    /// Writes a value for `ttl`, replacing any other. A computation of this key that is running
+    /// Writes a value, fresh for `ttl` (then stale for the handle's
+    /// [`stale_for`](CallOptions::stale_for)), replacing any other. A computation of this key that is running
     /// now will not overwrite it: its write is refused by the fencing check.
     ///
     /// ```
@@ -239,10 +267,15 @@ impl<C: Codec> Cache<C> {
         ttl: Duration,
     ) -> Result<(), Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        let bytes = self.encode(value, ttl, Duration::ZERO, 0)?;
+        let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
         self.inner
             .store
-            .set(&keys, bytes, ttl, self.options.lease)
+            .set(
+                &keys,
+                bytes,
+                ttl + self.options.stale_for,
+                self.options.lease,
+            )
             .await
             .map_err(|e| Error::backend("set", e))
     }
@@ -278,7 +311,11 @@ impl<C: Codec> Cache<C> {
     /// `f`; within a process the other callers share that caller's outcome, and other processes
     /// wait for the value to land (woken by a notification, with a jittered backoff as the
     /// backstop) and then read it. If `f` fails, its error goes to this process's waiting callers
-    /// as the same [`Error::Compute`]; nothing is cached, and the next caller tries again.
+    /// as the same [`Error::Compute`]; nothing is cached (unless
+    /// [`CallOptions::negative_ttl`] is set), and the next caller tries again.
+    ///
+    /// `f` and its future must be `Send + 'static` because a refresh in the background (stale
+    /// window, early refresh) runs them in a spawned task: move what they need into them.
     ///
     /// # Cancellation and panics
     /// If the computing caller's future is dropped or `f` panics, its lock is released (best effort
@@ -288,8 +325,9 @@ impl<C: Codec> Cache<C> {
     /// # Errors
     /// [`Error::Compute`] from `f`; [`Error::WaitTimeout`] after waiting
     /// [`CallOptions::wait_timeout`] for another caller; [`Error::Backend`] when Redis fails
-    /// (unless the fallback is [`Fallback::ComputeUncached`]); [`Error::InvalidKey`],
-    /// [`Error::Encode`], [`Error::ValueTooLarge`].
+    /// (unless the fallback is [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached)); [`Error::RecentFailure`] when a
+    /// remembered failure is served; [`Error::InvalidKey`], [`Error::Encode`],
+    /// [`Error::ValueTooLarge`].
     ///
     /// ```
     /// use stampede_guard::Cache;
@@ -306,7 +344,7 @@ impl<C: Codec> Cache<C> {
     ///     let (cache, queries) = (cache.clone(), queries.clone());
     ///     callers.push(tokio::spawn(async move {
     ///         cache
-    ///             .get_or_compute("2019-05", Duration::from_secs(300), || async {
+    ///             .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
     ///                 queries.fetch_add(1, Ordering::SeqCst);
     ///                 tokio::time::sleep(Duration::from_millis(50)).await; // the slow query
     ///                 Ok::<_, std::io::Error>(format!("report for 2019-05"))
@@ -328,11 +366,18 @@ impl<C: Codec> Cache<C> {
     ) -> Result<T, Error<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Send + Sync + 'static,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        E: Display + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
-        self.get_or_compute_with_lease(key, ttl, |_| f()).await
+        let fetched = self
+            .fetch(
+                key,
+                ttl,
+                move |_| async move { f().await.map(Computed::new) },
+            )
+            .await?;
+        Ok(fetched.value)
     }
 
     /// Like [`get_or_compute`](Self::get_or_compute), but `f` receives the [`Lease`] it computes
@@ -363,374 +408,59 @@ impl<C: Codec> Cache<C> {
     ) -> Result<T, Error<E>>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Send + Sync + 'static,
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        E: Display + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
-        let started = Instant::now();
-        let keys = EntryKeys::new(&self.inner.namespace, key).map_err(Error::widen)?;
-
-        // The hit path: one GET, no script, no in-process bookkeeping.
-        match self.inner.store.get(&keys).await {
-            Ok(Some(bytes)) => {
-                if let Some(value) = self.decode(&keys, &bytes) {
-                    return Ok(value);
-                }
-            }
-            Ok(None) => {}
-            Err(e) if self.options.on_backend_error == Fallback::Fail => {
-                return Err(Error::backend("get", e));
-            }
-            // The fallback applies in `load`, under the single flight.
-            Err(_) => {}
-        }
-
-        let keys = Arc::new(keys);
-        let leader = loop {
-            match self.inner.flights.join::<T, E>(&keys.value) {
-                Role::Lead(leader) => break Some(leader),
-                Role::Alone => break None,
-                Role::Follow(follower) => {
-                    let remaining = self.options.wait_timeout.saturating_sub(started.elapsed());
-                    match tokio::time::timeout(remaining, follower.outcome()).await {
-                        Ok(Some(outcome)) => return outcome,
-                        // The leader was cancelled or panicked: try to lead.
-                        Ok(None) => continue,
-                        Err(_) => {
-                            return Err(Error::WaitTimeout {
-                                key: keys.user.clone(),
-                                waited: started.elapsed(),
-                            })
-                        }
-                    }
-                }
-            }
-        };
-        let outcome = self.load(&keys, ttl, started, f).await;
-        if let Some(leader) = leader {
-            leader.finish(&outcome);
-        }
-        outcome
+        let fetched = self
+            .fetch(key, ttl, move |lease| async move {
+                f(lease).await.map(Computed::new)
+            })
+            .await?;
+        Ok(fetched.value)
     }
 
-    /// The distributed part: read the value or take the lock; compute under it, or wait for the
-    /// holder and read again.
-    async fn load<T, E, F, Fut>(
-        &self,
-        keys: &Arc<EntryKeys>,
-        ttl: Duration,
-        started: Instant,
-        f: F,
-    ) -> Result<T, Error<E>>
-    where
-        T: Serialize + DeserializeOwned,
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let store = &self.inner.store;
-        let options = &self.options;
-        let token: Arc<str> = uuid::Uuid::new_v4().simple().to_string().into();
-        // Cleared after bytes that do not decode: then the lock is taken over them, to replace them.
-        let mut read_value = true;
-        let mut listener: Option<Listener> = None;
-        let mut listened = false;
-        let mut attempt = 0;
-        loop {
-            let answer = match store
-                .read_or_lock(keys, &token, options.lease, read_value)
-                .await
-            {
-                Ok(answer) => answer,
-                Err(e) => return self.without_cache("read-or-lock", e, keys, f).await,
-            };
-            let expires_in = match answer {
-                ReadOrLock::Value(bytes) => match self.decode(keys, &bytes) {
-                    Some(value) => return Ok(value),
-                    None => {
-                        read_value = false;
-                        continue;
-                    }
-                },
-                ReadOrLock::Acquired { fence } => {
-                    let held = HeldLock::new(
-                        Arc::clone(store),
-                        Arc::clone(keys),
-                        token,
-                        fence,
-                        options.lease,
-                        options.renew,
-                    );
-                    return self.compute_and_store(held, keys, ttl, f).await;
-                }
-                ReadOrLock::Held { expires_in } => expires_in,
-            };
-            read_value = true;
-            if !listened {
-                // Listen first, then look again: a value that landed in between is read now, and
-                // one that lands later wakes us.
-                listened = true;
-                match store.listen(keys).await {
-                    Ok(l) => listener = Some(l),
-                    Err(e) => tracing::warn!(key = %keys.user, error = %e,
-                        "wake-up subscription failed; waiting by polling"),
-                }
-                continue;
-            }
-            let waited = started.elapsed();
-            let remaining = options.wait_timeout.saturating_sub(waited);
-            if remaining.is_zero() {
-                return Err(Error::WaitTimeout {
-                    key: keys.user.clone(),
-                    waited,
-                });
-            }
-            let mut delay = options.backoff.delay(attempt).min(remaining);
-            if let Some(expires_in) = expires_in {
-                // Look again the moment a dead holder's lease runs out.
-                delay = delay.min(expires_in + Duration::from_millis(1));
-            }
-            attempt += 1;
-            match listener.as_mut() {
-                Some(l) => {
-                    tokio::select! {
-                        _ = l.notified() => {}
-                        _ = tokio::time::sleep(delay) => {}
-                    }
-                }
-                None => tokio::time::sleep(delay).await,
-            }
-        }
-    }
-
-    async fn compute_and_store<T, E, F, Fut>(
-        &self,
-        held: HeldLock,
-        keys: &EntryKeys,
-        ttl: Duration,
-        f: F,
-    ) -> Result<T, Error<E>>
-    where
-        T: Serialize,
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        let computing = Instant::now();
-        let value = match f(held.lease()).await {
-            Ok(value) => value,
-            Err(e) => {
-                if let Err(err) = held.release().await {
-                    tracing::warn!(key = %keys.user, error = %err,
-                        "could not free the lock after a failed computation; it frees itself when its lease runs out");
-                }
-                return Err(Error::Compute(Arc::new(e)));
-            }
-        };
-        let bytes = match self.encode(&value, ttl, computing.elapsed(), held.fence()) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                let _ = held.release().await;
-                return Err(e.widen());
-            }
-        };
-        match held.store_and_unlock(bytes, ttl).await {
-            Ok(Stored { written: true, .. }) => {}
-            Ok(Stored { written: false, .. }) => tracing::info!(key = %keys.user,
-                "computed value not written: the key was invalidated, set, or taken over since the lock was acquired"),
-            Err(e) => tracing::warn!(key = %keys.user, error = %e,
-                "computed value not written: the backend failed; returning it uncached"),
-        }
-        Ok(value)
-    }
-
-    /// The backend failed during `op`: fail, or compute without the cache, as configured.
-    async fn without_cache<T, E, F, Fut>(
-        &self,
-        op: &'static str,
-        error: redis::RedisError,
-        keys: &EntryKeys,
-        f: F,
-    ) -> Result<T, Error<E>>
-    where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-    {
-        match self.options.on_backend_error {
-            Fallback::Fail => Err(Error::backend(op, error)),
-            Fallback::ComputeUncached => {
-                tracing::warn!(key = %keys.user, op, error = %error,
-                    "backend unavailable; computing without the cache");
-                f(Lease::unlocked())
-                    .await
-                    .map_err(|e| Error::Compute(Arc::new(e)))
-            }
-        }
-    }
-
-    fn encode<T: Serialize>(
-        &self,
-        value: &T,
-        ttl: Duration,
-        compute: Duration,
-        fence: u64,
-    ) -> Result<Vec<u8>, Error> {
-        let codec = &self.inner.codec;
-        let payload = codec
-            .encode(value)
-            .map_err(|e| Error::Encode(Arc::from(e)))?;
-        if payload.len() > MAX_VALUE_BYTES {
-            return Err(Error::ValueTooLarge {
-                size: payload.len(),
-                limit: MAX_VALUE_BYTES,
-            });
-        }
-        Ok(Envelope::encode(codec.id(), ttl, compute, fence, &payload))
-    }
-
-    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten.
-    fn decode<T: DeserializeOwned>(&self, keys: &EntryKeys, bytes: &[u8]) -> Option<T> {
-        let codec = &self.inner.codec;
-        let envelope = match Envelope::decode(bytes, codec.id()) {
-            Ok(envelope) => envelope,
-            Err(foreign) => {
-                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
-                return None;
-            }
-        };
-        match codec.decode(envelope.payload) {
-            Ok(value) => Some(value),
-            Err(e) => {
-                tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
-                None
-            }
-        }
-    }
-}
-
-/// Builds a [`Cache`]: backend, namespace, default call options and codec.
-///
-/// ```
-/// use stampede_guard::{Cache, CallOptions};
-/// use std::time::Duration;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), stampede_guard::Error> {
-/// let cache = Cache::builder()
-///     .namespace("reports")
-///     .options(CallOptions::default().lease(Duration::from_secs(10)))
-///     .build()
-///     .await?;
-/// assert_eq!(cache.options().get_lease(), Duration::from_secs(10));
-/// # Ok(())
-/// # }
-/// ```
-#[must_use]
-pub struct CacheBuilder<C = Bincode> {
-    namespace: String,
-    backend: Backend,
-    options: CallOptions,
-    codec: C,
-}
-
-enum Backend {
-    Memory,
-    RedisUrl(String),
-    RedisClient(redis::Client),
-}
-
-impl<C> std::fmt::Debug for CacheBuilder<C> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The URL is left out: it may carry a password.
-        let backend = match self.backend {
-            Backend::Memory => "memory",
-            Backend::RedisUrl(_) | Backend::RedisClient(_) => "redis",
-        };
-        f.debug_struct("CacheBuilder")
-            .field("namespace", &self.namespace)
-            .field("backend", &backend)
-            .field("options", &self.options)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<C: Codec> CacheBuilder<C> {
-    /// The prefix of every key (default `"stampede"`): caches with different namespaces never
-    /// see each other's values or locks. Printable ASCII without `{`, `}`, `%` or spaces.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
-
-    /// Use the Redis server at `url` (`redis://[user:password@]host:port/db`). The connection is
-    /// made on first use and re-made automatically after it drops.
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.backend = Backend::RedisUrl(url.into());
-        self
-    }
-
-    /// Use the Redis server of an existing client.
-    pub fn redis_client(mut self, client: redis::Client) -> Self {
-        self.backend = Backend::RedisClient(client);
-        self
-    }
-
-    /// The embedded in-memory store (the default).
-    pub fn in_memory(mut self) -> Self {
-        self.backend = Backend::Memory;
-        self
-    }
-
-    /// The options of every call made through the built cache (see [`CallOptions`]).
-    pub fn options(mut self, options: CallOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Another payload codec (see [`Codec`]).
-    pub fn codec<C2: Codec>(self, codec: C2) -> CacheBuilder<C2> {
-        CacheBuilder {
-            namespace: self.namespace,
-            backend: self.backend,
-            options: self.options,
-            codec,
-        }
-    }
-
-    /// Builds the cache. For Redis this does not wait for the server: a cache built while Redis
-    /// is down works as soon as it is up.
+    /// The general form of [`get_or_compute`](Self::get_or_compute): `f` receives the
+    /// [`Lease`] and returns a [`Computed`] value, which may carry its own TTL; the result says
+    /// where the value came from ([`Source`](crate::Source): a fresh hit, a stale value being refreshed, computed
+    /// by this call, computed by another while this one waited, or computed without the cache).
     ///
-    /// # Errors
-    /// [`Error::InvalidKey`] for a bad namespace, [`Error::Config`] for a Redis URL that does not
-    /// parse.
-    pub async fn build(self) -> Result<Cache<C>, Error> {
-        validate_namespace(&self.namespace)?;
-        let store: Arc<dyn Store> = match self.backend {
-            Backend::Memory => Arc::new(MemoryStore::default()),
-            Backend::RedisUrl(url) => {
-                let client = redis::Client::open(url.as_str()).map_err(|e| {
-                    Error::Config(format!("the Redis URL does not parse: {}", e.kind_name()))
-                })?;
-                Arc::new(RedisStore::connect(client).map_err(|e| Error::backend("connect", e))?)
-            }
-            Backend::RedisClient(client) => {
-                Arc::new(RedisStore::connect(client).map_err(|e| Error::backend("connect", e))?)
-            }
-        };
-        Ok(Cache::from_parts(
-            store,
-            self.codec,
-            self.namespace,
-            self.options,
-        ))
-    }
-}
-
-/// A short description of a Redis error that cannot carry the URL (and so no password).
-trait KindName {
-    fn kind_name(&self) -> String;
-}
-
-impl KindName for redis::RedisError {
-    fn kind_name(&self) -> String {
-        format!("{:?}", self.kind())
+    /// ```
+    /// use stampede_guard::{Cache, CallOptions, Computed, Source};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+    /// let cache = Cache::in_memory()
+    ///     .with_options(CallOptions::default().stale_for(Duration::from_secs(600)));
+    /// let first = cache
+    ///     .fetch("2026-11", Duration::from_secs(3600), |_lease| async {
+    ///         // The current month changes: keep it one minute, not the call's hour.
+    ///         Ok(Computed::new(vec![1u32, 2, 3]).ttl(Duration::from_secs(60)))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(first.source, Source::Computed);
+    /// let again = cache
+    ///     .fetch("2026-11", Duration::from_secs(3600), |_| async {
+    ///         Ok(Computed::new(Vec::<u32>::new()))
+    ///     })
+    ///     .await?;
+    /// assert_eq!((again.value, again.source), (vec![1, 2, 3], Source::Hit));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn fetch<T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        f: F,
+    ) -> Result<Fetched<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        E: Display + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        self.fetch_entry(key, ttl, f).await
     }
 }

@@ -1,24 +1,28 @@
 //! The stored form of a value: a fixed header, then the codec's payload.
 //!
 //! ```text
-//! magic "SG" | version u8 | codec id u8 | fresh_until ms u64 | compute ms u32 | fence u64 | payload
+//! magic "SG" | version u8 | codec id u8 | flags u8 | fresh_until ms u64 | compute ms u32 | fence u64 | payload
 //! ```
-//! All integers are big-endian. Anything that does not parse as this, or that was written by
-//! another codec or format version, is not ours: the reader treats it as a miss.
-
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//! All integers are big-endian. `fresh_until` is wall-clock milliseconds since the Unix epoch
+//! (the store's clock: see `Store::now_ms`); after it the value is stale until Redis expires it.
+//! Flag bit 0 marks a remembered failure, whose payload is the error's message in UTF-8.
+//! Anything that does not parse as this, or that was written by another codec or format version,
+//! is not ours: the reader treats it as a miss.
 
 const MAGIC: &[u8; 2] = b"SG";
 const VERSION: u8 = 1;
-const HEADER_LEN: usize = 2 + 1 + 1 + 8 + 4 + 8;
+const HEADER_LEN: usize = 2 + 1 + 1 + 1 + 8 + 4 + 8;
+const NEGATIVE: u8 = 1;
 
 /// A decoded header and a borrowed payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Envelope<'a> {
     pub codec: u8,
+    /// A remembered failure (negative caching) rather than a value.
+    pub negative: bool,
     /// Milliseconds since the Unix epoch until which the value is fresh.
     pub fresh_until_ms: u64,
-    /// How long the computation that produced this value took.
+    /// How long the computation that produced this value took (XFetch's delta).
     pub compute_ms: u32,
     /// The fencing token of the lock holder that wrote it (0 for an explicit `set`).
     pub fence: u64,
@@ -46,23 +50,16 @@ impl std::fmt::Display for Foreign {
 }
 
 impl<'a> Envelope<'a> {
-    pub(crate) fn encode(
-        codec: u8,
-        ttl: Duration,
-        compute: Duration,
-        fence: u64,
-        payload: &[u8],
-    ) -> Vec<u8> {
-        let fresh_until = now_ms().saturating_add(ttl.as_millis().try_into().unwrap_or(u64::MAX));
-        let compute_ms: u32 = compute.as_millis().try_into().unwrap_or(u32::MAX);
-        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.payload.len());
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
-        out.push(codec);
-        out.extend_from_slice(&fresh_until.to_be_bytes());
-        out.extend_from_slice(&compute_ms.to_be_bytes());
-        out.extend_from_slice(&fence.to_be_bytes());
-        out.extend_from_slice(payload);
+        out.push(self.codec);
+        out.push(if self.negative { NEGATIVE } else { 0 });
+        out.extend_from_slice(&self.fresh_until_ms.to_be_bytes());
+        out.extend_from_slice(&self.compute_ms.to_be_bytes());
+        out.extend_from_slice(&self.fence.to_be_bytes());
+        out.extend_from_slice(self.payload);
         out
     }
 
@@ -86,52 +83,56 @@ impl<'a> Envelope<'a> {
             u64::from_be_bytes(b)
         };
         let mut compute = [0u8; 4];
-        compute.copy_from_slice(&header[12..16]);
+        compute.copy_from_slice(&header[13..17]);
         Ok(Envelope {
             codec,
-            fresh_until_ms: u64_at(4),
+            negative: header[4] & NEGATIVE != 0,
+            fresh_until_ms: u64_at(5),
             compute_ms: u32::from_be_bytes(compute),
-            fence: u64_at(16),
+            fence: u64_at(17),
             payload,
         })
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis().try_into().unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn sample(payload: &[u8]) -> Envelope<'_> {
+        Envelope {
+            codec: 1,
+            negative: false,
+            fresh_until_ms: 1_700_000_000_000,
+            compute_ms: 7,
+            fence: 42,
+            payload,
+        }
+    }
+
     #[test]
     fn round_trips() {
-        let bytes = Envelope::encode(
-            1,
-            Duration::from_secs(60),
-            Duration::from_millis(7),
-            42,
-            b"hi",
-        );
-        let env = Envelope::decode(&bytes, 1).unwrap();
-        assert_eq!(
-            (env.codec, env.compute_ms, env.fence, env.payload),
-            (1, 7, 42, &b"hi"[..])
-        );
-        assert!(env.fresh_until_ms >= now_ms() + 59_000);
+        let env = sample(b"hi");
+        let bytes = env.encode();
+        assert_eq!(Envelope::decode(&bytes, 1), Ok(env));
+        let negative = Envelope {
+            negative: true,
+            ..sample(b"db down")
+        };
+        assert_eq!(Envelope::decode(&negative.encode(), 1), Ok(negative));
     }
 
     #[test]
     fn foreign_bytes_are_named() {
         assert_eq!(Envelope::decode(b"hello", 1), Err(Foreign::TooShort));
         assert_eq!(Envelope::decode(&[b'x'; 40], 1), Err(Foreign::BadMagic));
-        let other = Envelope::encode(9, Duration::ZERO, Duration::ZERO, 0, b"");
+        let other = Envelope {
+            codec: 9,
+            ..sample(b"")
+        }
+        .encode();
         assert_eq!(Envelope::decode(&other, 1), Err(Foreign::Codec(9)));
-        let mut future = Envelope::encode(1, Duration::ZERO, Duration::ZERO, 0, b"");
+        let mut future = sample(b"").encode();
         future[2] = 2;
         assert_eq!(Envelope::decode(&future, 1), Err(Foreign::Version(2)));
     }

@@ -69,6 +69,21 @@ pub enum Error<E = Infallible> {
     },
     /// The configuration is unusable (for example a Redis URL that does not parse).
     Config(String),
+    /// The computation of this key failed recently (in this or another process) and the failure
+    /// is remembered for [`CallOptions::negative_ttl`](crate::CallOptions::negative_ttl).
+    RecentFailure {
+        /// The user's key.
+        key: String,
+        /// The failed computation's error message.
+        message: String,
+    },
+    /// The lock was no longer held when it was released: its lease ran out (and perhaps another
+    /// holder took it). Work done under it may have overlapped with another holder's; the
+    /// fencing token is what protects the systems written to.
+    NotHeld {
+        /// The lock's name.
+        name: String,
+    },
 }
 
 impl<E> Error<E> {
@@ -114,6 +129,11 @@ impl<E> Clone for Error<E> {
                 limit: *limit,
             },
             Error::Config(msg) => Error::Config(msg.clone()),
+            Error::NotHeld { name } => Error::NotHeld { name: name.clone() },
+            Error::RecentFailure { key, message } => Error::RecentFailure {
+                key: key.clone(),
+                message: message.clone(),
+            },
         }
     }
 }
@@ -129,6 +149,8 @@ impl Error<Infallible> {
             Error::Encode(e) => Error::Encode(e),
             Error::ValueTooLarge { size, limit } => Error::ValueTooLarge { size, limit },
             Error::Config(msg) => Error::Config(msg),
+            Error::NotHeld { name } => Error::NotHeld { name },
+            Error::RecentFailure { key, message } => Error::RecentFailure { key, message },
         }
     }
 }
@@ -159,6 +181,14 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 "the encoded value is {size} bytes, over the limit of {limit} bytes"
             ),
             Error::Config(msg) => write!(f, "invalid configuration: {msg}"),
+            Error::RecentFailure { key, message } => write!(
+                f,
+                "the computation of {key:?} failed recently and is not retried yet: {message}"
+            ),
+            Error::NotHeld { name } => write!(
+                f,
+                "lock {name:?} was no longer held: its lease ran out or another holder took it"
+            ),
         }
     }
 }
@@ -189,6 +219,12 @@ impl<E: fmt::Debug> fmt::Debug for Error<E> {
                 .field("limit", limit)
                 .finish(),
             Error::Config(msg) => f.debug_tuple("Config").field(msg).finish(),
+            Error::NotHeld { name } => f.debug_struct("NotHeld").field("name", name).finish(),
+            Error::RecentFailure { key, message } => f
+                .debug_struct("RecentFailure")
+                .field("key", key)
+                .field("message", message)
+                .finish(),
         }
     }
 }

@@ -30,29 +30,46 @@
 //!    the holder's lease) and reads again; if the holder died, its lease runs out and one waiter
 //!    takes over.
 //!
+//! # Which API do I want?
+//! - [`Cache::get_or_compute`]: an expensive value behind a shared cache, computed once.
+//! - [`Lock`] ([`Lock::builder`] or [`Cache::lock`]): a named lease with fencing tokens, for work
+//!   that must run on one machine at a time.
+//! - [`leader::Leader`]: a scheduled job that exactly one of many instances runs, the others
+//!   standing by to take over.
+//!
 //! # Backends
 //! - The embedded in-memory store ([`Cache::in_memory`]): one process, no server; the default.
 //! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines.
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
+mod builder;
 mod cache;
 mod codec;
+mod compute;
+mod connect;
 mod envelope;
 mod error;
 mod flight;
+mod freshness;
 mod key;
+pub mod leader;
 mod lease;
 mod lock;
 mod options;
+mod refresh;
 mod store;
+mod waiting;
 mod wakeup;
 
-pub use cache::{Cache, CacheBuilder};
+pub use builder::CacheBuilder;
+pub use cache::Cache;
 pub use codec::{Bincode, Codec, CodecError};
 pub use error::Error;
+pub use freshness::{Computed, Fetched, Source};
 pub use key::MAX_KEY_BYTES;
 pub use lease::Lease;
+pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback};
 
 /// The largest encoded value accepted (64 MiB); larger ones are refused with

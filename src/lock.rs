@@ -1,22 +1,371 @@
-//! A held per-key lock: its token, fencing token and heartbeat, and the guarantee that it is let
-//! go on every exit path.
+//! The distributed lock: a named lease with a fencing token, automatic renewal, and the guarantee
+//! that it is let go on every exit path. The cache takes its per-key locks through the same
+//! [`HeldLock`] code.
 //!
 //! Cancellation contract: if the holder's future is dropped or panics, `Drop` stops the heartbeat
 //! at once and starts a best-effort unlock on the current runtime (which wakes the waiters). `Drop`
 //! cannot wait for the backend, so if that unlock fails too, the lease running out is the backstop.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::key::EntryKeys;
-use crate::lease::{Heartbeat, Lease};
-use crate::store::{Store, StoreResult, Stored};
+use tokio::time::Instant;
 
+use crate::connect::Backend;
+use crate::key::{validate_namespace, EntryKeys};
+use crate::lease::{Heartbeat, Lease, Renewal};
+use crate::store::{ReadOrLock, Store, StoreResult, Stored};
+use crate::waiting::Waiter;
+use crate::{CallOptions, Error};
+
+/// A fresh owner token: a random UUID, so no two acquisitions anywhere share one.
+pub(crate) fn new_token() -> Arc<str> {
+    uuid::Uuid::new_v4().simple().to_string().into()
+}
+
+/// A named distributed lock: at most one holder at a time across every process that uses the
+/// same backend and namespace, for as long as its lease holds.
+///
+/// Each acquisition gets a [fencing token](LockGuard::fencing_token) that is strictly greater
+/// than every token handed out before for this name; while held, the lease is renewed
+/// automatically (every `lease / 3`). Get a lock from [`Lock::builder`], or from
+/// [`Cache::lock`](crate::Cache::lock) to share a cache's connections.
+///
+/// A lease is not a guarantee under long pauses: a holder stopped for longer than its lease
+/// loses the lock while it still believes it holds it. The fencing token is what protects the
+/// systems you write to: pass it along and have them refuse lower tokens.
+///
+/// ```
+/// use stampede_guard::Lock;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let lock = Lock::builder("nightly-sync").build().await?; // in memory; .redis_url(..) for Redis
+/// let first = lock.acquire().await?;
+/// let token = first.fencing_token();
+/// first.release().await?;
+/// let second = lock.acquire().await?;
+/// assert!(second.fencing_token() > token);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    store: Arc<dyn Store>,
+    keys: Arc<EntryKeys>,
+    options: CallOptions,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("name", &self.keys.user)
+            .field("key", &self.keys.lock)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lock {
+    /// A builder for the lock `name`: backend, namespace and options.
+    ///
+    /// ```no_run
+    /// use stampede_guard::{CallOptions, Lock};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let lock = Lock::builder("copy-counters")
+    ///     .redis_url("redis://127.0.0.1:6379/0")
+    ///     .namespace("jobs")
+    ///     .options(CallOptions::default().lease(Duration::from_secs(10)))
+    ///     .build()
+    ///     .await?;
+    /// # let _ = lock;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder(name: impl Into<String>) -> LockBuilder {
+        LockBuilder {
+            name: name.into(),
+            namespace: crate::cache::DEFAULT_NAMESPACE.to_owned(),
+            backend: Backend::Memory,
+            options: CallOptions::default(),
+        }
+    }
+
+    pub(crate) fn from_parts(store: Arc<dyn Store>, keys: EntryKeys, options: CallOptions) -> Self {
+        Lock {
+            store,
+            keys: Arc::new(keys),
+            options,
+        }
+    }
+
+    /// The lock's name.
+    ///
+    /// ```
+    /// # let cache = stampede_guard::Cache::in_memory();
+    /// assert_eq!(cache.lock("sync").unwrap().name(), "sync");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.keys.user
+    }
+
+    /// The options in force (lease, renewal, maximum hold, wait bound, backoff).
+    ///
+    /// ```
+    /// # let cache = stampede_guard::Cache::in_memory();
+    /// let lock = cache.lock("sync").unwrap();
+    /// assert_eq!(lock.options(), cache.options());
+    /// ```
+    pub fn options(&self) -> &CallOptions {
+        &self.options
+    }
+
+    /// One attempt: the guard if the lock was free, `None` if someone holds it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let lock = stampede_guard::Lock::builder("sync").build().await?;
+    /// let held = lock.try_acquire().await?.expect("free");
+    /// assert!(lock.try_acquire().await?.is_none());
+    /// drop(held);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the backend fails.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
+        let token = new_token();
+        match self.attempt(&token).await? {
+            Ok(guard) => Ok(Some(guard)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Waits until the lock is free and takes it: woken at once when the holder releases, or
+    /// after a jittered backoff that never sleeps past the holder's lease.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let lock = stampede_guard::Lock::builder("sync").build().await?;
+    /// let guard = lock.acquire().await?;
+    /// assert!(guard.is_held());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::WaitTimeout`] after [`CallOptions::wait_timeout`]; [`Error::Backend`] when the
+    /// backend fails.
+    pub async fn acquire(&self) -> Result<LockGuard, Error> {
+        let token = new_token();
+        let mut waiter = Waiter::new(
+            self.store.as_ref(),
+            &self.keys,
+            &self.options,
+            Instant::now(),
+        );
+        loop {
+            match self.attempt(&token).await? {
+                Ok(guard) => return Ok(guard),
+                Err(expires_in) => waiter.wait(expires_in).await?,
+            }
+        }
+    }
+
+    /// Tries once; `Err(expires_in)` when held by someone else.
+    async fn attempt(
+        &self,
+        token: &Arc<str>,
+    ) -> Result<Result<LockGuard, Option<std::time::Duration>>, Error> {
+        let asked = Instant::now();
+        let answer = self
+            .store
+            .read_or_lock(&self.keys, token, self.options.lease, false)
+            .await
+            .map_err(|e| Error::backend("acquire", e))?;
+        Ok(match answer {
+            ReadOrLock::Acquired { fence } => Ok(LockGuard {
+                held: HeldLock::new(
+                    Arc::clone(&self.store),
+                    Arc::clone(&self.keys),
+                    Arc::clone(token),
+                    fence,
+                    asked,
+                    self.options.renewal(),
+                ),
+            }),
+            ReadOrLock::Held { expires_in } => Err(expires_in),
+            // Never answered with `read_value = false`; treated as held to stay safe.
+            ReadOrLock::Value(_) => Err(None),
+        })
+    }
+}
+
+/// Proof of holding a [`Lock`]: its fencing token, the state of its lease, and the way to let
+/// it go. Dropping the guard releases the lock (best effort; the lease running out is the
+/// backstop); [`release`](Self::release) does it now and reports whether it was still held.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let lock = stampede_guard::Lock::builder("sync").build().await?;
+/// let guard = lock.acquire().await?;
+/// let token = guard.fencing_token(); // hand this to the systems you write to
+/// assert!(token > 0);
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct LockGuard {
+    held: HeldLock,
+}
+
+impl LockGuard {
+    /// The fencing token of this acquisition: strictly greater than every token handed out
+    /// before for this lock name.
+    pub fn fencing_token(&self) -> u64 {
+        self.held.fence
+    }
+
+    /// Whether the lease still holds, as far as this process can tell (renewals succeed and the
+    /// deadline has not passed). Check it before each step of work done under the lock.
+    pub fn is_held(&self) -> bool {
+        !self.held.lease().is_lost()
+    }
+
+    /// Completes when the lease is lost.
+    pub async fn lost(&self) {
+        self.held.lease().lost().await
+    }
+
+    /// A handle on the lease (fencing token and loss signal) to hand to work done under the lock.
+    pub fn lease(&self) -> Lease {
+        self.held.lease()
+    }
+
+    /// Extends the lease now, on top of the automatic renewal; false if the lock is no longer
+    /// ours (the guard then reports it lost).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the backend fails.
+    pub async fn extend(&self) -> Result<bool, Error> {
+        self.held
+            .extend()
+            .await
+            .map_err(|e| Error::backend("extend", e))
+    }
+
+    /// Releases the lock now and wakes the waiters.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the lock was no longer ours (its lease ran out, perhaps another
+    /// holder took it); [`Error::Backend`] when the backend fails (the lease then runs out by
+    /// itself).
+    pub async fn release(self) -> Result<(), Error> {
+        let name = self.held.keys.user.clone();
+        match self.held.release().await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::NotHeld { name }),
+            Err(e) => Err(Error::backend("release", e)),
+        }
+    }
+}
+
+/// Builds a [`Lock`]: backend, namespace and options.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let lock = stampede_guard::Lock::builder("sync").namespace("jobs").build().await?;
+/// assert_eq!(lock.name(), "sync");
+/// # Ok(())
+/// # }
+/// ```
+#[must_use]
+pub struct LockBuilder {
+    name: String,
+    namespace: String,
+    backend: Backend,
+    options: CallOptions,
+}
+
+impl std::fmt::Debug for LockBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockBuilder")
+            .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("backend", &self.backend.kind())
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl LockBuilder {
+    /// The key prefix (default `"stampede"`), as for [`CacheBuilder::namespace`](crate::CacheBuilder::namespace).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Use the Redis server at `url`; connected on first use, reconnected automatically.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.backend = Backend::RedisUrl(url.into());
+        self
+    }
+
+    /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
+    /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
+    /// one slot; wake-ups use sharded pub/sub (Redis 7). Building waits for the cluster to answer.
+    pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.backend = Backend::RedisCluster(seeds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Use the Redis server of an existing client.
+    pub fn redis_client(mut self, client: redis::Client) -> Self {
+        self.backend = Backend::RedisClient(client);
+        self
+    }
+
+    /// The lease, renewal, maximum hold, wait bound and backoff (see [`CallOptions`]).
+    pub fn options(mut self, options: CallOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Builds the lock. An in-memory lock (the default backend) is shared by its clones only;
+    /// use [`Cache::lock`](crate::Cache::lock) for several locks on one memory store.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a bad name or namespace; [`Error::Config`] for a bad URL.
+    pub async fn build(self) -> Result<Lock, Error> {
+        validate_namespace(&self.namespace)?;
+        let keys = EntryKeys::new(&self.namespace, &self.name)?;
+        Ok(Lock::from_parts(
+            self.backend.open().await?,
+            keys,
+            self.options,
+        ))
+    }
+}
+
+/// A lock held through the backend, renewing itself until it is handed back or dropped.
 pub(crate) struct HeldLock {
     store: Arc<dyn Store>,
     keys: Arc<EntryKeys>,
     token: Arc<str>,
     fence: u64,
+    lease: std::time::Duration,
     heartbeat: Option<Heartbeat>,
     /// Cleared once the lock was handed back through the backend, so `Drop` has nothing to do.
     armed: bool,
@@ -32,50 +381,63 @@ impl std::fmt::Debug for HeldLock {
 }
 
 impl HeldLock {
-    /// Takes ownership of a lock just acquired with `token` and `fence`, and starts its heartbeat.
+    /// Takes ownership of a lock acquired with `token` and `fence` by a request sent at `asked`,
+    /// and starts its heartbeat.
     pub(crate) fn new(
         store: Arc<dyn Store>,
         keys: Arc<EntryKeys>,
         token: Arc<str>,
         fence: u64,
-        lease: Duration,
-        renew: bool,
+        asked: Instant,
+        renewal: Renewal,
     ) -> Self {
         let heartbeat = Heartbeat::start(
             Arc::clone(&store),
             Arc::clone(&keys),
             Arc::clone(&token),
-            lease,
-            renew,
+            asked,
+            renewal,
         );
         HeldLock {
             store,
             keys,
             token,
             fence,
+            lease: renewal.lease,
             heartbeat: Some(heartbeat),
             armed: true,
         }
     }
 
     pub(crate) fn lease(&self) -> Lease {
-        let lost = self
-            .heartbeat
-            .as_ref()
-            .map(Heartbeat::lost_signal)
-            .expect("the heartbeat lives as long as the lock is held");
-        Lease::held(self.fence, lost)
+        match &self.heartbeat {
+            Some(heartbeat) => Lease::held(self.fence, heartbeat.state()),
+            // Only after the lock was handed back, when no one asks any more.
+            None => Lease::unlocked(),
+        }
     }
 
     pub(crate) fn fence(&self) -> u64 {
         self.fence
     }
 
+    async fn extend(&self) -> StoreResult<bool> {
+        let asked = Instant::now();
+        let extended = self
+            .store
+            .extend(&self.keys, &self.token, self.lease)
+            .await?;
+        if let Some(heartbeat) = &self.heartbeat {
+            heartbeat.renewed(asked, extended);
+        }
+        Ok(extended)
+    }
+
     /// Writes the value if our fencing token is still current, and lets the lock go.
     pub(crate) async fn store_and_unlock(
         mut self,
         value: Vec<u8>,
-        ttl: Duration,
+        ttl: std::time::Duration,
     ) -> StoreResult<Stored> {
         // Stop renewing first: a renewal racing the unlock would only report a spurious loss.
         self.heartbeat = None;

@@ -16,6 +16,11 @@ use std::time::Duration;
 /// | [`wait_timeout`](Self::wait_timeout) | 30 s | how long a caller waits for another's computation before [`Error::WaitTimeout`](crate::Error::WaitTimeout) |
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 500 ms, jittered | re-check interval when no wake-up arrives |
 /// | [`on_backend_error`](Self::on_backend_error) | [`Fallback::Fail`] | Redis down: fail, or compute without the cache |
+/// | [`max_hold`](Self::max_hold) | none | stop renewing a lock this long after acquiring it |
+/// | [`stale_for`](Self::stale_for) | 0 (off) | after the TTL, serve the old value this much longer while one caller refreshes it |
+/// | [`early_refresh`](Self::early_refresh) | 0 (off) | XFetch: refresh before expiry with probability rising as it nears; 1.0 is the paper's default |
+/// | [`serve_stale_on_error`](Self::serve_stale_on_error) | on | a failed background refresh keeps the old value until its hard expiry |
+/// | [`negative_ttl`](Self::negative_ttl) | none (off) | remember a failed computation this long, so others get its error at once |
 ///
 /// ```
 /// use stampede_guard::{CallOptions, Fallback};
@@ -27,7 +32,7 @@ use std::time::Duration;
 ///     .on_backend_error(Fallback::ComputeUncached);
 /// assert_eq!(options.get_lease(), Duration::from_secs(10));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 #[must_use]
 pub struct CallOptions {
@@ -36,7 +41,15 @@ pub struct CallOptions {
     pub(crate) wait_timeout: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) on_backend_error: Fallback,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) stale_for: Duration,
+    pub(crate) early_refresh_beta: f64,
+    pub(crate) serve_stale_on_error: bool,
+    pub(crate) negative_ttl: Option<Duration>,
 }
+
+// `f64` is not `Eq`; the beta is a finite number (the setter refuses NaN), so equality is total.
+impl Eq for CallOptions {}
 
 impl Default for CallOptions {
     fn default() -> Self {
@@ -46,6 +59,11 @@ impl Default for CallOptions {
             wait_timeout: Duration::from_secs(30),
             backoff: Backoff::default(),
             on_backend_error: Fallback::Fail,
+            max_hold: None,
+            stale_for: Duration::ZERO,
+            early_refresh_beta: 0.0,
+            serve_stale_on_error: true,
+            negative_ttl: None,
         }
     }
 }
@@ -80,10 +98,64 @@ impl CallOptions {
         self
     }
 
-    /// What to do when the backend cannot be reached.
+    /// What a cache call does when the backend cannot be reached (a [`Lock`](crate::Lock)
+    /// always returns the error).
     pub fn on_backend_error(mut self, fallback: Fallback) -> Self {
         self.on_backend_error = fallback;
         self
+    }
+
+    /// Stop renewing a lock this long after it was acquired (default: never). The lease then
+    /// runs out at most one lease later, so a stuck holder cannot keep a lock forever.
+    pub fn max_hold(mut self, max_hold: Option<Duration>) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// After the TTL, keep serving the old value for this much longer (stale-while-revalidate):
+    /// a read of a stale value returns it at once, and one caller in the fleet refreshes it in a
+    /// background task. Default zero: a value expires at its TTL and the next caller computes.
+    pub fn stale_for(mut self, stale_for: Duration) -> Self {
+        self.stale_for = stale_for;
+        self
+    }
+
+    /// Probabilistic early refresh (XFetch, Vattani, Chierichetti and Lowenstein, VLDB 2015): a
+    /// read of a fresh value refreshes it in the background when
+    /// `now - delta * beta * ln(rand()) >= fresh_until`, `delta` being the last computation's
+    /// duration. Larger `beta` refreshes earlier; 1.0 is the paper's choice; 0 (the default)
+    /// turns it off. Negative or non-finite values are taken as 0.
+    pub fn early_refresh(mut self, beta: f64) -> Self {
+        self.early_refresh_beta = if beta.is_finite() && beta > 0.0 {
+            beta
+        } else {
+            0.0
+        };
+        self
+    }
+
+    /// Whether a failed background refresh keeps the stale value in place until its hard expiry
+    /// (default on; the failure is logged). Off, the stale value is removed and the next caller
+    /// computes in the foreground and sees the error.
+    pub fn serve_stale_on_error(mut self, serve: bool) -> Self {
+        self.serve_stale_on_error = serve;
+        self
+    }
+
+    /// Remember a failed computation for this long (negative caching, default off): callers in
+    /// other processes then get [`Error::RecentFailure`](crate::Error::RecentFailure) with the
+    /// error's message at once, instead of running a failing query one after another.
+    pub fn negative_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.negative_ttl = ttl;
+        self
+    }
+
+    pub(crate) fn renewal(&self) -> crate::lease::Renewal {
+        crate::lease::Renewal {
+            lease: self.lease,
+            renew: self.renew,
+            max_hold: self.max_hold,
+        }
     }
 
     /// The lease in force.

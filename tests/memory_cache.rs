@@ -23,7 +23,7 @@ async fn concurrent_callers_share_one_computation() {
         let (cache, computes) = (cache.clone(), counting(&computes));
         callers.push(tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", 60 * SECOND, || async move {
+                .get_or_compute("2019-05", 60 * SECOND, move || async move {
                     computes.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(SECOND).await;
                     Ok::<_, String>(5u32)
@@ -44,7 +44,7 @@ async fn a_value_is_served_until_its_ttl_and_recomputed_after() {
     let computes = Arc::new(AtomicUsize::new(0));
     let call = |cache: Cache, computes: Arc<AtomicUsize>| async move {
         cache
-            .get_or_compute("2019-05", 60 * SECOND, || async move {
+            .get_or_compute("2019-05", 60 * SECOND, move || async move {
                 Ok::<_, String>(computes.fetch_add(1, Ordering::SeqCst))
             })
             .await
@@ -72,7 +72,7 @@ async fn a_waiting_caller_gives_up_exactly_at_its_bound() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", 60 * SECOND, || async {
+                .get_or_compute("2019-05", 60 * SECOND, move || async move {
                     tokio::time::sleep(3600 * SECOND).await;
                     Ok::<_, String>(1u8)
                 })
@@ -83,7 +83,9 @@ async fn a_waiting_caller_gives_up_exactly_at_its_bound() {
     let patient = cache.with_options(CallOptions::default().wait_timeout(2 * SECOND));
     let started = Instant::now();
     let result = patient
-        .get_or_compute("2019-05", 60 * SECOND, || async { Ok::<_, String>(2u8) })
+        .get_or_compute("2019-05", 60 * SECOND, move || async move {
+            Ok::<_, String>(2u8)
+        })
         .await;
     assert!(
         matches!(result, Err(Error::WaitTimeout { .. })),
@@ -99,7 +101,7 @@ async fn without_renewal_the_lease_is_lost_when_it_runs_out() {
         Cache::in_memory().with_options(CallOptions::default().lease(5 * SECOND).renew(false));
     let started = Instant::now();
     let lost_after = cache
-        .get_or_compute_with_lease("2019-05", 60 * SECOND, |lease| async move {
+        .get_or_compute_with_lease("2019-05", 60 * SECOND, move |lease| async move {
             lease.lost().await;
             Ok::<_, String>(started.elapsed())
         })
@@ -112,7 +114,7 @@ async fn without_renewal_the_lease_is_lost_when_it_runs_out() {
 async fn with_renewal_a_long_computation_keeps_its_lease_and_its_write() {
     let cache = Cache::in_memory().with_options(CallOptions::default().lease(3 * SECOND));
     let (value, lost) = cache
-        .get_or_compute_with_lease("2019-05", 60 * SECOND, |lease| async move {
+        .get_or_compute_with_lease("2019-05", 60 * SECOND, move |lease| async move {
             tokio::time::sleep(20 * SECOND).await;
             Ok::<_, String>((7u8, lease.is_lost()))
         })
@@ -135,12 +137,14 @@ async fn failures_panics_and_cancellations_leave_no_lock_behind() {
     );
     let next = |cache: Cache| async move {
         cache
-            .get_or_compute("2019-05", 60 * SECOND, || async { Ok::<_, String>(9u8) })
+            .get_or_compute("2019-05", 60 * SECOND, move || async move {
+                Ok::<_, String>(9u8)
+            })
             .await
     };
 
     let failed = cache
-        .get_or_compute("2019-05", 60 * SECOND, || async {
+        .get_or_compute("2019-05", 60 * SECOND, move || async move {
             Err::<u8, _>("no".to_string())
         })
         .await;
@@ -153,7 +157,7 @@ async fn failures_panics_and_cancellations_leave_no_lock_behind() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", 60 * SECOND, || async {
+                .get_or_compute("2019-05", 60 * SECOND, move || async move {
                     panic!("boom");
                     #[allow(unreachable_code)]
                     Ok::<u8, String>(0)
@@ -193,7 +197,7 @@ async fn an_invalidation_during_the_computation_refuses_its_write() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", 60 * SECOND, || async {
+                .get_or_compute("2019-05", 60 * SECOND, move || async move {
                     tokio::time::sleep(SECOND).await;
                     Ok::<_, String>("stale".to_string())
                 })
@@ -213,7 +217,7 @@ async fn a_set_during_the_computation_wins_over_it() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", 60 * SECOND, || async {
+                .get_or_compute("2019-05", 60 * SECOND, move || async move {
                     tokio::time::sleep(SECOND).await;
                     Ok::<_, String>("computed".to_string())
                 })

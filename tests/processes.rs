@@ -38,30 +38,7 @@ fn main() {
             a_killed_holder_is_replaced_after_its_lease,
         ),
     ];
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let (mut passed, mut failed) = (0, 0);
-    for (name, test) in tests {
-        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                println!("test {name} ... ok");
-                passed += 1;
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed += 1;
-            }
-        }
-    }
-    println!("\nprocesses: {passed} passed, {failed} failed");
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    support::run_tests("processes", tests);
 }
 
 fn now_ms() -> u64 {
@@ -240,7 +217,7 @@ fn child(role: &str) -> Result<(), String> {
             "stampede" => stampede_worker(cache, conn).await,
             "holder" => {
                 cache
-                    .get_or_compute("2019-05", Duration::from_secs(300), || async {
+                    .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
                         let _: () = redis::cmd("INCR")
                             .arg("computes:2019-05")
                             .query_async(&mut conn)
@@ -267,7 +244,7 @@ fn child(role: &str) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 let mut compute_conn = conn.clone();
                 let value = cache
-                    .get_or_compute("2019-05", Duration::from_secs(300), || async move {
+                    .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
                         let _: () = redis::cmd("RPUSH")
                             .arg("takeover_started_ms")
                             .arg(now_ms())
@@ -335,10 +312,10 @@ async fn stampede_worker(
         callers.push(tokio::spawn(async move {
             let mut months: Vec<String> = (0..keys).map(month).collect();
             months.shuffle(&mut rand::rng());
-            for m in months {
-                let mut conn = conn.clone();
+            for key in months {
+                let (mut conn, m) = (conn.clone(), key.clone());
                 let value = cache
-                    .get_or_compute(&m, Duration::from_secs(300), || async {
+                    .get_or_compute(&key, Duration::from_secs(300), move || async move {
                         let running: i64 = redis::cmd("INCR")
                             .arg(format!("probe:{m}"))
                             .query_async(&mut conn)
@@ -366,8 +343,8 @@ async fn stampede_worker(
                     })
                     .await
                     .map_err(|e| e.to_string())?;
-                if value != format!("report {m}") {
-                    return Err(format!("wrong value {value:?} for {m}"));
+                if value != format!("report {key}") {
+                    return Err(format!("wrong value {value:?} for {key}"));
                 }
             }
             Ok::<(), String>(())

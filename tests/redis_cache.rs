@@ -89,7 +89,7 @@ async fn two_hundred_callers_over_eight_caches_compute_once() {
         let (cache, probe, url) = (caches[i % 8].clone(), probe.clone(), url.clone());
         callers.push(tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", TTL, || async {
+                .get_or_compute("2019-05", TTL, move || async move {
                     probe
                         .compute(&url, "2019-05", Duration::from_millis(200))
                         .await
@@ -123,12 +123,16 @@ async fn twelve_months_by_a_hundred_callers_compute_twelve_times() {
             let mut months: Vec<String> = (0..12).map(month).collect();
             months.shuffle(&mut rand::rng());
             for m in months {
-                let value = cache
-                    .get_or_compute(&m, TTL, || {
-                        probe.compute(&url, &m, Duration::from_millis(50))
-                    })
-                    .await
-                    .unwrap();
+                let value =
+                    cache
+                        .get_or_compute(&m, TTL, {
+                            let (probe, url, m) = (probe.clone(), url.clone(), m.clone());
+                            move || async move {
+                                probe.compute(&url, &m, Duration::from_millis(50)).await
+                            }
+                        })
+                        .await
+                        .unwrap();
                 assert_eq!(value, format!("report {m}"));
             }
         }));
@@ -148,13 +152,13 @@ async fn a_hit_is_one_round_trip_and_a_won_miss_three() {
     let cache = cache(&server, CallOptions::default()).await;
     // Warm up: connect, and load the scripts (a server's first EVALSHA answers NOSCRIPT).
     let _: u32 = cache
-        .get_or_compute("warm-up", TTL, || async { Ok::<_, String>(0) })
+        .get_or_compute("warm-up", TTL, move || async move { Ok::<_, String>(0) })
         .await
         .unwrap();
 
     let monitor = support::Monitor::start(&server);
     let v: u32 = cache
-        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(7) })
+        .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(7) })
         .await
         .unwrap();
     assert_eq!(v, 7);
@@ -167,7 +171,7 @@ async fn a_hit_is_one_round_trip_and_a_won_miss_three() {
 
     let monitor = support::Monitor::start(&server);
     let v: u32 = cache
-        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(8) })
+        .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(8) })
         .await
         .unwrap();
     assert_eq!(v, 7, "served from the cache");
@@ -187,7 +191,11 @@ async fn a_failing_computation_frees_the_lock_and_caches_nothing() {
     )
     .await;
     let failed = cache
-        .get_or_compute("2019-05", TTL, || async { Err::<u32, _>("db down") })
+        .get_or_compute(
+            "2019-05",
+            TTL,
+            move || async move { Err::<u32, _>("db down") },
+        )
         .await;
     assert!(
         matches!(&failed, Err(Error::Compute(e)) if **e == "db down"),
@@ -203,7 +211,7 @@ async fn a_failing_computation_frees_the_lock_and_caches_nothing() {
     assert!(!value_exists, "errors are not cached");
     assert_eq!(cache.in_flight(), 0);
     let v = cache
-        .get_or_compute("2019-05", TTL, || async { Ok::<u32, String>(1) })
+        .get_or_compute("2019-05", TTL, move || async move { Ok::<u32, String>(1) })
         .await
         .unwrap();
     assert_eq!(v, 1, "the next caller computes");
@@ -219,7 +227,7 @@ async fn an_error_reaches_every_waiting_caller_in_the_process() {
         let (cache, computes) = (cache.clone(), computes.clone());
         callers.push(tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", TTL, || async move {
+                .get_or_compute("2019-05", TTL, move || async move {
                     computes.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     Err::<u32, _>("db down".to_string())
@@ -261,7 +269,7 @@ async fn holder_with_waiter(
         let holder = holder.clone();
         tokio::spawn(async move {
             holder
-                .get_or_compute("2019-05", TTL, || async move {
+                .get_or_compute("2019-05", TTL, move || async move {
                     match panic_after {
                         Some(after) => {
                             tokio::time::sleep(after).await;
@@ -279,7 +287,7 @@ async fn holder_with_waiter(
         .unwrap()));
     let waiter = tokio::spawn(async move {
         other
-            .get_or_compute("2019-05", TTL, || async {
+            .get_or_compute("2019-05", TTL, move || async move {
                 Ok::<_, String>("from the waiter".to_string())
             })
             .await
@@ -328,9 +336,7 @@ async fn in_process_followers_take_over_from_an_aborted_leader() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", TTL, || {
-                    std::future::pending::<Result<u32, String>>()
-                })
+                .get_or_compute("2019-05", TTL, std::future::pending::<Result<u32, String>>)
                 .await
         })
     };
@@ -339,7 +345,7 @@ async fn in_process_followers_take_over_from_an_aborted_leader() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", TTL, || async { Ok::<u32, String>(2) })
+                .get_or_compute("2019-05", TTL, move || async move { Ok::<u32, String>(2) })
                 .await
         })
     };
@@ -359,7 +365,7 @@ async fn invalidation_during_a_computation_refuses_its_write() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", TTL, || async move {
+                .get_or_compute("2019-05", TTL, move || async move {
                     let _ = started_tx.send(());
                     let _ = go_rx.await;
                     Ok::<_, String>("computed before the invalidation".to_string())
@@ -383,7 +389,7 @@ async fn invalidation_during_a_computation_refuses_its_write() {
     let mut admin = server.conn();
     assert!(!admin.exists::<_, bool>("reports:{2019-05}_lock").unwrap());
     let fresh = cache
-        .get_or_compute("2019-05", TTL, || async {
+        .get_or_compute("2019-05", TTL, move || async move {
             Ok::<_, String>("fresh".to_string())
         })
         .await
@@ -402,7 +408,7 @@ async fn a_holder_that_lost_its_lease_does_not_overwrite_the_new_owner() {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
     let slow_task = tokio::spawn(async move {
-        slow.get_or_compute_with_lease("2019-05", TTL, |lease| async move {
+        slow.get_or_compute_with_lease("2019-05", TTL, move |lease| async move {
             let _ = started_tx.send(());
             lease.lost().await;
             let _ = go_rx.await;
@@ -413,7 +419,7 @@ async fn a_holder_that_lost_its_lease_does_not_overwrite_the_new_owner() {
     started_rx.await.unwrap();
     // The slow holder's lease runs out (no renewal); the next caller takes over.
     let fast_value = fast
-        .get_or_compute("2019-05", TTL, || async {
+        .get_or_compute("2019-05", TTL, move || async move {
             Ok::<_, String>(("fast".to_string(), false))
         })
         .await
@@ -453,7 +459,7 @@ async fn waiters_are_woken_by_the_notification_not_the_backoff() {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let holder_task = tokio::spawn(async move {
         holder
-            .get_or_compute("2019-05", TTL, || async move {
+            .get_or_compute("2019-05", TTL, move || async move {
                 let _ = started_tx.send(());
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 Ok::<_, String>(42u32)
@@ -464,7 +470,7 @@ async fn waiters_are_woken_by_the_notification_not_the_backoff() {
     let mut tasks = Vec::new();
     for w in waiters {
         tasks.push(tokio::spawn(async move {
-            w.get_or_compute("2019-05", TTL, || async { Ok::<_, String>(0u32) })
+            w.get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(0u32) })
                 .await
         }));
     }
@@ -489,7 +495,7 @@ async fn a_wait_beyond_the_bound_is_a_typed_timeout() {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let holder_task = tokio::spawn(async move {
         holder
-            .get_or_compute("2019-05", TTL, || async move {
+            .get_or_compute("2019-05", TTL, move || async move {
                 let _ = started_tx.send(());
                 std::future::pending::<Result<u32, String>>().await
             })
@@ -497,7 +503,7 @@ async fn a_wait_beyond_the_bound_is_a_typed_timeout() {
     });
     started_rx.await.unwrap();
     let result = waiter
-        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(0u32) })
+        .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(0u32) })
         .await;
     assert!(
         matches!(&result, Err(Error::WaitTimeout { key, .. }) if key == "2019-05"),
@@ -517,7 +523,7 @@ async fn unreadable_bytes_and_foreign_types_are_a_miss_and_get_replaced() {
     let _: () = admin.set(value_key, "written with redis-cli").unwrap();
     assert_eq!(cache.get::<String>("2019-05").await.unwrap(), None);
     let v = cache
-        .get_or_compute("2019-05", TTL, || async {
+        .get_or_compute("2019-05", TTL, move || async move {
             Ok::<_, String>("ours".to_string())
         })
         .await
@@ -533,7 +539,7 @@ async fn unreadable_bytes_and_foreign_types_are_a_miss_and_get_replaced() {
     let _: () = admin.set(value_key, &ours[..ours.len() - 2]).unwrap();
     assert_eq!(cache.get::<String>("2019-05").await.unwrap(), None);
     let v = cache
-        .get_or_compute("2019-05", TTL, || async {
+        .get_or_compute("2019-05", TTL, move || async move {
             Ok::<_, String>("again".to_string())
         })
         .await
@@ -551,7 +557,7 @@ async fn unreadable_bytes_and_foreign_types_are_a_miss_and_get_replaced() {
     let _: () = admin.rpush(value_key, "a list").unwrap();
     assert_eq!(cache.get::<String>("2019-05").await.unwrap(), None);
     let v = cache
-        .get_or_compute("2019-05", TTL, || async {
+        .get_or_compute("2019-05", TTL, move || async move {
             Ok::<_, String>("replaced".to_string())
         })
         .await
@@ -576,7 +582,7 @@ async fn odd_keys_stay_apart_and_keep_one_hash_tag() {
     ];
     for (i, key) in keys.iter().enumerate() {
         let v = cache
-            .get_or_compute(key, TTL, || async move { Ok::<_, String>(i) })
+            .get_or_compute(key, TTL, move || async move { Ok::<_, String>(i) })
             .await
             .unwrap();
         assert_eq!(v, i);
@@ -608,7 +614,7 @@ async fn a_one_mebibyte_value_round_trips() {
     let big: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     let expected = big.clone();
     let v = cache
-        .get_or_compute("big", TTL, || async move { Ok::<_, String>(big) })
+        .get_or_compute("big", TTL, move || async move { Ok::<_, String>(big) })
         .await
         .unwrap();
     assert_eq!(v, expected);
@@ -620,7 +626,7 @@ async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
     let mut server = RedisServer::start();
     let cache = cache(&server, CallOptions::default()).await;
     let v = cache
-        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1u32) })
+        .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(1u32) })
         .await
         .unwrap();
     assert_eq!(v, 1);
@@ -630,7 +636,7 @@ async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
     let mut recovered = None;
     for _ in 0..50 {
         match cache
-            .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(2u32) })
+            .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(2u32) })
             .await
         {
             Ok(v) => {
@@ -671,7 +677,7 @@ async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let holder_task = tokio::spawn(async move {
         holder
-            .get_or_compute("2019-06", TTL, || async move {
+            .get_or_compute("2019-06", TTL, move || async move {
                 let _ = started_tx.send(());
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Ok::<_, String>(6u32)
@@ -680,7 +686,7 @@ async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
     });
     started_rx.await.unwrap();
     let waited = other
-        .get_or_compute("2019-06", TTL, || async { Ok::<_, String>(0u32) })
+        .get_or_compute("2019-06", TTL, move || async move { Ok::<_, String>(0u32) })
         .await
         .unwrap();
     assert_eq!(waited, 6);
@@ -696,7 +702,7 @@ async fn redis_down_is_a_typed_error_or_the_configured_fallback() {
     server.kill();
 
     let result = failing
-        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1u32) })
+        .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(1u32) })
         .await;
     assert!(
         matches!(&result, Err(Error::Backend { op: "get", .. })),
@@ -719,7 +725,7 @@ async fn redis_down_is_a_typed_error_or_the_configured_fallback() {
         let (cache, computes) = (computing.clone(), computes.clone());
         callers.push(tokio::spawn(async move {
             cache
-                .get_or_compute("2019-05", TTL, || async move {
+                .get_or_compute("2019-05", TTL, move || async move {
                     computes.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     Ok::<_, String>(3u32)

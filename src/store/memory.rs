@@ -18,12 +18,27 @@ use crate::wakeup::{lock, Listener, Wakeups};
 /// Sweep expired entries after this many writes, so memory stays bounded by the live entries.
 const SWEEP_EVERY: u64 = 1024;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct MemoryStore {
     /// One mutex for all maps: every operation is one short critical section without `.await`,
     /// which is what makes each operation atomic, as a Lua script is in Redis.
     state: Mutex<State>,
     wakeups: Arc<Wakeups>,
+    /// The wall clock at creation, and the tokio instant it corresponds to: `now_ms` moves with
+    /// `tokio::time`, so freshness follows paused time in tests like TTLs do.
+    epoch_ms: u64,
+    epoch: Instant,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore {
+            state: Mutex::default(),
+            wakeups: Arc::default(),
+            epoch_ms: super::system_now_ms(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -233,6 +248,11 @@ impl Store for MemoryStore {
         });
         self.wakeups.notify(&keys.channel);
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_add(elapsed)
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {

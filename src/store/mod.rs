@@ -107,9 +107,22 @@ pub(crate) trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
+    /// Wall-clock milliseconds since the Unix epoch, by which values' freshness is stamped and
+    /// judged. Redis: the system clock (so machines should keep their clocks in sync, as NTP
+    /// does). Memory: the clock at creation plus `tokio::time` since, so paused-time tests move it.
+    fn now_ms(&self) -> u64;
+
     /// Registers for wake-ups on `keys.channel`. Every wake-up published after this returns
     /// reaches the listener.
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>>;
+}
+
+/// The system clock in milliseconds since the Unix epoch (0 if the clock is before 1970).
+pub(crate) fn system_now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// Milliseconds for a backend argument: at least 1, since Redis refuses `PX 0`.

@@ -1,14 +1,17 @@
 //! The Redis store: generic over `redis::aio::ConnectionLike`, so the same code serves one server
-//! through a `ConnectionManager` (which reconnects by itself) and, later, a cluster connection.
+//! through a `ConnectionManager` and Redis Cluster through the cluster connection (both reconnect
+//! by themselves; the cluster one also follows slot moves and failovers).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, PushInfo, PushKind, RedisError, Value};
 
-use super::scripts::SCRIPTS;
+use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
 use super::{millis, BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES};
 use crate::key::EntryKeys;
 use crate::wakeup::{lock, Listener, Wakeups};
@@ -22,6 +25,7 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) struct RedisStore<C> {
     conn: C,
     pubsub: Arc<PubSub>,
+    scripts: &'static Scripts,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -46,14 +50,70 @@ impl RedisStore<ConnectionManager> {
     pub(crate) fn connect(client: redis::Client) -> StoreResult<Self> {
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
         let pubsub = PubSub::connect(&client)?;
-        Ok(RedisStore { conn, pubsub })
+        Ok(RedisStore {
+            conn,
+            pubsub,
+            scripts: &SCRIPTS,
+        })
+    }
+}
+
+impl RedisStore<ClusterConnection> {
+    /// Connects to a Redis Cluster through `seeds` (any reachable nodes; the rest is discovered).
+    /// Unlike a single server, this waits for the cluster to answer.
+    pub(crate) async fn connect_cluster(seeds: &[String]) -> StoreResult<Self> {
+        let builder = || {
+            ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                .connection_timeout(CONNECT_TIMEOUT)
+                .response_timeout(RESPONSE_TIMEOUT)
+        };
+        let conn = builder().build()?.get_async_connection().await?;
+        let wakeups = Arc::new(Wakeups::default());
+        let sink = Arc::clone(&wakeups);
+        let subscriber = builder()
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .push_sender(move |push: PushInfo| {
+                route_push(&sink, push);
+                Ok::<(), redis::aio::SendError>(())
+            })
+            .build()?
+            .get_async_connection()
+            .await?;
+        Ok(RedisStore {
+            conn,
+            pubsub: PubSub::new(Subscriber::Cluster(subscriber), wakeups),
+            scripts: &SHARDED_SCRIPTS,
+        })
+    }
+}
+
+/// The connection that carries subscriptions: plain pub/sub on one server, sharded pub/sub on a
+/// cluster (the subscription lands on the node that owns the channel's slot).
+enum Subscriber {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Subscriber {
+    async fn subscribe(&self, channel: &str) -> StoreResult<()> {
+        match self {
+            Subscriber::Single(conn) => conn.clone().subscribe(channel).await,
+            Subscriber::Cluster(conn) => conn.clone().ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&self, channel: &str) -> StoreResult<()> {
+        match self {
+            Subscriber::Single(conn) => conn.clone().unsubscribe(channel).await,
+            Subscriber::Cluster(conn) => conn.clone().sunsubscribe(channel).await,
+        }
     }
 }
 
 /// Wake-up notifications over one RESP3 connection per store, with per-channel reference counts
 /// so that a channel is subscribed once however many local waiters listen on it.
 struct PubSub {
-    conn: ConnectionManager,
+    conn: Subscriber,
     wakeups: Arc<Wakeups>,
     /// Channel → state. The `std` mutex guards only counts and is never held across `.await`.
     channels: Mutex<HashMap<String, Arc<Subscription>>>,
@@ -84,11 +144,15 @@ impl PubSub {
             })
             .set_automatic_resubscription();
         let conn = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(Arc::new(PubSub {
+        Ok(PubSub::new(Subscriber::Single(conn), wakeups))
+    }
+
+    fn new(conn: Subscriber, wakeups: Arc<Wakeups>) -> Arc<Self> {
+        Arc::new(PubSub {
             conn,
             wakeups,
             channels: Mutex::new(HashMap::new()),
-        }))
+        })
     }
 
     async fn listen(self: &Arc<Self>, channel: &str) -> StoreResult<Listener> {
@@ -108,8 +172,7 @@ impl PubSub {
             .on_drop(move || me.release(name));
         let mut subscribed = sub.subscribed.lock().await;
         if !*subscribed {
-            let mut conn = self.conn.clone();
-            conn.subscribe(channel).await?;
+            self.conn.subscribe(channel).await?;
             *subscribed = true;
         }
         Ok(listener)
@@ -137,8 +200,7 @@ impl PubSub {
                 return;
             }
             if *subscribed {
-                let mut conn = self.conn.clone();
-                if let Err(e) = conn.unsubscribe(&channel).await {
+                if let Err(e) = self.conn.unsubscribe(&channel).await {
                     tracing::debug!(channel, error = %e, "unsubscribe failed");
                 }
                 *subscribed = false;
@@ -214,7 +276,8 @@ where
     ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let reply: Vec<Value> = SCRIPTS
+            let reply: Vec<Value> = self
+                .scripts
                 .read_or_lock
                 .key(&keys.value)
                 .key(&keys.lock)
@@ -254,7 +317,8 @@ where
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let (written, released): (i64, i64) = SCRIPTS
+            let (written, released): (i64, i64) = self
+                .scripts
                 .store_and_unlock
                 .key(&keys.value)
                 .key(&keys.lock)
@@ -281,7 +345,8 @@ where
     ) -> BoxFuture<'a, StoreResult<bool>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let extended: i64 = SCRIPTS
+            let extended: i64 = self
+                .scripts
                 .extend
                 .key(&keys.lock)
                 .key(&keys.fence)
@@ -301,7 +366,8 @@ where
     ) -> BoxFuture<'a, StoreResult<bool>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let released: i64 = SCRIPTS
+            let released: i64 = self
+                .scripts
                 .unlock
                 .key(&keys.lock)
                 .arg(token)
@@ -321,7 +387,8 @@ where
     ) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let _: i64 = SCRIPTS
+            let _: i64 = self
+                .scripts
                 .set
                 .key(&keys.value)
                 .key(&keys.fence)
@@ -342,7 +409,8 @@ where
     ) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let _: i64 = SCRIPTS
+            let _: i64 = self
+                .scripts
                 .invalidate
                 .key(&keys.value)
                 .key(&keys.fence)
@@ -352,6 +420,10 @@ where
                 .await?;
             Ok(())
         })
+    }
+
+    fn now_ms(&self) -> u64 {
+        super::system_now_ms()
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {

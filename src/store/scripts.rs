@@ -95,6 +95,9 @@ redis.call('PUBLISH', ARGV[2], '')
 return 1
 ";
 
+/// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
+/// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
+/// stays on the slot's node instead of being broadcast to every node.
 pub(crate) struct Scripts {
     pub read_or_lock: Script,
     pub store_and_unlock: Script,
@@ -104,12 +107,22 @@ pub(crate) struct Scripts {
     pub invalidate: Script,
 }
 
-/// Hashed once per process.
-pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    read_or_lock: Script::new(&format!("{BUMP_FENCE}{READ_OR_LOCK}")),
-    store_and_unlock: Script::new(STORE_AND_UNLOCK),
-    extend: Script::new(EXTEND),
-    unlock: Script::new(UNLOCK),
-    set: Script::new(&format!("{BUMP_FENCE}{SET}")),
-    invalidate: Script::new(&format!("{BUMP_FENCE}{INVALIDATE}")),
-});
+impl Scripts {
+    fn new(publish: &str) -> Self {
+        let script = |source: String| Script::new(&source.replace("'PUBLISH'", publish));
+        Scripts {
+            read_or_lock: script(format!("{BUMP_FENCE}{READ_OR_LOCK}")),
+            store_and_unlock: script(STORE_AND_UNLOCK.to_owned()),
+            extend: script(EXTEND.to_owned()),
+            unlock: script(UNLOCK.to_owned()),
+            set: script(format!("{BUMP_FENCE}{SET}")),
+            invalidate: script(format!("{BUMP_FENCE}{INVALIDATE}")),
+        }
+    }
+}
+
+/// Hashed once per process: for a single server.
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("'PUBLISH'"));
+
+/// For Redis Cluster: wake-ups by sharded pub/sub.
+pub(crate) static SHARDED_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("'SPUBLISH'"));

@@ -11,6 +11,8 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    /// Arguments beyond the defaults (cluster mode, passwords...), kept for restarts.
+    extra: Vec<String>,
 }
 
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
@@ -20,11 +22,17 @@ their own Redis servers: install it (Debian/Ubuntu: `apt-get install redis-serve
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers PING.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
         for _ in 0..5 {
             let mut server = RedisServer {
                 child: None,
                 port: free_port(),
                 dir: tempfile::tempdir().expect("a temp dir for redis-server"),
+                extra: extra.iter().map(|a| a.to_string()).collect(),
             };
             if server.spawn() {
                 return server;
@@ -41,6 +49,7 @@ impl RedisServer {
             .args(["--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -121,6 +130,120 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A Redis Cluster of 3 masters and 3 replicas on loopback ports, with a short node timeout so
+/// that a killed master's replica is promoted within a few seconds.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            // A replica may always take over, however long ago it last heard from its master:
+            // the test kills masters of freshly created clusters.
+            "--cluster-replica-validity-factor",
+            "0",
+            "--repl-diskless-sync-delay",
+            "0",
+        ];
+        // Started in parallel: each waits for its own PING.
+        let nodes: Vec<RedisServer> = std::thread::scope(|s| {
+            let starting: Vec<_> = (0..6)
+                .map(|_| s.spawn(|| RedisServer::start_with(&args)))
+                .collect();
+            starting
+                .into_iter()
+                .map(|h| h.join().expect("a cluster node"))
+                .collect()
+        });
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("redis-cli: {e}. {INSTALL_HINT}"));
+        assert!(created.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes };
+        assert!(
+            eventually(Duration::from_secs(30), || cluster.is_healthy()),
+            "the cluster did not become healthy"
+        );
+        cluster
+    }
+
+    /// Every live node reports `cluster_state:ok` with all slots served.
+    pub fn is_healthy(&self) -> bool {
+        self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
+            let Ok(client) = redis::Client::open(n.url()) else {
+                return false;
+            };
+            let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500))
+            else {
+                return false;
+            };
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut conn)
+                .unwrap_or_default();
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        })
+    }
+
+    /// Seed URLs for a cluster client.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port()))
+            .collect()
+    }
+
+    /// The node serving `key`'s slot as master.
+    pub fn master_of(&self, key: &str) -> usize {
+        let mut conn = self.nodes[0].conn();
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .unwrap();
+        let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+        for range in slots {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(lo)),
+                Some(redis::Value::Int(hi)),
+                Some(redis::Value::Array(master)),
+            ) = (fields.first(), fields.get(1), fields.get(2))
+            else {
+                continue;
+            };
+            if (*lo..=*hi).contains(&i64::from(slot)) {
+                if let Some(redis::Value::Int(port)) = master.get(1) {
+                    return self
+                        .nodes
+                        .iter()
+                        .position(|n| i64::from(n.port()) == *port)
+                        .expect("a node of this cluster");
+                }
+            }
+        }
+        panic!("no master serves slot {slot}");
     }
 }
 
@@ -223,5 +346,102 @@ impl Drop for Monitor {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The `main` of a test binary with `harness = false`: runs the tests whose names contain one of
+/// the command-line filters (all without filters), prints libtest-like lines and a summary, and
+/// exits non-zero if any failed.
+pub fn run_tests(binary: &str, tests: &[(&str, fn())]) {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        match std::panic::catch_unwind(test) {
+            Ok(()) => {
+                println!("test {name} ... ok");
+                passed += 1;
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
+        }
+    }
+    println!("\n{binary}: {passed} passed, {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
+
+/// A worker process started from this test binary, with its stdout lines collected (with the
+/// moment each arrived) as it runs.
+pub struct Worker {
+    pub child: Child,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Worker {
+    /// Re-executes this test binary with `STAMPEDE_CHILD=role` and the given variables.
+    pub fn spawn(role: &str, vars: &[(&str, String)]) -> Self {
+        use std::io::BufRead;
+        let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+        cmd.env("STAMPEDE_CHILD", role).stdout(Stdio::piped());
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("a worker process");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                sink.lock().unwrap().push((Instant::now(), line));
+            }
+        });
+        Worker { child, lines }
+    }
+
+    /// The lines printed so far.
+    pub fn lines(&self) -> Vec<(Instant, String)> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// The last line starting with `prefix`, if any.
+    pub fn last(&self, prefix: &str) -> Option<(Instant, String)> {
+        self.lines()
+            .into_iter()
+            .rev()
+            .find(|(_, l)| l.starts_with(prefix))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Waits for the process to end; true if it exited with success.
+    pub fn wait_success(&mut self) -> bool {
+        self.child.wait().map(|s| s.success()).unwrap_or(false)
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.is_alive() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }

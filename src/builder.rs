@@ -1,0 +1,126 @@
+//! [`CacheBuilder`]: backend, namespace, default call options and codec.
+
+use crate::cache::Cache;
+use crate::codec::{Bincode, Codec};
+use crate::connect::Backend;
+use crate::key::validate_namespace;
+use crate::{CallOptions, Error};
+
+/// Builds a [`Cache`]: backend, namespace, default call options and codec.
+///
+/// ```
+/// use stampede_guard::{Cache, CallOptions};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let cache = Cache::builder()
+///     .namespace("reports")
+///     .options(CallOptions::default().lease(Duration::from_secs(10)))
+///     .build()
+///     .await?;
+/// assert_eq!(cache.options().get_lease(), Duration::from_secs(10));
+/// # Ok(())
+/// # }
+/// ```
+#[must_use]
+pub struct CacheBuilder<C = Bincode> {
+    namespace: String,
+    backend: Backend,
+    options: CallOptions,
+    codec: C,
+}
+
+impl<C> std::fmt::Debug for CacheBuilder<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheBuilder")
+            .field("namespace", &self.namespace)
+            .field("backend", &self.backend.kind())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheBuilder {
+    pub(crate) fn new(namespace: &str) -> Self {
+        CacheBuilder {
+            namespace: namespace.to_owned(),
+            backend: Backend::Memory,
+            options: CallOptions::default(),
+            codec: Bincode,
+        }
+    }
+}
+
+impl<C: Codec> CacheBuilder<C> {
+    /// The prefix of every key (default `"stampede"`): caches with different namespaces never
+    /// see each other's values or locks. Printable ASCII without `{`, `}`, `%` or spaces.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// Use the Redis server at `url` (`redis://[user:password@]host:port/db`). The connection is
+    /// made on first use and re-made automatically after it drops.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.backend = Backend::RedisUrl(url.into());
+        self
+    }
+
+    /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
+    /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
+    /// one slot; wake-ups use sharded pub/sub (Redis 7). Building waits for the cluster to answer.
+    pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.backend = Backend::RedisCluster(seeds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Use the Redis server of an existing client.
+    pub fn redis_client(mut self, client: redis::Client) -> Self {
+        self.backend = Backend::RedisClient(client);
+        self
+    }
+
+    /// The embedded in-memory store (the default).
+    pub fn in_memory(mut self) -> Self {
+        self.backend = Backend::Memory;
+        self
+    }
+
+    /// The options of every call made through the built cache (see [`CallOptions`]).
+    pub fn options(mut self, options: CallOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Another payload codec (see [`Codec`]).
+    pub fn codec<C2: Codec>(self, codec: C2) -> CacheBuilder<C2> {
+        CacheBuilder {
+            namespace: self.namespace,
+            backend: self.backend,
+            options: self.options,
+            codec,
+        }
+    }
+
+    /// Builds the cache. For Redis this does not wait for the server: a cache built while Redis
+    /// is down works as soon as it is up.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a bad namespace, [`Error::Config`] for a Redis URL that does not
+    /// parse.
+    pub async fn build(self) -> Result<Cache<C>, Error> {
+        validate_namespace(&self.namespace)?;
+        let store = self.backend.open().await?;
+        Ok(Cache::from_parts(
+            store,
+            self.codec,
+            self.namespace,
+            self.options,
+        ))
+    }
+}

@@ -1,0 +1,372 @@
+//! The machinery behind the `get_or_compute` family: the hit path, the in-process single flight,
+//! read-or-lock and waiting, computing under the lock, and encoding what is stored.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::time::Instant;
+
+use crate::codec::Codec;
+use crate::envelope::Envelope;
+use crate::flight::Role;
+use crate::freshness::{judge, unit_draw, Verdict};
+use crate::key::EntryKeys;
+use crate::lock::{new_token, HeldLock};
+use crate::store::{ReadOrLock, Stored};
+use crate::waiting::Waiter;
+use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
+
+/// A stored entry, decoded: a value, or a remembered failure's message.
+pub(crate) struct StoredEntry<T> {
+    pub value: Result<T, String>,
+    fresh_until_ms: u64,
+    compute_ms: u32,
+    /// The fencing token of the write, to tell whether it was replaced since it was read.
+    pub fence: u64,
+}
+
+impl<C: Codec> Cache<C> {
+    pub(crate) async fn fetch_entry<T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        f: F,
+    ) -> Result<Fetched<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        E: Display + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        let started = Instant::now();
+        let keys = EntryKeys::new(&self.inner.namespace, key).map_err(Error::widen)?;
+
+        // The hit path: one GET, no script, no in-process bookkeeping.
+        match self.inner.store.get(&keys).await {
+            Ok(Some(bytes)) => {
+                if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
+                    return self.serve(entry, keys, ttl, f, Source::Hit);
+                }
+            }
+            Ok(None) => {}
+            Err(e) if self.options.on_backend_error == Fallback::Fail => {
+                return Err(Error::backend("get", e));
+            }
+            // The fallback applies in `load`, under the single flight.
+            Err(_) => {}
+        }
+
+        let keys = Arc::new(keys);
+        let leader = loop {
+            match self.inner.flights.join::<Fetched<T>, E>(&keys.value) {
+                Role::Lead(leader) => break Some(leader),
+                Role::Alone => break None,
+                Role::Follow(follower) => {
+                    let remaining = self.options.wait_timeout.saturating_sub(started.elapsed());
+                    match tokio::time::timeout(remaining, follower.outcome()).await {
+                        Ok(Some(outcome)) => return outcome.map(waited),
+                        // The leader was cancelled or panicked: try to lead.
+                        Ok(None) => continue,
+                        Err(_) => {
+                            return Err(Error::WaitTimeout {
+                                key: keys.user.clone(),
+                                waited: started.elapsed(),
+                            })
+                        }
+                    }
+                }
+            }
+        };
+        let outcome = self.load(&keys, ttl, started, f).await;
+        if let Some(leader) = leader {
+            leader.finish(&outcome);
+        }
+        outcome
+    }
+
+    /// Serves a stored entry: a remembered failure as its error; a value, starting a background
+    /// refresh when it is stale or XFetch says so.
+    fn serve<T, E, F, Fut>(
+        &self,
+        entry: StoredEntry<T>,
+        keys: EntryKeys,
+        ttl: Duration,
+        f: F,
+        fresh: Source,
+    ) -> Result<Fetched<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        E: Display + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        let value = match entry.value {
+            Ok(value) => value,
+            Err(message) => {
+                return Err(Error::RecentFailure {
+                    key: keys.user,
+                    message,
+                })
+            }
+        };
+        let verdict = judge(
+            self.inner.store.now_ms(),
+            entry.fresh_until_ms,
+            entry.compute_ms,
+            self.options.early_refresh_beta,
+            unit_draw(),
+        );
+        let source = match verdict {
+            Verdict::Fresh => fresh,
+            Verdict::RefreshEarly => {
+                self.refresh_in_background(keys, ttl, f, entry.fence);
+                fresh
+            }
+            Verdict::Stale => {
+                self.refresh_in_background(keys, ttl, f, entry.fence);
+                Source::Stale
+            }
+        };
+        Ok(Fetched { value, source })
+    }
+
+    /// The distributed part: read the value or take the lock; compute under it, or wait for the
+    /// holder and read again.
+    async fn load<T, E, F, Fut>(
+        &self,
+        keys: &Arc<EntryKeys>,
+        ttl: Duration,
+        started: Instant,
+        f: F,
+    ) -> Result<Fetched<T>, Error<E>>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        E: Display + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        let store = &self.inner.store;
+        let options = &self.options;
+        let token = new_token();
+        let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
+        let mut found = Source::Hit;
+        // Cleared after bytes that do not decode: then the lock is taken over them, to replace them.
+        let mut read_value = true;
+        loop {
+            let asked = Instant::now();
+            let answer = match store
+                .read_or_lock(keys, &token, options.lease, read_value)
+                .await
+            {
+                Ok(answer) => answer,
+                Err(e) => return self.without_cache("read-or-lock", e, keys, f).await,
+            };
+            match answer {
+                ReadOrLock::Value(bytes) => match self.read_stored::<T>(keys, &bytes) {
+                    Some(entry) => return self.serve(entry, (**keys).clone(), ttl, f, found),
+                    None => read_value = false,
+                },
+                ReadOrLock::Acquired { fence } => {
+                    let held = HeldLock::new(
+                        Arc::clone(store),
+                        Arc::clone(keys),
+                        token,
+                        fence,
+                        asked,
+                        options.renewal(),
+                    );
+                    let value = self.compute_and_store(held, keys, ttl, f, true).await?;
+                    return Ok(Fetched {
+                        value,
+                        source: Source::Computed,
+                    });
+                }
+                ReadOrLock::Held { expires_in } => {
+                    read_value = true;
+                    found = Source::Waited;
+                    waiter.wait(expires_in).await.map_err(Error::widen)?;
+                }
+            }
+        }
+    }
+
+    /// Runs `f` under `held`, writes its value (or, with `remember_failure` and a negative TTL,
+    /// its failure) if the fencing token is still current, and lets the lock go.
+    pub(crate) async fn compute_and_store<T, E, F, Fut>(
+        &self,
+        held: HeldLock,
+        keys: &EntryKeys,
+        ttl: Duration,
+        f: F,
+        remember_failure: bool,
+    ) -> Result<T, Error<E>>
+    where
+        T: Serialize,
+        E: Display,
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = Result<Computed<T>, E>>,
+    {
+        let computing = Instant::now();
+        let computed = match f(held.lease()).await {
+            Ok(computed) => computed,
+            Err(e) => {
+                let remembered = self.options.negative_ttl.filter(|_| remember_failure);
+                let released = match remembered {
+                    Some(negative_ttl) => {
+                        let bytes = self.encode_failure(&e, negative_ttl, held.fence());
+                        held.store_and_unlock(bytes, negative_ttl)
+                            .await
+                            .map(|_| true)
+                    }
+                    None => held.release().await,
+                };
+                if let Err(err) = released {
+                    tracing::warn!(key = %keys.user, error = %err,
+                        "could not free the lock after a failed computation; it frees itself when its lease runs out");
+                }
+                return Err(Error::Compute(Arc::new(e)));
+            }
+        };
+        let ttl = computed.ttl.unwrap_or(ttl);
+        let bytes = match self.encode_value(&computed.value, ttl, computing.elapsed(), held.fence())
+        {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let _ = held.release().await;
+                return Err(e.widen());
+            }
+        };
+        match held
+            .store_and_unlock(bytes, ttl + self.options.stale_for)
+            .await
+        {
+            Ok(Stored { written: true, .. }) => {}
+            Ok(Stored { written: false, .. }) => tracing::info!(key = %keys.user,
+                "computed value not written: the key was invalidated, set, or taken over since the lock was acquired"),
+            Err(e) => tracing::warn!(key = %keys.user, error = %e,
+                "computed value not written: the backend failed; returning it uncached"),
+        }
+        Ok(computed.value)
+    }
+
+    /// The backend failed during `op`: fail, or compute without the cache, as configured.
+    async fn without_cache<T, E, F, Fut>(
+        &self,
+        op: &'static str,
+        error: redis::RedisError,
+        keys: &EntryKeys,
+        f: F,
+    ) -> Result<Fetched<T>, Error<E>>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = Result<Computed<T>, E>>,
+    {
+        match self.options.on_backend_error {
+            Fallback::Fail => Err(Error::backend(op, error)),
+            Fallback::ComputeUncached => {
+                tracing::warn!(key = %keys.user, op, error = %error,
+                    "backend unavailable; computing without the cache");
+                match f(Lease::unlocked()).await {
+                    Ok(computed) => Ok(Fetched {
+                        value: computed.value,
+                        source: Source::Uncached,
+                    }),
+                    Err(e) => Err(Error::Compute(Arc::new(e))),
+                }
+            }
+        }
+    }
+
+    /// The stored bytes of a value fresh for `ttl` from now.
+    pub(crate) fn encode_value<T: Serialize>(
+        &self,
+        value: &T,
+        ttl: Duration,
+        compute: Duration,
+        fence: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let codec = &self.inner.codec;
+        let payload = codec
+            .encode(value)
+            .map_err(|e| Error::Encode(Arc::from(e)))?;
+        if payload.len() > MAX_VALUE_BYTES {
+            return Err(Error::ValueTooLarge {
+                size: payload.len(),
+                limit: MAX_VALUE_BYTES,
+            });
+        }
+        Ok(Envelope {
+            codec: codec.id(),
+            negative: false,
+            fresh_until_ms: self.fresh_until(ttl),
+            compute_ms: u32::try_from(compute.as_millis()).unwrap_or(u32::MAX),
+            fence,
+            payload: &payload,
+        }
+        .encode())
+    }
+
+    /// The stored bytes of a remembered failure: its message, for `ttl`.
+    fn encode_failure<E: Display>(&self, error: &E, ttl: Duration, fence: u64) -> Vec<u8> {
+        let message = error.to_string();
+        Envelope {
+            codec: self.inner.codec.id(),
+            negative: true,
+            fresh_until_ms: self.fresh_until(ttl),
+            compute_ms: 0,
+            fence,
+            payload: message.as_bytes(),
+        }
+        .encode()
+    }
+
+    fn fresh_until(&self, ttl: Duration) -> u64 {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.inner.store.now_ms().saturating_add(ttl_ms)
+    }
+
+    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten.
+    pub(crate) fn read_stored<T: DeserializeOwned>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &[u8],
+    ) -> Option<StoredEntry<T>> {
+        let codec = &self.inner.codec;
+        let envelope = match Envelope::decode(bytes, codec.id()) {
+            Ok(envelope) => envelope,
+            Err(foreign) => {
+                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
+                return None;
+            }
+        };
+        let value = if envelope.negative {
+            Err(String::from_utf8_lossy(envelope.payload).into_owned())
+        } else {
+            match codec.decode(envelope.payload) {
+                Ok(value) => Ok(value),
+                Err(e) => {
+                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
+                    return None;
+                }
+            }
+        };
+        Some(StoredEntry {
+            value,
+            fresh_until_ms: envelope.fresh_until_ms,
+            compute_ms: envelope.compute_ms,
+            fence: envelope.fence,
+        })
+    }
+}
+
+/// What an in-process follower reports: the leader's computation is, for it, a wait.
+fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
+    let source = match fetched.source {
+        Source::Computed => Source::Waited,
+        other => other,
+    };
+    Fetched { source, ..fetched }
+}

@@ -1,0 +1,157 @@
+//! How fresh a stored value is, what a call reports about where its value came from, and the
+//! value a computation hands back (with its own TTL if it chooses one).
+
+use std::time::Duration;
+
+/// The verdict on a stored value read at `now_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Serve it.
+    Fresh,
+    /// Serve it, and refresh it in the background (XFetch chose to refresh early).
+    RefreshEarly,
+    /// Past its freshness, inside the stale window: serve it and refresh it in the background.
+    Stale,
+}
+
+/// Judges a value fresh until `fresh_until_ms`, whose last computation took `compute_ms`.
+/// `r` is a uniform draw from (0, 1]; `beta` is XFetch's parameter (0 disables early refresh).
+pub(crate) fn judge(
+    now_ms: u64,
+    fresh_until_ms: u64,
+    compute_ms: u32,
+    beta: f64,
+    r: f64,
+) -> Verdict {
+    if now_ms >= fresh_until_ms {
+        return Verdict::Stale;
+    }
+    if beta > 0.0 && refresh_early(now_ms, fresh_until_ms, compute_ms, beta, r) {
+        return Verdict::RefreshEarly;
+    }
+    Verdict::Fresh
+}
+
+/// XFetch: refresh when `now - delta * beta * ln(r) >= fresh_until`. Since `ln(r) <= 0`, the
+/// probability is `exp(-(fresh_until - now) / (delta * beta))`: it rises to 1 as expiry nears,
+/// faster for slower computations.
+pub(crate) fn refresh_early(
+    now_ms: u64,
+    fresh_until_ms: u64,
+    compute_ms: u32,
+    beta: f64,
+    r: f64,
+) -> bool {
+    let gap = (fresh_until_ms - now_ms.min(fresh_until_ms)) as f64;
+    f64::from(compute_ms) * beta * -r.ln() >= gap
+}
+
+/// A uniform draw from (0, 1], as XFetch wants (`ln(0)` would be infinite).
+pub(crate) fn unit_draw() -> f64 {
+    1.0 - rand::random::<f64>()
+}
+
+/// Where a call's value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// Read fresh from the cache.
+    Hit,
+    /// Read from the cache past its freshness, inside the stale window
+    /// ([`CallOptions::stale_for`](crate::CallOptions::stale_for)); a refresh runs in the
+    /// background.
+    Stale,
+    /// Computed by this call.
+    Computed,
+    /// Computed by another caller while this one waited.
+    Waited,
+    /// Computed without the cache because the backend was down
+    /// ([`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached)).
+    Uncached,
+}
+
+/// A value and where it came from: what [`Cache::fetch`](crate::Cache::fetch) returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Fetched<T> {
+    /// The value.
+    pub value: T,
+    /// Where it came from.
+    pub source: Source,
+}
+
+/// What a computation passed to [`Cache::fetch`](crate::Cache::fetch) returns: the value, and
+/// optionally its own TTL (the current month's report expires sooner than 2019's).
+///
+/// ```
+/// use stampede_guard::Computed;
+/// use std::time::Duration;
+///
+/// let this_month = Computed::new(vec![1u32, 2]).ttl(Duration::from_secs(60));
+/// let old_month = Computed::new(vec![3u32]); // keeps the TTL given to the call
+/// # let _ = (this_month, old_month);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Computed<T> {
+    pub(crate) value: T,
+    pub(crate) ttl: Option<Duration>,
+}
+
+impl<T> Computed<T> {
+    /// A value that keeps the call's TTL.
+    pub fn new(value: T) -> Self {
+        Computed { value, ttl: None }
+    }
+
+    /// Cache this value for `ttl` instead of the call's TTL.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn past_fresh_until_is_stale_and_xfetch_off_means_fresh() {
+        assert_eq!(judge(100, 100, 50, 1.0, 0.5), Verdict::Stale);
+        assert_eq!(judge(99, 100, 50, 0.0, 1e-300), Verdict::Fresh);
+    }
+
+    /// With a fixed seed the counts are exact; the bounds are those of the binomial law around
+    /// `n * exp(-gap / (delta * beta))` (six standard deviations), so they also hold for any seed.
+    #[test]
+    fn xfetch_refreshes_more_often_as_expiry_nears() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(2015);
+        let (n, delta, beta, fresh_until) = (10_000u32, 200u32, 1.0, 1_000_000u64);
+        let mut last = 0;
+        for gap in [2_000u64, 1_000, 400, 200, 50, 10] {
+            let now = fresh_until - gap;
+            let refreshed = (0..n)
+                .filter(|_| {
+                    let r = 1.0 - rng.random::<f64>();
+                    judge(now, fresh_until, delta, beta, r) == Verdict::RefreshEarly
+                })
+                .count() as f64;
+            let p = (-(gap as f64) / (f64::from(delta) * beta)).exp();
+            let (mean, sd) = (f64::from(n) * p, (f64::from(n) * p * (1.0 - p)).sqrt());
+            assert!(
+                (refreshed - mean).abs() <= 6.0 * sd + 1.0,
+                "gap {gap} ms: {refreshed} refreshes, expected about {mean:.0}"
+            );
+            assert!(
+                refreshed as u32 >= last,
+                "the probability rises as expiry nears"
+            );
+            last = refreshed as u32;
+        }
+        assert!(
+            last > n * 9 / 10,
+            "10 ms before expiry nearly every read refreshes"
+        );
+    }
+}

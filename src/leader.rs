@@ -1,0 +1,251 @@
+//! Run one job on exactly one machine of many: the others stand by and take over when the active
+//! one dies, pauses past its lease, loses Redis, or shuts down.
+//!
+//! States: standby (waiting for the lock) → active (holding it, running the job every interval)
+//! → back to standby when the lease is lost, or stopped on shutdown. The job gets a
+//! [`JobContext`] with the fencing token and a cancellation that fires when the lease is lost;
+//! the runner also drops a running job the moment the lease is lost, and never starts a run once
+//! the lease is past its deadline (which a process resuming from a pause sees before anything
+//! else).
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::{Error, Lease, Lock};
+
+/// Where an instance stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Role {
+    /// Waiting for the lock.
+    Standby,
+    /// Holding the lock and running the job.
+    Active {
+        /// The fencing token of this term.
+        fencing_token: u64,
+    },
+    /// Shut down.
+    Stopped,
+}
+
+/// What a job run sees of its term as the active instance.
+///
+/// ```
+/// # use stampede_guard::leader::JobContext;
+/// async fn copy_counters(ctx: JobContext) -> Result<(), String> {
+///     if ctx.is_cancelled() {
+///         return Ok(()); // the lease is gone: another instance is (or will be) active
+///     }
+///     let token = ctx.fencing_token(); // written along with the data, checked by the store
+///     # let _ = token;
+///     Ok(())
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct JobContext {
+    fencing_token: u64,
+    lease: Lease,
+}
+
+impl JobContext {
+    /// The fencing token of the current term: strictly greater than any earlier term's.
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// Whether the lease is lost (the run should stop; its writes may be refused).
+    pub fn is_cancelled(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// Completes when the lease is lost.
+    pub async fn cancelled(&self) {
+        self.lease.lost().await
+    }
+}
+
+/// Runs a job on one instance at a time.
+///
+/// ```
+/// use stampede_guard::leader::{Leader, Role};
+/// use stampede_guard::Lock;
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let lock = Lock::builder("copy-counters").build().await?; // .redis_url(..) across machines
+/// let leader = Leader::new(lock, Duration::from_millis(10));
+/// let status = leader.status();
+/// let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+/// let counted = runs.clone();
+/// let shutdown = async {
+///     tokio::time::sleep(Duration::from_millis(100)).await;
+/// };
+/// leader
+///     .run(
+///         move |ctx| {
+///             let counted = counted.clone();
+///             async move {
+///                 assert!(ctx.fencing_token() > 0);
+///                 counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+///                 Ok::<(), String>(())
+///             }
+///         },
+///         shutdown,
+///     )
+///     .await?;
+/// assert!(runs.load(std::sync::atomic::Ordering::SeqCst) > 0);
+/// assert_eq!(*status.borrow(), Role::Stopped);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Leader {
+    lock: Lock,
+    every: Duration,
+    status: watch::Sender<Role>,
+}
+
+/// Why a term as the active instance ended.
+enum TermEnd {
+    LeaseLost,
+    Shutdown,
+}
+
+impl Leader {
+    /// A runner that, while active, starts `job` every `every` (the next run starts when both
+    /// the interval has passed and the previous run has finished).
+    pub fn new(lock: Lock, every: Duration) -> Self {
+        Leader {
+            lock,
+            every,
+            status: watch::Sender::new(Role::Standby),
+        }
+    }
+
+    /// The current role, updated on every change.
+    pub fn status(&self) -> watch::Receiver<Role> {
+        self.status.subscribe()
+    }
+
+    /// Stands by, runs the job while active, and returns to standby whenever the lease is lost,
+    /// until `shutdown` completes; then releases the lock at once (so a standby takes over without
+    /// waiting for the lease to run out) and returns.
+    ///
+    /// A job's error is logged (`tracing`) and the next run starts on schedule. Backend errors
+    /// while standing by are logged and retried with backoff: the connection reconnects by itself.
+    ///
+    /// # Errors
+    /// None today: every failure is retried. The `Result` leaves room for a fatal configuration
+    /// error to surface.
+    pub async fn run<F, Fut, E>(
+        self,
+        mut job: F,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), Error>
+    where
+        F: FnMut(JobContext) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        tokio::pin!(shutdown);
+        let name = self.lock.name().to_owned();
+        let mut failures = 0u32;
+        loop {
+            self.set(Role::Standby, &name);
+            let acquired = tokio::select! {
+                acquired = self.lock.acquire() => acquired,
+                () = &mut shutdown => break,
+            };
+            let guard = match acquired {
+                Ok(guard) => guard,
+                Err(Error::WaitTimeout { .. }) => continue,
+                Err(e) => {
+                    tracing::warn!(lock = %name, error = %e, "standby: cannot reach the lock; retrying");
+                    let delay = self.lock.options().backoff.delay(failures);
+                    failures = failures.saturating_add(1);
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => continue,
+                        () = &mut shutdown => break,
+                    }
+                }
+            };
+            failures = 0;
+            let fencing_token = guard.fencing_token();
+            self.set(Role::Active { fencing_token }, &name);
+            let lease = guard.lease();
+            match self
+                .term(&lease, fencing_token, &mut job, &mut shutdown)
+                .await
+            {
+                TermEnd::LeaseLost => {
+                    tracing::warn!(lock = %name, fencing_token, "lease lost: job cancelled, standing by");
+                    drop(guard);
+                }
+                TermEnd::Shutdown => {
+                    if let Err(e) = guard.release().await {
+                        tracing::warn!(lock = %name, error = %e, "release on shutdown failed");
+                    }
+                    break;
+                }
+            }
+        }
+        self.set(Role::Stopped, &name);
+        Ok(())
+    }
+
+    /// One term as the active instance.
+    async fn term<F, Fut, E>(
+        &self,
+        lease: &Lease,
+        fencing_token: u64,
+        job: &mut F,
+        shutdown: &mut std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> TermEnd
+    where
+        F: FnMut(JobContext) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: fmt::Display,
+    {
+        let mut ticks = tokio::time::interval(self.every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = &mut *shutdown => return TermEnd::Shutdown,
+                () = lease.lost() => return TermEnd::LeaseLost,
+                _ = ticks.tick() => {}
+            }
+            // A process resuming from a pause sees its deadline passed here, before any run.
+            if lease.is_lost() {
+                return TermEnd::LeaseLost;
+            }
+            let ctx = JobContext {
+                fencing_token,
+                lease: lease.clone(),
+            };
+            tokio::select! {
+                () = &mut *shutdown => return TermEnd::Shutdown,
+                () = lease.lost() => return TermEnd::LeaseLost,
+                outcome = job(ctx) => {
+                    if let Err(e) = outcome {
+                        tracing::warn!(lock = %self.lock.name(), error = %e, "job run failed");
+                    }
+                }
+            }
+        }
+    }
+
+    fn set(&self, role: Role, name: &str) {
+        let changed = self.status.send_if_modified(|current| {
+            let changed = *current != role;
+            *current = role;
+            changed
+        });
+        if changed {
+            tracing::info!(lock = %name, ?role, "leader role changed");
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Refreshing a value in the background while callers keep getting the current one (a stale
+//! window, or an early refresh chosen by XFetch).
+//!
+//! Invariants: at most one refresh of a key runs per process ([`Refreshes`]); across processes
+//! the key's lock decides, without waiting: a process that finds it held stops trying until the
+//! holder's lease would have run out, so stale reads cost one `GET` each, not a script each.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::time::Instant;
+
+use crate::codec::Codec;
+use crate::envelope::Envelope;
+use crate::key::EntryKeys;
+use crate::lock::{new_token, HeldLock};
+use crate::store::ReadOrLock;
+use crate::wakeup::lock;
+use crate::{Cache, Computed, Lease};
+
+/// The longest a process refrains from trying to refresh after finding the lock held.
+const HOLD_OFF_MAX: Duration = Duration::from_secs(1);
+
+/// Key → refresh state in this process.
+#[derive(Debug, Default)]
+pub(crate) struct Refreshes {
+    /// `None`: a refresh runs here. `Some(t)`: another process holds the lock; try again after
+    /// `t`. The `std` mutex is never held across an `.await`.
+    map: Mutex<HashMap<String, Option<Instant>>>,
+}
+
+impl Refreshes {
+    /// Claims the key's refresh for this process, unless one runs or is held off.
+    fn claim(self: &Arc<Self>, key: &str) -> Option<Claim> {
+        let mut map = lock(&self.map);
+        let now = Instant::now();
+        if let Some(state) = map.get(key) {
+            match state {
+                None => return None,
+                Some(until) if *until > now => return None,
+                Some(_) => {}
+            }
+        }
+        map.insert(key.to_owned(), None);
+        Some(Claim {
+            refreshes: Arc::clone(self),
+            key: key.to_owned(),
+            hold_off: None,
+        })
+    }
+}
+
+/// A claimed refresh; releases the claim when dropped (finished, failed, panicked or cancelled).
+struct Claim {
+    refreshes: Arc<Refreshes>,
+    key: String,
+    hold_off: Option<Instant>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut map = lock(&self.refreshes.map);
+        match self.hold_off {
+            Some(until) => {
+                map.insert(std::mem::take(&mut self.key), Some(until));
+            }
+            None => {
+                map.remove(&self.key);
+            }
+        }
+        // Forget hold-offs that have passed, so the map stays as small as the keys in play.
+        let now = Instant::now();
+        map.retain(|_, state| state.is_none_or(|until| until > now));
+    }
+}
+
+impl<C: Codec> Cache<C> {
+    /// Starts refreshing `keys` in a spawned task if no refresh of it runs in this process and
+    /// its lock is free; returns at once either way. `seen_fence` is the fencing token of the
+    /// value that prompted the refresh: if the value was rewritten since, there is nothing to do.
+    pub(crate) fn refresh_in_background<T, E, F, Fut>(
+        &self,
+        keys: EntryKeys,
+        ttl: Duration,
+        f: F,
+        seen_fence: u64,
+    ) where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        E: Display + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        let Some(mut claim) = self.inner.refreshes.claim(&keys.value) else {
+            return;
+        };
+        let cache = self.clone();
+        tokio::spawn(async move {
+            let keys = Arc::new(keys);
+            let store = &cache.inner.store;
+            let options = &cache.options;
+            let token = new_token();
+            let asked = Instant::now();
+            match store
+                .read_or_lock(&keys, &token, options.lease, false)
+                .await
+            {
+                Ok(ReadOrLock::Acquired { fence }) => {
+                    let held = HeldLock::new(
+                        Arc::clone(store),
+                        Arc::clone(&keys),
+                        token,
+                        fence,
+                        asked,
+                        options.renewal(),
+                    );
+                    // Another process may have refreshed between our read and our lock.
+                    if cache.replaced_since(&keys, seen_fence).await {
+                        tracing::debug!(key = %keys.user, "already refreshed elsewhere");
+                        let _ = held.release().await;
+                        return;
+                    }
+                    tracing::debug!(key = %keys.user, "refreshing in the background");
+                    if let Err(e) = cache.compute_and_store(held, &keys, ttl, f, false).await {
+                        tracing::warn!(key = %keys.user, error = %e, "background refresh failed");
+                        if !options.serve_stale_on_error {
+                            if let Err(e) = store.invalidate(&keys, options.lease).await {
+                                tracing::warn!(key = %keys.user, error = %e, "could not drop the stale value");
+                            }
+                        }
+                    }
+                }
+                Ok(ReadOrLock::Held { expires_in }) => {
+                    let wait = expires_in.unwrap_or(HOLD_OFF_MAX).min(HOLD_OFF_MAX);
+                    claim.hold_off = Some(Instant::now() + wait);
+                }
+                Ok(ReadOrLock::Value(_)) => {}
+                Err(e) => {
+                    tracing::warn!(key = %keys.user, error = %e, "background refresh could not reach the backend");
+                }
+            }
+            drop(claim);
+        });
+    }
+
+    /// Whether the stored value is no longer the one written with `seen_fence`.
+    async fn replaced_since(&self, keys: &EntryKeys, seen_fence: u64) -> bool {
+        match self.inner.store.get(keys).await {
+            Ok(Some(bytes)) => Envelope::decode(&bytes, self.inner.codec.id())
+                .is_ok_and(|envelope| envelope.fence != seen_fence),
+            // Gone (invalidated) or unreadable: computing afresh is right.
+            Ok(None) | Err(_) => false,
+        }
+    }
+}

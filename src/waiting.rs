@@ -1,0 +1,82 @@
+//! Waiting for another holder: a wake-up notification or a jittered, capped exponential
+//! backoff, whichever comes first, never past the holder's lease, never past the wait bound.
+//!
+//! Order matters: the waiter listens *before* it looks again, so a value (or a release) that
+//! lands between the look and the wait still wakes it.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::key::EntryKeys;
+use crate::store::Store;
+use crate::wakeup::Listener;
+use crate::{CallOptions, Error};
+
+pub(crate) struct Waiter<'a> {
+    store: &'a dyn Store,
+    keys: &'a EntryKeys,
+    options: &'a CallOptions,
+    started: Instant,
+    listener: Option<Listener>,
+    listened: bool,
+    attempt: u32,
+}
+
+impl<'a> Waiter<'a> {
+    pub(crate) fn new(
+        store: &'a dyn Store,
+        keys: &'a EntryKeys,
+        options: &'a CallOptions,
+        started: Instant,
+    ) -> Self {
+        Waiter {
+            store,
+            keys,
+            options,
+            started,
+            listener: None,
+            listened: false,
+            attempt: 0,
+        }
+    }
+
+    /// Called after the lock was found held (expiring in `expires_in`); returns when it is time
+    /// to look again, or [`Error::WaitTimeout`] once the wait bound has passed.
+    pub(crate) async fn wait(&mut self, expires_in: Option<Duration>) -> Result<(), Error> {
+        if !self.listened {
+            // First time: subscribe and look again at once.
+            self.listened = true;
+            match self.store.listen(self.keys).await {
+                Ok(l) => self.listener = Some(l),
+                Err(e) => tracing::warn!(key = %self.keys.user, error = %e,
+                    "wake-up subscription failed; waiting by polling"),
+            }
+            return Ok(());
+        }
+        let waited = self.started.elapsed();
+        let remaining = self.options.wait_timeout.saturating_sub(waited);
+        if remaining.is_zero() {
+            return Err(Error::WaitTimeout {
+                key: self.keys.user.clone(),
+                waited,
+            });
+        }
+        let mut delay = self.options.backoff.delay(self.attempt).min(remaining);
+        if let Some(expires_in) = expires_in {
+            // Look again the moment a dead holder's lease runs out.
+            delay = delay.min(expires_in + Duration::from_millis(1));
+        }
+        self.attempt = self.attempt.saturating_add(1);
+        match self.listener.as_mut() {
+            Some(l) => {
+                tokio::select! {
+                    _ = l.notified() => {}
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+            None => tokio::time::sleep(delay).await,
+        }
+        Ok(())
+    }
+}

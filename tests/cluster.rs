@@ -1,0 +1,183 @@
+//! The cache and the lock on a real Redis Cluster (3 masters, 3 replicas) started by the test.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::seq::SliceRandom;
+use stampede_guard::{Backoff, Cache, CallOptions, Error};
+use support::{eventually, RedisCluster};
+
+const TTL: Duration = Duration::from_secs(300);
+
+fn month(i: usize) -> String {
+    format!("{}-{:02}", 2019 + i / 12, i % 12 + 1)
+}
+
+async fn cache(cluster: &RedisCluster, options: CallOptions) -> Cache {
+    Cache::builder()
+        .redis_cluster(cluster.urls())
+        .namespace("reports")
+        .options(options)
+        .build()
+        .await
+        .expect("a cache on the test cluster")
+}
+
+/// One cluster for the whole binary's tests would couple them; each test starts its own, in
+/// parallel threads, which takes a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twelve_months_on_a_cluster_compute_once_each_on_their_own_slots() {
+    let cluster = RedisCluster::start();
+    let mut caches = Vec::new();
+    for _ in 0..4 {
+        caches.push(cache(&cluster, CallOptions::default()).await);
+    }
+    let computes: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let mut callers = Vec::new();
+    for i in 0..100 {
+        let (cache, computes) = (caches[i % 4].clone(), computes.clone());
+        callers.push(tokio::spawn(async move {
+            let mut months: Vec<String> = (0..12).map(month).collect();
+            months.shuffle(&mut rand::rng());
+            for m in months {
+                let (computes, key) = (computes.clone(), m.clone());
+                let value = cache
+                    .get_or_compute(&m, TTL, move || async move {
+                        *computes.lock().unwrap().entry(key.clone()).or_default() += 1;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Ok::<_, String>(format!("report {key}"))
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(value, format!("report {m}"), "keys never collide");
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let computes = computes.lock().unwrap().clone();
+    assert_eq!(computes.len(), 12);
+    assert!(computes.values().all(|&n| n == 1), "{computes:?}");
+    let masters: HashSet<usize> = (0..12)
+        .map(|i| cluster.master_of(&format!("reports:{{{}}}", month(i))))
+        .collect();
+    assert!(
+        masters.len() > 1,
+        "the months are spread over several masters"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_a_cluster_are_woken_by_sharded_pubsub() {
+    let cluster = RedisCluster::start();
+    // Backoff and lease so long that only a wake-up can end the wait within the bound.
+    let options = CallOptions::default()
+        .lease(Duration::from_secs(60))
+        .backoff(Backoff::new(
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+        ))
+        .wait_timeout(Duration::from_secs(10));
+    let holder = cache(&cluster, options.clone()).await;
+    let waiter = cache(&cluster, options).await;
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let holder_task = tokio::spawn(async move {
+        holder
+            .get_or_compute("2019-05", TTL, move || async move {
+                let _ = started_tx.send(());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                Ok::<_, String>(42u32)
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    let waited = waiter
+        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(0u32) })
+        .await
+        .unwrap();
+    assert_eq!(waited, 42);
+    assert_eq!(holder_task.await.unwrap().unwrap(), 42);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_fails_over_and_calls_recover_without_wrong_values() {
+    let mut cluster = RedisCluster::start();
+    let options = CallOptions::default()
+        .lease(Duration::from_secs(2))
+        .wait_timeout(Duration::from_secs(5));
+    let cache = cache(&cluster, options).await;
+    let computes = Arc::new(AtomicUsize::new(0));
+    let call = |cache: Cache, computes: Arc<AtomicUsize>, m: String| async move {
+        let key = m.clone();
+        cache
+            .get_or_compute(&m, TTL, move || async move {
+                computes.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(format!("report {key}"))
+            })
+            .await
+    };
+    for i in 0..12 {
+        assert_eq!(
+            call(cache.clone(), computes.clone(), month(i))
+                .await
+                .unwrap(),
+            format!("report {}", month(i))
+        );
+    }
+    let victim = cluster.master_of("reports:{2019-05}");
+    cluster.nodes[victim].kill();
+
+    // Keep calling through the failover: every outcome is the right value or a typed error.
+    let mut recovered = false;
+    let mut errors = 0;
+    for _ in 0..200 {
+        for i in 0..12 {
+            match call(cache.clone(), computes.clone(), month(i)).await {
+                Ok(v) => assert_eq!(v, format!("report {}", month(i)), "never a wrong value"),
+                Err(e) => {
+                    assert!(
+                        matches!(e, Error::Backend { .. } | Error::WaitTimeout { .. }),
+                        "a typed error: {e:?}"
+                    );
+                    errors += 1;
+                }
+            }
+        }
+        if cluster.is_healthy()
+            && call(cache.clone(), computes.clone(), "2019-05".into())
+                .await
+                .is_ok()
+        {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        recovered,
+        "calls did not recover after the failover ({errors} errors seen)"
+    );
+    assert!(eventually(Duration::from_secs(10), || cluster.is_healthy()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_works_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let lock = stampede_guard::Lock::builder("copy-counters")
+        .redis_cluster(cluster.urls())
+        .namespace("jobs")
+        .build()
+        .await
+        .unwrap();
+    let first = lock.acquire().await.unwrap();
+    assert!(lock.try_acquire().await.unwrap().is_none());
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = lock.acquire().await.unwrap();
+    assert!(second.fencing_token() > token);
+}
