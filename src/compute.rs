@@ -16,7 +16,7 @@ use crate::freshness::{judge, unit_draw, Verdict};
 use crate::key::EntryKeys;
 use crate::lock::{new_token, HeldLock};
 use crate::store::{ReadOrLock, Stored};
-use crate::waiting::Waiter;
+use crate::waiting::{Waiter, Wake};
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
 
 /// A stored entry, decoded: a value, or a remembered failure's message.
@@ -41,7 +41,6 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        let started = Instant::now();
         let keys = EntryKeys::new(&self.inner.namespace, key).map_err(Error::widen)?;
 
         // The hit path: one GET, no script, no in-process bookkeeping.
@@ -59,6 +58,7 @@ impl<C: Codec> Cache<C> {
             Err(_) => {}
         }
 
+        let started = Instant::now();
         let keys = Arc::new(keys);
         let leader = loop {
             match self.inner.flights.join::<Fetched<T>, E>(&keys.value) {
@@ -112,12 +112,15 @@ impl<C: Codec> Cache<C> {
                 })
             }
         };
+        let beta = self.options.early_refresh_beta;
+        // Draw only when XFetch is on: the hit path stays free of the random number generator.
+        let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
         let verdict = judge(
             self.inner.store.now_ms(),
             entry.fresh_until_ms,
             entry.compute_ms,
-            self.options.early_refresh_beta,
-            unit_draw(),
+            beta,
+            draw,
         );
         let source = match verdict {
             Verdict::Fresh => fresh,
@@ -155,7 +158,15 @@ impl<C: Codec> Cache<C> {
         let mut found = Source::Hit;
         // Cleared after bytes that do not decode: then the lock is taken over them, to replace them.
         let mut read_value = true;
+        // After a wait, a plain GET looks first: the value has usually landed, and a GET is cheaper
+        // for the server than the read-or-lock script.
+        let mut look_first = false;
         loop {
+            if look_first {
+                if let Some(entry) = self.look(keys).await {
+                    return self.serve(entry, (**keys).clone(), ttl, f, found);
+                }
+            }
             let asked = Instant::now();
             let answer = match store
                 .read_or_lock(keys, &token, options.lease, read_value)
@@ -167,7 +178,10 @@ impl<C: Codec> Cache<C> {
             match answer {
                 ReadOrLock::Value(bytes) => match self.read_stored::<T>(keys, &bytes) {
                     Some(entry) => return self.serve(entry, (**keys).clone(), ttl, f, found),
-                    None => read_value = false,
+                    None => {
+                        read_value = false;
+                        look_first = false;
+                    }
                 },
                 ReadOrLock::Acquired { fence } => {
                     let held = HeldLock::new(
@@ -187,9 +201,26 @@ impl<C: Codec> Cache<C> {
                 ReadOrLock::Held { expires_in } => {
                     read_value = true;
                     found = Source::Waited;
-                    waiter.wait(expires_in).await.map_err(Error::widen)?;
+                    if waiter.wait(expires_in).await.map_err(Error::widen)? == Wake::Subscribed {
+                        // Listening now: a value that landed before is read here, a later one
+                        // wakes us. The lock was just seen held, so wait rather than retry it.
+                        if let Some(entry) = self.look(keys).await {
+                            return self.serve(entry, (**keys).clone(), ttl, f, found);
+                        }
+                        waiter.wait(expires_in).await.map_err(Error::widen)?;
+                    }
+                    look_first = true;
                 }
             }
+        }
+    }
+
+    /// A plain read of the value; errors and unreadable bytes count as nothing found (the
+    /// read-or-lock that follows reports the former and replaces the latter).
+    async fn look<T: DeserializeOwned>(&self, keys: &EntryKeys) -> Option<StoredEntry<T>> {
+        match self.inner.store.get(keys).await {
+            Ok(Some(bytes)) => self.read_stored(keys, &bytes),
+            Ok(None) | Err(_) => None,
         }
     }
 

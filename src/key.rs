@@ -9,6 +9,7 @@
 //!   reach outside its namespace.
 
 use std::fmt::Write as _;
+use std::sync::OnceLock;
 
 use crate::Error;
 
@@ -19,18 +20,18 @@ pub const MAX_KEY_BYTES: usize = 512;
 const MAX_NAMESPACE_BYTES: usize = 64;
 
 /// The Redis names that belong to one entry.
+///
+/// Only the value key is built up front: a hit needs nothing else, and it is the hot path. The
+/// others are built on first use, on a miss.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EntryKeys {
     /// The key as the user gave it, for messages and logs.
     pub user: String,
     /// `ns:{k}`: the value envelope.
     pub value: String,
-    /// `ns:{k}_lock`: the owner's token while someone computes.
-    pub lock: String,
-    /// `ns:{k}_fence`: the fencing counter, bumped on every acquisition, `set` and invalidation.
-    pub fence: String,
-    /// `ns:{k}_done`: the wake-up channel, published when the value lands or the lock is freed.
-    pub channel: String,
+    lock: OnceLock<String>,
+    fence: OnceLock<String>,
+    channel: OnceLock<String>,
 }
 
 impl EntryKeys {
@@ -44,14 +45,34 @@ impl EntryKeys {
                 "a key must be at most MAX_KEY_BYTES (512) bytes long",
             ));
         }
-        let tagged = format!("{namespace}:{{{}}}", escape(key));
+        // Room for the prefix, the braces and a little escaping, so one allocation usually does.
+        let mut value = String::with_capacity(namespace.len() + key.len() + 8);
+        value.push_str(namespace);
+        value.push_str(":{");
+        escape_into(key, &mut value);
+        value.push('}');
         Ok(EntryKeys {
             user: key.to_owned(),
-            lock: format!("{tagged}_lock"),
-            fence: format!("{tagged}_fence"),
-            channel: format!("{tagged}_done"),
-            value: tagged,
+            value,
+            lock: OnceLock::new(),
+            fence: OnceLock::new(),
+            channel: OnceLock::new(),
         })
+    }
+
+    /// `ns:{k}_lock`: the owner's token while someone computes.
+    pub(crate) fn lock(&self) -> &str {
+        self.lock.get_or_init(|| format!("{}_lock", self.value))
+    }
+
+    /// `ns:{k}_fence`: the fencing counter, bumped on every acquisition, `set` and invalidation.
+    pub(crate) fn fence(&self) -> &str {
+        self.fence.get_or_init(|| format!("{}_fence", self.value))
+    }
+
+    /// `ns:{k}_done`: the wake-up channel, published when the value lands or the lock is freed.
+    pub(crate) fn channel(&self) -> &str {
+        self.channel.get_or_init(|| format!("{}_done", self.value))
     }
 }
 
@@ -81,8 +102,7 @@ fn is_plain(b: u8) -> bool {
     b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b'%')
 }
 
-fn escape(key: &str) -> String {
-    let mut out = String::with_capacity(key.len());
+fn escape_into(key: &str, out: &mut String) {
     for b in key.bytes() {
         if is_plain(b) {
             out.push(b as char);
@@ -91,7 +111,6 @@ fn escape(key: &str) -> String {
             let _ = write!(out, "%{b:02X}");
         }
     }
-    out
 }
 
 #[cfg(test)]
@@ -102,9 +121,9 @@ mod tests {
     fn month_keys_follow_the_documented_layout() {
         let keys = EntryKeys::new("reports", "2019-05").unwrap();
         assert_eq!(keys.value, "reports:{2019-05}");
-        assert_eq!(keys.lock, "reports:{2019-05}_lock");
-        assert_eq!(keys.fence, "reports:{2019-05}_fence");
-        assert_eq!(keys.channel, "reports:{2019-05}_done");
+        assert_eq!(keys.lock(), "reports:{2019-05}_lock");
+        assert_eq!(keys.fence(), "reports:{2019-05}_fence");
+        assert_eq!(keys.channel(), "reports:{2019-05}_done");
     }
 
     #[test]

@@ -59,7 +59,7 @@ impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
             .field("name", &self.keys.user)
-            .field("key", &self.keys.lock)
+            .field("key", &self.keys.lock())
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -172,7 +172,9 @@ impl Lock {
         loop {
             match self.attempt(&token).await? {
                 Ok(guard) => return Ok(guard),
-                Err(expires_in) => waiter.wait(expires_in).await?,
+                Err(expires_in) => {
+                    waiter.wait(expires_in).await?;
+                }
             }
         }
     }

@@ -3,6 +3,11 @@
 //!
 //! Order matters: the waiter listens *before* it looks again, so a value (or a release) that
 //! lands between the look and the wait still wakes it.
+//!
+//! While a wake-up subscription is active, the backoff is only a safety net (a message lost with
+//! a dropped connection, a holder that died without publishing, which the lease expiry covers
+//! anyway), so it runs at its cap instead of starting small: polling a held lock every few
+//! milliseconds would cost commands and buy nothing.
 
 use std::time::Duration;
 
@@ -43,16 +48,16 @@ impl<'a> Waiter<'a> {
 
     /// Called after the lock was found held (expiring in `expires_in`); returns when it is time
     /// to look again, or [`Error::WaitTimeout`] once the wait bound has passed.
-    pub(crate) async fn wait(&mut self, expires_in: Option<Duration>) -> Result<(), Error> {
+    pub(crate) async fn wait(&mut self, expires_in: Option<Duration>) -> Result<Wake, Error> {
         if !self.listened {
-            // First time: subscribe and look again at once.
+            // First time: subscribe, and have the caller look again at once.
             self.listened = true;
             match self.store.listen(self.keys).await {
                 Ok(l) => self.listener = Some(l),
                 Err(e) => tracing::warn!(key = %self.keys.user, error = %e,
                     "wake-up subscription failed; waiting by polling"),
             }
-            return Ok(());
+            return Ok(Wake::Subscribed);
         }
         let waited = self.started.elapsed();
         let remaining = self.options.wait_timeout.saturating_sub(waited);
@@ -62,7 +67,12 @@ impl<'a> Waiter<'a> {
                 waited,
             });
         }
-        let mut delay = self.options.backoff.delay(self.attempt).min(remaining);
+        let attempt = if self.listener.is_some() {
+            u32::MAX
+        } else {
+            self.attempt
+        };
+        let mut delay = self.options.backoff.delay(attempt).min(remaining);
         if let Some(expires_in) = expires_in {
             // Look again the moment a dead holder's lease runs out.
             delay = delay.min(expires_in + Duration::from_millis(1));
@@ -77,6 +87,15 @@ impl<'a> Waiter<'a> {
             }
             None => tokio::time::sleep(delay).await,
         }
-        Ok(())
+        Ok(Wake::Slept)
     }
+}
+
+/// Why [`Waiter::wait`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// It just subscribed, without waiting: look again before waiting.
+    Subscribed,
+    /// It waited: a wake-up, the backoff, or the holder's lease running out.
+    Slept,
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES};
+use super::{Blob, BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES};
 use crate::key::EntryKeys;
 use crate::wakeup::{lock, Listener, Wakeups};
 
@@ -43,7 +43,7 @@ impl Default for MemoryStore {
 
 #[derive(Debug, Default)]
 struct State {
-    values: HashMap<String, Expiring<Vec<u8>>>,
+    values: HashMap<String, Expiring<Arc<[u8]>>>,
     locks: HashMap<String, Expiring<String>>,
     fences: HashMap<String, Expiring<u64>>,
     /// The highest fencing token handed out, so that a re-seeded counter never repeats one even
@@ -108,8 +108,10 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Vec<u8>>>> {
-        let value = self.with_state(|s, now| live(&s.values, &keys.value, now).cloned());
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
+        let value = self.with_state(|s, now| {
+            live(&s.values, &keys.value, now).map(|v| Blob::Shared(Arc::clone(v)))
+        });
         Box::pin(std::future::ready(Ok(value)))
     }
 
@@ -123,22 +125,22 @@ impl Store for MemoryStore {
         let answer = self.with_state(|s, now| {
             if read_value {
                 if let Some(v) = live(&s.values, &keys.value, now) {
-                    return ReadOrLock::Value(v.clone());
+                    return ReadOrLock::Value(v.to_vec());
                 }
             }
-            if let Some(held) = s.locks.get(&keys.lock).filter(|e| e.until > now) {
+            if let Some(held) = s.locks.get(keys.lock()).filter(|e| e.until > now) {
                 return ReadOrLock::Held {
                     expires_in: Some(held.until - now),
                 };
             }
             s.locks.insert(
-                keys.lock.clone(),
+                keys.lock().to_owned(),
                 Expiring {
                     item: token.to_owned(),
                     until: now + lease,
                 },
             );
-            let fence = s.bump_fence(&keys.fence, retention(lease), now);
+            let fence = s.bump_fence(keys.fence(), retention(lease), now);
             s.wrote(now);
             ReadOrLock::Acquired { fence }
         });
@@ -154,24 +156,24 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         let stored = self.with_state(|s, now| {
-            let written = live(&s.fences, &keys.fence, now) == Some(&fence);
+            let written = live(&s.fences, keys.fence(), now) == Some(&fence);
             if written {
                 s.values.insert(
                     keys.value.clone(),
                     Expiring {
-                        item: value,
+                        item: Arc::from(value),
                         until: now + ttl,
                     },
                 );
             }
-            let released = live(&s.locks, &keys.lock, now).is_some_and(|t| t == token);
+            let released = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
             if released {
-                s.locks.remove(&keys.lock);
+                s.locks.remove(keys.lock());
             }
             s.wrote(now);
             Stored { written, released }
         });
-        self.wakeups.notify(&keys.channel);
+        self.wakeups.notify(keys.channel());
         Box::pin(std::future::ready(Ok(stored)))
     }
 
@@ -182,12 +184,12 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
         let extended = self.with_state(|s, now| {
-            let ours = live(&s.locks, &keys.lock, now).is_some_and(|t| t == token);
+            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
             if ours {
-                if let Some(l) = s.locks.get_mut(&keys.lock) {
+                if let Some(l) = s.locks.get_mut(keys.lock()) {
                     l.until = now + lease;
                 }
-                if let Some(f) = s.fences.get_mut(&keys.fence) {
+                if let Some(f) = s.fences.get_mut(keys.fence()) {
                     f.until = f.until.max(now + retention(lease));
                 }
             }
@@ -202,14 +204,14 @@ impl Store for MemoryStore {
         token: &'a str,
     ) -> BoxFuture<'a, StoreResult<bool>> {
         let released = self.with_state(|s, now| {
-            let ours = live(&s.locks, &keys.lock, now).is_some_and(|t| t == token);
+            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
             if ours {
-                s.locks.remove(&keys.lock);
+                s.locks.remove(keys.lock());
             }
             ours
         });
         if released {
-            self.wakeups.notify(&keys.channel);
+            self.wakeups.notify(keys.channel());
         }
         Box::pin(std::future::ready(Ok(released)))
     }
@@ -222,17 +224,17 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         self.with_state(|s, now| {
-            s.bump_fence(&keys.fence, retention(lease), now);
+            s.bump_fence(keys.fence(), retention(lease), now);
             s.values.insert(
                 keys.value.clone(),
                 Expiring {
-                    item: value,
+                    item: Arc::from(value),
                     until: now + ttl,
                 },
             );
             s.wrote(now);
         });
-        self.wakeups.notify(&keys.channel);
+        self.wakeups.notify(keys.channel());
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -242,11 +244,11 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         self.with_state(|s, now| {
-            s.bump_fence(&keys.fence, retention(lease), now);
+            s.bump_fence(keys.fence(), retention(lease), now);
             s.values.remove(&keys.value);
             s.wrote(now);
         });
-        self.wakeups.notify(&keys.channel);
+        self.wakeups.notify(keys.channel());
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -256,7 +258,7 @@ impl Store for MemoryStore {
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
-        Box::pin(std::future::ready(Ok(self.wakeups.listen(&keys.channel))))
+        Box::pin(std::future::ready(Ok(self.wakeups.listen(keys.channel()))))
     }
 }
 
@@ -282,9 +284,9 @@ mod tests {
             .await
             .unwrap();
         tokio::time::advance(Duration::from_millis(9_999)).await;
-        assert_eq!(store.get(&k).await.unwrap(), Some(b"v".to_vec()));
+        assert_eq!(store.get(&k).await.unwrap().as_deref(), Some(&b"v"[..]));
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert_eq!(store.get(&k).await.unwrap(), None);
+        assert!(store.get(&k).await.unwrap().is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -361,7 +363,7 @@ mod tests {
                 released: true
             }
         );
-        assert_eq!(store.get(&k).await.unwrap(), None);
+        assert!(store.get(&k).await.unwrap().is_none());
     }
 
     #[tokio::test(start_paused = true)]

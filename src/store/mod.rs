@@ -21,6 +21,25 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// What a backend reports when it fails; the memory store never does.
 pub(crate) type StoreResult<T> = Result<T, ::redis::RedisError>;
 
+/// Value bytes as a store hands them out: owned (read off the network) or shared with the store
+/// (the memory store, so a hit does not copy the value).
+#[derive(Debug, Clone)]
+pub(crate) enum Blob {
+    Owned(Vec<u8>),
+    Shared(std::sync::Arc<[u8]>),
+}
+
+impl std::ops::Deref for Blob {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Blob::Owned(v) => v,
+            Blob::Shared(v) => v,
+        }
+    }
+}
+
 /// The answer of [`Store::read_or_lock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ReadOrLock {
@@ -50,7 +69,7 @@ pub(crate) const FENCE_RETENTION_LEASES: u32 = 2;
 /// A backend. Implementations: [`MemoryStore`] and [`redis::RedisStore`].
 pub(crate) trait Store: Send + Sync + 'static {
     /// Reads the value bytes, if any.
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Vec<u8>>>>;
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>>;
 
     /// If `read_value` and a value exists, returns it. Otherwise takes the lock for `token` if it
     /// is free (bumping the fencing counter), or reports who holds it for how long.

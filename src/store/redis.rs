@@ -12,7 +12,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, PushInfo, PushKind, RedisError, Value};
 
 use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
-use super::{millis, BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES};
+use super::{
+    millis, Blob, BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES,
+};
 use crate::key::EntryKeys;
 use crate::wakeup::{lock, Listener, Wakeups};
 
@@ -248,15 +250,15 @@ impl<C> Store for RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Vec<u8>>>> {
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
             match redis::cmd("GET")
                 .arg(&keys.value)
-                .query_async(&mut conn)
+                .query_async::<Option<Vec<u8>>>(&mut conn)
                 .await
             {
-                Ok(v) => Ok(v),
+                Ok(v) => Ok(v.map(Blob::Owned)),
                 // Another type under our key is foreign data: a miss, replaced on the next write.
                 Err(e) if e.code() == Some("WRONGTYPE") => {
                     tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
@@ -280,8 +282,8 @@ where
                 .scripts
                 .read_or_lock
                 .key(&keys.value)
-                .key(&keys.lock)
-                .key(&keys.fence)
+                .key(keys.lock())
+                .key(keys.fence())
                 .arg(token)
                 .arg(millis(lease))
                 .arg(if read_value { "1" } else { "0" })
@@ -321,13 +323,13 @@ where
                 .scripts
                 .store_and_unlock
                 .key(&keys.value)
-                .key(&keys.lock)
-                .key(&keys.fence)
+                .key(keys.lock())
+                .key(keys.fence())
                 .arg(token)
                 .arg(fence)
                 .arg(value)
                 .arg(millis(ttl))
-                .arg(&keys.channel)
+                .arg(keys.channel())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(Stored {
@@ -348,8 +350,8 @@ where
             let extended: i64 = self
                 .scripts
                 .extend
-                .key(&keys.lock)
-                .key(&keys.fence)
+                .key(keys.lock())
+                .key(keys.fence())
                 .arg(token)
                 .arg(millis(lease))
                 .arg(retention_ms(lease))
@@ -369,9 +371,9 @@ where
             let released: i64 = self
                 .scripts
                 .unlock
-                .key(&keys.lock)
+                .key(keys.lock())
                 .arg(token)
-                .arg(&keys.channel)
+                .arg(keys.channel())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(released == 1)
@@ -391,11 +393,11 @@ where
                 .scripts
                 .set
                 .key(&keys.value)
-                .key(&keys.fence)
+                .key(keys.fence())
                 .arg(value)
                 .arg(millis(ttl))
                 .arg(retention_ms(lease))
-                .arg(&keys.channel)
+                .arg(keys.channel())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())
@@ -413,9 +415,9 @@ where
                 .scripts
                 .invalidate
                 .key(&keys.value)
-                .key(&keys.fence)
+                .key(keys.fence())
                 .arg(retention_ms(lease))
-                .arg(&keys.channel)
+                .arg(keys.channel())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())
@@ -427,6 +429,6 @@ where
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
-        Box::pin(self.pubsub.listen(&keys.channel))
+        Box::pin(self.pubsub.listen(keys.channel()))
     }
 }

@@ -8,16 +8,19 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Bumps the fencing counter KEYS[fence], seeding a missing counter from the server clock in
-/// microseconds (`seconds .. zero-padded micros`, built as a string because Lua's number
-/// formatting would round it), so that tokens never go backwards even after the counter lapsed.
+/// Bumps the fencing counter KEYS[fence]. A counter that did not exist (INCR made it 1) is
+/// seeded from the server clock in microseconds (`seconds .. zero-padded micros`, built as a
+/// string because Lua's number formatting would round it), so that tokens never go backwards
+/// even after the counter lapsed.
 const BUMP_FENCE: &str = r"
 local function bump_fence(fence, retention_ms)
-  if redis.call('EXISTS', fence) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', fence, t[1] .. string.format('%06d', tonumber(t[2])))
-  end
   local n = redis.call('INCR', fence)
+  if n == 1 then
+    local t = redis.call('TIME')
+    local seeded = t[1] .. string.format('%06d', tonumber(t[2]))
+    redis.call('SET', fence, seeded)
+    n = tonumber(seeded)
+  end
   redis.call('PEXPIRE', fence, retention_ms)
   return n
 end
