@@ -212,7 +212,7 @@ impl<C: Codec> Cache<C> {
     pub fn lock(&self, name: &str) -> Result<Lock, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, name)?;
         Ok(Lock::from_parts(
-            Arc::clone(&self.inner.store),
+            Arc::clone(&self.inner.store) as Arc<dyn crate::store::LockStore>,
             keys,
             self.options.clone(),
         ))

@@ -15,7 +15,7 @@ use crate::flight::Role;
 use crate::freshness::{judge, unit_draw, Verdict};
 use crate::key::EntryKeys;
 use crate::lock::{new_token, HeldLock};
-use crate::store::{ReadOrLock, Stored};
+use crate::store::{LockStore, ReadOrLock, Stored};
 use crate::waiting::{Waiter, Wake};
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
 
@@ -185,7 +185,7 @@ impl<C: Codec> Cache<C> {
                 },
                 ReadOrLock::Acquired { fence } => {
                     let held = HeldLock::new(
-                        Arc::clone(store),
+                        Arc::clone(store) as Arc<dyn LockStore>,
                         Arc::clone(keys),
                         token,
                         fence,
@@ -248,7 +248,7 @@ impl<C: Codec> Cache<C> {
                 let released = match remembered {
                     Some(negative_ttl) => {
                         let bytes = self.encode_failure(&e, negative_ttl, held.fence());
-                        held.store_and_unlock(bytes, negative_ttl)
+                        held.store_and_unlock(self.inner.store.as_ref(), bytes, negative_ttl)
                             .await
                             .map(|_| true)
                     }
@@ -271,7 +271,11 @@ impl<C: Codec> Cache<C> {
             }
         };
         match held
-            .store_and_unlock(bytes, ttl + self.options.stale_for)
+            .store_and_unlock(
+                self.inner.store.as_ref(),
+                bytes,
+                ttl + self.options.stale_for,
+            )
             .await
         {
             Ok(Stored { written: true, .. }) => {}
@@ -287,7 +291,7 @@ impl<C: Codec> Cache<C> {
     async fn without_cache<T, E, F, Fut>(
         &self,
         op: &'static str,
-        error: redis::RedisError,
+        error: crate::store::StoreError,
         keys: &EntryKeys,
         f: F,
     ) -> Result<Fetched<T>, Error<E>>

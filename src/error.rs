@@ -77,6 +77,15 @@ pub enum Error<E = Infallible> {
         /// The failed computation's error message.
         message: String,
     },
+    /// Redlock: fewer than a majority of the nodes answered during `op`, so nothing can be decided.
+    NoQuorum {
+        /// The operation, e.g. `"acquire"`.
+        op: &'static str,
+        /// How many nodes answered.
+        reached: usize,
+        /// How many a majority is.
+        needed: usize,
+    },
     /// The lock was no longer held when it was released: its lease ran out (and perhaps another
     /// holder took it). Work done under it may have overlapped with another holder's; the
     /// fencing token is what protects the systems written to.
@@ -130,6 +139,15 @@ impl<E> Clone for Error<E> {
             },
             Error::Config(msg) => Error::Config(msg.clone()),
             Error::NotHeld { name } => Error::NotHeld { name: name.clone() },
+            Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            } => Error::NoQuorum {
+                op,
+                reached: *reached,
+                needed: *needed,
+            },
             Error::RecentFailure { key, message } => Error::RecentFailure {
                 key: key.clone(),
                 message: message.clone(),
@@ -150,14 +168,30 @@ impl Error<Infallible> {
             Error::ValueTooLarge { size, limit } => Error::ValueTooLarge { size, limit },
             Error::Config(msg) => Error::Config(msg),
             Error::NotHeld { name } => Error::NotHeld { name },
+            Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            } => Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            },
             Error::RecentFailure { key, message } => Error::RecentFailure { key, message },
         }
     }
 }
 
 impl<E> Error<E> {
-    pub(crate) fn backend(op: &'static str, source: redis::RedisError) -> Self {
-        Error::Backend { op, source }
+    pub(crate) fn backend(op: &'static str, source: crate::store::StoreError) -> Self {
+        match source {
+            crate::store::StoreError::Redis(source) => Error::Backend { op, source },
+            crate::store::StoreError::NoQuorum { reached, needed } => Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            },
+        }
     }
 }
 
@@ -184,6 +218,14 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::RecentFailure { key, message } => write!(
                 f,
                 "the computation of {key:?} failed recently and is not retried yet: {message}"
+            ),
+            Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            } => write!(
+                f,
+                "no quorum during {op}: {reached} Redlock nodes answered, {needed} needed (are the nodes up?)"
             ),
             Error::NotHeld { name } => write!(
                 f,
@@ -220,6 +262,16 @@ impl<E: fmt::Debug> fmt::Debug for Error<E> {
                 .finish(),
             Error::Config(msg) => f.debug_tuple("Config").field(msg).finish(),
             Error::NotHeld { name } => f.debug_struct("NotHeld").field("name", name).finish(),
+            Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            } => f
+                .debug_struct("NoQuorum")
+                .field("op", op)
+                .field("reached", reached)
+                .field("needed", needed)
+                .finish(),
             Error::RecentFailure { key, message } => f
                 .debug_struct("RecentFailure")
                 .field("key", key)

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::key::EntryKeys;
-use crate::store::Store;
+use crate::store::LockStore;
 
 /// The holder's view of its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +144,7 @@ impl Heartbeat {
     /// Starts renewing `keys.lock` for `token` every `lease / 3`. `asked` is when the acquisition
     /// request was sent: the lease counts from then.
     pub(crate) fn start(
-        store: Arc<dyn Store>,
+        store: Arc<dyn LockStore>,
         keys: Arc<EntryKeys>,
         token: Arc<str>,
         asked: Instant,

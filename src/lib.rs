@@ -36,6 +36,8 @@
 //!   that must run on one machine at a time.
 //! - [`leader::Leader`]: a scheduled job that exactly one of many instances runs, the others
 //!   standing by to take over.
+//! - [`Redlock`]: the same [`Lock`] held over a majority of independent Redis masters, when one
+//!   Redis is too much of a single point of failure for the lock.
 //!
 //! # Backends
 //! - The embedded in-memory store ([`Cache::in_memory`]): one process, no server; the default.
@@ -57,6 +59,7 @@ pub mod leader;
 mod lease;
 mod lock;
 mod options;
+mod redlock;
 mod refresh;
 mod store;
 mod waiting;
@@ -71,6 +74,7 @@ pub use key::MAX_KEY_BYTES;
 pub use lease::Lease;
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback};
+pub use redlock::{Redlock, RedlockBuilder};
 
 /// The largest encoded value accepted (64 MiB); larger ones are refused with
 /// [`Error::ValueTooLarge`] rather than sent to Redis.

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::connect::Backend;
 use crate::key::{validate_namespace, EntryKeys};
 use crate::lease::{Heartbeat, Lease, Renewal};
-use crate::store::{ReadOrLock, Store, StoreResult, Stored};
+use crate::store::{Acquire, LockStore, Store, StoreResult, Stored};
 use crate::waiting::Waiter;
 use crate::{CallOptions, Error};
 
@@ -50,7 +50,7 @@ pub(crate) fn new_token() -> Arc<str> {
 /// ```
 #[derive(Clone)]
 pub struct Lock {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     keys: Arc<EntryKeys>,
     options: CallOptions,
 }
@@ -93,7 +93,11 @@ impl Lock {
         }
     }
 
-    pub(crate) fn from_parts(store: Arc<dyn Store>, keys: EntryKeys, options: CallOptions) -> Self {
+    pub(crate) fn from_parts(
+        store: Arc<dyn LockStore>,
+        keys: EntryKeys,
+        options: CallOptions,
+    ) -> Self {
         Lock {
             store,
             keys: Arc::new(keys),
@@ -184,14 +188,18 @@ impl Lock {
         &self,
         token: &Arc<str>,
     ) -> Result<Result<LockGuard, Option<std::time::Duration>>, Error> {
-        let asked = Instant::now();
+        // The lease counts from before the request, less what clock drift between nodes may take.
+        let now = Instant::now();
+        let asked = now
+            .checked_sub(self.store.clock_drift(self.options.lease))
+            .unwrap_or(now);
         let answer = self
             .store
-            .read_or_lock(&self.keys, token, self.options.lease, false)
+            .try_lock(&self.keys, token, self.options.lease)
             .await
             .map_err(|e| Error::backend("acquire", e))?;
         Ok(match answer {
-            ReadOrLock::Acquired { fence } => Ok(LockGuard {
+            Acquire::Acquired { fence } => Ok(LockGuard {
                 held: HeldLock::new(
                     Arc::clone(&self.store),
                     Arc::clone(&self.keys),
@@ -201,9 +209,7 @@ impl Lock {
                     self.options.renewal(),
                 ),
             }),
-            ReadOrLock::Held { expires_in } => Err(expires_in),
-            // Never answered with `read_value = false`; treated as held to stay safe.
-            ReadOrLock::Value(_) => Err(None),
+            Acquire::Held { expires_in } => Err(expires_in),
         })
     }
 }
@@ -363,7 +369,7 @@ impl LockBuilder {
 
 /// A lock held through the backend, renewing itself until it is handed back or dropped.
 pub(crate) struct HeldLock {
-    store: Arc<dyn Store>,
+    store: Arc<dyn LockStore>,
     keys: Arc<EntryKeys>,
     token: Arc<str>,
     fence: u64,
@@ -386,7 +392,7 @@ impl HeldLock {
     /// Takes ownership of a lock acquired with `token` and `fence` by a request sent at `asked`,
     /// and starts its heartbeat.
     pub(crate) fn new(
-        store: Arc<dyn Store>,
+        store: Arc<dyn LockStore>,
         keys: Arc<EntryKeys>,
         token: Arc<str>,
         fence: u64,
@@ -435,16 +441,17 @@ impl HeldLock {
         Ok(extended)
     }
 
-    /// Writes the value if our fencing token is still current, and lets the lock go.
+    /// Writes the value to `store` (the one the lock was taken in) if our fencing token is still
+    /// current, and lets the lock go.
     pub(crate) async fn store_and_unlock(
         mut self,
+        store: &dyn Store,
         value: Vec<u8>,
         ttl: std::time::Duration,
     ) -> StoreResult<Stored> {
         // Stop renewing first: a renewal racing the unlock would only report a spurious loss.
         self.heartbeat = None;
-        let stored = self
-            .store
+        let stored = store
             .store_and_unlock(&self.keys, &self.token, self.fence, value, ttl)
             .await?;
         self.armed = false;

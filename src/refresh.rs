@@ -18,7 +18,7 @@ use crate::codec::Codec;
 use crate::envelope::Envelope;
 use crate::key::EntryKeys;
 use crate::lock::{new_token, HeldLock};
-use crate::store::ReadOrLock;
+use crate::store::{LockStore, ReadOrLock};
 use crate::wakeup::lock;
 use crate::{Cache, Computed, Lease};
 
@@ -110,7 +110,7 @@ impl<C: Codec> Cache<C> {
             {
                 Ok(ReadOrLock::Acquired { fence }) => {
                     let held = HeldLock::new(
-                        Arc::clone(store),
+                        Arc::clone(store) as Arc<dyn LockStore>,
                         Arc::clone(&keys),
                         token,
                         fence,

@@ -14,12 +14,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::key::EntryKeys;
-use crate::store::Store;
+use crate::store::LockStore;
 use crate::wakeup::Listener;
 use crate::{CallOptions, Error};
 
 pub(crate) struct Waiter<'a> {
-    store: &'a dyn Store,
+    store: &'a dyn LockStore,
     keys: &'a EntryKeys,
     options: &'a CallOptions,
     started: Instant,
@@ -30,7 +30,7 @@ pub(crate) struct Waiter<'a> {
 
 impl<'a> Waiter<'a> {
     pub(crate) fn new(
-        store: &'a dyn Store,
+        store: &'a dyn LockStore,
         keys: &'a EntryKeys,
         options: &'a CallOptions,
         started: Instant,

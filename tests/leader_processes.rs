@@ -37,6 +37,10 @@ fn main() {
                 "a_graceful_shutdown_hands_over_without_waiting_for_the_lease",
                 graceful_handover,
             ),
+            (
+                "five_processes_contending_for_a_redlock_never_hold_it_together",
+                redlock_contention,
+            ),
         ],
     );
 }
@@ -314,8 +318,96 @@ fn graceful_handover() {
     assert!(instances[b].wait_success());
 }
 
-/// One instance: runs the leader loop until SIGTERM, printing role changes as `ROLE ...` lines.
+const REDLOCK_ROUNDS: usize = 15;
+
+fn redlock_contention() {
+    let nodes: Vec<RedisServer> = std::thread::scope(|s| {
+        let starting: Vec<_> = (0..6).map(|_| s.spawn(RedisServer::start)).collect();
+        starting
+            .into_iter()
+            .map(|h| h.join().expect("a node"))
+            .collect()
+    });
+    let (lock_nodes, history_server) = nodes.split_at(5);
+    let urls: Vec<String> = lock_nodes.iter().map(RedisServer::url).collect();
+    let mut contenders: Vec<Worker> = (0..5)
+        .map(|i| {
+            Worker::spawn(
+                "redlock",
+                &[
+                    ("STAMPEDE_URL", history_server[0].url()),
+                    ("REDLOCK_NODES", urls.join(",")),
+                    ("INSTANCE", format!("r{i}")),
+                ],
+            )
+        })
+        .collect();
+    for w in contenders.iter_mut() {
+        assert!(w.wait_success(), "a contender failed");
+    }
+    let runs = history(&history_server[0]);
+    assert_eq!(
+        runs.len(),
+        5 * REDLOCK_ROUNDS,
+        "every critical section was recorded"
+    );
+    assert!(
+        runs.iter().all(|r| r.accepted),
+        "no holder was ever behind the highest token: {runs:?}"
+    );
+    check_history(&runs);
+}
+
+/// A Redlock contender: takes the lock, works a little, records its critical section through
+/// the fenced history store, releases; `REDLOCK_ROUNDS` times.
+async fn redlock_contender(history_url: &str, me: &str) -> Result<(), String> {
+    let urls = std::env::var("REDLOCK_NODES").map_err(|e| e.to_string())?;
+    let lock = stampede_guard::Redlock::builder("contended")
+        .nodes(urls.split(','))
+        .options(
+            CallOptions::default()
+                .lease(Duration::from_secs(2))
+                .wait_timeout(Duration::from_secs(60)),
+        )
+        .build()
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = redis::Client::open(history_url).map_err(|e| e.to_string())?;
+    let mut history = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| e.to_string())?;
+    for _ in 0..REDLOCK_ROUNDS {
+        let guard = lock.acquire().await.map_err(|e| e.to_string())?;
+        let start = now_ms();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let _: i64 = redis::Script::new(FENCED_APPEND)
+            .key("max_token")
+            .key("history")
+            .arg(me)
+            .arg(guard.fencing_token())
+            .arg(start)
+            .arg(now_ms())
+            .invoke_async(&mut history)
+            .await
+            .map_err(|e| e.to_string())?;
+        guard.release().await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// One instance: runs the leader loop until SIGTERM, printing role changes as `ROLE ...` lines
+/// (or, as `redlock`, contends for a Redlock).
 fn instance(role: &str) -> Result<(), String> {
+    if role == "redlock" {
+        let url = std::env::var("STAMPEDE_URL").map_err(|e| e.to_string())?;
+        let me = std::env::var("INSTANCE").map_err(|e| e.to_string())?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        return runtime.block_on(redlock_contender(&url, &me));
+    }
     if role != "leader" {
         return Err(format!("unknown role {role}"));
     }

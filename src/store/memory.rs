@@ -11,7 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{Blob, BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES};
+use super::{
+    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored,
+    FENCE_RETENTION_LEASES,
+};
 use crate::key::EntryKeys;
 use crate::wakeup::{lock, Listener, Wakeups};
 
@@ -107,6 +110,87 @@ impl MemoryStore {
     }
 }
 
+impl LockStore for MemoryStore {
+    fn try_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquire>> {
+        Box::pin(async move {
+            Ok(match self.read_or_lock(keys, token, lease, false).await? {
+                ReadOrLock::Acquired { fence } => Acquire::Acquired { fence },
+                ReadOrLock::Held { expires_in } => Acquire::Held { expires_in },
+                // Not answered when the value is not read.
+                ReadOrLock::Value(_) => Acquire::Held { expires_in: None },
+            })
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        let extended = self.with_state(|s, now| {
+            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
+            if ours {
+                if let Some(l) = s.locks.get_mut(keys.lock()) {
+                    l.until = now + lease;
+                }
+                if let Some(f) = s.fences.get_mut(keys.fence()) {
+                    f.until = f.until.max(now + retention(lease));
+                }
+            }
+            ours
+        });
+        Box::pin(std::future::ready(Ok(extended)))
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        let released = self.with_state(|s, now| {
+            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
+            if ours {
+                s.locks.remove(keys.lock());
+            }
+            ours
+        });
+        if released {
+            self.wakeups.notify(keys.channel());
+        }
+        Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        Box::pin(std::future::ready(Ok(self.wakeups.listen(keys.channel()))))
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        floor: u64,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.with_state(|s, now| {
+            let current = live(&s.fences, keys.fence(), now).copied().unwrap_or(0);
+            s.fences.insert(
+                keys.fence().to_owned(),
+                Expiring {
+                    item: current.max(floor),
+                    until: now + retention(lease),
+                },
+            );
+            s.high_water = s.high_water.max(floor);
+        });
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
 impl Store for MemoryStore {
     fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
         let value = self.with_state(|s, now| {
@@ -177,45 +261,6 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(stored)))
     }
 
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        let extended = self.with_state(|s, now| {
-            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
-            if ours {
-                if let Some(l) = s.locks.get_mut(keys.lock()) {
-                    l.until = now + lease;
-                }
-                if let Some(f) = s.fences.get_mut(keys.fence()) {
-                    f.until = f.until.max(now + retention(lease));
-                }
-            }
-            ours
-        });
-        Box::pin(std::future::ready(Ok(extended)))
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        let released = self.with_state(|s, now| {
-            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
-            if ours {
-                s.locks.remove(keys.lock());
-            }
-            ours
-        });
-        if released {
-            self.wakeups.notify(keys.channel());
-        }
-        Box::pin(std::future::ready(Ok(released)))
-    }
-
     fn set<'a>(
         &'a self,
         keys: &'a EntryKeys,
@@ -255,10 +300,6 @@ impl Store for MemoryStore {
     fn now_ms(&self) -> u64 {
         let elapsed = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.epoch_ms.saturating_add(elapsed)
-    }
-
-    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
-        Box::pin(std::future::ready(Ok(self.wakeups.listen(keys.channel()))))
     }
 }
 

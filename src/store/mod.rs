@@ -19,7 +19,33 @@ pub(crate) use memory::MemoryStore;
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What a backend reports when it fails; the memory store never does.
-pub(crate) type StoreResult<T> = Result<T, ::redis::RedisError>;
+pub(crate) type StoreResult<T> = Result<T, StoreError>;
+
+/// A backend failure.
+#[derive(Debug, Clone)]
+pub(crate) enum StoreError {
+    /// Redis failed (unreachable, timed out, an error reply).
+    Redis(::redis::RedisError),
+    /// Redlock: fewer than a majority of the nodes answered.
+    NoQuorum { reached: usize, needed: usize },
+}
+
+impl From<::redis::RedisError> for StoreError {
+    fn from(e: ::redis::RedisError) -> Self {
+        StoreError::Redis(e)
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Redis(e) => e.fmt(f),
+            StoreError::NoQuorum { reached, needed } => {
+                write!(f, "{reached} nodes answered, {needed} needed")
+            }
+        }
+    }
+}
 
 /// Value bytes as a store hands them out: owned (read off the network) or shared with the store
 /// (the memory store, so a hit does not copy the value).
@@ -66,8 +92,64 @@ pub(crate) struct Stored {
 /// microseconds, which is above any token handed out before: tokens never go backwards.
 pub(crate) const FENCE_RETENTION_LEASES: u32 = 2;
 
+/// The answer of [`LockStore::try_lock`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquire {
+    /// The caller now holds the lock with this fencing token.
+    Acquired { fence: u64 },
+    /// Someone else holds it; it expires in `expires_in` unless renewed.
+    Held { expires_in: Option<Duration> },
+}
+
+/// What a lock needs of a backend. Implementations: every [`Store`], and the Redlock quorum
+/// over several stores.
+pub(crate) trait LockStore: Send + Sync + 'static {
+    /// Takes the lock for `token` if it is free (bumping the fencing counter), or reports who
+    /// holds it for how long.
+    fn try_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquire>>;
+
+    /// Extends the lock to `lease` from now if it is still `token`'s; false if it is not.
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Frees the lock if it is still `token`'s and wakes the waiters; false if it was not.
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// Raises the fencing counter to at least `floor` (Redlock: the token chosen over a quorum
+    /// must be remembered by that quorum, so any later quorum sees it).
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        floor: u64,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// Registers for wake-ups on `keys.channel`. Every wake-up published after this returns
+    /// reaches the listener.
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>>;
+
+    /// How much of a lease the holder must give up for clock drift between the nodes that hold
+    /// it (Redlock); nothing for a single store.
+    fn clock_drift(&self, _lease: Duration) -> Duration {
+        Duration::ZERO
+    }
+}
+
 /// A backend. Implementations: [`MemoryStore`] and [`redis::RedisStore`].
-pub(crate) trait Store: Send + Sync + 'static {
+pub(crate) trait Store: LockStore {
     /// Reads the value bytes, if any.
     fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>>;
 
@@ -93,21 +175,6 @@ pub(crate) trait Store: Send + Sync + 'static {
         ttl: Duration,
     ) -> BoxFuture<'a, StoreResult<Stored>>;
 
-    /// Extends the lock to `lease` from now if it is still `token`'s; false if it is not.
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
-
-    /// Frees the lock if it is still `token`'s and wakes the waiters; false if it was not.
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
-
     /// Writes `value` unconditionally, bumps the fencing counter (so in-flight computations do
     /// not overwrite it) and wakes the waiters.
     fn set<'a>(
@@ -130,10 +197,6 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// judged. Redis: the system clock (so machines should keep their clocks in sync, as NTP
     /// does). Memory: the clock at creation plus `tokio::time` since, so paused-time tests move it.
     fn now_ms(&self) -> u64;
-
-    /// Registers for wake-ups on `keys.channel`. Every wake-up published after this returns
-    /// reaches the listener.
-    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>>;
 }
 
 /// The system clock in milliseconds since the Unix epoch (0 if the clock is before 1970).

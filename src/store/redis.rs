@@ -13,7 +13,8 @@ use redis::{ErrorKind, PushInfo, PushKind, RedisError, Value};
 
 use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
 use super::{
-    millis, Blob, BoxFuture, ReadOrLock, Store, StoreResult, Stored, FENCE_RETENTION_LEASES,
+    millis, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult,
+    Stored, FENCE_RETENTION_LEASES,
 };
 use crate::key::EntryKeys;
 use crate::wakeup::{lock, Listener, Wakeups};
@@ -99,15 +100,15 @@ enum Subscriber {
 impl Subscriber {
     async fn subscribe(&self, channel: &str) -> StoreResult<()> {
         match self {
-            Subscriber::Single(conn) => conn.clone().subscribe(channel).await,
-            Subscriber::Cluster(conn) => conn.clone().ssubscribe(channel).await,
+            Subscriber::Single(conn) => Ok(conn.clone().subscribe(channel).await?),
+            Subscriber::Cluster(conn) => Ok(conn.clone().ssubscribe(channel).await?),
         }
     }
 
     async fn unsubscribe(&self, channel: &str) -> StoreResult<()> {
         match self {
-            Subscriber::Single(conn) => conn.clone().unsubscribe(channel).await,
-            Subscriber::Cluster(conn) => conn.clone().sunsubscribe(channel).await,
+            Subscriber::Single(conn) => Ok(conn.clone().unsubscribe(channel).await?),
+            Subscriber::Cluster(conn) => Ok(conn.clone().sunsubscribe(channel).await?),
         }
     }
 }
@@ -231,8 +232,12 @@ fn route_push(wakeups: &Wakeups, push: PushInfo) {
     }
 }
 
-fn unexpected(what: &'static str, got: &Value) -> RedisError {
-    RedisError::from((ErrorKind::UnexpectedReturnType, what, format!("{got:?}")))
+fn unexpected(what: &'static str, got: &Value) -> StoreError {
+    StoreError::from(RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        what,
+        format!("{got:?}"),
+    )))
 }
 
 fn int(v: &Value) -> Option<i64> {
@@ -244,6 +249,92 @@ fn int(v: &Value) -> Option<i64> {
 
 fn retention_ms(lease: Duration) -> u64 {
     millis(lease * FENCE_RETENTION_LEASES)
+}
+
+impl<C> LockStore for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn try_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquire>> {
+        Box::pin(async move {
+            Ok(match self.read_or_lock(keys, token, lease, false).await? {
+                ReadOrLock::Acquired { fence } => Acquire::Acquired { fence },
+                ReadOrLock::Held { expires_in } => Acquire::Held { expires_in },
+                // Not answered when the value is not read.
+                ReadOrLock::Value(_) => Acquire::Held { expires_in: None },
+            })
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let extended: i64 = self
+                .scripts
+                .extend
+                .key(keys.lock())
+                .key(keys.fence())
+                .arg(token)
+                .arg(millis(lease))
+                .arg(retention_ms(lease))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(extended == 1)
+        })
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let released: i64 = self
+                .scripts
+                .unlock
+                .key(keys.lock())
+                .arg(token)
+                .arg(keys.channel())
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(released == 1)
+        })
+    }
+
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        Box::pin(self.pubsub.listen(keys.channel()))
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        floor: u64,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let _: i64 = self
+                .scripts
+                .raise_fence
+                .key(keys.fence())
+                .arg(floor)
+                .arg(retention_ms(lease))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(())
+        })
+    }
 }
 
 impl<C> Store for RedisStore<C>
@@ -264,7 +355,7 @@ where
                     tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
                     Ok(None)
                 }
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             }
         })
     }
@@ -339,47 +430,6 @@ where
         })
     }
 
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let extended: i64 = self
-                .scripts
-                .extend
-                .key(keys.lock())
-                .key(keys.fence())
-                .arg(token)
-                .arg(millis(lease))
-                .arg(retention_ms(lease))
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(extended == 1)
-        })
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let released: i64 = self
-                .scripts
-                .unlock
-                .key(keys.lock())
-                .arg(token)
-                .arg(keys.channel())
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(released == 1)
-        })
-    }
-
     fn set<'a>(
         &'a self,
         keys: &'a EntryKeys,
@@ -426,9 +476,5 @@ where
 
     fn now_ms(&self) -> u64 {
         super::system_now_ms()
-    }
-
-    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
-        Box::pin(self.pubsub.listen(keys.channel()))
     }
 }

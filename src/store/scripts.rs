@@ -101,6 +101,18 @@ return 1
 /// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
 /// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
 /// stays on the slot's node instead of being broadcast to every node.
+/// KEYS: fence. ARGV: floor, fence retention ms. Raises the counter to at least `floor`.
+const RAISE_FENCE: &str = r"
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if current < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+";
+
 pub(crate) struct Scripts {
     pub read_or_lock: Script,
     pub store_and_unlock: Script,
@@ -108,6 +120,7 @@ pub(crate) struct Scripts {
     pub unlock: Script,
     pub set: Script,
     pub invalidate: Script,
+    pub raise_fence: Script,
 }
 
 impl Scripts {
@@ -120,6 +133,7 @@ impl Scripts {
             unlock: script(UNLOCK.to_owned()),
             set: script(format!("{BUMP_FENCE}{SET}")),
             invalidate: script(format!("{BUMP_FENCE}{INVALIDATE}")),
+            raise_fence: script(RAISE_FENCE.to_owned()),
         }
     }
 }
