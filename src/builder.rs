@@ -3,7 +3,11 @@
 use crate::cache::Cache;
 use crate::codec::{Bincode, Codec};
 use crate::connect::Backend;
+use std::sync::Arc;
+
 use crate::key::validate_namespace;
+use crate::redlock::QuorumStore;
+use crate::store::SplitStore;
 use crate::{CallOptions, Error};
 
 /// Builds a [`Cache`]: backend, namespace, default call options and codec.
@@ -27,6 +31,8 @@ use crate::{CallOptions, Error};
 pub struct CacheBuilder<C = Bincode> {
     namespace: String,
     backend: Backend,
+    /// Redlock node URLs for the per-key locks, if they are not taken in the backend itself.
+    redlock: Vec<String>,
     options: CallOptions,
     codec: C,
 }
@@ -36,6 +42,7 @@ impl<C> std::fmt::Debug for CacheBuilder<C> {
         f.debug_struct("CacheBuilder")
             .field("namespace", &self.namespace)
             .field("backend", &self.backend.kind())
+            .field("redlock_nodes", &self.redlock.len())
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -46,6 +53,7 @@ impl CacheBuilder {
         CacheBuilder {
             namespace: namespace.to_owned(),
             backend: Backend::Memory,
+            redlock: Vec::new(),
             options: CallOptions::default(),
             codec: Bincode,
         }
@@ -97,11 +105,27 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
+    /// Take the per-key locks through a Redlock over these independent Redis masters (an odd
+    /// number, at least 3), while values stay on the backend. The fencing rule holds across the
+    /// two: the backend refuses a value whose token is lower than one it has accepted, and `set`
+    /// and `invalidate` draw their fencing numbers from the quorum. Worth it only when the lock
+    /// must survive the loss of the value store's server, which is rare for a cache (see the
+    /// README's "Redlock" section).
+    pub fn redlock<I, S>(mut self, nodes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.redlock = nodes.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Another payload codec (see [`Codec`]).
     pub fn codec<C2: Codec>(self, codec: C2) -> CacheBuilder<C2> {
         CacheBuilder {
             namespace: self.namespace,
             backend: self.backend,
+            redlock: self.redlock,
             options: self.options,
             codec,
         }
@@ -115,7 +139,14 @@ impl<C: Codec> CacheBuilder<C> {
     /// parse.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
-        let store = self.backend.open().await?;
+        let mut store = self.backend.open().await?;
+        if !self.redlock.is_empty() {
+            let locks = QuorumStore::connect(self.redlock, self.options.lease, None).await?;
+            store = Arc::new(SplitStore {
+                values: store,
+                locks: Arc::new(locks),
+            });
+        }
         Ok(Cache::from_parts(
             store,
             self.codec,

@@ -132,26 +132,10 @@ impl RedlockBuilder {
     /// [`Error::Config`] for fewer than 3 nodes, an even number of nodes, or a URL that does not
     /// parse; [`Error::InvalidKey`] for a bad name or namespace.
     pub async fn build(self) -> Result<Lock, Error> {
-        let n = self.nodes.len();
-        if n < 3 || n.is_multiple_of(2) {
-            return Err(Error::Config(format!(
-                "Redlock needs an odd number of nodes, at least 3 (got {n})"
-            )));
-        }
         validate_namespace(&self.namespace)?;
         let keys = EntryKeys::new(&self.namespace, &self.name)?;
-        let mut nodes = Vec::with_capacity(n);
-        for url in self.nodes {
-            nodes.push(Backend::RedisUrl(url).open().await?);
-        }
-        let lease = self.options.lease;
-        let node_timeout = self.node_timeout.unwrap_or_else(|| {
-            (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))
-        });
-        let quorum = QuorumStore {
-            nodes,
-            node_timeout,
-        };
+        let quorum =
+            QuorumStore::connect(self.nodes, self.options.lease, self.node_timeout).await?;
         Ok(Lock::from_parts(Arc::new(quorum), keys, self.options))
     }
 }
@@ -163,6 +147,32 @@ pub(crate) struct QuorumStore {
 }
 
 impl QuorumStore {
+    /// Connects (lazily) to the nodes. `node_timeout` defaults to 1/20 of the lease, between 10
+    /// and 250 ms.
+    pub(crate) async fn connect(
+        urls: Vec<String>,
+        lease: Duration,
+        node_timeout: Option<Duration>,
+    ) -> Result<Self, Error> {
+        let n = urls.len();
+        if n < 3 || n.is_multiple_of(2) {
+            return Err(Error::Config(format!(
+                "Redlock needs an odd number of nodes, at least 3 (got {n})"
+            )));
+        }
+        let mut nodes = Vec::with_capacity(n);
+        for url in urls {
+            nodes.push(Backend::RedisUrl(url).open().await?);
+        }
+        let node_timeout = node_timeout.unwrap_or_else(|| {
+            (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))
+        });
+        Ok(QuorumStore {
+            nodes,
+            node_timeout,
+        })
+    }
+
     fn quorum(&self) -> usize {
         self.nodes.len() / 2 + 1
     }
@@ -290,6 +300,25 @@ impl LockStore for QuorumStore {
                 return Err(self.no_quorum(reached));
             }
             Ok(false)
+        })
+    }
+
+    /// The maximum of the bumped counters of a majority, raised on that majority: above every
+    /// token any majority handed out before.
+    fn next_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<u64>> {
+        Box::pin(async move {
+            let answers = self.on_all(|n| n.next_fence(keys, lease)).await;
+            let fences: Vec<u64> = answers.into_iter().flatten().collect();
+            if fences.len() < self.quorum() {
+                return Err(self.no_quorum(fences.len()));
+            }
+            let fence = fences.into_iter().max().unwrap_or(0);
+            self.raise_fence(keys, fence, lease).await?;
+            Ok(fence)
         })
     }
 

@@ -146,3 +146,101 @@ async fn an_even_or_small_node_count_is_refused() {
         assert!(matches!(err, Error::Config(_)), "{n} nodes: {err:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_can_take_its_per_key_locks_through_redlock() {
+    let lock_nodes = five_nodes();
+    let values = RedisServer::start();
+    let urls: Vec<String> = lock_nodes.iter().map(RedisServer::url).collect();
+    let mut caches = Vec::new();
+    for _ in 0..4 {
+        caches.push(
+            stampede_guard::Cache::builder()
+                .redis_url(values.url())
+                .redlock(urls.clone())
+                .namespace("reports")
+                .build()
+                .await
+                .unwrap(),
+        );
+    }
+    let computes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for i in 0..100 {
+        let (cache, computes) = (caches[i % 4].clone(), computes.clone());
+        callers.push(tokio::spawn(async move {
+            for m in ["2019-01", "2019-02", "2019-03", "2019-04"] {
+                let (computes, key) = (computes.clone(), m.to_string());
+                let v = cache
+                    .get_or_compute(m, Duration::from_secs(300), move || async move {
+                        computes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Ok::<_, String>(format!("report {key}"))
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(v, format!("report {m}"));
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    assert_eq!(
+        computes.load(std::sync::atomic::Ordering::SeqCst),
+        4,
+        "each month once"
+    );
+
+    // The locks live on the quorum, the values on their own server.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let computing = {
+        let cache = caches[0].clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
+                    let _ = started_tx.send(());
+                    let _ = go_rx.await;
+                    Ok::<_, String>("computed before the invalidation".to_string())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let on_quorum = lock_nodes
+        .iter()
+        .filter(|n| {
+            n.conn()
+                .exists::<_, bool>("reports:{2019-05}_lock")
+                .unwrap()
+        })
+        .count();
+    assert!(
+        on_quorum >= 3,
+        "the lock is held on a majority of the Redlock nodes"
+    );
+    assert!(!values
+        .conn()
+        .exists::<_, bool>("reports:{2019-05}_lock")
+        .unwrap());
+    // An invalidation during the computation refuses its write, across the two stores.
+    caches[1].invalidate("2019-05").await.unwrap();
+    go_tx.send(()).unwrap();
+    assert_eq!(
+        computing.await.unwrap().unwrap(),
+        "computed before the invalidation"
+    );
+    assert_eq!(caches[2].get::<String>("2019-05").await.unwrap(), None);
+    let fresh = caches[3]
+        .get_or_compute("2019-05", Duration::from_secs(300), || async {
+            Ok::<_, String>("fresh".to_string())
+        })
+        .await
+        .unwrap();
+    assert_eq!(fresh, "fresh");
+    assert_eq!(
+        caches[0].get::<String>("2019-05").await.unwrap().as_deref(),
+        Some("fresh")
+    );
+}

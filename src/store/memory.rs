@@ -170,6 +170,15 @@ impl LockStore for MemoryStore {
         Box::pin(std::future::ready(Ok(self.wakeups.listen(keys.channel()))))
     }
 
+    fn next_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<u64>> {
+        let fence = self.with_state(|s, now| s.bump_fence(keys.fence(), retention(lease), now));
+        Box::pin(std::future::ready(Ok(fence)))
+    }
+
     fn raise_fence<'a>(
         &'a self,
         keys: &'a EntryKeys,
@@ -192,6 +201,40 @@ impl LockStore for MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn write_fenced<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        let written = self.with_state(|s, now| {
+            let current = live(&s.fences, keys.fence(), now).copied().unwrap_or(0);
+            if current > fence {
+                return false;
+            }
+            s.fences.insert(
+                keys.fence().to_owned(),
+                Expiring {
+                    item: fence,
+                    until: now + retention(lease).max(ttl),
+                },
+            );
+            s.values.insert(
+                keys.value.clone(),
+                Expiring {
+                    item: Arc::from(value),
+                    until: now + ttl,
+                },
+            );
+            s.wrote(now);
+            true
+        });
+        self.wakeups.notify(keys.channel());
+        Box::pin(std::future::ready(Ok(written)))
+    }
+
     fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
         let value = self.with_state(|s, now| {
             live(&s.values, &keys.value, now).map(|v| Blob::Shared(Arc::clone(v)))

@@ -12,8 +12,10 @@ use crate::wakeup::Listener;
 mod memory;
 pub(crate) mod redis;
 mod scripts;
+mod split;
 
 pub(crate) use memory::MemoryStore;
+pub(crate) use split::SplitStore;
 
 /// A boxed future: keeps [`Store`] object-safe so one `Cache` type serves every backend.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -128,6 +130,14 @@ pub(crate) trait LockStore: Send + Sync + 'static {
         token: &'a str,
     ) -> BoxFuture<'a, StoreResult<bool>>;
 
+    /// Bumps the fencing counter without taking the lock and returns the new value: a number
+    /// above every token handed out so far (used to fence values written through another store).
+    fn next_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<u64>>;
+
     /// Raises the fencing counter to at least `floor` (Redlock: the token chosen over a quorum
     /// must be remembered by that quorum, so any later quorum sees it).
     fn raise_fence<'a>(
@@ -174,6 +184,18 @@ pub(crate) trait Store: LockStore {
         value: Vec<u8>,
         ttl: Duration,
     ) -> BoxFuture<'a, StoreResult<Stored>>;
+
+    /// Writes `value` with `ttl` unless the fencing counter is already above `fence`, then
+    /// records `fence` as the counter; wakes the waiters; true if written. The write rule when
+    /// the tokens come from another lock store (a Redlock quorum): newer tokens win.
+    fn write_fenced<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
 
     /// Writes `value` unconditionally, bumps the fencing counter (so in-flight computations do
     /// not overwrite it) and wakes the waiters.

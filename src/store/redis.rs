@@ -316,6 +316,24 @@ where
         Box::pin(self.pubsub.listen(keys.channel()))
     }
 
+    fn next_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<u64>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let fence: u64 = self
+                .scripts
+                .next_fence
+                .key(keys.fence())
+                .arg(retention_ms(lease))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(fence)
+        })
+    }
+
     fn raise_fence<'a>(
         &'a self,
         keys: &'a EntryKeys,
@@ -397,6 +415,32 @@ where
                     &Value::Array(reply),
                 )),
             }
+        })
+    }
+
+    fn write_fenced<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let written: i64 = self
+                .scripts
+                .write_fenced
+                .key(&keys.value)
+                .key(keys.fence())
+                .arg(fence)
+                .arg(value)
+                .arg(millis(ttl))
+                .arg(retention_ms(lease))
+                .arg(keys.channel())
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(written == 1)
         })
     }
 

@@ -113,6 +113,28 @@ end
 return 1
 ";
 
+/// KEYS: fence. ARGV: fence retention ms. Returns the bumped counter.
+const NEXT_FENCE: &str = r"
+return bump_fence(KEYS[1], ARGV[1])
+";
+
+/// KEYS: value, fence. ARGV: fence, value, ttl ms, fence retention ms, channel.
+/// Writes unless the counter is above `fence` (a newer token or an invalidation came since), and
+/// records `fence`; the counter lives at least as long as the value, so the rule holds for it.
+/// Returns 1 if written.
+const WRITE_FENCED: &str = r"
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+local written = 0
+if current <= tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  local keep = math.max(tonumber(ARGV[3]), tonumber(ARGV[4]))
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', keep)
+  written = 1
+end
+redis.call('PUBLISH', ARGV[5], '')
+return written
+";
+
 pub(crate) struct Scripts {
     pub read_or_lock: Script,
     pub store_and_unlock: Script,
@@ -121,6 +143,8 @@ pub(crate) struct Scripts {
     pub set: Script,
     pub invalidate: Script,
     pub raise_fence: Script,
+    pub next_fence: Script,
+    pub write_fenced: Script,
 }
 
 impl Scripts {
@@ -134,6 +158,8 @@ impl Scripts {
             set: script(format!("{BUMP_FENCE}{SET}")),
             invalidate: script(format!("{BUMP_FENCE}{INVALIDATE}")),
             raise_fence: script(RAISE_FENCE.to_owned()),
+            next_fence: script(format!("{BUMP_FENCE}{NEXT_FENCE}")),
+            write_fenced: script(WRITE_FENCED.to_owned()),
         }
     }
 }

@@ -1,0 +1,165 @@
+//! A store whose values live on one backend and whose locks live on another: the cache over one
+//! Redis with its per-key locks taken through a Redlock quorum.
+//!
+//! The fencing rule still holds, across the two: the value store keeps the highest token it has
+//! accepted, and writes carrying a lower one are refused. `set` and `invalidate` first draw a
+//! number from the lock quorum above every token handed out so far, so a computation that took
+//! its lock before them cannot write over them afterwards.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored};
+use crate::key::EntryKeys;
+use crate::wakeup::Listener;
+
+pub(crate) struct SplitStore {
+    pub values: Arc<dyn Store>,
+    pub locks: Arc<dyn LockStore>,
+}
+
+impl LockStore for SplitStore {
+    fn try_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquire>> {
+        self.locks.try_lock(keys, token, lease)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.locks.extend(keys, token, lease)
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.locks.unlock(keys, token)
+    }
+
+    fn next_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<u64>> {
+        self.locks.next_fence(keys, lease)
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        floor: u64,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.locks.raise_fence(keys, floor, lease)
+    }
+
+    /// Wake-ups come from the value store, where values land. A release after a failed
+    /// computation publishes on the lock nodes instead; waiters then look again at their backoff.
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        self.values.listen(keys)
+    }
+
+    fn clock_drift(&self, lease: Duration) -> Duration {
+        self.locks.clock_drift(lease)
+    }
+}
+
+impl Store for SplitStore {
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
+        self.values.get(keys)
+    }
+
+    fn read_or_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+        read_value: bool,
+    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
+        Box::pin(async move {
+            if read_value {
+                if let Some(value) = self.values.get(keys).await? {
+                    return Ok(ReadOrLock::Value(value.to_vec()));
+                }
+            }
+            Ok(match self.locks.try_lock(keys, token, lease).await? {
+                Acquire::Acquired { fence } => ReadOrLock::Acquired { fence },
+                Acquire::Held { expires_in } => ReadOrLock::Held { expires_in },
+            })
+        })
+    }
+
+    fn store_and_unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+    ) -> BoxFuture<'a, StoreResult<Stored>> {
+        Box::pin(async move {
+            // The lease only decides the fencing counter's retention on the value store; the
+            // value's TTL keeps it at least that long.
+            let written = self
+                .values
+                .write_fenced(keys, fence, value, ttl, Duration::ZERO)
+                .await?;
+            let released = self.locks.unlock(keys, token).await?;
+            Ok(Stored { written, released })
+        })
+    }
+
+    fn write_fenced<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.values.write_fenced(keys, fence, value, ttl, lease)
+    }
+
+    fn set<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let fence = self.locks.next_fence(keys, lease).await?;
+            self.values
+                .write_fenced(keys, fence, value, ttl, lease)
+                .await?;
+            Ok(())
+        })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let fence = self.locks.next_fence(keys, lease).await?;
+            // Recorded on the value store, then bumped past by its own invalidation: every token
+            // handed out before `fence` is refused from now on.
+            self.values.raise_fence(keys, fence, lease).await?;
+            self.values.invalidate(keys, lease).await
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.values.now_ms()
+    }
+}
