@@ -7,14 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
+use tracing::Instrument;
 
 use crate::codec::{Bincode, Codec};
 use crate::flight::Flights;
 use crate::key::EntryKeys;
 use crate::lock::Lock;
 use crate::refresh::Refreshes;
+use crate::stats::{Counters, Event};
 use crate::store::{MemoryStore, Store};
-use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease};
+use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats};
 
 /// The namespace used when the builder is given none.
 pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
@@ -61,6 +63,8 @@ pub(crate) struct Inner<C> {
     pub(crate) flights: Flights,
     /// Background refreshes running in this process, so a key is refreshed once at a time.
     pub(crate) refreshes: Arc<Refreshes>,
+    /// What the cache did, for [`Cache::stats`] and the `metrics` facade.
+    pub(crate) counters: Arc<Counters>,
 }
 
 impl<C> Clone for Cache<C> {
@@ -135,6 +139,7 @@ impl<C: Codec> Cache<C> {
                 namespace,
                 flights: Flights::default(),
                 refreshes: Arc::default(),
+                counters: Arc::default(),
             }),
             options,
         }
@@ -189,6 +194,19 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub fn in_flight(&self) -> usize {
         self.inner.flights.len()
+    }
+
+    /// What this cache has done since it was built: hits, misses, computations, waits, stale
+    /// values served, fallbacks, time-outs, backend errors, lease renewals and losses. Shared by
+    /// every handle of the cache. With the `metrics` feature the same events also go to the
+    /// `metrics` facade.
+    ///
+    /// ```
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// assert_eq!(cache.stats().hits, 0);
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.inner.counters.snapshot()
     }
 
     /// The distributed lock named `name` in this cache's namespace and backend, with this
@@ -461,6 +479,67 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        self.fetch_entry(key, ttl, f).await
+        // One span per call; `outcome` and `wait_ms` are filled in when it ends.
+        let span = tracing::debug_span!(
+            "stampede_guard::fetch",
+            key,
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty
+        );
+        // tokio's clock, like every other timing here, so paused-time tests see it move.
+        let started = tokio::time::Instant::now();
+        let result = self.fetch_entry(key, ttl, f).instrument(span.clone()).await;
+        let outcome = self.count(&result, started.elapsed());
+        span.record("outcome", outcome);
+        if outcome == "waited" {
+            span.record("wait_ms", started.elapsed().as_millis() as u64);
+        }
+        result
+    }
+
+    /// Counts a call's outcome and names it for the span.
+    fn count<T, E>(&self, result: &Result<Fetched<T>, Error<E>>, took: Duration) -> &'static str {
+        let counters = &self.inner.counters;
+        let miss = || counters.record(Event::Miss);
+        match result {
+            Ok(fetched) => match fetched.source {
+                Source::Hit => {
+                    counters.record(Event::Hit);
+                    "hit"
+                }
+                Source::Stale => {
+                    counters.record(Event::Stale);
+                    "stale"
+                }
+                Source::Computed => {
+                    miss();
+                    "miss-computed"
+                }
+                Source::Waited => {
+                    miss();
+                    counters.record(Event::Wait(took));
+                    "waited"
+                }
+                Source::Uncached => {
+                    miss();
+                    counters.record(Event::Uncached);
+                    "fallback"
+                }
+            },
+            Err(Error::WaitTimeout { .. }) => {
+                miss();
+                counters.record(Event::WaitTimeout);
+                "wait-timeout"
+            }
+            Err(Error::Backend { .. } | Error::NoQuorum { .. }) => {
+                counters.record(Event::BackendError);
+                "backend-error"
+            }
+            Err(Error::RecentFailure { .. }) => "recent-failure",
+            Err(_) => {
+                miss();
+                "error"
+            }
+        }
     }
 }

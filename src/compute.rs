@@ -14,7 +14,9 @@ use crate::envelope::Envelope;
 use crate::flight::Role;
 use crate::freshness::{judge, unit_draw, Verdict};
 use crate::key::EntryKeys;
+use crate::lease::Renewal;
 use crate::lock::{new_token, HeldLock};
+use crate::stats::Event;
 use crate::store::{LockStore, ReadOrLock, Stored};
 use crate::waiting::{Waiter, Wake};
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
@@ -190,7 +192,7 @@ impl<C: Codec> Cache<C> {
                         token,
                         fence,
                         asked,
-                        options.renewal(),
+                        self.renewal(),
                     );
                     let value = self.compute_and_store(held, keys, ttl, f, true).await?;
                     return Ok(Fetched {
@@ -241,6 +243,7 @@ impl<C: Codec> Cache<C> {
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
         let computing = Instant::now();
+        self.inner.counters.record(Event::Compute);
         let computed = match f(held.lease()).await {
             Ok(computed) => computed,
             Err(e) => {
@@ -285,6 +288,14 @@ impl<C: Codec> Cache<C> {
                 "computed value not written: the backend failed; returning it uncached"),
         }
         Ok(computed.value)
+    }
+
+    /// How this cache's locks are renewed: the handle's options, counted in its stats.
+    pub(crate) fn renewal(&self) -> Renewal {
+        Renewal {
+            counters: Some(Arc::clone(&self.inner.counters)),
+            ..self.options.renewal()
+        }
     }
 
     /// The backend failed during `op`: fail, or compute without the cache, as configured.

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::key::EntryKeys;
+use crate::stats::{Counters, Event};
 use crate::store::LockStore;
 
 /// The holder's view of its lease.
@@ -122,13 +123,15 @@ impl Lease {
 }
 
 /// How the heartbeat renews a lease.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Renewal {
     pub lease: Duration,
     /// Off: the lease simply runs out.
     pub renew: bool,
     /// Stop renewing this long after the acquisition.
     pub max_hold: Option<Duration>,
+    /// Where renewals and losses are counted (a cache's own locks).
+    pub counters: Option<Arc<Counters>>,
 }
 
 /// Owns the renewal task of one held lock; dropping it stops the task and marks the lease lost
@@ -180,9 +183,12 @@ impl Heartbeat {
                     continue;
                 }
                 let asked = Instant::now();
-                let renewal = tokio::time::timeout(period, store.extend(&keys, &token, lease));
-                match renewal.await {
+                let extension = tokio::time::timeout(period, store.extend(&keys, &token, lease));
+                match extension.await {
                     Ok(Ok(true)) => {
+                        if let Some(counters) = &renewal.counters {
+                            counters.record(Event::LeaseRenewed);
+                        }
                         valid_until = asked + lease;
                         tx.send_replace(LeaseState {
                             valid_until,
@@ -200,6 +206,9 @@ impl Heartbeat {
                         tracing::warn!(key = %keys.user, "lease renewal timed out; retrying");
                     }
                 }
+            }
+            if let Some(counters) = &renewal.counters {
+                counters.record(Event::LeaseLost);
             }
             tx.send_replace(LeaseState {
                 valid_until,

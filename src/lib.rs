@@ -61,6 +61,7 @@ mod lock;
 mod options;
 mod redlock;
 mod refresh;
+mod stats;
 mod store;
 mod waiting;
 mod wakeup;
@@ -75,6 +76,7 @@ pub use lease::Lease;
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback};
 pub use redlock::{Redlock, RedlockBuilder};
+pub use stats::Stats;
 
 /// The largest encoded value accepted (64 MiB); larger ones are refused with
 /// [`Error::ValueTooLarge`] rather than sent to Redis.

@@ -404,7 +404,7 @@ impl HeldLock {
             Arc::clone(&keys),
             Arc::clone(&token),
             asked,
-            renewal,
+            renewal.clone(),
         );
         HeldLock {
             store,

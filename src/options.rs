@@ -155,6 +155,7 @@ impl CallOptions {
             lease: self.lease,
             renew: self.renew,
             max_hold: self.max_hold,
+            counters: None,
         }
     }
 

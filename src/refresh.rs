@@ -115,7 +115,7 @@ impl<C: Codec> Cache<C> {
                         token,
                         fence,
                         asked,
-                        options.renewal(),
+                        cache.renewal(),
                     );
                     // Another process may have refreshed between our read and our lock.
                     if cache.replaced_since(&keys, seen_fence).await {

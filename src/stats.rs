@@ -1,0 +1,154 @@
+//! What a cache did: counters for [`Cache::stats`](crate::Cache::stats), and the same events sent
+//! to the `metrics` facade when the `metrics` feature is on.
+//!
+//! Metric names (all counters unless noted), for dashboards: `stampede_guard_hits_total`,
+//! `stampede_guard_misses_total`, `stampede_guard_computes_total`, `stampede_guard_waits_total`,
+//! `stampede_guard_wait_seconds` (histogram), `stampede_guard_stale_served_total`,
+//! `stampede_guard_uncached_total`, `stampede_guard_wait_timeouts_total`,
+//! `stampede_guard_backend_errors_total`, `stampede_guard_lease_renewals_total`,
+//! `stampede_guard_leases_lost_total`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// A snapshot of what a cache has done since it was built (shared by all its handles).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let cache = stampede_guard::Cache::in_memory();
+/// for _ in 0..3 {
+///     let _: u8 = cache
+///         .get_or_compute("k", Duration::from_secs(60), || async { Ok::<_, String>(1) })
+///         .await
+///         .unwrap();
+/// }
+/// let stats = cache.stats();
+/// assert_eq!((stats.misses, stats.computes, stats.hits), (1, 1, 2));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Calls served a fresh value from the cache.
+    pub hits: u64,
+    /// Calls that found no usable value and went on to lock, compute or wait.
+    pub misses: u64,
+    /// Computations run by this process (foreground and background refreshes).
+    pub computes: u64,
+    /// Calls that waited for another caller's computation and got its value.
+    pub waits: u64,
+    /// Total time those calls waited.
+    pub wait_time: Duration,
+    /// Calls served a stale value while a refresh ran.
+    pub stale_served: u64,
+    /// Calls computed without the cache because the backend was down.
+    pub uncached: u64,
+    /// Calls that gave up waiting ([`Error::WaitTimeout`](crate::Error::WaitTimeout)).
+    pub wait_timeouts: u64,
+    /// Calls that failed on the backend ([`Error::Backend`](crate::Error::Backend)).
+    pub backend_errors: u64,
+    /// Successful lease renewals of this cache's locks.
+    pub lease_renewals: u64,
+    /// Leases of this cache's locks that were lost while computing.
+    pub leases_lost: u64,
+}
+
+/// Something worth counting.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Event {
+    Hit,
+    Miss,
+    Compute,
+    Wait(Duration),
+    Stale,
+    Uncached,
+    WaitTimeout,
+    BackendError,
+    LeaseRenewed,
+    LeaseLost,
+}
+
+/// The live counters behind [`Stats`]; relaxed atomics, since each is an independent tally.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    computes: AtomicU64,
+    waits: AtomicU64,
+    wait_micros: AtomicU64,
+    stale_served: AtomicU64,
+    uncached: AtomicU64,
+    wait_timeouts: AtomicU64,
+    backend_errors: AtomicU64,
+    lease_renewals: AtomicU64,
+    leases_lost: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn record(&self, event: Event) {
+        let add = |counter: &AtomicU64| {
+            counter.fetch_add(1, Ordering::Relaxed);
+        };
+        match event {
+            Event::Hit => add(&self.hits),
+            Event::Miss => add(&self.misses),
+            Event::Compute => add(&self.computes),
+            Event::Wait(waited) => {
+                add(&self.waits);
+                let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
+                self.wait_micros.fetch_add(micros, Ordering::Relaxed);
+            }
+            Event::Stale => add(&self.stale_served),
+            Event::Uncached => add(&self.uncached),
+            Event::WaitTimeout => add(&self.wait_timeouts),
+            Event::BackendError => add(&self.backend_errors),
+            Event::LeaseRenewed => add(&self.lease_renewals),
+            Event::LeaseLost => add(&self.leases_lost),
+        }
+        emit(event);
+    }
+
+    pub(crate) fn snapshot(&self) -> Stats {
+        let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        Stats {
+            hits: get(&self.hits),
+            misses: get(&self.misses),
+            computes: get(&self.computes),
+            waits: get(&self.waits),
+            wait_time: Duration::from_micros(get(&self.wait_micros)),
+            stale_served: get(&self.stale_served),
+            uncached: get(&self.uncached),
+            wait_timeouts: get(&self.wait_timeouts),
+            backend_errors: get(&self.backend_errors),
+            lease_renewals: get(&self.lease_renewals),
+            leases_lost: get(&self.leases_lost),
+        }
+    }
+}
+
+/// Sends the event to the `metrics` facade (whatever recorder the application installed).
+#[cfg(feature = "metrics")]
+fn emit(event: Event) {
+    let name = match event {
+        Event::Hit => "stampede_guard_hits_total",
+        Event::Miss => "stampede_guard_misses_total",
+        Event::Compute => "stampede_guard_computes_total",
+        Event::Wait(waited) => {
+            metrics::histogram!("stampede_guard_wait_seconds").record(waited.as_secs_f64());
+            "stampede_guard_waits_total"
+        }
+        Event::Stale => "stampede_guard_stale_served_total",
+        Event::Uncached => "stampede_guard_uncached_total",
+        Event::WaitTimeout => "stampede_guard_wait_timeouts_total",
+        Event::BackendError => "stampede_guard_backend_errors_total",
+        Event::LeaseRenewed => "stampede_guard_lease_renewals_total",
+        Event::LeaseLost => "stampede_guard_leases_lost_total",
+    };
+    metrics::counter!(name).increment(1);
+}
+
+#[cfg(not(feature = "metrics"))]
+fn emit(_: Event) {}
