@@ -117,14 +117,7 @@ impl LockStore for MemoryStore {
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<Acquire>> {
-        Box::pin(async move {
-            Ok(match self.read_or_lock(keys, token, lease, false).await? {
-                ReadOrLock::Acquired { fence } => Acquire::Acquired { fence },
-                ReadOrLock::Held { expires_in } => Acquire::Held { expires_in },
-                // Not answered when the value is not read.
-                ReadOrLock::Value(_) => Acquire::Held { expires_in: None },
-            })
-        })
+        Box::pin(async move { Ok(self.read_or_lock(keys, token, lease, false).await?.into()) })
     }
 
     fn extend<'a>(

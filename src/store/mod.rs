@@ -103,6 +103,27 @@ pub(crate) enum Acquire {
     Held { expires_in: Option<Duration> },
 }
 
+impl From<ReadOrLock> for Acquire {
+    /// A read-or-lock that did not read the value answers like a plain lock attempt.
+    fn from(answer: ReadOrLock) -> Self {
+        match answer {
+            ReadOrLock::Acquired { fence } => Acquire::Acquired { fence },
+            ReadOrLock::Held { expires_in } => Acquire::Held { expires_in },
+            // Not answered when the value is not read; "held" is the safe reading.
+            ReadOrLock::Value(_) => Acquire::Held { expires_in: None },
+        }
+    }
+}
+
+impl From<Acquire> for ReadOrLock {
+    fn from(answer: Acquire) -> Self {
+        match answer {
+            Acquire::Acquired { fence } => ReadOrLock::Acquired { fence },
+            Acquire::Held { expires_in } => ReadOrLock::Held { expires_in },
+        }
+    }
+}
+
 /// What a lock needs of a backend. Implementations: every [`Store`], and the Redlock quorum
 /// over several stores.
 pub(crate) trait LockStore: Send + Sync + 'static {

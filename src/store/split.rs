@@ -91,10 +91,7 @@ impl Store for SplitStore {
                     return Ok(ReadOrLock::Value(value.to_vec()));
                 }
             }
-            Ok(match self.locks.try_lock(keys, token, lease).await? {
-                Acquire::Acquired { fence } => ReadOrLock::Acquired { fence },
-                Acquire::Held { expires_in } => ReadOrLock::Held { expires_in },
-            })
+            Ok(self.locks.try_lock(keys, token, lease).await?.into())
         })
     }
 
