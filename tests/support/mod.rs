@@ -2,6 +2,9 @@
 //! dir, killed (by pid, as a child of the test) on drop. No server on the default port is used.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod history;
+pub mod proxy;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
