@@ -75,3 +75,29 @@ pub use options::{Backoff, CallOptions, Fallback};
 /// The largest encoded value accepted (64 MiB); larger ones are refused with
 /// [`Error::ValueTooLarge`] rather than sent to Redis.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Not part of the API (hidden, may change at any time): the entry point of the `cargo fuzz`
+/// target in `fuzz/`. The envelope decoder is crate-private, and a fuzz target is a separate
+/// crate, so this is the smallest door to it: it reads `bytes` as the cache reads whatever it
+/// finds under a key, and panics only if an accepted envelope does not survive re-encoding.
+///
+/// ```
+/// stampede_guard::__fuzz_read_stored(b"not an envelope"); // a miss, never a panic
+/// ```
+#[doc(hidden)]
+pub fn __fuzz_read_stored(bytes: &[u8]) {
+    let Ok(envelope) = envelope::Envelope::decode(bytes, Bincode.id()) else {
+        return;
+    };
+    let again = envelope.encode();
+    // The flags byte keeps only the bits this version knows, so compare what decodes, not bytes.
+    assert_eq!(again.len(), bytes.len(), "length changed on re-encoding");
+    assert_eq!(
+        envelope::Envelope::decode(&again, Bincode.id()),
+        Ok(envelope.clone())
+    );
+    // The payload as the cache would decode it: a miss or a value, never a panic or a huge
+    // allocation (the codec is limited to MAX_VALUE_BYTES).
+    let _ = Bincode.decode::<Vec<String>>(envelope.payload);
+    let _ = Bincode.decode::<(String, u64, Option<Vec<u8>>)>(envelope.payload);
+}
