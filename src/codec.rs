@@ -51,8 +51,9 @@ pub trait Codec: Send + Sync + 'static {
 
 /// The default codec: bincode 2 (standard configuration) through serde.
 ///
-/// Decoding refuses to allocate more than the value limit, so a corrupt length prefix cannot
-/// make it reserve gigabytes.
+/// Every value within [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES) encoded reads back; decoding
+/// refuses to claim more than 16 times that in memory, so a corrupt length prefix cannot make it
+/// reserve more than 1 GiB.
 ///
 /// ```
 /// use stampede_guard::{Bincode, Codec};
@@ -64,14 +65,23 @@ pub trait Codec: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Bincode;
 
+/// The most memory decoding may claim. bincode counts every primitive it decodes at its size in
+/// memory (8 bytes for a `u64` that was encoded in one, 16 for a `u128`), so a value claims at
+/// most 16 times its encoded size. Limiting the claim to `MAX_VALUE_BYTES` itself made values
+/// that were accepted on write unreadable (a 16 MiB `Vec<u64>`, or a string within 3 bytes of the
+/// limit): every read was a miss and every caller recomputed. 16 times the write limit lets every
+/// value that may be written be read back, while a corrupt length prefix still cannot make
+/// decoding reserve more than 1 GiB. (Encoding ignores the limit; `MAX_VALUE_BYTES` is checked
+/// on the encoded bytes.)
+const DECODE_LIMIT: usize = 16 * crate::MAX_VALUE_BYTES;
+
 type BincodeConfig = bincode::config::Configuration<
     bincode::config::LittleEndian,
     bincode::config::Varint,
-    bincode::config::Limit<{ crate::MAX_VALUE_BYTES }>,
+    bincode::config::Limit<DECODE_LIMIT>,
 >;
 
-const BINCODE: BincodeConfig =
-    bincode::config::standard().with_limit::<{ crate::MAX_VALUE_BYTES }>();
+const BINCODE: BincodeConfig = bincode::config::standard().with_limit::<DECODE_LIMIT>();
 
 impl Codec for Bincode {
     fn id(&self) -> u8 {
@@ -88,5 +98,39 @@ impl Codec for Bincode {
             return Err(format!("{} trailing bytes after the value", bytes.len() - read).into());
         }
         Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MAX_VALUE_BYTES;
+
+    /// Regression: write-only values. The decoder's limit used to be the encoded-size limit, but
+    /// it counts memory, not bytes, so these values were written and then never read.
+    #[test]
+    fn write_only_values_near_the_limit_are_readable() {
+        // A string whose payload is exactly the limit (a 5-byte length prefix, then its bytes).
+        let at_limit = "v".repeat(MAX_VALUE_BYTES - 5);
+        let bytes = Bincode.encode(&at_limit).unwrap();
+        assert_eq!(bytes.len(), MAX_VALUE_BYTES);
+        let back: String = Bincode.decode(&bytes).unwrap();
+        assert_eq!(back.len(), at_limit.len());
+        // Wide integers encoded in one byte each: 4 MiB of payload, 64 MiB and more of memory.
+        let wide = vec![1u128; MAX_VALUE_BYTES / 16 + 1];
+        let bytes = Bincode.encode(&wide).unwrap();
+        assert!(bytes.len() < MAX_VALUE_BYTES / 8);
+        let back: Vec<u128> = Bincode.decode(&bytes).unwrap();
+        assert_eq!(back.len(), wide.len());
+    }
+
+    #[test]
+    fn a_corrupt_length_prefix_is_refused_not_reserved() {
+        // A string that claims 2^40 bytes (u64 varint marker 253), followed by three.
+        let mut bytes = vec![253];
+        bytes.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        bytes.extend_from_slice(b"abc");
+        assert!(Bincode.decode::<String>(&bytes).is_err());
+        assert!(Bincode.decode::<Vec<u8>>(&bytes).is_err());
     }
 }
