@@ -14,6 +14,10 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    /// Extra command-line settings (passwords, ACL users, TLS), kept for restarts.
+    args: Vec<String>,
+    /// `user:password@` or `:password@` for `url()`, when the server wants authentication.
+    userinfo: String,
 }
 
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
@@ -23,11 +27,19 @@ their own Redis servers: install it (Debian/Ubuntu: `apt-get install redis-serve
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers PING.
     pub fn start() -> Self {
+        Self::start_with(&[], "")
+    }
+
+    /// Starts a server with extra settings (`--requirepass`, `--user`, `--tls-port`...);
+    /// `userinfo` (`":password@"`, `"user:password@"`) is what `url()` and `conn()` log in with.
+    pub fn start_with(args: &[String], userinfo: &str) -> Self {
         for _ in 0..5 {
             let mut server = RedisServer {
                 child: None,
                 port: free_port(),
                 dir: tempfile::tempdir().expect("a temp dir for redis-server"),
+                args: args.to_vec(),
+                userinfo: userinfo.to_owned(),
             };
             if server.spawn() {
                 return server;
@@ -42,6 +54,7 @@ impl RedisServer {
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--protected-mode", "no"])
+            .args(&self.args)
             .arg("--dir")
             .arg(self.dir.path())
             .stdout(Stdio::null())
@@ -85,7 +98,7 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        format!("redis://{}127.0.0.1:{}/0", self.userinfo, self.port)
     }
 
     pub fn pid(&self) -> Option<u32> {
