@@ -1049,6 +1049,13 @@ fn checker_detects_each_violation_once() {
         ("a call returned a value never accepted", 'd', |h| {
             h.calls[1].outcome = Outcome::Value(value("k0", 11, "a"));
         }),
+        (
+            "a call returned its own process's value that was never computed",
+            'd',
+            |h| {
+                h.calls[0].outcome = Outcome::Value(value("k0", 11, "a"));
+            },
+        ),
         ("a call returned another key's value", 'd', |h| {
             h.calls[0].outcome = Outcome::Value(value("k1", 10, "a"));
         }),
