@@ -39,7 +39,21 @@
 //!
 //! # Backends
 //! - The embedded in-memory store ([`Cache::in_memory`]): one process, no server; the default.
-//! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines.
+//! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines. A password or an ACL
+//!   user goes into the URL (`redis://user:password@host:port/db`); it never appears in this
+//!   crate's `Debug` output, errors or logs.
+//!
+//! # Features
+//! - `tls` (off by default): `rediss://` URLs, through rustls with the ring crypto provider,
+//!   trusting the system's root certificates (or those of a client made with
+//!   `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]). If your
+//!   program also enables rustls's `aws-lc-rs` provider, install a process-wide default
+//!   provider at start-up, as rustls requires when it finds two.
+//!
+//! # Limits
+//! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
+//! values whose encoding exceeds [`MAX_VALUE_BYTES`] (64 MiB) with [`Error::ValueTooLarge`],
+//! before anything is sent to the backend.
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
