@@ -51,8 +51,9 @@ pub trait Codec: Send + Sync + 'static {
 
 /// The default codec: bincode 2 (standard configuration) through serde.
 ///
-/// Decoding refuses to allocate more than the value limit, so a corrupt length prefix cannot
-/// make it reserve gigabytes.
+/// Every value within [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES) encoded reads back; decoding
+/// refuses to claim more memory than 16 times the bytes it is given (at least 1 MiB), so a corrupt
+/// length prefix in a small value cannot make it reserve a large buffer.
 ///
 /// ```
 /// use stampede_guard::{Bincode, Codec};
@@ -64,14 +65,23 @@ pub trait Codec: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Bincode;
 
-type BincodeConfig = bincode::config::Configuration<
-    bincode::config::LittleEndian,
-    bincode::config::Varint,
-    bincode::config::Limit<{ crate::MAX_VALUE_BYTES }>,
->;
+/// How much memory decoding may claim per byte of payload. bincode counts every primitive it
+/// decodes at its size in memory (8 bytes for a `u64` encoded in one, 16 for a `u128`), so a value
+/// claims at most 16 times its encoded size. Limiting the claim to `MAX_VALUE_BYTES` itself made
+/// values that were accepted on write unreadable (a 16 MiB `Vec<u64>`, or a string within 3 bytes
+/// of the limit): every read was a miss and every caller recomputed. A limit of 16 times the
+/// payload's own length reads back every value that may be written, while a corrupt length prefix
+/// can make decoding reserve only that much (rounded up to the next tier below), not more.
+const CLAIM_PER_BYTE: usize = 16;
 
-const BINCODE: BincodeConfig =
-    bincode::config::standard().with_limit::<{ crate::MAX_VALUE_BYTES }>();
+/// Encoding ignores the limit: `MAX_VALUE_BYTES` is checked on the encoded bytes.
+const BINCODE: bincode::config::Configuration = bincode::config::standard();
+
+fn decode_within<const LIMIT: usize, T: DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<(T, usize), bincode::error::DecodeError> {
+    bincode::serde::decode_from_slice(bytes, BINCODE.with_limit::<LIMIT>())
+}
 
 impl Codec for Bincode {
     fn id(&self) -> u8 {
@@ -83,10 +93,56 @@ impl Codec for Bincode {
     }
 
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError> {
-        let (value, read) = bincode::serde::decode_from_slice(bytes, BINCODE)?;
+        // bincode's limit is a constant: pick the smallest tier that covers this payload.
+        const MIB: usize = 1 << 20;
+        let (value, read) = match bytes.len().saturating_mul(CLAIM_PER_BYTE) {
+            n if n <= MIB => decode_within::<MIB, T>(bytes)?,
+            n if n <= 16 * MIB => decode_within::<{ 16 * MIB }, T>(bytes)?,
+            n if n <= 128 * MIB => decode_within::<{ 128 * MIB }, T>(bytes)?,
+            _ => decode_within::<{ CLAIM_PER_BYTE * crate::MAX_VALUE_BYTES }, T>(bytes)?,
+        };
         if read != bytes.len() {
             return Err(format!("{} trailing bytes after the value", bytes.len() - read).into());
         }
         Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MAX_VALUE_BYTES;
+
+    /// Regression: write-only values. The decoder's limit used to be the encoded-size limit, but
+    /// it counts memory, not bytes, so these values were written and then never read.
+    #[test]
+    fn write_only_values_near_the_limit_are_readable() {
+        // A string whose payload is exactly the limit (a 5-byte length prefix, then its bytes).
+        let at_limit = "v".repeat(MAX_VALUE_BYTES - 5);
+        let bytes = Bincode.encode(&at_limit).unwrap();
+        assert_eq!(bytes.len(), MAX_VALUE_BYTES);
+        let back: String = Bincode.decode(&bytes).unwrap();
+        assert_eq!(back.len(), at_limit.len());
+        // Wide integers encoded in one byte each: 4 MiB of payload, 64 MiB and more of memory.
+        let wide = vec![1u128; MAX_VALUE_BYTES / 16 + 1];
+        let bytes = Bincode.encode(&wide).unwrap();
+        assert!(bytes.len() < MAX_VALUE_BYTES / 8);
+        let back: Vec<u128> = Bincode.decode(&bytes).unwrap();
+        assert_eq!(back.len(), wide.len());
+    }
+
+    #[test]
+    fn a_corrupt_length_prefix_is_refused_not_reserved() {
+        // Within the 1 MiB tier of a small payload, but far beyond its bytes: refused.
+        let mut small = vec![252];
+        small.extend_from_slice(&(2u32 << 20).to_le_bytes());
+        small.extend_from_slice(b"abc");
+        assert!(Bincode.decode::<String>(&small).is_err());
+        // A string that claims 2^40 bytes (u64 varint marker 253), followed by three.
+        let mut bytes = vec![253];
+        bytes.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        bytes.extend_from_slice(b"abc");
+        assert!(Bincode.decode::<String>(&bytes).is_err());
+        assert!(Bincode.decode::<Vec<u8>>(&bytes).is_err());
     }
 }

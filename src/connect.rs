@@ -6,6 +6,9 @@ use crate::store::redis::RedisStore;
 use crate::store::{MemoryStore, Store};
 use crate::Error;
 
+// Built once per cache or lock, so the size of a `redis::Client` (larger with the `tls` feature's
+// TLS settings) costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     Memory,
     RedisUrl(String),

@@ -136,4 +136,54 @@ mod tests {
         future[2] = 2;
         assert_eq!(Envelope::decode(&future, 1), Err(Foreign::Version(2)));
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever sits under a key (another program's bytes, a truncated write), decoding
+            /// answers without panicking, and what it accepts re-encodes to the same bytes.
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64), codec in 0u8..4) {
+                if let Ok(envelope) = Envelope::decode(&bytes, codec) {
+                    prop_assert_eq!(envelope.codec, codec);
+                    let again = envelope.encode();
+                    // Flag bits other than NEGATIVE are not kept: compare all but that byte.
+                    prop_assert_eq!(&again[..4], &bytes[..4]);
+                    prop_assert_eq!(&again[5..], &bytes[5..]);
+                }
+            }
+
+            /// Bytes that start like an envelope (the magic and version) and then go astray.
+            #[test]
+            fn near_misses_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..40)) {
+                let mut bytes = b"SG\x01\x01".to_vec();
+                bytes.extend_from_slice(&tail);
+                let decoded = Envelope::decode(&bytes, 1);
+                prop_assert_eq!(decoded.is_ok(), bytes.len() >= HEADER_LEN);
+            }
+
+            #[test]
+            fn encode_then_decode_round_trips(
+                codec in any::<u8>(),
+                negative in any::<bool>(),
+                fresh_until_ms in any::<u64>(),
+                compute_ms in any::<u32>(),
+                fence in any::<u64>(),
+                payload in proptest::collection::vec(any::<u8>(), 0..256),
+            ) {
+                let envelope = Envelope { codec, negative, fresh_until_ms, compute_ms, fence, payload: &payload };
+                let bytes = envelope.encode();
+                prop_assert_eq!(bytes.len(), HEADER_LEN + payload.len());
+                prop_assert_eq!(Envelope::decode(&bytes, codec), Ok(envelope.clone()));
+                // Another codec's reader never takes it for its own.
+                prop_assert_eq!(Envelope::decode(&bytes, codec.wrapping_add(1)), Err(Foreign::Codec(codec)));
+                // Every truncation of the header is refused, never misread.
+                for cut in 0..HEADER_LEN {
+                    prop_assert_eq!(Envelope::decode(&bytes[..cut], codec), Err(Foreign::TooShort));
+                }
+            }
+        }
+    }
 }

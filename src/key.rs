@@ -167,4 +167,94 @@ mod tests {
         assert!(validate_namespace("").is_err());
         assert!(validate_namespace("with space").is_err());
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// The inverse of `escape`, to show that nothing is lost.
+        fn unescape(escaped: &str) -> Vec<u8> {
+            let b = escaped.as_bytes();
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < b.len() {
+                if b[i] == b'%' {
+                    let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                    out.push(u8::from_str_radix(hex, 16).unwrap());
+                    i += 3;
+                } else {
+                    out.push(b[i]);
+                    i += 1;
+                }
+            }
+            out
+        }
+
+        /// The hash tag Redis Cluster uses: between the first `{` and the first `}` after it.
+        fn hash_tag(key: &str) -> Option<&str> {
+            let open = key.find('{')?;
+            let close = open + 1 + key[open + 1..].find('}')?;
+            Some(&key[open + 1..close]).filter(|tag| !tag.is_empty())
+        }
+
+        /// User keys that lean on the escaping: braces, percent signs, separators, suffix
+        /// look-alikes, controls and non-ASCII.
+        fn tricky_key() -> impl Strategy<Value = String> {
+            let pieces = prop_oneof![
+                Just("{".to_string()),
+                Just("}".to_string()),
+                Just("%".to_string()),
+                Just("%7B".to_string()),
+                Just("_lock".to_string()),
+                Just("_fence".to_string()),
+                Just("_done".to_string()),
+                Just(":".to_string()),
+                Just(" ".to_string()),
+                Just("\n".to_string()),
+                Just("é".to_string()),
+                Just("a".to_string()),
+                any::<char>().prop_map(String::from),
+            ];
+            proptest::collection::vec(pieces, 1..12).prop_map(|p| p.concat())
+        }
+
+        fn all_keys(keys: &EntryKeys) -> [&str; 4] {
+            [&keys.value, keys.lock(), keys.fence(), keys.channel()]
+        }
+
+        proptest! {
+            #[test]
+            fn distinct_keys_never_share_a_redis_key(a in tricky_key(), b in tricky_key()) {
+                prop_assume!(a != b);
+                let (ka, kb) = (EntryKeys::new("ns", &a).unwrap(), EntryKeys::new("ns", &b).unwrap());
+                for x in all_keys(&ka) {
+                    for y in all_keys(&kb) {
+                        prop_assert_ne!(x, y, "{:?} and {:?}", a, b);
+                    }
+                }
+            }
+
+            #[test]
+            fn the_tag_is_well_formed_and_nothing_leaves_the_namespace(key in tricky_key(), ns in "[a-z][a-z0-9:._-]{0,20}") {
+                let keys = EntryKeys::new(&ns, &key).unwrap();
+                let prefix = format!("{ns}:{{");
+                let tag = hash_tag(&keys.value).expect("a hash tag");
+                // Every key of the entry starts with the namespace and carries the same tag, and
+                // the tag is exactly the escaped key, which holds only plain characters.
+                for k in all_keys(&keys) {
+                    prop_assert!(k.starts_with(&prefix), "{}", k);
+                    prop_assert_eq!(hash_tag(k), Some(tag));
+                }
+                prop_assert!(tag.bytes().all(|b| is_plain(b) || b == b'%'));
+                prop_assert_eq!(unescape(tag), key.as_bytes().to_vec());
+                prop_assert_eq!(&keys.value, &format!("{prefix}{tag}}}"));
+            }
+
+            #[test]
+            fn keys_over_the_limit_are_refused_at_exactly_the_limit(len in 1usize..=(MAX_KEY_BYTES + 64)) {
+                let result = EntryKeys::new("ns", &"k".repeat(len));
+                prop_assert_eq!(result.is_ok(), len <= MAX_KEY_BYTES);
+            }
+        }
+    }
 }

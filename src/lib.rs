@@ -41,7 +41,21 @@
 //!
 //! # Backends
 //! - The embedded in-memory store ([`Cache::in_memory`]): one process, no server; the default.
-//! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines.
+//! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines. A password or an ACL
+//!   user goes into the URL (`redis://user:password@host:port/db`); it never appears in this
+//!   crate's `Debug` output, errors or logs.
+//!
+//! # Features
+//! - `tls` (off by default): `rediss://` URLs, through rustls with the ring crypto provider,
+//!   trusting the system's root certificates (or those of a client made with
+//!   `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]). If your
+//!   program also enables rustls's `aws-lc-rs` provider, install a process-wide default
+//!   provider at start-up, as rustls requires when it finds two.
+//!
+//! # Limits
+//! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
+//! values whose encoding exceeds [`MAX_VALUE_BYTES`] (64 MiB) with [`Error::ValueTooLarge`],
+//! before anything is sent to the backend.
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
@@ -81,3 +95,29 @@ pub use stats::Stats;
 /// The largest encoded value accepted (64 MiB); larger ones are refused with
 /// [`Error::ValueTooLarge`] rather than sent to Redis.
 pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Not part of the API (hidden, may change at any time): the entry point of the `cargo fuzz`
+/// target in `fuzz/`. The envelope decoder is crate-private, and a fuzz target is a separate
+/// crate, so this is the smallest door to it: it reads `bytes` as the cache reads whatever it
+/// finds under a key, and panics only if an accepted envelope does not survive re-encoding.
+///
+/// ```
+/// stampede_guard::__fuzz_read_stored(b"not an envelope"); // a miss, never a panic
+/// ```
+#[doc(hidden)]
+pub fn __fuzz_read_stored(bytes: &[u8]) {
+    let Ok(envelope) = envelope::Envelope::decode(bytes, Bincode.id()) else {
+        return;
+    };
+    let again = envelope.encode();
+    // The flags byte keeps only the bits this version knows, so compare what decodes, not bytes.
+    assert_eq!(again.len(), bytes.len(), "length changed on re-encoding");
+    assert_eq!(
+        envelope::Envelope::decode(&again, Bincode.id()),
+        Ok(envelope.clone())
+    );
+    // The payload as the cache would decode it: a miss or a value, never a panic or a huge
+    // allocation (the codec is limited to MAX_VALUE_BYTES).
+    let _ = Bincode.decode::<Vec<String>>(envelope.payload);
+    let _ = Bincode.decode::<(String, u64, Option<Vec<u8>>)>(envelope.payload);
+}

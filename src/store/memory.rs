@@ -462,3 +462,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "memory_model_tests.rs"]
+mod model_tests;

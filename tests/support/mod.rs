@@ -2,6 +2,9 @@
 //! dir, killed (by pid, as a child of the test) on drop. No server on the default port is used.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod history;
+pub mod proxy;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,8 +14,10 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
-    /// Arguments beyond the defaults (cluster mode, passwords...), kept for restarts.
-    extra: Vec<String>,
+    /// Extra command-line settings (passwords, ACL users, TLS), kept for restarts.
+    args: Vec<String>,
+    /// `user:password@` or `:password@` for `url()`, when the server wants authentication.
+    userinfo: String,
 }
 
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
@@ -22,17 +27,19 @@ their own Redis servers: install it (Debian/Ubuntu: `apt-get install redis-serve
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers PING.
     pub fn start() -> Self {
-        Self::start_with(&[])
+        Self::start_with(&[], "")
     }
 
-    /// Like [`start`](Self::start), with extra `redis-server` arguments.
-    pub fn start_with(extra: &[&str]) -> Self {
+    /// Starts a server with extra settings (`--requirepass`, `--user`, `--tls-port`...);
+    /// `userinfo` (`":password@"`, `"user:password@"`) is what `url()` and `conn()` log in with.
+    pub fn start_with(args: &[String], userinfo: &str) -> Self {
         for _ in 0..5 {
             let mut server = RedisServer {
                 child: None,
                 port: free_port(),
                 dir: tempfile::tempdir().expect("a temp dir for redis-server"),
-                extra: extra.iter().map(|a| a.to_string()).collect(),
+                args: args.to_vec(),
+                userinfo: userinfo.to_owned(),
             };
             if server.spawn() {
                 return server;
@@ -47,9 +54,9 @@ impl RedisServer {
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--protected-mode", "no"])
+            .args(&self.args)
             .arg("--dir")
             .arg(self.dir.path())
-            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -91,7 +98,7 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        format!("redis://{}127.0.0.1:{}/0", self.userinfo, self.port)
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -141,7 +148,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let args = [
+        let args: Vec<String> = [
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -154,11 +161,13 @@ impl RedisCluster {
             "0",
             "--repl-diskless-sync-delay",
             "0",
-        ];
+        ]
+        .map(String::from)
+        .to_vec();
         // Started in parallel: each waits for its own PING.
         let nodes: Vec<RedisServer> = std::thread::scope(|s| {
             let starting: Vec<_> = (0..6)
-                .map(|_| s.spawn(|| RedisServer::start_with(&args)))
+                .map(|_| s.spawn(|| RedisServer::start_with(&args, "")))
                 .collect();
             starting
                 .into_iter()

@@ -1,0 +1,299 @@
+//! The memory store against a reference model, under random sequences of operations and paused
+//! tokio time.
+//!
+//! The model is the Redis scripts' semantics written as plainly as possible: maps of expiring
+//! entries, a fencing counter bumped by acquisitions, `set` and invalidations, and the
+//! compare-and-set rules. Fencing tokens seeded from the clock are not predictable, so the model
+//! knows a counter either exactly (after it saw a token) or only as "fresh": higher than every
+//! token handed out so far, hence equal to none of them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const KEYS: [&str; 2] = ["a", "b"];
+const TOKENS: [&str; 3] = ["A", "B", "C"];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Advance(u64),
+    Get(usize),
+    ReadOrLock {
+        key: usize,
+        token: usize,
+        lease: u64,
+        read_value: bool,
+    },
+    /// `own_fence`: the fence this token last acquired for this key; otherwise one never given.
+    StoreAndUnlock {
+        key: usize,
+        token: usize,
+        own_fence: bool,
+        value: u8,
+        ttl: u64,
+    },
+    Extend {
+        key: usize,
+        token: usize,
+        lease: u64,
+    },
+    Unlock {
+        key: usize,
+        token: usize,
+    },
+    Set {
+        key: usize,
+        value: u8,
+        ttl: u64,
+        lease: u64,
+    },
+    Invalidate {
+        key: usize,
+        lease: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0..KEYS.len();
+    let token = 0..TOKENS.len();
+    let ms = 1u64..400;
+    prop_oneof![
+        3 => (0u64..300).prop_map(Op::Advance),
+        2 => key.clone().prop_map(Op::Get),
+        4 => (key.clone(), token.clone(), ms.clone(), any::<bool>()).prop_map(
+            |(key, token, lease, read_value)| Op::ReadOrLock { key, token, lease, read_value }
+        ),
+        3 => (key.clone(), token.clone(), prop::bool::weighted(0.8), any::<u8>(), ms.clone())
+            .prop_map(|(key, token, own_fence, value, ttl)| Op::StoreAndUnlock {
+                key, token, own_fence, value, ttl
+            }),
+        2 => (key.clone(), token.clone(), ms.clone())
+            .prop_map(|(key, token, lease)| Op::Extend { key, token, lease }),
+        2 => (key.clone(), token.clone()).prop_map(|(key, token)| Op::Unlock { key, token }),
+        1 => (key.clone(), any::<u8>(), ms.clone(), ms.clone())
+            .prop_map(|(key, value, ttl, lease)| Op::Set { key, value, ttl, lease }),
+        1 => (key, ms).prop_map(|(key, lease)| Op::Invalidate { key, lease }),
+    ]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Counter {
+    Known(u64),
+    /// Re-seeded from the clock: above every token handed out so far.
+    Fresh,
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    value: Option<(Vec<u8>, u64)>,
+    lock: Option<(usize, u64)>,
+    fence: Option<(Counter, u64)>,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    now: u64,
+    entries: HashMap<usize, Entry>,
+    /// Per key, the highest token the store has handed out (tokens are ordered per key only).
+    high_water: HashMap<usize, u64>,
+    /// (key, token) → the fence that token last acquired.
+    acquired: HashMap<(usize, usize), u64>,
+}
+
+fn live<T: Clone>(slot: &Option<(T, u64)>, now: u64) -> Option<T> {
+    slot.as_ref()
+        .filter(|(_, until)| *until > now)
+        .map(|(t, _)| t.clone())
+}
+
+impl Model {
+    fn bump(&mut self, key: usize, lease: u64) -> Counter {
+        let now = self.now;
+        let e = self.entries.entry(key).or_default();
+        let next = match live(&e.fence, now) {
+            Some(Counter::Known(n)) => Counter::Known(n + 1),
+            _ => Counter::Fresh,
+        };
+        e.fence = Some((next, now + 2 * lease));
+        next
+    }
+}
+
+fn keys(i: usize) -> EntryKeys {
+    EntryKeys::new("m", KEYS[i]).unwrap()
+}
+
+async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let store = MemoryStore::default();
+    let mut m = Model::default();
+    for (step, op) in ops.into_iter().enumerate() {
+        let now = m.now;
+        match op {
+            Op::Advance(ms) => {
+                tokio::time::advance(Duration::from_millis(ms)).await;
+                m.now += ms;
+            }
+            Op::Get(k) => {
+                let got = store.get(&keys(k)).await.unwrap().map(|b| b.to_vec());
+                let want = live(&m.entries.entry(k).or_default().value, now);
+                prop_assert_eq!(got, want, "step {}", step);
+            }
+            Op::ReadOrLock {
+                key,
+                token,
+                lease,
+                read_value,
+            } => {
+                let got = store
+                    .read_or_lock(
+                        &keys(key),
+                        TOKENS[token],
+                        Duration::from_millis(lease),
+                        read_value,
+                    )
+                    .await
+                    .unwrap();
+                let e = m.entries.entry(key).or_default();
+                let value = live(&e.value, now).filter(|_| read_value);
+                let holder = e.lock.filter(|(_, until)| *until > now);
+                if let Some(v) = value {
+                    prop_assert_eq!(got, ReadOrLock::Value(v), "step {}", step);
+                } else if let Some((_, until)) = holder {
+                    prop_assert_eq!(
+                        got,
+                        ReadOrLock::Held {
+                            expires_in: Some(Duration::from_millis(until - now))
+                        },
+                        "step {}",
+                        step
+                    );
+                } else {
+                    let ReadOrLock::Acquired { fence } = got else {
+                        return Err(TestCaseError::fail(format!(
+                            "step {step}: a free lock was not granted: {got:?}"
+                        )));
+                    };
+                    e.lock = Some((token, now + lease));
+                    match m.bump(key, lease) {
+                        Counter::Known(n) => prop_assert_eq!(fence, n, "step {}", step),
+                        Counter::Fresh => {
+                            let high = m.high_water.get(&key).copied().unwrap_or(0);
+                            prop_assert!(
+                                fence > high,
+                                "step {step}: re-seeded token {fence} not above {high}"
+                            );
+                        }
+                    }
+                    let e = m.entries.entry(key).or_default();
+                    if let Some((counter, _)) = e.fence.as_mut() {
+                        *counter = Counter::Known(fence);
+                    }
+                    let high = m.high_water.entry(key).or_default();
+                    *high = (*high).max(fence);
+                    m.acquired.insert((key, token), fence);
+                }
+            }
+            Op::StoreAndUnlock {
+                key,
+                token,
+                own_fence,
+                value,
+                ttl,
+            } => {
+                let fence = match m.acquired.get(&(key, token)) {
+                    Some(f) if own_fence => *f,
+                    // A token never handed out: the clock-seeded counter is far above it.
+                    _ => 7,
+                };
+                let got = store
+                    .store_and_unlock(
+                        &keys(key),
+                        TOKENS[token],
+                        fence,
+                        vec![value],
+                        Duration::from_millis(ttl),
+                    )
+                    .await
+                    .unwrap();
+                let e = m.entries.entry(key).or_default();
+                let written = live(&e.fence, now) == Some(Counter::Known(fence));
+                if written {
+                    e.value = Some((vec![value], now + ttl));
+                }
+                let released = live(&e.lock, now) == Some(token);
+                if released {
+                    e.lock = None;
+                }
+                prop_assert_eq!(got, Stored { written, released }, "step {}", step);
+            }
+            Op::Extend { key, token, lease } => {
+                let got = store
+                    .extend(&keys(key), TOKENS[token], Duration::from_millis(lease))
+                    .await
+                    .unwrap();
+                let e = m.entries.entry(key).or_default();
+                let ours = live(&e.lock, now) == Some(token);
+                if ours {
+                    e.lock = Some((token, now + lease));
+                    if let Some((_, until)) = e.fence.as_mut().filter(|(_, u)| *u > now) {
+                        *until = (*until).max(now + 2 * lease);
+                    }
+                }
+                prop_assert_eq!(got, ours, "step {}", step);
+            }
+            Op::Unlock { key, token } => {
+                let got = store.unlock(&keys(key), TOKENS[token]).await.unwrap();
+                let e = m.entries.entry(key).or_default();
+                let ours = live(&e.lock, now) == Some(token);
+                if ours {
+                    e.lock = None;
+                }
+                prop_assert_eq!(got, ours, "step {}", step);
+            }
+            Op::Set {
+                key,
+                value,
+                ttl,
+                lease,
+            } => {
+                store
+                    .set(
+                        &keys(key),
+                        vec![value],
+                        Duration::from_millis(ttl),
+                        Duration::from_millis(lease),
+                    )
+                    .await
+                    .unwrap();
+                m.bump(key, lease);
+                m.entries.entry(key).or_default().value = Some((vec![value], now + ttl));
+            }
+            Op::Invalidate { key, lease } => {
+                store
+                    .invalidate(&keys(key), Duration::from_millis(lease))
+                    .await
+                    .unwrap();
+                m.bump(key, lease);
+                m.entries.entry(key).or_default().value = None;
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn the_memory_store_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..80)) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(run(ops))?;
+    }
+}

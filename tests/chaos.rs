@@ -1,0 +1,1167 @@
+//! Fault injection with a history checker.
+//!
+//! A controller starts worker processes (this binary, re-executed) that loop over
+//! `get_or_compute_with_lease`, `invalidate`, `set`, a `Lock` and a `Leader` on a few hot keys,
+//! all through a loopback TCP proxy to one real redis-server. Driven by a seeded RNG, one *round*
+//! at a time (a pause of 20–100 ms, then at most one new fault), it SIGKILLs workers (and starts
+//! new ones), SIGSTOPs them for longer than the lease, restarts redis-server, and cuts, delays or
+//! black-holes the proxied connections. Every call, computation and critical section goes into a
+//! history that the faults cannot corrupt (see `support::history`), which is then checked.
+//!
+//! `cargo test --test chaos` runs a short seeded version (400 rounds);
+//! `STAMPEDE_CHAOS_ROUNDS=10000 cargo test --release --test chaos` the long one;
+//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule.
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufWriter, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use stampede_guard::leader::{JobContext, Leader};
+use stampede_guard::{Cache, CallOptions, Error};
+use support::history::{
+    self, check, BumpCause, Call, Compute, Ending, History, Outcome, Pause, Section, ServerEvent,
+    Violation, Write,
+};
+use support::proxy::{Mode, Proxy};
+use support::{signal, RedisServer, Worker};
+
+const NAMESPACE: &str = "chaos";
+const LEASE: Duration = Duration::from_millis(400);
+const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
+const CACHE_KEYS: usize = 3;
+const LOCKS: &[&str] = &["L0", "L1"];
+const WORKERS: usize = 4;
+/// The longest a call may take, pauses excluded: the wait bound, the longest computation, and a
+/// few backend operations each bounded by the connection (2 s) and response (5 s) time-outs.
+const CALL_BOUND: Duration = Duration::from_secs(3 + 1 + 4 * 7);
+
+fn main() {
+    if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
+        let code = match worker(&role) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("chaos worker failed: {e}");
+                1
+            }
+        };
+        std::process::exit(code);
+    }
+    support::run_tests(
+        "chaos",
+        &[
+            (
+                "checker_passes_a_good_history",
+                checker_passes_a_good_history,
+            ),
+            (
+                "checker_detects_each_violation_once",
+                checker_detects_each_violation_once,
+            ),
+            (
+                "monitor_replay_rebuilds_the_servers_decisions",
+                monitor_replay_rebuilds_the_servers_decisions,
+            ),
+            ("chaos_run_has_no_violation", chaos_run),
+        ],
+    );
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+// =============================================================================================
+// The controller.
+
+/// The fenced sink the lock holders write to: it takes a token only if it is at least the
+/// highest it has taken for that lock, and logs every attempt. It lives on a second
+/// redis-server that no fault touches.
+const SINK: &str = r"
+local max = tonumber(redis.call('GET', KEYS[1]) or '0')
+local accepted = 0
+if tonumber(ARGV[4]) >= max then
+  redis.call('SET', KEYS[1], ARGV[4])
+  accepted = 1
+end
+redis.call('RPUSH', KEYS[2], ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. accepted)
+return accepted
+";
+
+/// `redis-cli monitor` on the cache server's own port, its lines kept in a file: script commands
+/// in full, client commands as a separator `C` (they only mark where one script ends).
+struct MonitorLog {
+    child: Child,
+    reader: Option<std::thread::JoinHandle<()>>,
+    path: PathBuf,
+}
+
+impl MonitorLog {
+    fn start(server: &RedisServer, path: PathBuf) -> Self {
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &server.port().to_string(), "monitor"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli (apt-get install redis-server) for the monitor");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let file = File::create(&path).expect("the monitor log");
+        let reader = std::thread::spawn(move || {
+            let mut out = BufWriter::new(file);
+            let mut last_was_client = false;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if line == "OK" {
+                    let _ = ready_tx.send(());
+                    continue;
+                }
+                if line.contains(" lua] ") {
+                    let _ = writeln!(out, "{line}");
+                    last_was_client = false;
+                } else if !last_was_client {
+                    let _ = writeln!(out, "C");
+                    last_was_client = true;
+                }
+            }
+            let _ = out.flush();
+        });
+        ready
+            .recv_timeout(Duration::from_secs(10))
+            .expect("MONITOR became active");
+        MonitorLog {
+            child,
+            reader: Some(reader),
+            path,
+        }
+    }
+
+    fn stop(mut self) -> PathBuf {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        self.path.clone()
+    }
+}
+
+struct Slot {
+    worker: Option<Worker>,
+    instance: String,
+    generation: u32,
+    paused_since: Option<(u64, Instant)>,
+    resume_at: Option<Instant>,
+    respawn_at: Option<Instant>,
+}
+
+struct Controller {
+    dir: PathBuf,
+    proxy_url: String,
+    sink_url: String,
+    seed: u64,
+    slots: Vec<Slot>,
+    faults: BTreeMap<&'static str, u64>,
+    pauses: Vec<Pause>,
+    endings: Vec<Ending>,
+    restarts_us: Vec<u64>,
+    instances: Vec<String>,
+}
+
+impl Controller {
+    fn spawn(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        slot.generation += 1;
+        slot.instance = format!("w{i}.{}", slot.generation);
+        self.instances.push(slot.instance.clone());
+        slot.worker = Some(Worker::spawn(
+            "chaos-worker",
+            &[
+                ("CHAOS_URL", self.proxy_url.clone()),
+                ("CHAOS_SINK", self.sink_url.clone()),
+                ("CHAOS_DIR", self.dir.display().to_string()),
+                ("CHAOS_INSTANCE", slot.instance.clone()),
+                (
+                    "CHAOS_SEED",
+                    (self.seed * 1000 + i as u64 * 100 + slot.generation as u64).to_string(),
+                ),
+            ],
+        ));
+    }
+
+    fn resume(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if let (Some((from_us, _)), Some(w)) = (slot.paused_since.take(), slot.worker.as_ref()) {
+            signal(w.pid(), "CONT");
+            self.pauses.push(Pause {
+                instance: slot.instance.clone(),
+                from_us,
+                to_us: now_us(),
+            });
+        }
+        slot.resume_at = None;
+    }
+
+    fn running(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|i| self.slots[*i].worker.is_some() && self.slots[*i].paused_since.is_none())
+            .collect()
+    }
+}
+
+fn chaos_run() {
+    let rounds: u64 = std::env::var("STAMPEDE_CHAOS_ROUNDS")
+        .ok()
+        .map(|v| v.parse().expect("STAMPEDE_CHAOS_ROUNDS is a number"))
+        .unwrap_or(400);
+    let seed: u64 = std::env::var("STAMPEDE_CHAOS_SEED")
+        .ok()
+        .map(|v| v.parse().expect("STAMPEDE_CHAOS_SEED is a number"))
+        .unwrap_or(7);
+    let began = Instant::now();
+    let tmp = tempfile::tempdir().expect("a temp dir for the history");
+    let dir = tmp.path().to_path_buf();
+    let mut server = RedisServer::start();
+    let sink = RedisServer::start();
+    let mut life = 0u32;
+    let mut monitor = MonitorLog::start(&server, dir.join("monitor-0.log"));
+    let mut monitor_files = Vec::new();
+    let proxy = Proxy::start(server.port());
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut c = Controller {
+        dir: dir.clone(),
+        proxy_url: proxy.url(),
+        sink_url: sink.url(),
+        seed,
+        slots: (0..WORKERS)
+            .map(|_| Slot {
+                worker: None,
+                instance: String::new(),
+                generation: 0,
+                paused_since: None,
+                resume_at: None,
+                respawn_at: None,
+            })
+            .collect(),
+        faults: BTreeMap::new(),
+        pauses: Vec::new(),
+        endings: Vec::new(),
+        restarts_us: Vec::new(),
+        instances: Vec::new(),
+    };
+    for i in 0..WORKERS {
+        c.spawn(i);
+    }
+    let mut proxy_fault_until: Option<(Instant, bool)> = None;
+
+    for _round in 0..rounds {
+        std::thread::sleep(Duration::from_millis(rng.random_range(20..100)));
+        let now = Instant::now();
+        // Ends of faults that were due.
+        for i in 0..WORKERS {
+            if c.slots[i].resume_at.is_some_and(|t| t <= now) {
+                c.resume(i);
+            }
+            if c.slots[i].respawn_at.is_some_and(|t| t <= now) {
+                c.slots[i].respawn_at = None;
+                c.spawn(i);
+            }
+        }
+        if let Some((until, cut)) = proxy_fault_until {
+            if until <= now {
+                if cut {
+                    proxy.cut();
+                }
+                proxy.set_mode(Mode::Pass);
+                proxy_fault_until = None;
+            }
+        }
+        // At most one new fault.
+        let running = c.running();
+        let paused = WORKERS - running.len();
+        match rng.random_range(0..100) {
+            0..4 if running.len() >= 3 => {
+                let i = running[rng.random_range(0..running.len())];
+                let mut w = c.slots[i].worker.take().expect("a running worker");
+                signal(w.pid(), "KILL");
+                let _ = w.child.wait();
+                let instance = c.slots[i].instance.clone();
+                c.endings.push(Ending {
+                    instance,
+                    killed: true,
+                    clean_exit: false,
+                    in_flight: None,
+                });
+                c.slots[i].respawn_at =
+                    Some(now + Duration::from_millis(rng.random_range(50..400)));
+                *c.faults.entry("kill").or_default() += 1;
+            }
+            4..9 if running.len() >= 2 && paused < 2 => {
+                let i = running[rng.random_range(0..running.len())];
+                let slot = &mut c.slots[i];
+                let w = slot.worker.as_ref().expect("a running worker");
+                signal(w.pid(), "STOP");
+                slot.paused_since = Some((now_us(), now));
+                let factor = rng.random_range(1.25..3.0);
+                slot.resume_at = Some(now + LEASE.mul_f64(factor));
+                *c.faults.entry("stop").or_default() += 1;
+            }
+            9 => {
+                // New clients wait in the proxy until the monitor watches the new server, so no
+                // command of the new server's life goes unseen.
+                proxy.set_mode(Mode::Hold);
+                proxy.cut();
+                proxy_fault_until = None;
+                c.restarts_us.push(now_us());
+                server.restart();
+                monitor_files.push(monitor.stop());
+                life += 1;
+                monitor = MonitorLog::start(&server, dir.join(format!("monitor-{life}.log")));
+                proxy.set_mode(Mode::Pass);
+                *c.faults.entry("redis_restart").or_default() += 1;
+            }
+            10..14 => {
+                proxy.cut();
+                *c.faults.entry("cut").or_default() += 1;
+            }
+            14..17 if proxy_fault_until.is_none() => {
+                let delay = Duration::from_millis(rng.random_range(20..150));
+                proxy.set_mode(Mode::Delay(delay));
+                let span = Duration::from_millis(rng.random_range(300..1500));
+                proxy_fault_until = Some((now + span, false));
+                *c.faults.entry("delay").or_default() += 1;
+            }
+            17..20 if proxy_fault_until.is_none() => {
+                proxy.set_mode(Mode::Blackhole);
+                let span = Duration::from_millis(rng.random_range(300..2500));
+                // Half end in a cut (held bytes dropped), half deliver them late.
+                let cut = rng.random_bool(0.5);
+                proxy_fault_until = Some((now + span, cut));
+                *c.faults
+                    .entry(if cut {
+                        "blackhole_then_cut"
+                    } else {
+                        "blackhole_then_late_delivery"
+                    })
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+
+    // Wind down: faults end, dead slots stay dead, everyone else is asked to stop.
+    proxy.set_mode(Mode::Pass);
+    for i in 0..WORKERS {
+        c.resume(i);
+    }
+    File::create(dir.join("stop")).expect("the stop file");
+    for i in 0..WORKERS {
+        let Some(mut w) = c.slots[i].worker.take() else {
+            continue;
+        };
+        let exited = support::eventually(Duration::from_secs(60), || !w.is_alive());
+        let clean_exit = exited && w.wait_success();
+        if !exited {
+            signal(w.pid(), "KILL");
+            let _ = w.child.wait();
+        }
+        c.endings.push(Ending {
+            instance: c.slots[i].instance.clone(),
+            killed: false,
+            clean_exit,
+            in_flight: None,
+        });
+    }
+    // Nothing stranded in the server: lock keys now, and one lease later.
+    let mut conn = server.conn();
+    let lock_keys = |conn: &mut redis::Connection| -> Vec<String> {
+        redis::cmd("KEYS")
+            .arg(format!("{NAMESPACE}:*_lock"))
+            .query(conn)
+            .expect("KEYS")
+    };
+    let mut locks_after_run = Vec::new();
+    for key in lock_keys(&mut conn) {
+        let pttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).expect("PTTL");
+        if pttl != -2 {
+            locks_after_run.push((key, pttl));
+        }
+    }
+    std::thread::sleep(LEASE + Duration::from_millis(50));
+    let locks_after_lease = lock_keys(&mut conn);
+    monitor_files.push(monitor.stop());
+    let sink_log: Vec<String> = redis::cmd("LRANGE")
+        .arg("sinklog")
+        .arg(0)
+        .arg(-1)
+        .query(&mut sink.conn())
+        .expect("the sink's log");
+    drop(proxy);
+
+    // The history.
+    let mut h = History {
+        restarts_us: c.restarts_us.clone(),
+        pauses: c.pauses.clone(),
+        endings: c.endings.clone(),
+        locks_after_run,
+        locks_after_lease,
+        lease_ms: LEASE.as_millis() as u64,
+        call_bound_us: CALL_BOUND.as_micros() as u64,
+        ..History::default()
+    };
+    for (n, path) in monitor_files.iter().enumerate() {
+        let lines: Vec<String> = std::io::BufReader::new(File::open(path).expect("monitor log"))
+            .lines()
+            .map_while(Result::ok)
+            .collect();
+        h.server
+            .extend(history::replay_monitor(NAMESPACE, n as u32, &lines));
+    }
+    let mut sink_results: BTreeMap<(String, u64), (u32, u32)> = BTreeMap::new();
+    for line in &sink_log {
+        let f: Vec<&str> = line.split(' ').collect();
+        let entry = sink_results
+            .entry((f[0].to_string(), f[1].parse().expect("section id")))
+            .or_default();
+        entry.0 += 1;
+        entry.1 += u32::from(f[4] == "1");
+    }
+    for instance in &c.instances {
+        read_worker_log(&dir, instance, &sink_results, &mut h);
+    }
+
+    // Judge and report.
+    let violations = check(&h);
+    let calls_done: Vec<&Call> = h.calls.iter().filter(|c| c.end_us.is_some()).collect();
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for call in &calls_done {
+        let kind = match &call.outcome {
+            Outcome::Value(_) | Outcome::Done => format!("{} ok", call.op),
+            Outcome::Error(kind) => format!("{} {kind}", call.op),
+            Outcome::Pending => "pending".into(),
+        };
+        *outcomes.entry(kind).or_default() += 1;
+    }
+    let accepted_writes = h
+        .server
+        .iter()
+        .filter(|e| matches!(e, ServerEvent::Write(w) if w.computed))
+        .count();
+    let acquisitions = h
+        .server
+        .iter()
+        .filter(|e| matches!(e, ServerEvent::Acquire { .. }))
+        .count();
+    let accepted_sections = h
+        .sections
+        .iter()
+        .filter(|s| s.writes > 0 && s.accepted == s.writes)
+        .count();
+    let refused_sections = h.sections.iter().filter(|s| s.accepted < s.writes).count();
+    let fault_total: u64 = c.faults.values().sum();
+    println!(
+        "chaos: seed {seed}, {rounds} rounds in {:.0?}",
+        began.elapsed()
+    );
+    println!("chaos: faults injected {fault_total}: {:?}", c.faults);
+    println!(
+        "chaos: calls completed {} ({outcomes:?}); worker processes {} ({} killed)",
+        calls_done.len(),
+        c.instances.len(),
+        c.endings.iter().filter(|e| e.killed).count()
+    );
+    println!(
+        "chaos: server: {acquisitions} lock acquisitions, {accepted_writes} computed values accepted, {} restarts; \
+         lock/leader sections: {} ({accepted_sections} accepted by the fenced sink, {refused_sections} refused)",
+        h.restarts_us.len(),
+        h.sections.len()
+    );
+    println!("chaos: violations {}", violations.len());
+    for v in violations.iter().take(50) {
+        println!("  {v}");
+    }
+    if !violations.is_empty() {
+        // Keep the evidence.
+        let kept = tmp.keep();
+        println!("chaos: history kept in {}", kept.display());
+    }
+    assert!(violations.is_empty(), "{} violations", violations.len());
+    // The run must have done something worth checking.
+    assert!(calls_done.len() as u64 >= rounds, "too few calls completed");
+    assert!(accepted_writes > 0 && accepted_sections > 0);
+    if rounds >= 200 {
+        for kind in ["kill", "stop", "redis_restart", "cut", "delay"] {
+            assert!(
+                c.faults.get(kind).is_some_and(|n| *n > 0),
+                "no {kind} injected"
+            );
+        }
+        assert!(
+            c.faults.keys().any(|k| k.starts_with("blackhole")),
+            "no blackhole injected"
+        );
+    }
+}
+
+/// Reads one worker's history file into `h`. A line cut short by SIGKILL is skipped.
+fn read_worker_log(
+    dir: &Path,
+    instance: &str,
+    sink: &BTreeMap<(String, u64), (u32, u32)>,
+    h: &mut History,
+) {
+    let Ok(text) = std::fs::read_to_string(dir.join(format!("{instance}.log"))) else {
+        return;
+    };
+    let mut calls: BTreeMap<u64, Call> = BTreeMap::new();
+    let mut sections: BTreeMap<u64, Section> = BTreeMap::new();
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..end],
+        None => "",
+    };
+    for line in complete.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let num = |i: usize| -> u64 { f[i].parse().expect("a number in the history") };
+        match f[0] {
+            "begin" => {
+                calls.insert(
+                    num(1),
+                    Call {
+                        instance: instance.to_string(),
+                        id: num(1),
+                        op: f[2].to_string(),
+                        key: f[3].to_string(),
+                        start_us: num(4),
+                        end_us: None,
+                        outcome: Outcome::Pending,
+                    },
+                );
+            }
+            "end" => {
+                let call = calls.get_mut(&num(1)).expect("an end after its begin");
+                call.end_us = Some(num(5));
+                call.outcome = match f[6] {
+                    "ok" => Outcome::Value(f[7].to_string()),
+                    "done" => Outcome::Done,
+                    _ => Outcome::Error(f[7].to_string()),
+                };
+            }
+            "compute" => h.computes.push(Compute {
+                instance: instance.to_string(),
+                key: f[1].to_string(),
+                token: num(2),
+                start_us: num(3),
+                end_us: num(4),
+                value: f[5].to_string(),
+            }),
+            "acq" => {
+                let (writes, accepted) = sink
+                    .get(&(instance.to_string(), num(1)))
+                    .copied()
+                    .unwrap_or((0, 0));
+                sections.insert(
+                    num(1),
+                    Section {
+                        instance: instance.to_string(),
+                        id: num(1),
+                        lock: f[2].to_string(),
+                        token: num(3),
+                        asked_us: num(4),
+                        start_us: num(5),
+                        end_us: num(5),
+                        writes,
+                        accepted,
+                    },
+                );
+            }
+            "held" => {
+                if let Some(s) = sections.get_mut(&num(1)) {
+                    s.end_us = s.end_us.max(num(2));
+                }
+            }
+            "final" => {
+                if let Some(e) = h
+                    .endings
+                    .iter_mut()
+                    .find(|e| e.instance == instance && !e.killed)
+                {
+                    e.in_flight = Some(num(1) as usize);
+                }
+            }
+            other => panic!("unknown history line {other:?} in {instance}"),
+        }
+    }
+    h.calls.extend(calls.into_values());
+    h.sections.extend(sections.into_values());
+}
+
+// =============================================================================================
+// The workers.
+
+/// One worker's history file: one `write` per event, so a SIGKILL cannot tear an earlier one.
+struct Log(Mutex<File>);
+
+impl Log {
+    fn event(&self, line: String) {
+        let mut file = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        file.write_all(format!("{line}\n").as_bytes())
+            .expect("the history file takes the event");
+    }
+}
+
+fn kind<E>(e: &Error<E>) -> &'static str {
+    match e {
+        Error::Compute(_) => "Compute",
+        Error::Backend { .. } => "Backend",
+        Error::WaitTimeout { .. } => "WaitTimeout",
+        Error::InvalidKey { .. } => "InvalidKey",
+        Error::Encode(_) => "Encode",
+        Error::ValueTooLarge { .. } => "ValueTooLarge",
+        Error::Config(_) => "Config",
+        Error::RecentFailure { .. } => "RecentFailure",
+        Error::NotHeld { .. } => "NotHeld",
+        _ => "Other",
+    }
+}
+
+struct Ctx {
+    cache: Cache,
+    log: Log,
+    sink: redis::aio::MultiplexedConnection,
+    instance: String,
+    ids: std::sync::atomic::AtomicU64,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Ctx {
+    fn next_id(&self) -> u64 {
+        self.ids.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// One write of a critical section to the fenced sink.
+    async fn sink_write(&self, section: u64, lock: &str, token: u64) -> Result<(), String> {
+        let mut conn = self.sink.clone();
+        let script = redis::Script::new(SINK);
+        let mut invocation = script.key(format!("max:{lock}"));
+        invocation
+            .key("sinklog")
+            .arg(&self.instance)
+            .arg(section)
+            .arg(lock)
+            .arg(token);
+        let write = invocation.invoke_async::<i64>(&mut conn);
+        match tokio::time::timeout(Duration::from_secs(5), write).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("sink write timed out".into()),
+        }
+    }
+}
+
+fn worker(role: &str) -> Result<(), String> {
+    if role != "chaos-worker" {
+        return Err(format!("unknown role {role}"));
+    }
+    let var = |name: &str| std::env::var(name).map_err(|e| format!("{name}: {e}"));
+    let (url, sink_url, dir, instance) = (
+        var("CHAOS_URL")?,
+        var("CHAOS_SINK")?,
+        PathBuf::from(var("CHAOS_DIR")?),
+        var("CHAOS_INSTANCE")?,
+    );
+    let seed: u64 = var("CHAOS_SEED")?.parse().map_err(|e| format!("{e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("{instance}.log")))
+            .map_err(|e| e.to_string())?;
+        let options = CallOptions::default()
+            .lease(LEASE)
+            .wait_timeout(WAIT_TIMEOUT);
+        let cache = Cache::builder()
+            .redis_url(url.as_str())
+            .namespace(NAMESPACE)
+            .options(options)
+            .build()
+            .await
+            .map_err(|e| e.to_string())?;
+        let sink = redis::Client::open(sink_url.as_str())
+            .map_err(|e| e.to_string())?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let ctx = Arc::new(Ctx {
+            cache,
+            log: Log(Mutex::new(file)),
+            sink,
+            instance,
+            ids: Default::default(),
+            stop,
+        });
+        let stop_file = dir.join("stop");
+        tokio::spawn(async move {
+            while !stop_file.exists() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            stop_tx.send_replace(true);
+        });
+        let mut tasks = Vec::new();
+        for n in 0..2 {
+            tasks.push(tokio::spawn(cache_loop(Arc::clone(&ctx), seed * 10 + n)));
+        }
+        tasks.push(tokio::spawn(lock_loop(Arc::clone(&ctx), seed * 10 + 5)));
+        tasks.push(tokio::spawn(leader_loop(Arc::clone(&ctx), seed * 10 + 6)));
+        for task in tasks {
+            task.await.map_err(|e| e.to_string())??;
+        }
+        ctx.log.event(format!("final {}", ctx.cache.in_flight()));
+        Ok(())
+    })
+}
+
+/// `get_or_compute_with_lease` (mostly), `invalidate` and `set` on the hot keys.
+async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    while !ctx.stopping() {
+        let key = format!("k{}", rng.random_range(0..CACHE_KEYS));
+        let id = ctx.next_id();
+        let start = now_us();
+        let dice = rng.random_range(0..100);
+        let op = match dice {
+            0..8 => "invalidate",
+            8..12 => "set",
+            _ => "get_or_compute",
+        };
+        ctx.log.event(format!("begin {id} {op} {key} {start}"));
+        let outcome = match op {
+            "invalidate" => match ctx.cache.invalidate(&key).await {
+                Ok(()) => "done".to_string(),
+                Err(e) => format!("err {}", kind(&e)),
+            },
+            "set" => {
+                let value = format!("S|{key}|{}|{id}", ctx.instance);
+                match ctx
+                    .cache
+                    .set(&key, &value, Duration::from_millis(1500))
+                    .await
+                {
+                    Ok(()) => "done".to_string(),
+                    Err(e) => format!("err {}", kind(&e)),
+                }
+            }
+            _ => {
+                let compute_ms = match rng.random_range(0..100) {
+                    0..70 => rng.random_range(0..60),
+                    70..95 => rng.random_range(60..200),
+                    // Longer than the lease: the heartbeat must keep it.
+                    _ => rng.random_range(500..1000),
+                };
+                let fail = rng.random_range(0..100) < 5;
+                let ttl = Duration::from_millis(rng.random_range(200..2000));
+                let inner = Arc::clone(&ctx);
+                let k = key.clone();
+                let got = ctx
+                    .cache
+                    .get_or_compute_with_lease(&key, ttl, move |lease| async move {
+                        let began = now_us();
+                        let token = lease.fencing_token().unwrap_or(0);
+                        tokio::time::sleep(Duration::from_millis(compute_ms)).await;
+                        if fail {
+                            return Err("planned failure".to_string());
+                        }
+                        let value = format!("V|{k}|{token}|{}|{id}", inner.instance);
+                        inner
+                            .log
+                            .event(format!("compute {k} {token} {began} {} {value}", now_us()));
+                        Ok(value)
+                    })
+                    .await;
+                match got {
+                    Ok(value) => format!("ok {value}"),
+                    Err(e) => format!("err {}", kind(&e)),
+                }
+            }
+        };
+        ctx.log.event(format!(
+            "end {id} {op} {key} {start} {} {outcome}",
+            now_us()
+        ));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
+    }
+    Ok(())
+}
+
+/// Critical sections under a `Lock`: each step checks the lease, then writes to the sink.
+async fn lock_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    while !ctx.stopping() {
+        let name = LOCKS[rng.random_range(0..LOCKS.len())];
+        let lock = ctx.cache.lock(name).map_err(|e| e.to_string())?;
+        let id = ctx.next_id();
+        let asked = now_us();
+        if let Ok(guard) = lock.acquire().await {
+            let token = guard.fencing_token();
+            ctx.log
+                .event(format!("acq {id} {name} {token} {asked} {}", now_us()));
+            for _ in 0..rng.random_range(1..=3) {
+                // Read the clock first: the check that follows holds for that moment too.
+                let t0 = now_us();
+                if !guard.is_held() {
+                    break;
+                }
+                ctx.log.event(format!("held {id} {t0}"));
+                if ctx.sink_write(id, name, token).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..120))).await;
+            }
+            let _ = guard.release().await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(10..50))).await;
+    }
+    Ok(())
+}
+
+/// A `Leader` whose job writes to the sink; one section per term (fencing token).
+async fn leader_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
+    let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
+    let leader = Leader::new(
+        ctx.cache.lock("leader").map_err(|e| e.to_string())?,
+        Duration::from_millis(30),
+    );
+    let mut stop = ctx.stop.clone();
+    let shutdown = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let term: Arc<Mutex<(u64, u64)>> = Arc::default(); // (token, section id)
+    let job = move |job: JobContext| {
+        let (ctx, term, rng) = (Arc::clone(&ctx), Arc::clone(&term), Arc::clone(&rng));
+        async move {
+            let t0 = now_us();
+            if job.is_cancelled() {
+                return Ok::<(), String>(());
+            }
+            let token = job.fencing_token();
+            let id = {
+                let mut term = term.lock().unwrap_or_else(|p| p.into_inner());
+                if term.0 != token {
+                    *term = (token, ctx.next_id());
+                    ctx.log
+                        .event(format!("acq {} leader {token} {t0} {t0}", term.1));
+                }
+                term.1
+            };
+            ctx.log.event(format!("held {id} {t0}"));
+            ctx.sink_write(id, "leader", token).await?;
+            let pause = rng
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .random_range(10..80);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            Ok(())
+        }
+    };
+    leader.run(job, shutdown).await.map_err(|e| e.to_string())
+}
+
+// =============================================================================================
+// The checker, tested on hand-made histories.
+
+fn value(key: &str, token: u64, instance: &str) -> String {
+    format!("V|{key}|{token}|{instance}|1")
+}
+
+fn write(key: &str, token: u64, instance: &str) -> ServerEvent {
+    ServerEvent::Write(Write {
+        key: key.into(),
+        computed: true,
+        token,
+        fence: token,
+        counter: Some(token),
+        value: value(key, token, instance),
+    })
+}
+
+fn good_history() -> History {
+    let call = |instance: &str, id, start_us, end_us, outcome| Call {
+        instance: instance.into(),
+        id,
+        op: "get_or_compute".into(),
+        key: "k0".into(),
+        start_us,
+        end_us: Some(end_us),
+        outcome,
+    };
+    let section = |instance: &str, token, asked_us, start_us, end_us| Section {
+        instance: instance.into(),
+        id: token,
+        lock: "L0".into(),
+        token,
+        asked_us,
+        start_us,
+        end_us,
+        writes: 2,
+        accepted: 2,
+    };
+    let ending = |instance: &str| Ending {
+        instance: instance.into(),
+        killed: false,
+        clean_exit: true,
+        in_flight: Some(0),
+    };
+    History {
+        calls: vec![
+            call("a", 1, 1_000, 30_000, Outcome::Value(value("k0", 10, "a"))),
+            // b waited for a's value, which the server accepted.
+            call("b", 1, 2_000, 31_000, Outcome::Value(value("k0", 10, "a"))),
+            call("b", 2, 40_000, 60_000, Outcome::Error("WaitTimeout".into())),
+        ],
+        computes: vec![
+            Compute {
+                instance: "a".into(),
+                key: "k0".into(),
+                token: 10,
+                start_us: 5_000,
+                end_us: 25_000,
+                value: value("k0", 10, "a"),
+            },
+            Compute {
+                instance: "b".into(),
+                key: "k0".into(),
+                token: 12,
+                start_us: 45_000,
+                end_us: 55_000,
+                value: value("k0", 12, "b"),
+            },
+        ],
+        sections: vec![
+            section("a", 5, 100, 200, 900),
+            section("b", 6, 150, 1_000, 2_000),
+        ],
+        server: vec![
+            ServerEvent::Life(0),
+            ServerEvent::Acquire {
+                key: "L0".into(),
+                token: 5,
+            },
+            ServerEvent::Acquire {
+                key: "k0".into(),
+                token: 10,
+            },
+            ServerEvent::Acquire {
+                key: "L0".into(),
+                token: 6,
+            },
+            write("k0", 10, "a"),
+            ServerEvent::Bump {
+                key: "k0".into(),
+                cause: BumpCause::Invalidate,
+            },
+            ServerEvent::Acquire {
+                key: "k0".into(),
+                token: 12,
+            },
+            write("k0", 12, "b"),
+        ],
+        restarts_us: vec![],
+        pauses: vec![],
+        endings: vec![ending("a"), ending("b")],
+        locks_after_run: vec![("chaos:{L0}_lock".into(), 350)],
+        locks_after_lease: vec![],
+        lease_ms: 400,
+        call_bound_us: 40_000,
+    }
+}
+
+fn rules(violations: &[Violation]) -> HashSet<char> {
+    violations.iter().map(|v| v.rule).collect()
+}
+
+fn checker_passes_a_good_history() {
+    let violations = check(&good_history());
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+fn checker_detects_each_violation_once() {
+    type Breaker = fn(&mut History);
+    let cases: &[(&str, char, Breaker)] = &[
+        ("two accepted computations overlap", 'a', |h| {
+            h.computes[1].start_us = 20_000;
+        }),
+        ("two accepted lock sections overlap", 'a', |h| {
+            h.sections[1].start_us = 800;
+        }),
+        ("a lower token accepted after a higher one", 'b', |h| {
+            h.server.push(ServerEvent::Acquire {
+                key: "k0".into(),
+                token: 13,
+            });
+            let ServerEvent::Write(w) = write("k0", 11, "a") else {
+                unreachable!()
+            };
+            h.server.push(ServerEvent::Write(Write {
+                counter: Some(13),
+                ..w
+            }));
+        }),
+        ("a lock asked after a grant gets a lower token", 'b', |h| {
+            h.sections[1].asked_us = 950;
+            h.sections[1].token = 4;
+        }),
+        ("a write accepted after an invalidation", 'c', |h| {
+            h.server.insert(
+                7,
+                ServerEvent::Bump {
+                    key: "k0".into(),
+                    cause: BumpCause::Invalidate,
+                },
+            );
+        }),
+        ("a call never ended", 'd', |h| {
+            h.calls[2].end_us = None;
+        }),
+        ("a call took longer than its bound", 'd', |h| {
+            h.calls[2].end_us = Some(90_000);
+        }),
+        ("a call returned a value never accepted", 'd', |h| {
+            h.calls[1].outcome = Outcome::Value(value("k0", 11, "a"));
+        }),
+        (
+            "a call returned its own process's value that was never computed",
+            'd',
+            |h| {
+                h.calls[0].outcome = Outcome::Value(value("k0", 11, "a"));
+            },
+        ),
+        ("a call returned another key's value", 'd', |h| {
+            h.calls[0].outcome = Outcome::Value(value("k1", 10, "a"));
+        }),
+        ("a call failed with an unexpected error", 'd', |h| {
+            h.calls[2].outcome = Outcome::Error("InvalidKey".into());
+        }),
+        ("an in-process entry was left", 'e', |h| {
+            h.endings[0].in_flight = Some(1);
+        }),
+        ("a lock key without expiry", 'e', |h| {
+            h.locks_after_run[0].1 = -1;
+        }),
+        ("a lock key outlived its lease", 'e', |h| {
+            h.locks_after_lease.push("chaos:{L0}_lock".into());
+        }),
+    ];
+    for (what, rule, breaker) in cases {
+        let mut h = good_history();
+        breaker(&mut h);
+        let found = check(&h);
+        assert_eq!(
+            rules(&found),
+            HashSet::from([*rule]),
+            "{what}: expected exactly rule ({rule}), got {found:?}"
+        );
+    }
+    // What the rules excuse: a pause is not counted against a call's bound, an unfinished call
+    // of a killed process is not a hang, and lock sections on both sides of a server restart may
+    // overlap (the restart lost the lock; the fencing token still orders their writes).
+    let mut h = good_history();
+    h.calls[2].end_us = Some(90_000);
+    h.pauses.push(Pause {
+        instance: "b".into(),
+        from_us: 45_000,
+        to_us: 85_000,
+    });
+    h.calls[0].end_us = None;
+    h.endings[0].killed = true;
+    h.sections[1].start_us = 800;
+    h.restarts_us.push(500);
+    assert_eq!(check(&h), vec![]);
+}
+
+fn monitor_replay_rebuilds_the_servers_decisions() {
+    let envelope = |fence: u64, text: &str| {
+        let mut bytes = b"SG\x01\x01\x00".to_vec();
+        bytes.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
+        bytes.extend_from_slice(&7u32.to_be_bytes());
+        bytes.extend_from_slice(&fence.to_be_bytes());
+        bytes.push(text.len() as u8);
+        bytes.extend_from_slice(text.as_bytes());
+        bytes
+            .iter()
+            .map(|b| {
+                if b.is_ascii_graphic() && *b != b'"' && *b != b'\\' {
+                    (*b as char).to_string()
+                } else {
+                    format!("\\x{b:02x}")
+                }
+            })
+            .collect::<String>()
+    };
+    let v = value("k0", 101, "w0.1");
+    let lines: Vec<String> = [
+        r#"1.0 [0 127.0.0.1:1] "evalsha" "abc" "3""#.to_string(),
+        r#"1.1 [0 lua] "GET" "chaos:{k0}""#.into(),
+        r#"1.2 [0 lua] "SET" "chaos:{k0}_lock" "tok" "NX" "PX" "400""#.into(),
+        r#"1.3 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
+        r#"1.4 [0 lua] "TIME""#.into(),
+        r#"1.5 [0 lua] "SET" "chaos:{k0}_fence" "100""#.into(),
+        r#"1.6 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
+        r#"1.7 [0 lua] "PEXPIRE" "chaos:{k0}_fence" "800""#.into(),
+        "C".into(),
+        r#"2.1 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
+        format!(
+            r#"2.2 [0 lua] "SET" "chaos:{{k0}}" "{}" "PX" "900""#,
+            envelope(101, &v)
+        ),
+        r#"2.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
+        "C".into(),
+        r#"3.1 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
+        r#"3.2 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
+        r#"3.3 [0 lua] "DEL" "chaos:{k0}""#.into(),
+    ]
+    .to_vec();
+    let events = history::replay_monitor(NAMESPACE, 0, &lines);
+    assert_eq!(
+        events,
+        vec![
+            ServerEvent::Life(0),
+            ServerEvent::Acquire {
+                key: "k0".into(),
+                token: 101
+            },
+            ServerEvent::Write(Write {
+                key: "k0".into(),
+                computed: true,
+                token: 101,
+                fence: 101,
+                counter: Some(101),
+                value: v,
+            }),
+            ServerEvent::Bump {
+                key: "k0".into(),
+                cause: BumpCause::Invalidate
+            },
+        ]
+    );
+}

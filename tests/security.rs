@@ -1,0 +1,369 @@
+//! Security properties against real redis-server processes: password and ACL logins, ACL key
+//! patterns that confine a cache to its namespace, passwords kept out of every `Debug`, `Display`,
+//! error and log line, scripts that touch only the keys they are given, and the size limits.
+//! (TLS is in `tests/tls.rs`, built with `--features tls`.)
+
+mod support;
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use stampede_guard::leader::Leader;
+use stampede_guard::{Cache, CallOptions, Error, Fallback, Lock, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use support::{free_port, RedisServer};
+
+const PASSWORD: &str = "pw-9f3b7c1e-never-printed";
+const WRONG_PASSWORD: &str = "wrong-4d2a8e-never-printed";
+const TTL: Duration = Duration::from_secs(60);
+
+fn requirepass_server() -> RedisServer {
+    RedisServer::start_with(
+        &["--requirepass".into(), PASSWORD.into()],
+        &format!(":{PASSWORD}@"),
+    )
+}
+
+async fn cache_at(url: &str, namespace: &str, options: CallOptions) -> Cache {
+    Cache::builder()
+        .redis_url(url)
+        .namespace(namespace)
+        .options(options)
+        .build()
+        .await
+        .expect("a cache (connected on first use)")
+}
+
+fn quick() -> CallOptions {
+    CallOptions::default()
+        .lease(Duration::from_millis(500))
+        .wait_timeout(Duration::from_secs(5))
+}
+
+/// Everything a user can see of an error: its message, its debug form and its sources.
+fn everything_about<E: std::error::Error>(e: &E) -> String {
+    let mut all = format!("{e} {e:?}");
+    let mut source = e.source();
+    while let Some(s) = source {
+        all.push_str(&format!(" | {s} {s:?}"));
+        source = s.source();
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requirepass_works_and_a_missing_or_wrong_password_is_a_typed_error() {
+    let server = requirepass_server();
+    let cache = cache_at(&server.url(), "reports", quick()).await;
+    let value: String = cache
+        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>("ok".into()) })
+        .await
+        .expect("computed through the password-protected server");
+    assert_eq!(value, "ok");
+    assert_eq!(
+        cache.get::<String>("2019-05").await.unwrap().as_deref(),
+        Some("ok")
+    );
+    let guard = cache.lock("sync").unwrap().acquire().await.unwrap();
+    guard.release().await.unwrap();
+
+    let anonymous = format!("redis://127.0.0.1:{}/0", server.port());
+    let wrong = format!("redis://:{WRONG_PASSWORD}@127.0.0.1:{}/0", server.port());
+    for url in [anonymous, wrong] {
+        let cache = cache_at(&url, "reports", quick()).await;
+        let result = cache
+            .get_or_compute("2019-06", TTL, || async {
+                Ok::<String, String>("no".into())
+            })
+            .await;
+        let Err(e) = result else {
+            panic!("a login without the right password must fail");
+        };
+        assert!(e.is_backend(), "{e:?}");
+        assert!(!everything_about(&e).contains(WRONG_PASSWORD), "{e:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_works_and_its_key_patterns_confine_the_cache_to_its_namespace() {
+    // alice may touch only keys and channels under `reports:`; every key and channel a cache in
+    // namespace `reports` uses (in plain commands and inside scripts) must fall under it.
+    let server = RedisServer::start_with(
+        &[
+            "--user",
+            "alice",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~reports:*",
+            "&reports:*",
+            "+@all",
+        ]
+        .map(String::from),
+        &format!("alice:{PASSWORD}@"),
+    );
+    let url = server.url();
+    let holder = cache_at(&url, "reports", quick()).await;
+    let waiter = cache_at(&url, "reports", quick()).await;
+    let computing = tokio::spawn(async move {
+        holder
+            .get_or_compute("2019-05", TTL, || async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, String>("from alice".to_string())
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Waits for the holder (subscribing to the wake-up channel), then reads its value.
+    let waited: String = waiter
+        .get_or_compute("2019-05", TTL, || async {
+            Ok::<_, String>("not me".into())
+        })
+        .await
+        .unwrap();
+    assert_eq!(waited, "from alice");
+    assert_eq!(computing.await.unwrap().unwrap(), "from alice");
+    waiter
+        .set("2019-06", &"set".to_string(), TTL)
+        .await
+        .unwrap();
+    waiter.invalidate("2019-06").await.unwrap();
+    let guard = waiter.lock("sync").unwrap().acquire().await.unwrap();
+    assert!(guard.extend().await.unwrap());
+    guard.release().await.unwrap();
+
+    // The same login in another namespace is refused by the server: the patterns are real.
+    let outside = cache_at(&url, "other", quick()).await;
+    let refused = outside
+        .get_or_compute("2019-05", TTL, || async {
+            Ok::<String, String>("x".into())
+        })
+        .await;
+    assert!(matches!(&refused, Err(e) if e.is_backend()), "{refused:?}");
+}
+
+/// A `tracing` writer that keeps everything written, for the whole test binary.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn captured_logs() -> &'static Captured {
+    static LOGS: OnceLock<Captured> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Captured::default();
+        let writer = logs.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(move || writer.clone())
+            .init();
+        logs
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_show_in_debug_display_errors_or_logs() {
+    let logs = captured_logs();
+    let server = requirepass_server();
+    let good = server.url();
+    let wrong = format!("redis://:{WRONG_PASSWORD}@127.0.0.1:{}/0", server.port());
+    let unreachable = format!("redis://:{PASSWORD}@127.0.0.1:{}/0", free_port());
+    let unparsable = format!("redis://:{PASSWORD}@127.0.0.1:not-a-port/0");
+    let mut seen = Vec::new();
+
+    // Builders, caches and locks, as a user would print them.
+    let builder = Cache::builder()
+        .redis_url(good.as_str())
+        .namespace("reports");
+    seen.push(format!("{builder:?}"));
+    let cache = builder.build().await.unwrap();
+    seen.push(format!("{cache:?} {:?}", cache.lock("sync").unwrap()));
+    let lock_builder = Lock::builder("sync").redis_url(good.as_str());
+    seen.push(format!("{lock_builder:?}"));
+    seen.push(format!("{:?}", lock_builder.build().await.unwrap()));
+
+    // Errors: a wrong password, an unreachable server, a URL that does not parse.
+    for url in [&wrong, &unreachable] {
+        let cache = cache_at(url, "reports", quick()).await;
+        let e = cache
+            .get_or_compute("k", TTL, || async { Ok::<_, String>(1u8) })
+            .await
+            .unwrap_err();
+        assert!(e.is_backend(), "{e:?}");
+        seen.push(everything_about(&e));
+        let e = cache.lock("sync").unwrap().acquire().await.unwrap_err();
+        seen.push(everything_about(&e));
+    }
+    let e = Cache::builder()
+        .redis_url(unparsable.as_str())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    seen.push(everything_about(&e));
+
+    // Logs: the fallback and the leader's standby loop log the backend's errors.
+    let fallback = cache_at(
+        &wrong,
+        "reports",
+        quick().on_backend_error(Fallback::ComputeUncached),
+    )
+    .await;
+    let value = fallback
+        .get_or_compute("k", TTL, || async { Ok::<_, String>(7u8) })
+        .await
+        .unwrap();
+    assert_eq!(value, 7);
+    let lock = Lock::builder("sync")
+        .redis_url(unreachable.as_str())
+        .build()
+        .await
+        .unwrap();
+    Leader::new(lock, Duration::from_millis(10))
+        .run(
+            |_| async { Ok::<(), String>(()) },
+            tokio::time::sleep(Duration::from_secs(3)),
+        )
+        .await
+        .unwrap();
+
+    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.contains("backend unavailable; computing without the cache")
+            && logged.contains("standby: cannot reach the lock"),
+        "the logs were captured: {logged}"
+    );
+    seen.push(logged);
+    for text in &seen {
+        for secret in [PASSWORD, WRONG_PASSWORD] {
+            assert!(!text.contains(secret), "a password leaked into: {text}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_keys_and_values_are_refused_on_redis_at_the_documented_limits() {
+    let server = RedisServer::start();
+    let cache = cache_at(&server.url(), "reports", quick()).await;
+    let mut conn = server.conn();
+
+    // Keys: MAX_KEY_BYTES bytes of two-byte characters work (escaped to three times as many);
+    // one byte more is refused before anything reaches Redis.
+    let longest = "é".repeat(MAX_KEY_BYTES / 2);
+    assert_eq!(longest.len(), MAX_KEY_BYTES);
+    let got: String = cache
+        .get_or_compute(&longest, TTL, || async { Ok::<_, String>("long".into()) })
+        .await
+        .unwrap();
+    assert_eq!(got, "long");
+    assert_eq!(
+        cache.get::<String>(&longest).await.unwrap().as_deref(),
+        Some("long")
+    );
+    let keys_before: usize = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+    let too_long = format!("{longest}x");
+    let refused = cache
+        .get_or_compute(&too_long, TTL, || async {
+            Ok::<String, String>("no".into())
+        })
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidKey { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        cache.get::<String>(&too_long).await,
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        cache.set(&too_long, &1u8, TTL).await,
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        cache.invalidate(&too_long).await,
+        Err(Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        cache.lock(&too_long),
+        Err(Error::InvalidKey { .. })
+    ));
+    let keys_after: usize = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+    assert_eq!(keys_before, keys_after, "an oversize key reached Redis");
+
+    // Values: a payload of exactly MAX_VALUE_BYTES is stored and read back; one byte more is
+    // refused with a message naming the limit, and neither a value nor a lock is left behind.
+    // (A String encodes as a 5-byte length prefix for this size, then its bytes.)
+    let at_limit = "v".repeat(MAX_VALUE_BYTES - 5);
+    cache.set("big", &at_limit, TTL).await.unwrap();
+    let back: String = cache.get("big").await.unwrap().expect("the value is there");
+    assert_eq!(back.len(), at_limit.len());
+    drop((at_limit, back));
+    let over = "v".repeat(MAX_VALUE_BYTES - 4);
+    let e = cache.set("bigger", &over, TTL).await.unwrap_err();
+    assert!(
+        matches!(e, Error::ValueTooLarge { size, limit } if size == MAX_VALUE_BYTES + 1 && limit == MAX_VALUE_BYTES),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains(&MAX_VALUE_BYTES.to_string()), "{e}");
+    let e = cache
+        .get_or_compute("bigger", TTL, move || async move { Ok::<_, String>(over) })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::ValueTooLarge { .. }), "{e:?}");
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("reports:{bigger}*")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        left.iter().all(|k| k.ends_with("_fence")),
+        "only the fencing counter may remain: {left:?}"
+    );
+}
+
+/// The Lua scripts must take every key they touch from KEYS (so Redis Cluster routes them and
+/// ACL key patterns apply); data, tokens and channel names come through ARGV.
+#[test]
+fn every_key_a_script_touches_comes_from_keys() {
+    let source = include_str!("../src/store/scripts.rs");
+    let mut calls = 0;
+    for (at, _) in source.match_indices("redis.") {
+        let rest = &source[at..];
+        let Some(args) = rest
+            .strip_prefix("redis.call(")
+            .or_else(|| rest.strip_prefix("redis.pcall("))
+        else {
+            continue;
+        };
+        calls += 1;
+        let args = &args[..args.find(')').expect("a closed call")];
+        let mut parts = args.split(',').map(str::trim);
+        let command = parts.next().unwrap().trim_matches('\'').to_uppercase();
+        let first = parts.next().unwrap_or("");
+        match command.as_str() {
+            // No key.
+            "TIME" => {}
+            // A channel, not a key: it must still come from the caller's arguments.
+            "PUBLISH" => assert!(first.starts_with("ARGV["), "PUBLISH to {first}"),
+            // `fence` is bump_fence's parameter; its callers are checked below.
+            _ => assert!(
+                first.starts_with("KEYS[") || first == "fence",
+                "{command} touches {first}, not a key from KEYS"
+            ),
+        }
+    }
+    assert!(calls >= 20, "the scan found the scripts' calls ({calls})");
+    for (at, _) in source.match_indices("bump_fence(") {
+        let arg = source[at + "bump_fence(".len()..].trim_start();
+        assert!(
+            arg.starts_with("KEYS[") || arg.starts_with("fence,"),
+            "bump_fence called with {}",
+            &arg[..20.min(arg.len())]
+        );
+    }
+}
