@@ -46,6 +46,9 @@
 //!   crate's `Debug` output, errors or logs.
 //!
 //! # Features
+//! - `metrics` (off by default): every call's outcome, waits, lease renewals and losses go to the
+//!   [`metrics`](https://docs.rs/metrics) facade as well as to [`Cache::stats`] (names in
+//!   [`Stats`]).
 //! - `tls` (off by default): `rediss://` URLs, through rustls with the ring crypto provider,
 //!   trusting the system's root certificates (or those of a client made with
 //!   `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]). If your
