@@ -7,6 +7,12 @@
 //!   --compute-ms C --payload S --rounds R [--ttl SECONDS] [--mode guarded|naive]
 //! ```
 //!
+//! Beyond the contract, `--url` may list several node URLs separated by commas
+//! (`redis://127.0.0.1:7000,redis://127.0.0.1:7001,...`): the run is then against the Redis Cluster
+//! that these seed nodes belong to. The cache uses `redis_cluster(seeds)`, the compute counters go
+//! through a cluster connection, each round flushes every master and resets the statistics of every
+//! node, and `redis_cmds` sums `INFO commandstats` over the masters only (see [`Admin`]).
+//!
 //! The binary re-executes itself as its workers (the `STAMPEDE_BENCH_WORKER` variable names the
 //! role). Parent and workers talk over pipes, never through Redis, so the start barrier adds no
 //! commands to the round's count:
@@ -22,12 +28,16 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::seq::SliceRandom;
+use redis::cluster::ClusterClientBuilder;
+use redis::ConnectionAddr;
 use stampede_guard::Cache;
 
 /// Names the worker role in a re-executed child; its value is the worker's index.
 const WORKER_ENV: &str = "STAMPEDE_BENCH_WORKER";
 /// The cache's namespace: the generator's keys stay apart from anything else on the server.
 const NAMESPACE: &str = "stampede-bench";
+/// How long the parent's own connections (and each of their commands) may take.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long workers may take to connect and warm up before the round is abandoned.
 const READY_LIMIT: Duration = Duration::from_secs(60);
 /// A caller still running this long after the release (plus K × C) counts as never finished.
@@ -56,10 +66,34 @@ enum Mode {
     Naive,
 }
 
+/// What `--url` names: one server (the contract), or seed nodes of a Redis Cluster.
+#[derive(Debug, Clone)]
+enum Target {
+    Server(String),
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    /// One URL is a server; a comma-separated list of several is a cluster's seed nodes.
+    fn parse(urls: &str) -> Result<Self, BoxError> {
+        let mut seeds: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        match seeds.len() {
+            0 => Err(format!("--url is required\n{USAGE}").into()),
+            1 => Ok(Target::Server(seeds.remove(0))),
+            _ => Ok(Target::Cluster(seeds)),
+        }
+    }
+}
+
 /// The command line of BENCH.md; workers re-parse the same arguments.
 #[derive(Debug, Clone)]
 struct Config {
-    url: String,
+    target: Target,
     processes: usize,
     tasks: usize,
     keys: usize,
@@ -70,14 +104,15 @@ struct Config {
     mode: Mode,
 }
 
-const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB [--processes P] [--tasks T] \
-[--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive]";
+const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB[,redis://HOST:PORT...] \
+[--processes P] [--tasks T] [--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive]";
 
 impl Config {
     /// Parses the flags by hand: nine flags do not need a parser crate.
     fn from_args(args: impl Iterator<Item = String>) -> Result<Self, BoxError> {
+        let mut url = String::new();
         let mut config = Config {
-            url: String::new(),
+            target: Target::Server(String::new()),
             processes: 4,
             tasks: 25,
             keys: 12,
@@ -101,7 +136,7 @@ impl Config {
                     .map_err(|_| format!("{flag} takes a whole number, not {value:?}"))
             };
             match flag.as_str() {
-                "--url" => config.url = value.clone(),
+                "--url" => url = value.clone(),
                 "--processes" => config.processes = number()? as usize,
                 "--tasks" => config.tasks = number()? as usize,
                 "--keys" => config.keys = number()? as usize,
@@ -121,9 +156,7 @@ impl Config {
                 other => return Err(format!("unknown flag {other:?}\n{USAGE}").into()),
             }
         }
-        if config.url.is_empty() {
-            return Err(format!("--url is required\n{USAGE}").into());
-        }
+        config.target = Target::parse(&url)?;
         if config.processes == 0 || config.tasks == 0 || config.keys == 0 {
             return Err("--processes, --tasks and --keys must be at least 1".into());
         }
@@ -165,32 +198,172 @@ fn db0_client(url: &str) -> Result<redis::Client, redis::RedisError> {
     redis::Client::open(info.set_redis_settings(settings))
 }
 
+/// The parent's connection to the compute counters: db 0 of the server, or the cluster (the
+/// counter keys of different months hash to different slots, which a cluster connection routes).
+fn counters_connection(target: &Target) -> Result<Box<dyn redis::ConnectionLike>, BoxError> {
+    Ok(match target {
+        Target::Server(url) => {
+            Box::new(db0_client(url)?.get_connection_with_timeout(ADMIN_TIMEOUT)?)
+        }
+        Target::Cluster(seeds) => Box::new(
+            ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                .connection_timeout(ADMIN_TIMEOUT)
+                .response_timeout(ADMIN_TIMEOUT)
+                .build()?
+                .get_connection()?,
+        ),
+    })
+}
+
+/// The generator's side of the servers: flushing a round, resetting and reading the command
+/// statistics. One server is its own single master. A cluster's nodes are found with
+/// `CLUSTER NODES` on a seed and reached each over a plain connection.
+struct Admin {
+    /// Flushed each round; the round's `redis_cmds` is the sum of their `INFO commandstats`.
+    masters: Vec<redis::Connection>,
+    /// Statistics reset, never counted: a replica re-executes every write that its master
+    /// replicates to it (the effects of scripts included), so counting replicas would count those
+    /// writes a second time rather than work that the clients asked for.
+    replicas: Vec<redis::Connection>,
+}
+
+impl Admin {
+    fn connect(target: &Target) -> Result<Self, BoxError> {
+        match target {
+            Target::Server(url) => Ok(Admin {
+                masters: vec![redis::Client::open(url.as_str())?
+                    .get_connection_with_timeout(ADMIN_TIMEOUT)?],
+                replicas: Vec::new(),
+            }),
+            Target::Cluster(seeds) => Self::connect_cluster(seeds),
+        }
+    }
+
+    /// Asks the first seed that answers for `CLUSTER NODES`, and connects to every master and
+    /// replica listed there, with the seed's settings (user, password) and the node's address.
+    fn connect_cluster(seeds: &[String]) -> Result<Self, BoxError> {
+        let mut last_error: BoxError = "no seed URL".into();
+        for seed in seeds {
+            let listing = redis::Client::open(seed.as_str())
+                .and_then(|c| c.get_connection_with_timeout(ADMIN_TIMEOUT))
+                .and_then(|mut conn| {
+                    redis::cmd("CLUSTER")
+                        .arg("NODES")
+                        .query::<String>(&mut conn)
+                });
+            match listing {
+                Ok(listing) => return Self::connect_nodes(seed, &listing),
+                Err(e) => last_error = format!("cluster seed {seed}: {e}").into(),
+            }
+        }
+        Err(last_error)
+    }
+
+    fn connect_nodes(seed: &str, listing: &str) -> Result<Self, BoxError> {
+        let seed_info = redis::Client::open(seed)?.get_connection_info().clone();
+        let mut admin = Admin {
+            masters: Vec::new(),
+            replicas: Vec::new(),
+        };
+        // `<id> <ip:port@cport[,hostname]> <flags> <master id> <ping> <pong> <epoch> <link> <slots>`
+        for line in listing.lines().filter(|l| !l.trim().is_empty()) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(address), Some(flags)) = (fields.get(1), fields.get(2)) else {
+                return Err(format!("unexpected CLUSTER NODES line {line:?}").into());
+            };
+            let flags: Vec<&str> = flags.split(',').collect();
+            if flags
+                .iter()
+                .any(|f| matches!(*f, "fail" | "noaddr" | "handshake"))
+            {
+                eprintln!("stampede_bench: skipping cluster node {address} ({flags:?})");
+                continue;
+            }
+            let host_port = address.split(['@', ',']).next().unwrap_or_default();
+            let (host, port) = host_port
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+                .ok_or_else(|| format!("unexpected node address {address:?} in CLUSTER NODES"))?;
+            let info = seed_info
+                .clone()
+                .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
+            let conn = redis::Client::open(info)?
+                .get_connection_with_timeout(ADMIN_TIMEOUT)
+                .map_err(|e| format!("cluster node {host_port}: {e}"))?;
+            if flags.contains(&"master") {
+                admin.masters.push(conn);
+            } else if flags.contains(&"slave") {
+                admin.replicas.push(conn);
+            }
+        }
+        if admin.masters.is_empty() {
+            return Err(format!("CLUSTER NODES on {seed} lists no master").into());
+        }
+        Ok(admin)
+    }
+
+    /// Starts a round cold: `FLUSHDB` on every master (replicas follow their masters).
+    fn flush(&mut self) -> Result<(), BoxError> {
+        for conn in &mut self.masters {
+            redis::cmd("FLUSHDB").exec(conn)?;
+        }
+        Ok(())
+    }
+
+    /// `CONFIG RESETSTAT` on every node, replicas included.
+    fn reset_stats(&mut self) -> Result<(), BoxError> {
+        for conn in self.masters.iter_mut().chain(&mut self.replicas) {
+            redis::cmd("CONFIG").arg("RESETSTAT").exec(conn)?;
+        }
+        Ok(())
+    }
+
+    /// Commands that the masters ran since [`reset_stats`](Self::reset_stats), without the
+    /// generator's own bookkeeping (see [`commands_executed`]). On a cluster this includes the
+    /// `REPLCONF ACK` that each replica sends its master once a second: a few per round.
+    fn commands_executed(&mut self) -> Result<u64, BoxError> {
+        let mut total = 0;
+        for conn in &mut self.masters {
+            let stats: String = redis::cmd("INFO").arg("commandstats").query(conn)?;
+            total += commands_executed(&stats);
+        }
+        Ok(total)
+    }
+}
+
 fn parent() -> Result<(), BoxError> {
     let config = Config::from_args(std::env::args().skip(1))?;
-    let client = redis::Client::open(config.url.as_str())?;
-    let mut conn = client.get_connection_with_timeout(Duration::from_secs(5))?;
-    let mut counters =
-        db0_client(&config.url)?.get_connection_with_timeout(Duration::from_secs(5))?;
+    let mut admin = Admin::connect(&config.target)?;
+    let mut counters = counters_connection(&config.target)?;
     let months: Vec<String> = (0..config.keys).map(month).collect();
+    if let Target::Cluster(_) = config.target {
+        eprintln!(
+            "stampede_bench: Redis Cluster of {} masters and {} replicas",
+            admin.masters.len(),
+            admin.replicas.len()
+        );
+    }
     eprintln!(
         "stampede_bench: {:?} mode, {} processes × {} tasks × {} keys, compute {:?}, payload {} B, {} rounds",
         config.mode, config.processes, config.tasks, config.keys, config.compute, config.payload, config.rounds
     );
     for round in 0..config.rounds {
-        redis::cmd("FLUSHDB").exec(&mut conn)?;
+        admin.flush()?;
         // The counters are on db 0, which FLUSHDB above misses when the URL names another db.
         for m in &months {
-            redis::cmd("DEL").arg(counter_key(m)).exec(&mut counters)?;
+            redis::cmd("DEL").arg(counter_key(m)).exec(&mut *counters)?;
         }
-        let outcome = run_round(&config, &mut conn)?;
+        let outcome = run_round(&config, &mut admin)?;
         // Commands first: the GETs of the counters below must not be counted.
-        let stats: String = redis::cmd("INFO").arg("commandstats").query(&mut conn)?;
+        let executed = admin.commands_executed()?;
         let mut computes = 0u64;
         for m in &months {
-            let n: Option<u64> = redis::cmd("GET").arg(counter_key(m)).query(&mut counters)?;
+            let n: Option<u64> = redis::cmd("GET")
+                .arg(counter_key(m))
+                .query(&mut *counters)?;
             computes += n.unwrap_or(0);
         }
-        let redis_cmds = commands_executed(&stats).saturating_sub(computes);
+        let redis_cmds = executed.saturating_sub(computes);
         println!(
             "{}",
             json_line(round, computes, redis_cmds, &config, &outcome)
@@ -214,7 +387,7 @@ struct Outcome {
 /// A line a worker wrote, tagged with its index; `None` when its stdout closed.
 type Event = (usize, Option<String>);
 
-fn run_round(config: &Config, conn: &mut redis::Connection) -> Result<Outcome, BoxError> {
+fn run_round(config: &Config, admin: &mut Admin) -> Result<Outcome, BoxError> {
     let exe = std::env::current_exe()?;
     let (tx, events) = mpsc::channel::<Event>();
     let mut workers: Vec<(Child, ChildStdin)> = Vec::with_capacity(config.processes);
@@ -242,7 +415,7 @@ fn run_round(config: &Config, conn: &mut redis::Connection) -> Result<Outcome, B
     }
     drop(tx);
 
-    let result = barrier_and_collect(config, conn, &mut workers, &events);
+    let result = barrier_and_collect(config, admin, &mut workers, &events);
     // Every worker has reported or is given up on: reap them all, killing stragglers (ours, by pid).
     for (mut child, stdin) in workers {
         drop(stdin);
@@ -260,7 +433,7 @@ fn run_round(config: &Config, conn: &mut redis::Connection) -> Result<Outcome, B
 
 fn barrier_and_collect(
     config: &Config,
-    conn: &mut redis::Connection,
+    admin: &mut Admin,
     workers: &mut [(Child, ChildStdin)],
     events: &mpsc::Receiver<Event>,
 ) -> Result<Outcome, BoxError> {
@@ -287,7 +460,7 @@ fn barrier_and_collect(
         }
     }
     // 2. Count from here, then release all callers at once.
-    redis::cmd("CONFIG").arg("RESETSTAT").exec(conn)?;
+    admin.reset_stats()?;
     let released = unix_micros();
     for (_, stdin) in workers.iter_mut() {
         // A worker that cannot be told to go never reports: counted below as unfinished callers.
@@ -410,6 +583,7 @@ fn json_line(
 mod worker {
     use super::*;
     use redis::aio::MultiplexedConnection;
+    use redis::cluster_async::ClusterConnection;
     use tokio::sync::watch;
 
     /// Why a call's value is missing or wrong (errors are counted, not stringified further).
@@ -424,14 +598,14 @@ mod worker {
     }
 
     async fn work(config: Config, index: &str) -> Result<(), BoxError> {
-        let cache = Cache::builder()
-            .redis_url(config.url.as_str())
-            .namespace(NAMESPACE)
-            .build()
-            .await?;
-        let counters = db0_client(&config.url)?
-            .get_multiplexed_async_connection()
-            .await?;
+        let builder = Cache::builder().namespace(NAMESPACE);
+        let cache = match &config.target {
+            Target::Server(url) => builder.redis_url(url.as_str()),
+            Target::Cluster(seeds) => builder.redis_cluster(seeds.iter().cloned()),
+        }
+        .build()
+        .await?;
+        let counters = Counters::connect(&config.target).await?;
         // Warm up before the barrier: the cache connects lazily and loads its scripts on first
         // use, and a long-running service has done both long before a stampede. This key is not
         // one of the K months and its computation is not counted.
@@ -502,6 +676,40 @@ mod worker {
         Ok(())
     }
 
+    /// Where the computations count themselves: db 0 of the server, or the cluster (the counter
+    /// keys of different months hash to different slots).
+    #[derive(Clone)]
+    enum Counters {
+        Server(MultiplexedConnection),
+        Cluster(ClusterConnection),
+    }
+
+    impl Counters {
+        async fn connect(target: &Target) -> Result<Self, BoxError> {
+            Ok(match target {
+                Target::Server(url) => {
+                    Counters::Server(db0_client(url)?.get_multiplexed_async_connection().await?)
+                }
+                Target::Cluster(seeds) => Counters::Cluster(
+                    ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+                        .build()?
+                        .get_async_connection()
+                        .await?,
+                ),
+            })
+        }
+
+        /// The compute's one `INCR bench:computes:<month>`.
+        async fn incr(&self, month: &str) -> redis::RedisResult<()> {
+            let mut incr = redis::cmd("INCR");
+            incr.arg(counter_key(month));
+            match self.clone() {
+                Counters::Server(mut conn) => incr.exec_async(&mut conn).await,
+                Counters::Cluster(mut conn) => incr.exec_async(&mut conn).await,
+            }
+        }
+    }
+
     /// One caller's samples.
     #[derive(Debug, Default)]
     struct Caller {
@@ -513,12 +721,7 @@ mod worker {
 
     impl Caller {
         /// All K keys, one after another, in this caller's own random order.
-        async fn request(
-            &mut self,
-            cache: &Cache,
-            counters: &MultiplexedConnection,
-            config: &Config,
-        ) {
+        async fn request(&mut self, cache: &Cache, counters: &Counters, config: &Config) {
             let mut order: Vec<usize> = (0..config.keys).collect();
             order.shuffle(&mut rand::rng());
             let started = Instant::now();
@@ -563,7 +766,7 @@ mod worker {
     async fn naive(
         cache: &Cache,
         month: &str,
-        counters: &MultiplexedConnection,
+        counters: &Counters,
         config: &Config,
     ) -> Result<String, CallError> {
         if let Some(v) = cache
@@ -584,15 +787,13 @@ mod worker {
     /// The slow query: sleep C, count itself with exactly one INCR, return the value.
     async fn compute(
         month: &str,
-        counters: &MultiplexedConnection,
+        counters: &Counters,
         work: Duration,
         payload: usize,
     ) -> Result<String, CallError> {
         tokio::time::sleep(work).await;
-        let mut conn = counters.clone();
-        redis::cmd("INCR")
-            .arg(counter_key(month))
-            .exec_async(&mut conn)
+        counters
+            .incr(month)
             .await
             .map_err(|e| format!("INCR of the compute counter failed: {e}"))?;
         Ok(expected_value(month, payload))

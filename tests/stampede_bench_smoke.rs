@@ -1,5 +1,6 @@
 //! Smoke test of the load generator (`examples/stampede_bench.rs`, contract in BENCH.md): a small
-//! run against a redis-server of its own must exit 0 and print one valid JSON line per round.
+//! run against a redis-server of its own must exit 0 and print one valid JSON line per round; so
+//! must a run against a Redis Cluster of its own, given as a comma-separated list of node URLs.
 //!
 //! `cargo test` builds the examples next to the test binaries (`target/<profile>/examples/`), so
 //! the generator is found there; a run that did not build it fails and says how to build it.
@@ -10,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use redis::Commands;
-use support::RedisServer;
+use support::{RedisCluster, RedisServer};
 
 const PROCESSES: usize = 2;
 const TASKS: usize = 5;
@@ -37,10 +38,11 @@ fn generator() -> PathBuf {
     exe
 }
 
-/// Runs the generator with the smoke-test sizes; returns its JSON lines, parsed.
-fn run(server: &RedisServer, mode: &str) -> Vec<serde_json::Value> {
+/// Runs the generator with the smoke-test sizes against `url` (one server, or a cluster's nodes
+/// separated by commas); returns its JSON lines, parsed.
+fn run(url: &str, mode: &str) -> Vec<serde_json::Value> {
     let output = Command::new(generator())
-        .args(["--url", &server.url()])
+        .args(["--url", url])
         .args(["--processes", &PROCESSES.to_string()])
         .args(["--tasks", &TASKS.to_string()])
         .args(["--keys", &KEYS.to_string()])
@@ -101,7 +103,7 @@ fn assert_contract_fields(line: &serde_json::Value, round: usize) {
 #[test]
 fn guarded_rounds_compute_each_key_once_and_print_one_json_line_each() {
     let server = RedisServer::start();
-    let lines = run(&server, "guarded");
+    let lines = run(&server.url(), "guarded");
     for (round, line) in lines.iter().enumerate() {
         assert_contract_fields(line, round);
         assert_eq!(line["computes"].as_u64(), Some(KEYS as u64), "{line}");
@@ -122,9 +124,35 @@ fn guarded_rounds_compute_each_key_once_and_print_one_json_line_each() {
 #[test]
 fn naive_rounds_run_through_the_same_cache_without_errors() {
     let server = RedisServer::start();
-    for (round, line) in run(&server, "naive").iter().enumerate() {
+    for (round, line) in run(&server.url(), "naive").iter().enumerate() {
         assert_contract_fields(line, round);
         // Plain cache-aside stampedes: at least one computation per key, usually many.
         assert!(line["computes_per_key"].as_f64().unwrap() >= 1.0, "{line}");
+    }
+}
+
+#[test]
+fn guarded_rounds_against_a_redis_cluster_compute_each_key_once() {
+    let cluster = RedisCluster::start();
+    // The compute counters land on more than one master: the generator must route them.
+    let masters: std::collections::HashSet<usize> = (0..KEYS)
+        .map(|i| {
+            cluster.master_of(&format!(
+                "bench:computes:{}-{:02}",
+                2019 + i / 12,
+                i % 12 + 1
+            ))
+        })
+        .collect();
+    assert!(masters.len() > 1, "the counters all hash to one master");
+
+    let lines = run(&cluster.urls().join(","), "guarded");
+    for (round, line) in lines.iter().enumerate() {
+        assert_contract_fields(line, round);
+        assert_eq!(line["computes"].as_u64(), Some(KEYS as u64), "{line}");
+        assert_eq!(line["computes_per_key"].as_f64(), Some(1.0), "{line}");
+        // Summed over the masters: every call is at least one command there (the hit's GET).
+        let calls = (PROCESSES * TASKS * KEYS) as u64;
+        assert!(line["redis_cmds"].as_u64().unwrap() >= calls, "{line}");
     }
 }
