@@ -257,11 +257,17 @@ impl RedisCluster {
 }
 
 /// A port that was free a moment ago on 127.0.0.1.
+/// At most 55535: a cluster node also listens on its port + 10000 (the cluster bus).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        if port <= 55535 {
+            return port;
+        }
+    }
 }
 
 /// Sends a signal to a process this test started (by pid).
