@@ -21,6 +21,18 @@
 //! - parent → worker (its stdin): `go`, written to all workers right after `CONFIG RESETSTAT`.
 //!
 //! Progress goes to stderr; the parent's stdout holds only the JSON lines.
+//!
+//! Freshness (beyond the contract): `--expiry-mode hard|stale|xfetch` chooses how values expire
+//! (hard: at the TTL; stale: served one more TTL while one caller refreshes; xfetch: early
+//! refresh with beta 1.0), and `--steady-secs N` replaces the rounds with one steady-state run:
+//! every caller asks for a random key, waits `--think-ms`, and again, for N seconds, while the
+//! keys expire every `--ttl` seconds. Its JSON line gives the computations per key per TTL window
+//! and the per-call latency:
+//!
+//! ```text
+//! cargo run --release --example stampede_bench -- --url redis://127.0.0.1:PORT/0 \
+//!   --steady-secs 20 --ttl 2 --expiry-mode stale
+//! ```
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -30,7 +42,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rand::seq::SliceRandom;
 use redis::cluster::ClusterClientBuilder;
 use redis::ConnectionAddr;
-use stampede_guard::Cache;
+use stampede_guard::{Cache, CallOptions};
 
 /// Names the worker role in a re-executed child; its value is the worker's index.
 const WORKER_ENV: &str = "STAMPEDE_BENCH_WORKER";
@@ -64,6 +76,36 @@ enum Mode {
     Guarded,
     /// Plain cache-aside through the same cache: `get`, on a miss compute and `set`.
     Naive,
+}
+
+/// How values expire (`--expiry-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    /// At the TTL; the next caller computes and the others wait.
+    Hard,
+    /// Served for one more TTL after it, while one caller refreshes in the background.
+    Stale,
+    /// Refreshed before the TTL with XFetch's probability (beta 1.0).
+    Xfetch,
+}
+
+impl Expiry {
+    fn name(self) -> &'static str {
+        match self {
+            Expiry::Hard => "hard",
+            Expiry::Stale => "stale",
+            Expiry::Xfetch => "xfetch",
+        }
+    }
+
+    fn options(self, ttl: Duration) -> CallOptions {
+        let options = CallOptions::default();
+        match self {
+            Expiry::Hard => options,
+            Expiry::Stale => options.stale_for(ttl),
+            Expiry::Xfetch => options.early_refresh(1.0),
+        }
+    }
 }
 
 /// What `--url` names: one server (the contract), or seed nodes of a Redis Cluster.
@@ -102,10 +144,16 @@ struct Config {
     rounds: usize,
     ttl: Duration,
     mode: Mode,
+    expiry: Expiry,
+    /// `Some(N)`: one steady-state run of N seconds instead of the rounds.
+    steady: Option<Duration>,
+    /// In steady state, each caller's pause between two calls.
+    think: Duration,
 }
 
 const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB[,redis://HOST:PORT...] \
-[--processes P] [--tasks T] [--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive]";
+[--processes P] [--tasks T] [--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive] \
+[--expiry-mode hard|stale|xfetch] [--steady-secs N] [--think-ms MS]";
 
 impl Config {
     /// Parses the flags by hand: nine flags do not need a parser crate.
@@ -121,6 +169,9 @@ impl Config {
             rounds: 3,
             ttl: Duration::from_secs(300),
             mode: Mode::Guarded,
+            expiry: Expiry::Hard,
+            steady: None,
+            think: Duration::from_millis(10),
         };
         let mut args = args;
         while let Some(flag) = args.next() {
@@ -153,6 +204,21 @@ impl Config {
                         }
                     }
                 }
+                "--expiry-mode" => {
+                    config.expiry = match value.as_str() {
+                        "hard" => Expiry::Hard,
+                        "stale" => Expiry::Stale,
+                        "xfetch" => Expiry::Xfetch,
+                        other => {
+                            return Err(format!(
+                                "--expiry-mode is hard, stale or xfetch, not {other:?}"
+                            )
+                            .into())
+                        }
+                    }
+                }
+                "--steady-secs" => config.steady = Some(Duration::from_secs(number()?)),
+                "--think-ms" => config.think = Duration::from_millis(number()?),
                 other => return Err(format!("unknown flag {other:?}\n{USAGE}").into()),
             }
         }
@@ -347,6 +413,9 @@ fn parent() -> Result<(), BoxError> {
         "stampede_bench: {:?} mode, {} processes × {} tasks × {} keys, compute {:?}, payload {} B, {} rounds",
         config.mode, config.processes, config.tasks, config.keys, config.compute, config.payload, config.rounds
     );
+    if let Some(seconds) = config.steady {
+        return steady(&config, seconds, &mut admin, &mut *counters, &months);
+    }
     for round in 0..config.rounds {
         admin.flush()?;
         // The counters are on db 0, which FLUSHDB above misses when the URL names another db.
@@ -370,6 +439,57 @@ fn parent() -> Result<(), BoxError> {
         );
         std::io::stdout().flush()?;
     }
+    Ok(())
+}
+
+/// One steady-state run: cold start, then every caller asks for random keys for `seconds`.
+fn steady(
+    config: &Config,
+    seconds: Duration,
+    admin: &mut Admin,
+    counters: &mut dyn redis::ConnectionLike,
+    months: &[String],
+) -> Result<(), BoxError> {
+    admin.flush()?;
+    for m in months {
+        redis::cmd("DEL").arg(counter_key(m)).exec(&mut *counters)?;
+    }
+    eprintln!(
+        "stampede_bench: steady state for {seconds:?}, TTL {:?}, {} expiry",
+        config.ttl,
+        config.expiry.name()
+    );
+    let outcome = run_round(config, admin)?;
+    let mut computes = 0u64;
+    for m in months {
+        let n: Option<u64> = redis::cmd("GET")
+            .arg(counter_key(m))
+            .query(&mut *counters)?;
+        computes += n.unwrap_or(0);
+    }
+    let mut calls = outcome.calls.clone();
+    calls.sort_unstable();
+    // The first window is the cold start; every window after it expires each key once.
+    let windows = (seconds.as_secs_f64() / config.ttl.as_secs_f64()).max(1.0);
+    println!(
+        concat!(
+            r#"{{"peer": "stampede-guard", "run": "steady", "expiry_mode": "{}", "seconds": {}, "#,
+            r#""ttl_ms": {}, "computes": {}, "computes_per_key_per_window": {:.3}, "calls": {}, "#,
+            r#""p50_ms": {:.3}, "p99_ms": {:.3}, "p999_ms": {:.3}, "max_ms": {:.3}, "errors": {}}}"#
+        ),
+        config.expiry.name(),
+        seconds.as_secs(),
+        config.ttl.as_millis(),
+        computes,
+        computes as f64 / (config.keys as f64 * windows),
+        calls.len(),
+        percentile_ms(&calls, 50.0),
+        percentile_ms(&calls, 99.0),
+        percentile_ms(&calls, 99.9),
+        calls.last().map_or(0.0, |us| *us as f64 / 1000.0),
+        outcome.errors,
+    );
+    std::io::stdout().flush()?;
     Ok(())
 }
 
@@ -476,7 +596,10 @@ fn barrier_and_collect(
     let mut finished_at = released;
     let mut done = vec![false; workers.len()];
     let mut open = workers.len();
-    let limit = CALLER_LIMIT + config.compute * config.keys as u32 + Duration::from_secs(30);
+    let limit = CALLER_LIMIT
+        + config.compute * config.keys as u32
+        + config.steady.unwrap_or_default()
+        + Duration::from_secs(30);
     let deadline = Instant::now() + limit;
     while open > 0 {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -598,7 +721,9 @@ mod worker {
     }
 
     async fn work(config: Config, index: &str) -> Result<(), BoxError> {
-        let builder = Cache::builder().namespace(NAMESPACE);
+        let builder = Cache::builder()
+            .namespace(NAMESPACE)
+            .options(config.expiry.options(config.ttl));
         let cache = match &config.target {
             Target::Server(url) => builder.redis_url(url.as_str()),
             Target::Cluster(seeds) => builder.redis_cluster(seeds.iter().cloned()),
@@ -630,12 +755,17 @@ mod worker {
                 if go.wait_for(|released| *released).await.is_err() {
                     return Caller::default();
                 }
-                let limit = CALLER_LIMIT + config.compute * config.keys as u32;
+                let limit = CALLER_LIMIT
+                    + config.compute * config.keys as u32
+                    + config.steady.unwrap_or_default();
                 let mut caller = Caller::default();
-                if tokio::time::timeout(limit, caller.request(&cache, &counters, &config))
-                    .await
-                    .is_err()
-                {
+                let work = async {
+                    match config.steady {
+                        Some(seconds) => caller.steady(&cache, &counters, &config, seconds).await,
+                        None => caller.request(&cache, &counters, &config).await,
+                    }
+                };
+                if tokio::time::timeout(limit, work).await.is_err() {
                     caller.errors += 1; // never finished
                 }
                 caller
@@ -726,38 +856,59 @@ mod worker {
             order.shuffle(&mut rand::rng());
             let started = Instant::now();
             for i in order {
-                let month = month(i);
-                let call = Instant::now();
-                let value = match config.mode {
-                    Mode::Guarded => {
-                        // The computation may run in a spawned task (a background refresh), so
-                        // it owns what it uses.
-                        let (key, conn) = (month.clone(), counters.clone());
-                        let (work, payload) = (config.compute, config.payload);
-                        cache
-                            .get_or_compute(&month, config.ttl, move || async move {
-                                compute(&key, &conn, work, payload).await
-                            })
-                            .await
-                            .map_err(|e| e.to_string())
-                    }
-                    Mode::Naive => naive(cache, &month, counters, config).await,
-                };
-                self.calls.push(call.elapsed().as_micros() as u64);
-                match value {
-                    Ok(v) if v == expected_value(&month, config.payload) => {}
-                    Ok(_) => {
-                        eprintln!("stampede_bench: wrong value for {month}");
-                        self.errors += 1;
-                    }
-                    Err(e) => {
-                        eprintln!("stampede_bench: {month}: {e}");
-                        self.errors += 1;
-                    }
-                }
+                self.call(cache, counters, config, &month(i)).await;
             }
             self.req = Some(started.elapsed().as_micros() as u64);
             self.finished_at = unix_micros();
+        }
+
+        /// Random keys, one call every `think`, for `seconds`.
+        async fn steady(
+            &mut self,
+            cache: &Cache,
+            counters: &Counters,
+            config: &Config,
+            seconds: Duration,
+        ) {
+            let until = Instant::now() + seconds;
+            while Instant::now() < until {
+                let i = rand::random_range(0..config.keys);
+                self.call(cache, counters, config, &month(i)).await;
+                tokio::time::sleep(config.think).await;
+            }
+            self.finished_at = unix_micros();
+        }
+
+        /// One call, timed and checked.
+        async fn call(&mut self, cache: &Cache, counters: &Counters, config: &Config, month: &str) {
+            let call = Instant::now();
+            let value = match config.mode {
+                Mode::Guarded => {
+                    // The computation may run in a spawned task (a background refresh), so it
+                    // owns what it uses.
+                    let (key, conn) = (month.to_owned(), counters.clone());
+                    let (work, payload) = (config.compute, config.payload);
+                    cache
+                        .get_or_compute(month, config.ttl, move || async move {
+                            compute(&key, &conn, work, payload).await
+                        })
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                Mode::Naive => naive(cache, month, counters, config).await,
+            };
+            self.calls.push(call.elapsed().as_micros() as u64);
+            match value {
+                Ok(v) if v == expected_value(month, config.payload) => {}
+                Ok(_) => {
+                    eprintln!("stampede_bench: wrong value for {month}");
+                    self.errors += 1;
+                }
+                Err(e) => {
+                    eprintln!("stampede_bench: {month}: {e}");
+                    self.errors += 1;
+                }
+            }
         }
     }
 
