@@ -42,6 +42,23 @@
 //! # Backends
 //! - The embedded in-memory store ([`Cache::in_memory`]): one process, no server; the default.
 //! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines.
+//!
+//! # Feature flags
+//! No feature is on by default; each one adds an integration and nothing else (they are additive).
+//! (The items of a feature are not linked below, so that these docs build with or without it.)
+//!
+//! | feature | what it adds | extra dependencies |
+//! |---|---|---|
+//! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors and wait timeouts, 500 for failed computations, 400 for invalid keys), and `web::status` gives the mapping to handlers with their own error type; see the module `stampede_guard::web` | `axum` (no default features) |
+//!
+//! # Examples
+//! In `examples/`, each runnable with `cargo run --example NAME`:
+//! - `monthly_report`: 10 concurrent dashboard requests × 12 months on a cold cache.
+//! - `sqlx_query`: a slow aggregate query on a real database (SQLite in memory, or PostgreSQL
+//!   with `DATABASE_URL`), naive cache-aside against `get_or_compute`.
+//! - `axum_report` (`--features axum`): an HTTP service, `GET /report/{month}`, computed from the
+//!   database through the cache.
+//! - `leader_sync`: leader election with hand-over.
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
@@ -64,6 +81,8 @@ mod refresh;
 mod store;
 mod waiting;
 mod wakeup;
+#[cfg(feature = "axum")]
+pub mod web;
 
 pub use builder::CacheBuilder;
 pub use cache::Cache;
