@@ -13,7 +13,7 @@
 //!
 //! The body is a short plain-text sentence that reveals nothing of the server: the computation's
 //! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
-//! 500s and `warn` for 503s, with the full [`Display`](std::fmt::Display) of the error). Handlers
+//! 500s and `warn` for 503s, with the full [`Display`] of the error). Handlers
 //! that need another mapping or a JSON body can build it from [`status`].
 //!
 //! ```
