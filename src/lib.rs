@@ -44,21 +44,32 @@
 //! - Redis ([`CacheBuilder::redis_url`]), for many processes and machines. A password or an ACL
 //!   user goes into the URL (`redis://user:password@host:port/db`); it never appears in this
 //!   crate's `Debug` output, errors or logs.
+//! - Redis Cluster ([`CacheBuilder::redis_cluster`]), with sharded pub/sub for wake-ups.
 //!
-//! # Features
-//! - `metrics` (off by default): every call's outcome, waits, lease renewals and losses go to the
-//!   [`metrics`](https://docs.rs/metrics) facade as well as to [`Cache::stats`] (names in
-//!   [`Stats`]).
-//! - `tls` (off by default): `rediss://` URLs, through rustls with the ring crypto provider,
-//!   trusting the system's root certificates (or those of a client made with
-//!   `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]). If your
-//!   program also enables rustls's `aws-lc-rs` provider, install a process-wide default
-//!   provider at start-up, as rustls requires when it finds two.
+//! # Feature flags
+//! No feature is on by default; each one adds an integration and nothing else (they are additive).
+//! (The items of a feature are not linked below, so that these docs build with or without it.)
+//!
+//! | feature | what it adds | extra dependencies |
+//! |---|---|---|
+//! | `metrics` | every call's outcome, waits, lease renewals and losses go to the `metrics` facade as well as to [`Cache::stats`] (names in [`Stats`]) | `metrics` |
+//! | `tls` | `rediss://` URLs, through rustls with the ring crypto provider, trusting the system's root certificates (or those of a client made with `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]); if your program also enables rustls's `aws-lc-rs` provider, install a process-wide default provider at start-up, as rustls requires when it finds two | `rustls` (ring), redis's rustls features |
+//! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors and wait timeouts, 500 for failed computations, 400 for invalid keys), and `web::status` gives the mapping to handlers with their own error type; see the module `stampede_guard::web` | `axum` (no default features) |
 //!
 //! # Limits
 //! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
 //! values whose encoding exceeds [`MAX_VALUE_BYTES`] (64 MiB) with [`Error::ValueTooLarge`],
 //! before anything is sent to the backend.
+//!
+//! # Examples
+//! In `examples/`, each runnable with `cargo run --example NAME`:
+//! - `monthly_report`: 10 concurrent dashboard requests × 12 months on a cold cache.
+//! - `sqlx_query`: a slow aggregate query on a real database (SQLite in memory, or PostgreSQL
+//!   with `DATABASE_URL`), naive cache-aside against `get_or_compute`.
+//! - `axum_report` (`--features axum`): an HTTP service, `GET /report/{month}`, computed from the
+//!   database through the cache.
+//! - `leader_sync`: leader election with hand-over.
+//! - `stampede_bench`: the load generator of the README's figures.
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
@@ -82,6 +93,8 @@ mod stats;
 mod store;
 mod waiting;
 mod wakeup;
+#[cfg(feature = "axum")]
+pub mod web;
 
 pub use builder::CacheBuilder;
 pub use cache::Cache;

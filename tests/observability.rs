@@ -1,5 +1,4 @@
-//! What a cache reports about itself: `Cache::stats()`, and (with the `metrics` feature) the
-//! same events through the `metrics` facade.
+//! What a cache reports about itself: `Cache::stats()`. (The `metrics` facade: tests/metrics.rs.)
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -64,36 +63,4 @@ async fn stats_count_a_stampede_as_one_computation_and_the_rest_as_waits() {
     assert!(matches!(timed_out, Err(Error::WaitTimeout { .. })));
     assert_eq!(cache.stats().wait_timeouts, 1);
     holder.abort();
-}
-
-#[cfg(feature = "metrics")]
-#[tokio::test(start_paused = true)]
-async fn with_the_metrics_feature_events_reach_the_metrics_facade() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    // Installed for this test binary; the test above only reads `stats()`.
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
-    let cache = Cache::in_memory();
-    for _ in 0..3 {
-        let _: u8 = cache
-            .get_or_compute("k", 60 * SECOND, || async { Ok::<_, String>(1) })
-            .await
-            .unwrap();
-    }
-    let counters: std::collections::HashMap<String, u64> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter_map(|(key, _, _, value)| match value {
-            DebugValue::Counter(n) => Some((key.key().name().to_string(), n)),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(counters.get("stampede_guard_hits_total"), Some(&2));
-    assert_eq!(counters.get("stampede_guard_misses_total"), Some(&1));
-    assert_eq!(counters.get("stampede_guard_computes_total"), Some(&1));
 }

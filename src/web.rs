@@ -1,0 +1,132 @@
+//! HTTP responses for the crate's errors, for axum handlers (feature `axum`).
+//!
+//! With the feature on, [`Error`] implements axum's [`IntoResponse`], so a handler can return
+//! `Result<_, stampede_guard::Error<E>>` and let `?` pick the status:
+//!
+//! | error | status | why |
+//! |---|---|---|
+//! | [`Error::Backend`], [`Error::NoQuorum`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down or unreachable; the connection retries by itself |
+//! | [`Error::WaitTimeout`] | 503 Service Unavailable, `Retry-After: 1` | another caller's computation is taking longer than the wait bound; the value may be there soon |
+//! | [`Error::Compute`], [`Error::RecentFailure`] | 500 Internal Server Error | the computation (your query) failed, now or a moment ago |
+//! | [`Error::InvalidKey`] | 400 Bad Request | the key, usually built from the request, is empty or too long |
+//! | anything else ([`Error::Encode`], [`Error::ValueTooLarge`], [`Error::Config`], [`Error::NotHeld`]) | 500 Internal Server Error | a bug or a misconfiguration on the server side |
+//!
+//! The body is a short plain-text sentence that reveals nothing of the server: the computation's
+//! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
+//! 500s and `warn` for 503s, with the full [`Display`] of the error). Handlers
+//! that need another mapping or a JSON body can build it from [`status`].
+//!
+//! ```
+//! use axum::{extract::Path, response::IntoResponse, routing::get, Router};
+//! use stampede_guard::{Cache, Error};
+//! use std::time::Duration;
+//!
+//! async fn report(
+//!     cache: Cache,
+//!     month: String,
+//! ) -> Result<String, Error<std::io::Error>> {
+//!     let key = month.clone();
+//!     cache
+//!         .get_or_compute(&key, Duration::from_secs(300), move || async move {
+//!             // The slow query; its error becomes a 500 (logged, not shown to the client).
+//!             Err(std::io::Error::other(format!("no connection to the database for {month}")))
+//!         })
+//!         .await
+//! }
+//!
+//! let cache = Cache::in_memory();
+//! let app: Router = Router::new().route(
+//!     "/report/{month}",
+//!     get(move |Path(month): Path<String>| report(cache.clone(), month)),
+//! );
+//! # let _ = app;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
+//! assert_eq!(response.status(), 500);
+//! # }
+//! ```
+
+use std::fmt::Display;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::Error;
+
+/// The HTTP status for `error`, as the [`IntoResponse`] implementation uses it (the table in the
+/// [module docs](self)).
+///
+/// For handlers with an error type of their own that wraps this crate's errors:
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use stampede_guard::{web, Error};
+/// use std::time::Duration;
+///
+/// let waited: Error<std::io::Error> = Error::WaitTimeout {
+///     key: "2019-05".into(),
+///     waited: Duration::from_secs(30),
+/// };
+/// assert_eq!(web::status(&waited), StatusCode::SERVICE_UNAVAILABLE);
+///
+/// let failed: Error<String> = Error::Compute("the query failed".to_string().into());
+/// assert_eq!(web::status(&failed), StatusCode::INTERNAL_SERVER_ERROR);
+/// ```
+pub fn status<E>(error: &Error<E>) -> StatusCode {
+    match error {
+        Error::Backend { .. } | Error::NoQuorum { .. } | Error::WaitTimeout { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        Error::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        Error::Compute(_)
+        | Error::RecentFailure { .. }
+        | Error::Encode(_)
+        | Error::ValueTooLarge { .. }
+        | Error::Config(_)
+        | Error::NotHeld { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// The client's view: what happened, in words that reveal nothing of the server.
+fn public_message<E>(error: &Error<E>) -> String {
+    match error {
+        Error::Backend { .. } | Error::NoQuorum { .. } => {
+            "the cache is unavailable; try again shortly".to_owned()
+        }
+        Error::WaitTimeout { .. } => {
+            "the value is still being computed; try again shortly".to_owned()
+        }
+        // The reason is one of the crate's fixed sentences; the key itself is not echoed back.
+        Error::InvalidKey { reason, .. } => format!("invalid key: {reason}"),
+        _ => "internal server error".to_owned(),
+    }
+}
+
+/// The response for a failed call: the status of [`status`], a short plain-text body, and
+/// `Retry-After: 1` on a 503. The full error is logged with `tracing` (500: `error`, 503: `warn`,
+/// 400: `debug`), since the body leaves it out.
+impl<E: Display> IntoResponse for Error<E> {
+    fn into_response(self) -> Response {
+        let status = status(&self);
+        match status {
+            StatusCode::INTERNAL_SERVER_ERROR => {
+                tracing::error!(%status, error = %self, "stampede-guard call failed");
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                tracing::warn!(%status, error = %self, "stampede-guard call failed");
+            }
+            _ => tracing::debug!(%status, error = %self, "stampede-guard call refused"),
+        }
+        let mut response = (status, public_message(&self)).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Both causes are short-lived: the connection reconnects by itself, and a
+            // computation being waited for lands or its lease runs out.
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}

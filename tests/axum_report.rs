@@ -1,0 +1,209 @@
+//! Drives the `axum_report` example over real HTTP: the example binary runs as a child process on
+//! a free loopback port (SQLite in memory; Redis from a redis-server this test starts), and the
+//! requests go through a socket. The database's query count comes from its `/stats` endpoint.
+//!
+//! Needs the `axum` feature and the example binary built by the same command:
+//! `cargo build --features axum --example axum_report && cargo test --features axum --test axum_report`
+//! (what `.ci/run` does).
+
+mod http_client;
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use support::RedisServer;
+
+/// Long enough that fifty requests sent together all arrive while the first query runs.
+const QUERY_MS: &str = "300";
+
+/// `target/<profile>/examples/axum_report`, beside this test's `target/<profile>/deps/`.
+fn example() -> PathBuf {
+    let me = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = me
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary sits in target/<profile>/deps/");
+    let exe = profile_dir
+        .join("examples")
+        .join(format!("axum_report{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        exe.is_file(),
+        "the example was not built at {}: run \
+         `cargo build --features axum --example axum_report`, then this test",
+        exe.display()
+    );
+    exe
+}
+
+/// The example running as a child process; killed (by its handle) on drop.
+struct Service {
+    child: Child,
+    /// `127.0.0.1:PORT`, from the line it prints first.
+    addr: String,
+}
+
+impl Service {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = Command::new(example())
+            .args(["--listen", "127.0.0.1:0", "--query-ms", QUERY_MS])
+            .args(extra)
+            // Its own SQLite database, whatever the environment says.
+            .env_remove("DATABASE_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the example starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads every line, so the child never blocks on a full pipe; hands over the first.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let first = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the example prints where it listens within 30 s");
+        let addr = first
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
+            .to_owned();
+        Service { child, addr }
+    }
+
+    async fn get(&self, path: &str) -> http_client::Response {
+        http_client::get(&self.addr, path).await
+    }
+
+    async fn queries(&self) -> u64 {
+        let stats = self.get("/stats").await;
+        assert_eq!(stats.status, 200, "{stats:?}");
+        stats.json()["queries"].as_u64().expect("a query count")
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `n` requests for `path`, sent at once, spread round-robin over `services`.
+async fn concurrent_gets(
+    services: &[&Service],
+    path: &str,
+    n: usize,
+) -> Vec<http_client::Response> {
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let addr = services[i % services.len()].addr.clone();
+        let path = path.to_owned();
+        requests.spawn(async move { http_client::get(&addr, &path).await });
+    }
+    requests.join_all().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_requests_for_a_cold_month_run_its_query_once() {
+    let service = Service::start(&[]);
+    assert_eq!(service.queries().await, 0);
+
+    let responses = concurrent_gets(&[&service], "/report/2019-05", 50).await;
+    for response in &responses {
+        assert_eq!(response.status, 200, "{response:?}");
+        assert_eq!(
+            response.body, responses[0].body,
+            "every caller gets the same report"
+        );
+        assert_eq!(response.header("content-type"), Some("application/json"));
+    }
+    let report = responses[0].json();
+    assert_eq!(report["month"], "2019-05");
+    assert_eq!(report["orders"], 2000);
+    assert_eq!(report["regions"].as_array().map(Vec::len), Some(4));
+
+    let stats = service.get("/stats").await.json();
+    assert_eq!(stats["queries"], 1, "{stats}");
+    assert_eq!(stats["queries_by_month"]["2019-05"], 1, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_month_is_queried_once_then_served_from_the_cache() {
+    let service = Service::start(&[]);
+    let months: Vec<String> = (1..=12).map(|m| format!("2019-{m:02}")).collect();
+    let mut requests = tokio::task::JoinSet::new();
+    for month in &months {
+        for _ in 0..4 {
+            let (addr, path) = (service.addr.clone(), format!("/report/{month}"));
+            requests.spawn(async move { http_client::get(&addr, &path).await });
+        }
+    }
+    for response in requests.join_all().await {
+        assert_eq!(response.status, 200, "{response:?}");
+        // Every month was seeded with its own 2,000 orders.
+        assert_eq!(response.json()["orders"], 2000, "{response:?}");
+    }
+    assert_eq!(service.queries().await, 12);
+
+    // Warm now: asking again runs nothing.
+    for month in &months {
+        let response = service.get(&format!("/report/{month}")).await;
+        assert_eq!(response.status, 200, "{response:?}");
+        assert_eq!(response.json()["month"], month.as_str());
+    }
+    let stats = service.get("/stats").await.json();
+    assert_eq!(stats["queries"], 12, "{stats}");
+    for month in &months {
+        assert_eq!(stats["queries_by_month"][month], 1, "{month}: {stats}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_sharing_redis_run_a_cold_months_query_once_between_them() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let a = Service::start(&["--redis", &url]);
+    let b = Service::start(&["--redis", &url]);
+
+    let responses = concurrent_gets(&[&a, &b], "/report/2019-09", 50).await;
+    for response in &responses {
+        assert_eq!(response.status, 200, "{response:?}");
+        assert_eq!(response.body, responses[0].body);
+    }
+    let (qa, qb) = (a.queries().await, b.queries().await);
+    assert_eq!(qa + qb, 1, "instance a ran {qa} queries, b ran {qb}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_is_no_month_is_a_400_and_runs_nothing() {
+    let service = Service::start(&[]);
+    for path in ["/report/2019-13", "/report/may", "/report/2019-5"] {
+        let response = service.get(path).await;
+        assert_eq!(response.status, 400, "{path}: {response:?}");
+        assert!(response.body.contains("expected YYYY-MM"), "{response:?}");
+    }
+    assert_eq!(service.get("/nowhere").await.status, 404);
+    assert_eq!(service.queries().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_is_a_503_with_retry_after_and_runs_no_query() {
+    // A real server, stopped: its port now refuses connections.
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let service = Service::start(&["--redis", &url]);
+
+    let response = service.get("/report/2019-05").await;
+    assert_eq!(response.status, 503, "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"), "{response:?}");
+    assert_eq!(response.body, "the cache is unavailable; try again shortly");
+    // The client learns nothing of the server's set-up.
+    assert!(!response.body.contains(&redis.port().to_string()));
+    assert_eq!(service.queries().await, 0);
+}

@@ -1,0 +1,155 @@
+//! `stampede_guard::web` (feature `axum`): a router served on a real loopback socket, handlers
+//! that return the crate's errors, and real HTTP requests checking status, headers and body.
+
+mod http_client;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::routing::get;
+use axum::Router;
+use stampede_guard::{Cache, CallOptions, Error};
+use tokio::sync::Notify;
+
+const TTL: Duration = Duration::from_secs(60);
+/// Must never reach the client: it stands for a database error with internals in it.
+const SECRET: &str = "password=hunter2 host=db.internal";
+
+type Result<T> = std::result::Result<T, Error<String>>;
+
+fn router(cache: Cache) -> Router {
+    Router::new()
+        .route("/ok/{key}", get(ok))
+        .route("/fail/{key}", get(fail))
+        .route("/impatient/{key}", get(impatient))
+        .with_state(cache)
+}
+
+async fn ok(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
+    let value = key.to_uppercase();
+    cache
+        .get_or_compute(&key, TTL, move || async move { Ok(value) })
+        .await
+}
+
+async fn fail(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
+    cache
+        .get_or_compute(&key, TTL, || async { Err(SECRET.to_owned()) })
+        .await
+}
+
+/// Waits at most 100 ms for another caller's computation.
+async fn impatient(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
+    cache
+        .with_options(CallOptions::default().wait_timeout(Duration::from_millis(100)))
+        .get_or_compute(&key, TTL, || async { Ok("mine".to_owned()) })
+        .await
+}
+
+/// Serves `router(cache)` on a free loopback port; returns `127.0.0.1:PORT`.
+async fn serve(cache: Cache) -> String {
+    let app = router(cache);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn a_value_is_a_200() {
+    let addr = serve(Cache::in_memory()).await;
+    let response = http_client::get(&addr, "/ok/may").await;
+    assert_eq!((response.status, response.body.as_str()), (200, "MAY"));
+}
+
+#[tokio::test]
+async fn a_failed_computation_is_a_500_that_does_not_leak_its_error() {
+    let addr = serve(Cache::in_memory()).await;
+    let response = http_client::get(&addr, "/fail/may").await;
+    assert_eq!(response.status, 500, "{response:?}");
+    assert_eq!(response.body, "internal server error");
+    assert!(!response.body.contains("hunter2"));
+    assert_eq!(response.header("retry-after"), None);
+}
+
+#[tokio::test]
+async fn a_remembered_failure_is_a_500_too() {
+    let cache = Cache::in_memory()
+        .with_options(CallOptions::default().negative_ttl(Some(Duration::from_secs(60))));
+    let addr = serve(cache.clone()).await;
+    assert_eq!(http_client::get(&addr, "/fail/may").await.status, 500);
+    // Served from the remembered failure, without running the computation again.
+    let direct: Result<String> = cache
+        .get_or_compute("may", TTL, || async { Ok("not run".to_owned()) })
+        .await;
+    assert!(
+        matches!(direct, Err(Error::RecentFailure { .. })),
+        "{direct:?}"
+    );
+    let response = http_client::get(&addr, "/fail/may").await;
+    assert_eq!(response.status, 500, "{response:?}");
+    assert!(!response.body.contains("hunter2"));
+}
+
+#[tokio::test]
+async fn a_wait_timeout_is_a_503_with_retry_after() {
+    let cache = Cache::in_memory();
+    let addr = serve(cache.clone()).await;
+    // A caller in the same process computes "may" and holds it until released.
+    let release = Arc::new(Notify::new());
+    let holder = tokio::spawn({
+        let (cache, release) = (cache.clone(), release.clone());
+        async move {
+            cache
+                .get_or_compute("may", TTL, move || async move {
+                    release.notified().await;
+                    Ok::<_, String>("finally".to_owned())
+                })
+                .await
+        }
+    });
+    while cache.in_flight() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The impatient request waits behind it for 100 ms, then gives up.
+    let response = http_client::get(&addr, "/impatient/may").await;
+    assert_eq!(response.status, 503, "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"));
+    assert_eq!(
+        response.body,
+        "the value is still being computed; try again shortly"
+    );
+
+    release.notify_one();
+    assert_eq!(holder.await.unwrap().unwrap(), "finally");
+    // Retrying after the value landed works, as Retry-After suggests.
+    let response = http_client::get(&addr, "/impatient/may").await;
+    assert_eq!((response.status, response.body.as_str()), (200, "finally"));
+}
+
+#[tokio::test]
+async fn redis_unreachable_is_a_503_with_retry_after() {
+    // A real server, stopped: its port now refuses connections.
+    let mut redis = support::RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let cache = Cache::builder().redis_url(url).build().await.unwrap();
+    let addr = serve(cache).await;
+    let response = http_client::get(&addr, "/ok/may").await;
+    assert_eq!(response.status, 503, "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"));
+    assert_eq!(response.body, "the cache is unavailable; try again shortly");
+    assert!(!response.body.contains(&redis.port().to_string()));
+}
+
+#[tokio::test]
+async fn a_key_over_the_limit_is_a_400() {
+    let addr = serve(Cache::in_memory()).await;
+    let long = "k".repeat(stampede_guard::MAX_KEY_BYTES + 1);
+    let response = http_client::get(&addr, &format!("/ok/{long}")).await;
+    assert_eq!(response.status, 400, "{response:?}");
+    assert!(response.body.starts_with("invalid key: "), "{response:?}");
+    assert!(!response.body.contains(&long), "the key is not echoed back");
+}
