@@ -234,22 +234,30 @@ pub fn check(h: &History) -> Vec<Violation> {
         }
     }
     // (a) lock sections of one lock never overlap, unless a restart of the server (which loses
-    // every lock) lies between their starts. Stricter than "accepted sections": every section in
-    // which the holder checked its lease, found it valid and wrote counts, accepted by the sink or
-    // not, because the lease promises that the holder's own view never outlasts the lock in the
+    // every lock) lies between the earlier section's request and the later one's grant: a lock
+    // granted by a server that is killed before the grant reaches its holder is already gone when
+    // the holder starts, and it learns so at its next renewal (the documented limit of a lock on a
+    // server without persistence). Stricter than "accepted sections": every section in which the
+    // holder checked its lease, found it valid and wrote counts, accepted by the sink or not,
+    // because the lease promises that the holder's own view never outlasts the lock in the
     // backend; the sink's verdict only says whether fencing also caught a late write.
     let mut by_lock: BTreeMap<&str, Vec<(u64, u64, String)>> = BTreeMap::new();
+    let mut asked: HashMap<String, u64> = HashMap::new();
     for s in &h.sections {
         if s.writes > 0 {
-            by_lock.entry(&s.lock).or_default().push((
-                s.start_us,
-                s.end_us,
-                format!("section {}#{} token {}", s.instance, s.id, s.token),
-            ));
+            let label = format!("section {}#{} token {}", s.instance, s.id, s.token);
+            asked.insert(label.clone(), s.asked_us);
+            by_lock
+                .entry(&s.lock)
+                .or_default()
+                .push((s.start_us, s.end_us, label));
         }
     }
     for (lock, spans) in &mut by_lock {
-        let restarted = |a: u64, b: u64| h.restarts_us.iter().any(|k| *k >= a && *k <= b);
+        let restarted = |a: &(u64, u64, String), b: &(u64, u64, String)| {
+            let from = asked.get(&a.2).copied().unwrap_or(a.0);
+            h.restarts_us.iter().any(|k| *k >= from && *k <= b.0)
+        };
         for (a, b) in overlaps(spans, restarted) {
             violation(
                 'a',
@@ -494,17 +502,17 @@ pub fn check(h: &History) -> Vec<Violation> {
     out
 }
 
-/// Pairs of spans `(start, end, label)` that overlap, unless `excused(earlier_start, later_start)`.
+/// Pairs of spans `(start, end, label)` that overlap, unless `excused(earlier, later)`.
 fn overlaps(
     spans: &mut [(u64, u64, String)],
-    excused: impl Fn(u64, u64) -> bool,
+    excused: impl Fn(&(u64, u64, String), &(u64, u64, String)) -> bool,
 ) -> Vec<(String, String)> {
     spans.sort_by_key(|s| s.0);
     let mut found = Vec::new();
     for i in 0..spans.len() {
         for j in (0..i).rev() {
             let (a, b) = (&spans[j], &spans[i]);
-            if a.1 > b.0 && !excused(a.0, b.0) {
+            if a.1 > b.0 && !excused(a, b) {
                 found.push((a.2.clone(), b.2.clone()));
             }
         }
