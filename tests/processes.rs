@@ -3,13 +3,12 @@
 
 mod support;
 
-use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::seq::SliceRandom;
 use redis::Commands;
 use stampede_guard::{Cache, CallOptions};
-use support::{eventually, RedisServer};
+use support::{eventually, RedisServer, Worker};
 
 const LEASE: Duration = Duration::from_secs(1);
 
@@ -52,24 +51,6 @@ fn month(i: usize) -> String {
     format!("{}-{:02}", 2019 + i / 12, i % 12 + 1)
 }
 
-/// Starts this binary as a worker process with `role` and settings.
-fn spawn_child(role: &str, server: &RedisServer, vars: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
-    cmd.env("STAMPEDE_CHILD", role)
-        .env("STAMPEDE_URL", server.url());
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("a worker process")
-}
-
-fn wait_all(children: Vec<Child>) {
-    for mut child in children {
-        let status = child.wait().expect("the worker's exit status");
-        assert!(status.success(), "a worker failed: {status}");
-    }
-}
-
 /// Releases the workers together: each says it is ready, then waits for the `go` key.
 fn release_when_ready(conn: &mut redis::Connection, workers: usize) {
     assert!(
@@ -83,78 +64,67 @@ fn release_when_ready(conn: &mut redis::Connection, workers: usize) {
     let _: () = conn.set("go", 1).unwrap();
 }
 
-fn one_key_in_four_processes() {
+/// Four worker processes of `tasks` callers each ask for `keys` months, each computation taking
+/// `compute_ms`; checks that no two computations of one month ever ran at once, and returns the
+/// server (with its per-month computation counters) for the test's own assertions.
+fn stampede_in_four_processes(tasks: usize, keys: usize, compute_ms: u64) -> RedisServer {
     let server = RedisServer::start();
-    let workers: Vec<Child> = (0..4)
+    let mut workers: Vec<Worker> = (0..4)
         .map(|_| {
-            spawn_child(
+            Worker::spawn(
                 "stampede",
-                &server,
                 &[
-                    ("TASKS", "50".into()),
-                    ("KEYS", "1".into()),
-                    ("COMPUTE_MS", "200".into()),
+                    ("STAMPEDE_URL", server.url()),
+                    ("TASKS", tasks.to_string()),
+                    ("KEYS", keys.to_string()),
+                    ("COMPUTE_MS", compute_ms.to_string()),
                 ],
             )
         })
         .collect();
     let mut conn = server.conn();
-    release_when_ready(&mut conn, 4);
-    wait_all(workers);
-    let computes: usize = conn.get("computes:2019-01").unwrap();
-    assert_eq!(
-        computes, 1,
-        "one computation across 4 processes × 50 callers"
-    );
-    let overlaps: Option<usize> = conn.get("overlaps").unwrap();
-    assert_eq!(
-        overlaps, None,
-        "the probe never saw two computations at once"
-    );
-}
-
-fn twelve_months_in_four_processes() {
-    let server = RedisServer::start();
-    let workers: Vec<Child> = (0..4)
-        .map(|_| {
-            spawn_child(
-                "stampede",
-                &server,
-                &[
-                    ("TASKS", "25".into()),
-                    ("KEYS", "12".into()),
-                    ("COMPUTE_MS", "50".into()),
-                ],
-            )
-        })
-        .collect();
-    let mut conn = server.conn();
-    release_when_ready(&mut conn, 4);
-    wait_all(workers);
-    for i in 0..12 {
-        let computes: usize = conn.get(format!("computes:{}", month(i))).unwrap();
-        assert_eq!(computes, 1, "month {}", month(i));
+    release_when_ready(&mut conn, workers.len());
+    for worker in &mut workers {
+        assert!(worker.wait_success(), "a worker failed");
     }
     let overlaps: Option<usize> = conn.get("overlaps").unwrap();
     assert_eq!(
         overlaps, None,
         "the probe never saw two computations of one month at once"
     );
+    server
+}
+
+fn one_key_in_four_processes() {
+    let server = stampede_in_four_processes(50, 1, 200);
+    let computes: usize = server.conn().get("computes:2019-01").unwrap();
+    assert_eq!(
+        computes, 1,
+        "one computation across 4 processes × 50 callers"
+    );
+}
+
+fn twelve_months_in_four_processes() {
+    let server = stampede_in_four_processes(25, 12, 50);
+    let mut conn = server.conn();
+    for i in 0..12 {
+        let computes: usize = conn.get(format!("computes:{}", month(i))).unwrap();
+        assert_eq!(computes, 1, "month {}", month(i));
+    }
 }
 
 fn a_killed_holder_is_replaced_after_its_lease() {
     let server = RedisServer::start();
     let mut conn = server.conn();
-    let mut holder = spawn_child("holder", &server, &[]);
+    let url = || [("STAMPEDE_URL", server.url())];
+    let mut holder = Worker::spawn("holder", &url());
     assert!(
         eventually(Duration::from_secs(60), || conn
             .exists::<_, bool>("holder:started")
             .unwrap()),
         "the holder did not start computing"
     );
-    let waiters: Vec<Child> = (0..2)
-        .map(|_| spawn_child("waiter", &server, &[]))
-        .collect();
+    let mut waiters: Vec<Worker> = (0..2).map(|_| Worker::spawn("waiter", &url())).collect();
     assert!(
         eventually(Duration::from_secs(60), || conn
             .get::<_, Option<usize>>("waiting")
@@ -165,9 +135,11 @@ fn a_killed_holder_is_replaced_after_its_lease() {
     // Let the waiters reach their wait, and the holder renew its lease a few times.
     std::thread::sleep(LEASE * 2);
     let killed_at = now_ms();
-    holder.kill().expect("SIGKILL the holder");
-    let _ = holder.wait();
-    wait_all(waiters);
+    holder.child.kill().expect("SIGKILL the holder");
+    let _ = holder.child.wait();
+    for waiter in &mut waiters {
+        assert!(waiter.wait_success(), "a waiter failed");
+    }
 
     let computes: usize = conn.get("computes:2019-05").unwrap();
     assert_eq!(
