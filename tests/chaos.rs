@@ -20,7 +20,7 @@ use std::io::{BufRead, BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -31,7 +31,7 @@ use support::history::{
     Violation, Write,
 };
 use support::proxy::{Mode, Proxy};
-use support::{signal, RedisServer, Worker};
+use support::{now_us, signal, RedisServer, Worker};
 
 const NAMESPACE: &str = "chaos";
 const LEASE: Duration = Duration::from_millis(400);
@@ -72,13 +72,6 @@ fn main() {
             ("chaos_run_has_no_violation", chaos_run),
         ],
     );
-}
-
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
 }
 
 // =============================================================================================

@@ -4,11 +4,11 @@
 
 mod support;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::{CallOptions, Lock};
-use support::{eventually, signal, RedisServer, Worker};
+use support::{eventually, now_ms, signal, RedisServer, Worker};
 
 fn main() {
     if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
@@ -43,13 +43,6 @@ fn main() {
             ),
         ],
     );
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// The store the jobs write to: it accepts a record only if its fencing token is at least the

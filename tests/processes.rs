@@ -3,12 +3,12 @@
 
 mod support;
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use redis::Commands;
 use stampede_guard::{Cache, CallOptions};
-use support::{eventually, RedisServer, Worker};
+use support::{eventually, now_ms, RedisServer, Worker};
 
 const LEASE: Duration = Duration::from_secs(1);
 
@@ -38,13 +38,6 @@ fn main() {
         ),
     ];
     support::run_tests("processes", tests);
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn month(i: usize) -> String {

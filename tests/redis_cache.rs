@@ -24,6 +24,16 @@ async fn cache(server: &RedisServer, options: CallOptions) -> Cache {
         .expect("a cache on the test server")
 }
 
+/// Eight `Cache` instances on one server, each with its own connections, as eight processes
+/// would have.
+async fn eight_caches(server: &RedisServer) -> Vec<Cache> {
+    let mut caches = Vec::new();
+    for _ in 0..8 {
+        caches.push(cache(server, CallOptions::default()).await);
+    }
+    caches
+}
+
 fn month(i: usize) -> String {
     format!("{}-{:02}", 2019 + i / 12, i % 12 + 1)
 }
@@ -79,10 +89,7 @@ impl Probe {
 async fn two_hundred_callers_over_eight_caches_compute_once() {
     let server = RedisServer::start();
     let url = server.url();
-    let mut caches = Vec::new();
-    for _ in 0..8 {
-        caches.push(cache(&server, CallOptions::default()).await);
-    }
+    let caches = eight_caches(&server).await;
     let probe = Probe::default();
     let mut callers = Vec::new();
     for i in 0..200 {
@@ -111,10 +118,7 @@ async fn two_hundred_callers_over_eight_caches_compute_once() {
 async fn twelve_months_by_a_hundred_callers_compute_twelve_times() {
     let server = RedisServer::start();
     let url = server.url();
-    let mut caches = Vec::new();
-    for _ in 0..8 {
-        caches.push(cache(&server, CallOptions::default()).await);
-    }
+    let caches = eight_caches(&server).await;
     let probe = Probe::default();
     let mut callers = Vec::new();
     for i in 0..100 {

@@ -270,6 +270,19 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// Microseconds since the Unix epoch: the one clock that a test and the processes it starts share.
+pub fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// [`now_us`] in milliseconds.
+pub fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
 /// Sends a signal to a process this test started (by pid).
 pub fn signal(pid: u32, signal: &str) {
     let status = Command::new("kill")
