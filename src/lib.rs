@@ -88,40 +88,33 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
-mod builder;
+// Five layers, data flowing down once: `cache` (the handle and its call paths) → `lock` (locks,
+// leases, leader election, Redlock) → `wait` (single flight, waiting, wake-ups) → `wire` (keys,
+// envelope, codec) → `store` (the backends). Nothing below `cache` imports from it.
 mod cache;
-mod codec;
-mod compute;
 mod connect;
-mod envelope;
 mod error;
-mod flight;
-mod freshness;
-mod key;
-pub mod leader;
-mod lease;
 mod lock;
 mod options;
-mod redlock;
-mod refresh;
 mod stats;
 mod store;
-mod waiting;
-mod wakeup;
+mod wait;
 #[cfg(feature = "axum")]
 pub mod web;
+mod wire;
 
-pub use builder::CacheBuilder;
+pub use cache::builder::CacheBuilder;
+pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::Cache;
-pub use codec::{Bincode, Codec, CodecError};
 pub use error::Error;
-pub use freshness::{Computed, Fetched, Source};
-pub use key::MAX_KEY_BYTES;
-pub use lease::Lease;
+pub use lock::leader;
+pub use lock::lease::Lease;
+pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback};
-pub use redlock::{Redlock, RedlockBuilder};
 pub use stats::Stats;
+pub use wire::codec::{Bincode, Codec, CodecError};
+pub use wire::key::MAX_KEY_BYTES;
 
 /// The largest encoded value accepted (64 MiB); larger ones are refused with
 /// [`Error::ValueTooLarge`] rather than sent to Redis.
@@ -137,14 +130,14 @@ pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
 /// ```
 #[doc(hidden)]
 pub fn __fuzz_read_stored(bytes: &[u8]) {
-    let Ok(envelope) = envelope::Envelope::decode(bytes, Bincode.id()) else {
+    let Ok(envelope) = wire::envelope::Envelope::decode(bytes, Bincode.id()) else {
         return;
     };
     let again = envelope.encode();
     // The flags byte keeps only the bits this version knows, so compare what decodes, not bytes.
     assert_eq!(again.len(), bytes.len(), "length changed on re-encoding");
     assert_eq!(
-        envelope::Envelope::decode(&again, Bincode.id()),
+        wire::envelope::Envelope::decode(&again, Bincode.id()),
         Ok(envelope.clone())
     );
     // The payload as the cache would decode it: a miss or a value, never a panic or a huge

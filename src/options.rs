@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// The namespace of caches and locks built without one.
+pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
+
 /// How a call behaves: the lock's lease, how long to wait for another caller, how to back off, and
 /// what to do when the backend is down.
 ///
@@ -150,8 +153,8 @@ impl CallOptions {
         self
     }
 
-    pub(crate) fn renewal(&self) -> crate::lease::Renewal {
-        crate::lease::Renewal {
+    pub(crate) fn renewal(&self) -> crate::lock::lease::Renewal {
+        crate::lock::lease::Renewal {
             lease: self.lease,
             renew: self.renew,
             max_hold: self.max_hold,

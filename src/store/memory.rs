@@ -15,8 +15,8 @@ use super::{
     Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored,
     FENCE_RETENTION_LEASES,
 };
-use crate::key::EntryKeys;
-use crate::wakeup::{lock, Listener, Wakeups};
+use crate::wait::wakeup::{lock, Listener, Wakeups};
+use crate::wire::key::EntryKeys;
 
 /// Sweep expired entries after this many writes, so memory stays bounded by the live entries.
 const SWEEP_EVERY: u64 = 1024;

@@ -6,10 +6,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::key::EntryKeys;
-use crate::wakeup::Listener;
+use crate::wait::wakeup::Listener;
+use crate::wire::key::EntryKeys;
 
 mod memory;
+pub(crate) mod quorum;
 pub(crate) mod redis;
 mod scripts;
 mod split;

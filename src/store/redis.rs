@@ -16,8 +16,8 @@ use super::{
     millis, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult,
     Stored, FENCE_RETENTION_LEASES,
 };
-use crate::key::EntryKeys;
-use crate::wakeup::{lock, Listener, Wakeups};
+use crate::wait::wakeup::{lock, Listener, Wakeups};
+use crate::wire::key::EntryKeys;
 
 /// How long a connection attempt may take before the call gets a backend error.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored};
-use crate::key::EntryKeys;
-use crate::wakeup::Listener;
+use crate::wait::wakeup::Listener;
+use crate::wire::key::EntryKeys;
 
 pub(crate) struct SplitStore {
     pub values: Arc<dyn Store>,

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::wakeup::lock;
+use crate::wait::wakeup::lock;
 use crate::Error;
 
 type Outcome<T, E> = Result<T, Error<E>>;

@@ -1,13 +1,13 @@
 //! [`CacheBuilder`]: backend, namespace, default call options and codec.
 
 use crate::cache::Cache;
-use crate::codec::{Bincode, Codec};
 use crate::connect::Backend;
+use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
-use crate::key::validate_namespace;
-use crate::redlock::QuorumStore;
+use crate::store::quorum::QuorumStore;
 use crate::store::SplitStore;
+use crate::wire::key::validate_namespace;
 use crate::{CallOptions, Error};
 
 /// Builds a [`Cache`]: backend, namespace, default call options and codec.

@@ -9,16 +9,16 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use crate::codec::Codec;
-use crate::envelope::Envelope;
-use crate::flight::Role;
-use crate::freshness::{judge, unit_draw, Verdict};
-use crate::key::EntryKeys;
-use crate::lease::Renewal;
-use crate::lock::{new_token, HeldLock};
+use crate::cache::freshness::{judge, unit_draw, Verdict};
+use crate::lock::lease::Renewal;
+use crate::lock::lease::{new_token, HeldLock};
 use crate::stats::Event;
 use crate::store::{LockStore, ReadOrLock, Stored};
-use crate::waiting::{Waiter, Wake};
+use crate::wait::flight::Role;
+use crate::wait::waiting::{Waiter, Wake};
+use crate::wire::codec::Codec;
+use crate::wire::envelope::Envelope;
+use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
 
 /// A stored entry, decoded: a value, or a remembered failure's message.

@@ -1,5 +1,11 @@
 //! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
-//! The machinery behind the family lives in `compute.rs` and `refresh.rs`.
+//! The machinery behind the family lives in `compute.rs` (the single-key path) and `refresh.rs`
+//! (background refreshes); `freshness.rs` judges stored values, `builder.rs` builds the handle.
+
+pub(crate) mod builder;
+mod compute;
+pub(crate) mod freshness;
+mod refresh;
 
 use std::fmt::Display;
 use std::future::Future;
@@ -9,17 +15,15 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
-use crate::codec::{Bincode, Codec};
-use crate::flight::Flights;
-use crate::key::EntryKeys;
+use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
-use crate::refresh::Refreshes;
+use crate::options::DEFAULT_NAMESPACE;
 use crate::stats::{Counters, Event};
 use crate::store::{MemoryStore, Store};
+use crate::wait::flight::Flights;
+use crate::wire::codec::{Bincode, Codec};
+use crate::wire::key::EntryKeys;
 use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats};
-
-/// The namespace used when the builder is given none.
-pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
 /// for it at the same time.

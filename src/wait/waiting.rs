@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::key::EntryKeys;
 use crate::store::LockStore;
-use crate::wakeup::Listener;
+use crate::wait::wakeup::Listener;
+use crate::wire::key::EntryKeys;
 use crate::{CallOptions, Error};
 
 pub(crate) struct Waiter<'a> {

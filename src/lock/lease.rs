@@ -17,9 +17,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::key::EntryKeys;
 use crate::stats::{Counters, Event};
-use crate::store::LockStore;
+use crate::store::{LockStore, Store, StoreResult, Stored};
+use crate::wire::key::EntryKeys;
 
 /// The holder's view of its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,5 +241,136 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.task.abort();
         self.state.send_modify(|s| s.lost = true);
+    }
+}
+
+/// A fresh owner token: a random UUID, so no two acquisitions anywhere share one.
+pub(crate) fn new_token() -> Arc<str> {
+    uuid::Uuid::new_v4().simple().to_string().into()
+}
+
+/// A lock held through the backend, renewing itself until it is handed back or dropped.
+pub(crate) struct HeldLock {
+    store: Arc<dyn LockStore>,
+    keys: Arc<EntryKeys>,
+    token: Arc<str>,
+    fence: u64,
+    lease: std::time::Duration,
+    heartbeat: Option<Heartbeat>,
+    /// Cleared once the lock was handed back through the backend, so `Drop` has nothing to do.
+    armed: bool,
+}
+
+impl std::fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldLock")
+            .field("key", &self.keys.user)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HeldLock {
+    /// Takes ownership of a lock acquired with `token` and `fence` by a request sent at `asked`,
+    /// and starts its heartbeat.
+    pub(crate) fn new(
+        store: Arc<dyn LockStore>,
+        keys: Arc<EntryKeys>,
+        token: Arc<str>,
+        fence: u64,
+        asked: Instant,
+        renewal: Renewal,
+    ) -> Self {
+        let heartbeat = Heartbeat::start(
+            Arc::clone(&store),
+            Arc::clone(&keys),
+            Arc::clone(&token),
+            asked,
+            renewal.clone(),
+        );
+        HeldLock {
+            store,
+            keys,
+            token,
+            fence,
+            lease: renewal.lease,
+            heartbeat: Some(heartbeat),
+            armed: true,
+        }
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        match &self.heartbeat {
+            Some(heartbeat) => Lease::held(self.fence, heartbeat.state()),
+            // Only after the lock was handed back, when no one asks any more.
+            None => Lease::unlocked(),
+        }
+    }
+
+    pub(crate) fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// The lock's name, as the user gave it.
+    pub(crate) fn name(&self) -> &str {
+        &self.keys.user
+    }
+
+    pub(crate) async fn extend(&self) -> StoreResult<bool> {
+        let asked = Instant::now();
+        let extended = self
+            .store
+            .extend(&self.keys, &self.token, self.lease)
+            .await?;
+        if let Some(heartbeat) = &self.heartbeat {
+            heartbeat.renewed(asked, extended);
+        }
+        Ok(extended)
+    }
+
+    /// Writes the value to `store` (the one the lock was taken in) if our fencing token is still
+    /// current, and lets the lock go.
+    pub(crate) async fn store_and_unlock(
+        mut self,
+        store: &dyn Store,
+        value: Vec<u8>,
+        ttl: std::time::Duration,
+    ) -> StoreResult<Stored> {
+        // Stop renewing first: a renewal racing the unlock would only report a spurious loss.
+        self.heartbeat = None;
+        let stored = store
+            .store_and_unlock(&self.keys, &self.token, self.fence, value, ttl)
+            .await?;
+        self.armed = false;
+        Ok(stored)
+    }
+
+    /// Lets the lock go; false if it was no longer ours.
+    pub(crate) async fn release(mut self) -> StoreResult<bool> {
+        self.heartbeat = None;
+        let released = self.store.unlock(&self.keys, &self.token).await?;
+        self.armed = false;
+        Ok(released)
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        self.heartbeat = None;
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key = %self.keys.user, "lock dropped outside a runtime; it frees itself when its lease runs out");
+            return;
+        };
+        let store = Arc::clone(&self.store);
+        let keys = Arc::clone(&self.keys);
+        let token = Arc::clone(&self.token);
+        runtime.spawn(async move {
+            if let Err(e) = store.unlock(&keys, &token).await {
+                tracing::warn!(key = %keys.user, error = %e, "could not free an abandoned lock; it frees itself when its lease runs out");
+            }
+        });
     }
 }

@@ -2,6 +2,9 @@
 //! that it is let go on every exit path. The cache takes its per-key locks through the same
 //! [`HeldLock`] code.
 //!
+//! The submodules: `lease.rs` (the heartbeat and the internal held lock that the cache shares),
+//! `leader.rs` (one job on one instance) and `redlock.rs` (the lock over a quorum of masters).
+//!
 //! Cancellation contract: if the holder's future is dropped or panics, `Drop` stops the heartbeat
 //! at once and starts a best-effort unlock on the current runtime (which wakes the waiters). `Drop`
 //! cannot wait for the backend, so if that unlock fails too, the lease running out is the backstop.
@@ -10,17 +13,17 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::connect::Backend;
-use crate::key::{validate_namespace, EntryKeys};
-use crate::lease::{Heartbeat, Lease, Renewal};
-use crate::store::{Acquire, LockStore, Store, StoreResult, Stored};
-use crate::waiting::Waiter;
-use crate::{CallOptions, Error};
+pub mod leader;
+pub(crate) mod lease;
+pub(crate) mod redlock;
 
-/// A fresh owner token: a random UUID, so no two acquisitions anywhere share one.
-pub(crate) fn new_token() -> Arc<str> {
-    uuid::Uuid::new_v4().simple().to_string().into()
-}
+use crate::connect::Backend;
+use crate::lock::lease::{new_token, HeldLock, Lease};
+use crate::wire::key::{validate_namespace, EntryKeys};
+
+use crate::store::{Acquire, LockStore};
+use crate::wait::waiting::Waiter;
+use crate::{CallOptions, Error};
 
 /// A named distributed lock: at most one holder at a time across every process that uses the
 /// same backend and namespace, for as long as its lease holds.
@@ -87,7 +90,7 @@ impl Lock {
     pub fn builder(name: impl Into<String>) -> LockBuilder {
         LockBuilder {
             name: name.into(),
-            namespace: crate::cache::DEFAULT_NAMESPACE.to_owned(),
+            namespace: crate::options::DEFAULT_NAMESPACE.to_owned(),
             backend: Backend::Memory,
             options: CallOptions::default(),
         }
@@ -238,7 +241,7 @@ impl LockGuard {
     /// The fencing token of this acquisition: strictly greater than every token handed out
     /// before for this lock name.
     pub fn fencing_token(&self) -> u64 {
-        self.held.fence
+        self.held.fence()
     }
 
     /// Whether the lease still holds, as far as this process can tell (renewals succeed and the
@@ -276,7 +279,7 @@ impl LockGuard {
     /// holder took it); [`Error::Backend`] when the backend fails (the lease then runs out by
     /// itself).
     pub async fn release(self) -> Result<(), Error> {
-        let name = self.held.keys.user.clone();
+        let name = self.held.name().to_owned();
         match self.held.release().await {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::NotHeld { name }),
@@ -364,126 +367,5 @@ impl LockBuilder {
             keys,
             self.options,
         ))
-    }
-}
-
-/// A lock held through the backend, renewing itself until it is handed back or dropped.
-pub(crate) struct HeldLock {
-    store: Arc<dyn LockStore>,
-    keys: Arc<EntryKeys>,
-    token: Arc<str>,
-    fence: u64,
-    lease: std::time::Duration,
-    heartbeat: Option<Heartbeat>,
-    /// Cleared once the lock was handed back through the backend, so `Drop` has nothing to do.
-    armed: bool,
-}
-
-impl std::fmt::Debug for HeldLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeldLock")
-            .field("key", &self.keys.user)
-            .field("fence", &self.fence)
-            .finish_non_exhaustive()
-    }
-}
-
-impl HeldLock {
-    /// Takes ownership of a lock acquired with `token` and `fence` by a request sent at `asked`,
-    /// and starts its heartbeat.
-    pub(crate) fn new(
-        store: Arc<dyn LockStore>,
-        keys: Arc<EntryKeys>,
-        token: Arc<str>,
-        fence: u64,
-        asked: Instant,
-        renewal: Renewal,
-    ) -> Self {
-        let heartbeat = Heartbeat::start(
-            Arc::clone(&store),
-            Arc::clone(&keys),
-            Arc::clone(&token),
-            asked,
-            renewal.clone(),
-        );
-        HeldLock {
-            store,
-            keys,
-            token,
-            fence,
-            lease: renewal.lease,
-            heartbeat: Some(heartbeat),
-            armed: true,
-        }
-    }
-
-    pub(crate) fn lease(&self) -> Lease {
-        match &self.heartbeat {
-            Some(heartbeat) => Lease::held(self.fence, heartbeat.state()),
-            // Only after the lock was handed back, when no one asks any more.
-            None => Lease::unlocked(),
-        }
-    }
-
-    pub(crate) fn fence(&self) -> u64 {
-        self.fence
-    }
-
-    async fn extend(&self) -> StoreResult<bool> {
-        let asked = Instant::now();
-        let extended = self
-            .store
-            .extend(&self.keys, &self.token, self.lease)
-            .await?;
-        if let Some(heartbeat) = &self.heartbeat {
-            heartbeat.renewed(asked, extended);
-        }
-        Ok(extended)
-    }
-
-    /// Writes the value to `store` (the one the lock was taken in) if our fencing token is still
-    /// current, and lets the lock go.
-    pub(crate) async fn store_and_unlock(
-        mut self,
-        store: &dyn Store,
-        value: Vec<u8>,
-        ttl: std::time::Duration,
-    ) -> StoreResult<Stored> {
-        // Stop renewing first: a renewal racing the unlock would only report a spurious loss.
-        self.heartbeat = None;
-        let stored = store
-            .store_and_unlock(&self.keys, &self.token, self.fence, value, ttl)
-            .await?;
-        self.armed = false;
-        Ok(stored)
-    }
-
-    /// Lets the lock go; false if it was no longer ours.
-    pub(crate) async fn release(mut self) -> StoreResult<bool> {
-        self.heartbeat = None;
-        let released = self.store.unlock(&self.keys, &self.token).await?;
-        self.armed = false;
-        Ok(released)
-    }
-}
-
-impl Drop for HeldLock {
-    fn drop(&mut self) {
-        self.heartbeat = None;
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %self.keys.user, "lock dropped outside a runtime; it frees itself when its lease runs out");
-            return;
-        };
-        let store = Arc::clone(&self.store);
-        let keys = Arc::clone(&self.keys);
-        let token = Arc::clone(&self.token);
-        runtime.spawn(async move {
-            if let Err(e) = store.unlock(&keys, &token).await {
-                tracing::warn!(key = %keys.user, error = %e, "could not free an abandoned lock; it frees itself when its lease runs out");
-            }
-        });
     }
 }

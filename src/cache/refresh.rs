@@ -14,12 +14,12 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use crate::codec::Codec;
-use crate::envelope::Envelope;
-use crate::key::EntryKeys;
-use crate::lock::{new_token, HeldLock};
+use crate::lock::lease::{new_token, HeldLock};
 use crate::store::{LockStore, ReadOrLock};
-use crate::wakeup::lock;
+use crate::wait::wakeup::lock;
+use crate::wire::codec::Codec;
+use crate::wire::envelope::Envelope;
+use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Lease};
 
 /// The longest a process refrains from trying to refresh after finding the lock held.
