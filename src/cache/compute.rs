@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::lock::lease::Renewal;
-use crate::lock::lease::{new_token, HeldLock};
+use crate::lock::lease::{Acquiring, HeldLock};
 use crate::stats::Event;
 use crate::store::{LockStore, ReadOrLock, Stored};
 use crate::wait::flight::Role;
@@ -155,7 +155,12 @@ impl<C: Codec> Cache<C> {
     {
         let store = &self.inner.store;
         let options = &self.options;
-        let token = new_token();
+        let mut acquiring = Acquiring::new(
+            Arc::clone(store) as Arc<dyn LockStore>,
+            Arc::clone(keys),
+            self.renewal(),
+        );
+        let token = acquiring.token();
         let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
         let mut found = Source::Hit;
         // Cleared after bytes that do not decode: then the lock is taken over them, to replace them.
@@ -169,14 +174,21 @@ impl<C: Codec> Cache<C> {
                     return self.serve(entry, (**keys).clone(), ttl, f, found);
                 }
             }
-            let asked = Instant::now();
+            let asked = acquiring.sending();
             let answer = match store
                 .read_or_lock(keys, &token, options.lease, read_value)
                 .await
             {
                 Ok(answer) => answer,
-                Err(e) => return self.without_cache("read-or-lock", e, keys, f).await,
+                Err(e) => {
+                    // The request may have been granted anyway: free it before computing uncached.
+                    drop(acquiring);
+                    return self.without_cache("read-or-lock", e, keys, f).await;
+                }
             };
+            if !matches!(answer, ReadOrLock::Acquired { .. }) {
+                acquiring.refused();
+            }
             match answer {
                 ReadOrLock::Value(bytes) => match self.read_stored::<T>(keys, &bytes) {
                     Some(entry) => return self.serve(entry, (**keys).clone(), ttl, f, found),
@@ -186,14 +198,7 @@ impl<C: Codec> Cache<C> {
                     }
                 },
                 ReadOrLock::Acquired { fence } => {
-                    let held = HeldLock::new(
-                        Arc::clone(store) as Arc<dyn LockStore>,
-                        Arc::clone(keys),
-                        token,
-                        fence,
-                        asked,
-                        self.renewal(),
-                    );
+                    let held = acquiring.granted(fence, asked);
                     let value = self.compute_and_store(held, keys, ttl, f, true).await?;
                     return Ok(Fetched {
                         value,

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use crate::lock::lease::{new_token, HeldLock};
+use crate::lock::lease::Acquiring;
 use crate::store::{LockStore, ReadOrLock};
 use crate::wait::wakeup::lock;
 use crate::wire::codec::Codec;
@@ -102,21 +102,22 @@ impl<C: Codec> Cache<C> {
             let keys = Arc::new(keys);
             let store = &cache.inner.store;
             let options = &cache.options;
-            let token = new_token();
-            let asked = Instant::now();
-            match store
+            let mut acquiring = Acquiring::new(
+                Arc::clone(store) as Arc<dyn LockStore>,
+                Arc::clone(&keys),
+                cache.renewal(),
+            );
+            let token = acquiring.token();
+            let asked = acquiring.sending();
+            let answer = store
                 .read_or_lock(&keys, &token, options.lease, false)
-                .await
-            {
+                .await;
+            if matches!(answer, Ok(ReadOrLock::Held { .. } | ReadOrLock::Value(_))) {
+                acquiring.refused();
+            }
+            match answer {
                 Ok(ReadOrLock::Acquired { fence }) => {
-                    let held = HeldLock::new(
-                        Arc::clone(store) as Arc<dyn LockStore>,
-                        Arc::clone(&keys),
-                        token,
-                        fence,
-                        asked,
-                        cache.renewal(),
-                    );
+                    let held = acquiring.granted(fence, asked);
                     // Another process may have refreshed between our read and our lock.
                     if cache.replaced_since(&keys, seen_fence).await {
                         tracing::debug!(key = %keys.user, "already refreshed elsewhere");

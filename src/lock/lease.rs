@@ -245,8 +245,114 @@ impl Drop for Heartbeat {
 }
 
 /// A fresh owner token: a random UUID, so no two acquisitions anywhere share one.
-pub(crate) fn new_token() -> Arc<str> {
+fn new_token() -> Arc<str> {
     uuid::Uuid::new_v4().simple().to_string().into()
+}
+
+/// The owner token of one caller's lock requests, from before the first request is sent until
+/// the lock is held (or the caller gives up).
+///
+/// Every `.await` between sending a lock request and holding its guard is a cancellation window:
+/// the server may have granted the lock while the caller is dropped before it sees the answer.
+/// The token is known before the request goes out, so this is that guard: dropped while a
+/// request is in flight (or after one failed, when the server may still have granted it), it frees
+/// the lock in the background, so waiters are not held up for a whole lease.
+pub(crate) struct Acquiring {
+    store: Arc<dyn LockStore>,
+    keys: Arc<EntryKeys>,
+    token: Arc<str>,
+    renewal: Renewal,
+    /// Set from sending a request until a definite answer that it was not granted.
+    maybe_granted: bool,
+}
+
+impl std::fmt::Debug for Acquiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acquiring")
+            .field("key", &self.keys.user)
+            .field("maybe_granted", &self.maybe_granted)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Acquiring {
+    /// A fresh token for `keys`' lock, renewed by `renewal` once granted.
+    pub(crate) fn new(store: Arc<dyn LockStore>, keys: Arc<EntryKeys>, renewal: Renewal) -> Self {
+        Acquiring {
+            store,
+            keys,
+            token: new_token(),
+            renewal,
+            maybe_granted: false,
+        }
+    }
+
+    /// The token to send with the request.
+    pub(crate) fn token(&self) -> Arc<str> {
+        Arc::clone(&self.token)
+    }
+
+    /// Call right before sending a request that may take the lock; returns when it was sent, from
+    /// which the lease counts.
+    pub(crate) fn sending(&mut self) -> Instant {
+        self.maybe_granted = true;
+        Instant::now()
+    }
+
+    /// The server answered that the lock was not taken (held by another, or a value was read).
+    pub(crate) fn refused(&mut self) {
+        self.maybe_granted = false;
+    }
+
+    /// The server granted the lock with `fence` to the request sent at `asked`: hold it and start
+    /// renewing. The lease counts from `asked`, less what clock drift between the nodes that
+    /// hold it may take (Redlock), so the holder's view never outlasts the lock.
+    pub(crate) fn granted(mut self, fence: u64, asked: Instant) -> HeldLock {
+        self.maybe_granted = false;
+        let drift = self.store.clock_drift(self.renewal.lease);
+        let asked = asked.checked_sub(drift).unwrap_or(asked);
+        let heartbeat = Heartbeat::start(
+            Arc::clone(&self.store),
+            Arc::clone(&self.keys),
+            Arc::clone(&self.token),
+            asked,
+            self.renewal.clone(),
+        );
+        HeldLock {
+            store: Arc::clone(&self.store),
+            keys: Arc::clone(&self.keys),
+            token: Arc::clone(&self.token),
+            fence,
+            lease: self.renewal.lease,
+            heartbeat: Some(heartbeat),
+            armed: true,
+        }
+    }
+}
+
+impl Drop for Acquiring {
+    fn drop(&mut self) {
+        if self.maybe_granted {
+            free_in_background(&self.store, &self.keys, &self.token);
+        }
+    }
+}
+
+/// Frees `token`'s lock from a `Drop`, which cannot wait: best effort on the current runtime; the
+/// lease running out is the backstop. Harmless when the lock is not (or no longer) `token`'s.
+fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: &Arc<str>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(key = %keys.user, "lock dropped outside a runtime; it frees itself when its lease runs out");
+        return;
+    };
+    let store = Arc::clone(store);
+    let keys = Arc::clone(keys);
+    let token = Arc::clone(token);
+    runtime.spawn(async move {
+        if let Err(e) = store.unlock(&keys, &token).await {
+            tracing::warn!(key = %keys.user, error = %e, "could not free an abandoned lock; it frees itself when its lease runs out");
+        }
+    });
 }
 
 /// A lock held through the backend, renewing itself until it is handed back or dropped.
@@ -271,34 +377,6 @@ impl std::fmt::Debug for HeldLock {
 }
 
 impl HeldLock {
-    /// Takes ownership of a lock acquired with `token` and `fence` by a request sent at `asked`,
-    /// and starts its heartbeat.
-    pub(crate) fn new(
-        store: Arc<dyn LockStore>,
-        keys: Arc<EntryKeys>,
-        token: Arc<str>,
-        fence: u64,
-        asked: Instant,
-        renewal: Renewal,
-    ) -> Self {
-        let heartbeat = Heartbeat::start(
-            Arc::clone(&store),
-            Arc::clone(&keys),
-            Arc::clone(&token),
-            asked,
-            renewal.clone(),
-        );
-        HeldLock {
-            store,
-            keys,
-            token,
-            fence,
-            lease: renewal.lease,
-            heartbeat: Some(heartbeat),
-            armed: true,
-        }
-    }
-
     pub(crate) fn lease(&self) -> Lease {
         match &self.heartbeat {
             Some(heartbeat) => Lease::held(self.fence, heartbeat.state()),
@@ -357,20 +435,8 @@ impl HeldLock {
 impl Drop for HeldLock {
     fn drop(&mut self) {
         self.heartbeat = None;
-        if !self.armed {
-            return;
+        if self.armed {
+            free_in_background(&self.store, &self.keys, &self.token);
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %self.keys.user, "lock dropped outside a runtime; it frees itself when its lease runs out");
-            return;
-        };
-        let store = Arc::clone(&self.store);
-        let keys = Arc::clone(&self.keys);
-        let token = Arc::clone(&self.token);
-        runtime.spawn(async move {
-            if let Err(e) = store.unlock(&keys, &token).await {
-                tracing::warn!(key = %keys.user, error = %e, "could not free an abandoned lock; it frees itself when its lease runs out");
-            }
-        });
     }
 }

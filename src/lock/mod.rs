@@ -10,6 +10,7 @@
 //! cannot wait for the backend, so if that unlock fails too, the lease running out is the backstop.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -18,7 +19,7 @@ pub(crate) mod lease;
 pub(crate) mod redlock;
 
 use crate::connect::Backend;
-use crate::lock::lease::{new_token, HeldLock, Lease};
+use crate::lock::lease::{Acquiring, HeldLock, Lease};
 use crate::wire::key::{validate_namespace, EntryKeys};
 
 use crate::store::{Acquire, LockStore};
@@ -145,9 +146,9 @@ impl Lock {
     /// # Errors
     /// [`Error::Backend`] when the backend fails.
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
-        let token = new_token();
-        match self.attempt(&token).await? {
-            Ok(guard) => Ok(Some(guard)),
+        let mut acquiring = self.acquiring();
+        match self.attempt(&mut acquiring).await? {
+            Ok(fence_and_asked) => Ok(Some(self.guard(acquiring, fence_and_asked))),
             Err(_) => Ok(None),
         }
     }
@@ -169,7 +170,7 @@ impl Lock {
     /// [`Error::WaitTimeout`] after [`CallOptions::wait_timeout`]; [`Error::Backend`] when the
     /// backend fails.
     pub async fn acquire(&self) -> Result<LockGuard, Error> {
-        let token = new_token();
+        let mut acquiring = self.acquiring();
         let mut waiter = Waiter::new(
             self.store.as_ref(),
             &self.keys,
@@ -177,8 +178,8 @@ impl Lock {
             Instant::now(),
         );
         loop {
-            match self.attempt(&token).await? {
-                Ok(guard) => return Ok(guard),
+            match self.attempt(&mut acquiring).await? {
+                Ok(fence_and_asked) => return Ok(self.guard(acquiring, fence_and_asked)),
                 Err(expires_in) => {
                     waiter.wait(expires_in).await?;
                 }
@@ -186,33 +187,39 @@ impl Lock {
         }
     }
 
-    /// Tries once; `Err(expires_in)` when held by someone else.
+    fn acquiring(&self) -> Acquiring {
+        Acquiring::new(
+            Arc::clone(&self.store),
+            Arc::clone(&self.keys),
+            self.options.renewal(),
+        )
+    }
+
+    fn guard(&self, acquiring: Acquiring, (fence, asked): (u64, Instant)) -> LockGuard {
+        LockGuard {
+            held: acquiring.granted(fence, asked),
+        }
+    }
+
+    /// Tries once: the fencing token and when the granted request was sent, or `Err(expires_in)`
+    /// when someone else holds the lock.
     async fn attempt(
         &self,
-        token: &Arc<str>,
-    ) -> Result<Result<LockGuard, Option<std::time::Duration>>, Error> {
-        // The lease counts from before the request, less what clock drift between nodes may take.
-        let now = Instant::now();
-        let asked = now
-            .checked_sub(self.store.clock_drift(self.options.lease))
-            .unwrap_or(now);
+        acquiring: &mut Acquiring,
+    ) -> Result<Result<(u64, Instant), Option<Duration>>, Error> {
+        let token = acquiring.token();
+        let asked = acquiring.sending();
         let answer = self
             .store
-            .try_lock(&self.keys, token, self.options.lease)
+            .try_lock(&self.keys, &token, self.options.lease)
             .await
             .map_err(|e| Error::backend("acquire", e))?;
         Ok(match answer {
-            Acquire::Acquired { fence } => Ok(LockGuard {
-                held: HeldLock::new(
-                    Arc::clone(&self.store),
-                    Arc::clone(&self.keys),
-                    Arc::clone(token),
-                    fence,
-                    asked,
-                    self.options.renewal(),
-                ),
-            }),
-            Acquire::Held { expires_in } => Err(expires_in),
+            Acquire::Acquired { fence } => Ok((fence, asked)),
+            Acquire::Held { expires_in } => {
+                acquiring.refused();
+                Err(expires_in)
+            }
         })
     }
 }
