@@ -333,6 +333,11 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
+        self.wakeups.notify(keys.channel());
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     fn now_ms(&self) -> u64 {
         let elapsed = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.epoch_ms.saturating_add(elapsed)

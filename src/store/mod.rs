@@ -237,6 +237,10 @@ pub(crate) trait Store: LockStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
+    /// Wakes the waiters of `keys` without changing anything (a split store's value side, when
+    /// the lock side freed a lock without a value landing).
+    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>>;
+
     /// Wall-clock milliseconds since the Unix epoch, by which values' freshness is stamped and
     /// judged. Redis: the system clock (so machines should keep their clocks in sync, as NTP
     /// does). Memory: the clock at creation plus `tokio::time` since, so paused-time tests move it.

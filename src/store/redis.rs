@@ -511,6 +511,20 @@ where
         })
     }
 
+    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let _: i64 = self
+                .scripts
+                .wake
+                .key(&keys.value)
+                .arg(keys.channel())
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(())
+        })
+    }
+
     fn now_ms(&self) -> u64 {
         super::system_now_ms()
     }

@@ -98,6 +98,14 @@ redis.call('PUBLISH', ARGV[2], '')
 return 1
 ";
 
+/// KEYS: value (only so that Redis Cluster routes it to the entry's node). ARGV: channel.
+/// Wakes the waiters without touching any key: the value store of a split store publishes this
+/// when a lock held elsewhere (a Redlock) was freed without a value.
+const WAKE: &str = r"
+redis.call('PUBLISH', ARGV[1], '')
+return 1
+";
+
 /// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
 /// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
 /// stays on the slot's node instead of being broadcast to every node.
@@ -145,6 +153,7 @@ pub(crate) struct Scripts {
     pub raise_fence: Script,
     pub next_fence: Script,
     pub write_fenced: Script,
+    pub wake: Script,
 }
 
 impl Scripts {
@@ -160,6 +169,7 @@ impl Scripts {
             raise_fence: script(RAISE_FENCE.to_owned()),
             next_fence: script(format!("{BUMP_FENCE}{NEXT_FENCE}")),
             write_fenced: script(WRITE_FENCED.to_owned()),
+            wake: script(WAKE.to_owned()),
         }
     }
 }

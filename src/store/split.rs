@@ -42,7 +42,15 @@ impl LockStore for SplitStore {
         keys: &'a EntryKeys,
         token: &'a str,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.locks.unlock(keys, token)
+        Box::pin(async move {
+            let released = self.locks.unlock(keys, token).await?;
+            if released {
+                // The lock nodes published, but waiters listen on the value store: tell them
+                // there, or they would learn of it only at their backoff.
+                self.values.wake(keys).await?;
+            }
+            Ok(released)
+        })
     }
 
     fn next_fence<'a>(
@@ -62,8 +70,7 @@ impl LockStore for SplitStore {
         self.locks.raise_fence(keys, floor, lease)
     }
 
-    /// Wake-ups come from the value store, where values land. A release after a failed
-    /// computation publishes on the lock nodes instead; waiters then look again at their backoff.
+    /// Wake-ups come from the value store, where values land; a release publishes there too.
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         self.values.listen(keys)
     }
@@ -91,7 +98,17 @@ impl Store for SplitStore {
                     return Ok(ReadOrLock::Value(value.to_vec()));
                 }
             }
-            Ok(self.locks.try_lock(keys, token, lease).await?.into())
+            let answer = self.locks.try_lock(keys, token, lease).await?;
+            if read_value && matches!(answer, Acquire::Acquired { .. }) {
+                // Not one step as in a single store: a holder may have written its value and
+                // freed the lock between the read above and this lock. Read again, or the value
+                // would be computed twice.
+                if let Some(value) = self.values.get(keys).await? {
+                    self.unlock(keys, token).await?;
+                    return Ok(ReadOrLock::Value(value.to_vec()));
+                }
+            }
+            Ok(answer.into())
         })
     }
 
@@ -154,6 +171,10 @@ impl Store for SplitStore {
             self.values.raise_fence(keys, fence, lease).await?;
             self.values.invalidate(keys, lease).await
         })
+    }
+
+    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
+        self.values.wake(keys)
     }
 
     fn now_ms(&self) -> u64 {

@@ -1,0 +1,146 @@
+//! A cache whose values live on one Redis and whose per-key locks are taken through a Redlock over
+//! three others (`CacheBuilder::redlock`): taking the lock there is not one step with reading the
+//! value, so the protocol has to make up for it.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stampede_guard::{Backoff, Cache, CallOptions};
+use support::proxy::{Mode, Proxy};
+use support::RedisServer;
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    std::thread::scope(|s| {
+        let starting: Vec<_> = (0..n).map(|_| s.spawn(RedisServer::start)).collect();
+        starting
+            .into_iter()
+            .map(|h| h.join().expect("a server"))
+            .collect()
+    })
+}
+
+async fn split_cache(values: &RedisServer, lock_urls: Vec<String>, options: CallOptions) -> Cache {
+    Cache::builder()
+        .redis_url(values.url())
+        .redlock(lock_urls)
+        .namespace("split")
+        .options(options)
+        .build()
+        .await
+        .expect("a cache with Redlock locks")
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime for the test")
+}
+
+/// B reads the value (a miss: A is computing), then asks the lock nodes, slowly (through delaying
+/// proxies). By the time its request lands, A has written its value and freed the lock, so B is
+/// granted the lock. B must read again before computing, or the value is computed twice.
+#[test]
+fn a_lock_granted_after_the_value_landed_is_not_computed_again() {
+    let values = RedisServer::start();
+    let lock_nodes = servers(3);
+    // The proxies run their own runtimes: started and dropped outside the test's.
+    let slow: Vec<Proxy> = lock_nodes.iter().map(|n| Proxy::start(n.port())).collect();
+    runtime().block_on(async {
+        let options = CallOptions::default().lease(Duration::from_secs(30));
+        let fast_a = split_cache(
+            &values,
+            lock_nodes.iter().map(RedisServer::url).collect(),
+            options.clone(),
+        )
+        .await;
+        let slow_b = split_cache(&values, slow.iter().map(Proxy::url).collect(), options).await;
+        // Connected while the proxies pass, then slowed: within the Redlock's per-node timeout
+        // (250 ms at this lease), but longer than A's work.
+        let warm_up = slow_b.lock("warm-up").expect("a lock name");
+        drop(warm_up.acquire().await.expect("the lock nodes answer"));
+        for proxy in &slow {
+            proxy.set_mode(Mode::Delay(Duration::from_millis(60)));
+        }
+        let computes = Arc::new(AtomicUsize::new(0));
+        let (computing_tx, computing_rx) = tokio::sync::oneshot::channel();
+        let a = tokio::spawn({
+            let (cache, computes) = (fast_a.clone(), computes.clone());
+            async move {
+                cache
+                    .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
+                        computes.fetch_add(1, Ordering::SeqCst);
+                        let _ = computing_tx.send(());
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, std::io::Error>("report for 2019-05".to_string())
+                    })
+                    .await
+            }
+        });
+        // B starts while A computes, so B's first read is a miss.
+        computing_rx.await.expect("A computes");
+        let b = slow_b
+            .get_or_compute("2019-05", Duration::from_secs(300), {
+                let computes = computes.clone();
+                move || async move {
+                    computes.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>("report for 2019-05".to_string())
+                }
+            })
+            .await
+            .expect("B gets the value");
+        let a = a.await.expect("A's task").expect("A computes");
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            ("report for 2019-05", "report for 2019-05")
+        );
+        assert_eq!(computes.load(Ordering::SeqCst), 1, "computed twice");
+    });
+}
+
+/// A computation that fails frees its lock on the lock nodes; the waiters listen on the value
+/// store and must be woken there, not left to their backoff (here longer than the test's bound).
+#[test]
+fn waiters_learn_of_a_failed_computation_at_once() {
+    let values = RedisServer::start();
+    let lock_nodes = servers(3);
+    let urls: Vec<String> = lock_nodes.iter().map(RedisServer::url).collect();
+    runtime().block_on(async {
+        let options = CallOptions::default()
+            .lease(Duration::from_secs(30))
+            .wait_timeout(Duration::from_secs(120))
+            .backoff(Backoff::new(
+                Duration::from_secs(60),
+                Duration::from_secs(60),
+            ));
+        let failing = split_cache(&values, urls.clone(), options.clone()).await;
+        let waiting = split_cache(&values, urls, options).await;
+
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let failed = tokio::spawn(async move {
+            failing
+                .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
+                    let _ = started_tx.send(());
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Err::<String, _>(std::io::Error::other("the database is down"))
+                })
+                .await
+        });
+        started_rx.await.expect("the failing computation starts");
+        let waited = tokio::time::timeout(
+            Duration::from_secs(20),
+            waiting.get_or_compute("2019-05", Duration::from_secs(300), || async {
+                Ok::<_, std::io::Error>("computed by the waiter".to_string())
+            }),
+        )
+        .await
+        .expect("woken by the release, not by the 60 s backoff")
+        .expect("the waiter computes after the failure");
+        assert_eq!(waited, "computed by the waiter");
+        assert!(failed.await.expect("the failing task").is_err());
+    });
+}
