@@ -44,6 +44,7 @@ impl<C: Codec> Cache<C> {
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
         let keys = EntryKeys::new(&self.inner.namespace, key).map_err(Error::widen)?;
+        self.clock_ready().await;
 
         // The hit path: one GET, no script, no in-process bookkeeping.
         match self.inner.store.get(&keys).await {
@@ -293,6 +294,15 @@ impl<C: Codec> Cache<C> {
                 "computed value not written: the backend failed; returning it uncached"),
         }
         Ok(computed.value)
+    }
+
+    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
+    /// (once per cache; after that, an atomic load).
+    pub(crate) async fn clock_ready(&self) {
+        let store = &self.inner.store;
+        if !store.clock_synced() {
+            store.sync_clock().await;
+        }
     }
 
     /// How this cache's locks are renewed: the handle's options, counted in its stats.

@@ -289,6 +289,7 @@ impl<C: Codec> Cache<C> {
         ttl: Duration,
     ) -> Result<(), Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
+        self.clock_ready().await;
         let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
         self.inner
             .store

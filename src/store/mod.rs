@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
+mod clock;
 mod memory;
 pub(crate) mod quorum;
 pub(crate) mod redis;
@@ -242,9 +243,21 @@ pub(crate) trait Store: LockStore {
     fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>>;
 
     /// Wall-clock milliseconds since the Unix epoch, by which values' freshness is stamped and
-    /// judged. Redis: the system clock (so machines should keep their clocks in sync, as NTP
-    /// does). Memory: the clock at creation plus `tokio::time` since, so paused-time tests move it.
+    /// judged. Redis: the server's clock, as estimated from this process (see `clock.rs`), so
+    /// machines whose clocks disagree still agree on freshness. Memory: the clock at creation
+    /// plus `tokio::time` since, so paused-time tests move it.
     fn now_ms(&self) -> u64;
+
+    /// Whether [`now_ms`](Self::now_ms) is calibrated (or needs no calibration).
+    fn clock_synced(&self) -> bool {
+        true
+    }
+
+    /// Calibrates [`now_ms`](Self::now_ms) once, before the first call that stamps or judges
+    /// freshness; afterwards a background task keeps it calibrated.
+    fn sync_clock(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// The system clock in milliseconds since the Unix epoch (0 if the clock is before 1970).

@@ -11,6 +11,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, PushInfo, PushKind, RedisError, Value};
 
+use super::clock::ServerClock;
 use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
 use super::{
     millis, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult,
@@ -29,6 +30,8 @@ pub(crate) struct RedisStore<C> {
     conn: C,
     pubsub: Arc<PubSub>,
     scripts: &'static Scripts,
+    /// Freshness is stamped and judged by the server's clock, not this machine's.
+    clock: Arc<ServerClock>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -47,17 +50,26 @@ fn manager_config() -> ConnectionManagerConfig {
         .set_max_delay(Duration::from_millis(500))
 }
 
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+    fn new(conn: C, pubsub: Arc<PubSub>, scripts: &'static Scripts) -> Self {
+        let clock = Arc::new(ServerClock::default());
+        clock.keep_synced(conn.clone());
+        RedisStore {
+            conn,
+            pubsub,
+            scripts,
+            clock,
+        }
+    }
+}
+
 impl RedisStore<ConnectionManager> {
     /// Connects lazily: building never fails because the server is down; calls do, with a
     /// backend error, until it is up.
     pub(crate) fn connect(client: redis::Client) -> StoreResult<Self> {
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
         let pubsub = PubSub::connect(&client)?;
-        Ok(RedisStore {
-            conn,
-            pubsub,
-            scripts: &SCRIPTS,
-        })
+        Ok(RedisStore::new(conn, pubsub, &SCRIPTS))
     }
 }
 
@@ -82,11 +94,8 @@ impl RedisStore<ClusterConnection> {
             .build()?
             .get_async_connection()
             .await?;
-        Ok(RedisStore {
-            conn,
-            pubsub: PubSub::new(Subscriber::Cluster(subscriber), wakeups),
-            scripts: &SHARDED_SCRIPTS,
-        })
+        let pubsub = PubSub::new(Subscriber::Cluster(subscriber), wakeups);
+        Ok(RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS))
     }
 }
 
@@ -526,6 +535,14 @@ where
     }
 
     fn now_ms(&self) -> u64 {
-        super::system_now_ms()
+        self.clock.now_ms()
+    }
+
+    fn clock_synced(&self) -> bool {
+        self.clock.is_synced()
+    }
+
+    fn sync_clock(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.clock.sync(&self.conn))
     }
 }

@@ -180,4 +180,12 @@ impl Store for SplitStore {
     fn now_ms(&self) -> u64 {
         self.values.now_ms()
     }
+
+    fn clock_synced(&self) -> bool {
+        self.values.clock_synced()
+    }
+
+    fn sync_clock(&self) -> BoxFuture<'_, ()> {
+        self.values.sync_clock()
+    }
 }
