@@ -26,6 +26,10 @@ fn main() {
                 killed_leader,
             ),
             (
+                "a_leader_killed_right_after_a_run_is_replaced_on_schedule",
+                killed_right_after_a_run,
+            ),
+            (
                 "a_paused_leader_notices_the_loss_and_its_late_write_is_refused",
                 paused_leader,
             ),
@@ -109,6 +113,11 @@ fn check_history(runs: &[Run]) {
 }
 
 fn spawn_instances(server: &RedisServer, n: usize, lease_ms: u64) -> Vec<Worker> {
+    spawn_scheduled(server, n, lease_ms, 100)
+}
+
+/// Instances that run the job every `every_ms`.
+fn spawn_scheduled(server: &RedisServer, n: usize, lease_ms: u64, every_ms: u64) -> Vec<Worker> {
     (0..n)
         .map(|i| {
             Worker::spawn(
@@ -117,6 +126,7 @@ fn spawn_instances(server: &RedisServer, n: usize, lease_ms: u64) -> Vec<Worker>
                     ("STAMPEDE_URL", server.url()),
                     ("INSTANCE", format!("i{i}")),
                     ("LEASE_MS", lease_ms.to_string()),
+                    ("EVERY_MS", every_ms.to_string()),
                 ],
             )
         })
@@ -191,6 +201,52 @@ fn killed_leader() {
         }
     }
     check_history(&history(&server));
+}
+
+/// The schedule survives the leader: killed right after a run, its successor takes over within a
+/// lease but runs the job one interval after that run, not at once (a daily job would otherwise
+/// run twice in one day).
+fn killed_right_after_a_run() {
+    let server = RedisServer::start();
+    let every = Duration::from_secs(3);
+    let mut instances = spawn_scheduled(&server, 2, 1000, every.as_millis() as u64);
+    let first = wait_for_one_active(&instances, Duration::from_secs(30));
+    // A run is recorded 400 ms into it; kill the leader as soon as one is.
+    assert!(
+        eventually(Duration::from_secs(10), || !history(&server).is_empty()),
+        "no job run"
+    );
+    signal(instances[first].pid(), "KILL");
+    let _ = instances[first].child.wait();
+    let other = format!("i{}", 1 - first);
+    assert!(
+        eventually(Duration::from_secs(30), || history(&server)
+            .iter()
+            .any(|r| r.instance == other)),
+        "the standby never ran the job"
+    );
+    signal(instances[1 - first].pid(), "TERM");
+    assert!(instances[1 - first].wait_success());
+    let runs = history(&server);
+    let last_killed = runs
+        .iter()
+        .filter(|r| r.instance != other)
+        .map(|r| r.start)
+        .max();
+    let first_new = runs
+        .iter()
+        .filter(|r| r.instance == other)
+        .map(|r| r.start)
+        .min();
+    let gap = first_new.unwrap() - last_killed.unwrap();
+    println!("first run of the new leader {gap} ms after the last run (interval {every:?})");
+    // Both starts are this machine's wall clock; the schedule is kept by the server's, so allow
+    // the few milliseconds of one round trip between them.
+    assert!(
+        gap + 20 >= every.as_millis() as u64,
+        "the new leader ran {gap} ms after the last run, inside the {every:?} interval: {runs:?}"
+    );
+    check_history(&runs);
 }
 
 fn paused_leader() {
@@ -427,7 +483,11 @@ fn instance(role: &str) -> Result<(), String> {
         let conn = redis::aio::ConnectionManager::new(client)
             .await
             .map_err(|e| e.to_string())?;
-        let leader = Leader::new(lock, Duration::from_millis(100));
+        let every_ms: u64 = std::env::var("EVERY_MS")
+            .map_err(|e| e.to_string())?
+            .parse()
+            .map_err(|e| format!("{e}"))?;
+        let leader = Leader::new(lock, Duration::from_millis(every_ms));
         let mut status = leader.status();
         tokio::spawn(async move {
             loop {

@@ -2,7 +2,12 @@
 //! one dies, pauses past its lease, loses Redis, or shuts down.
 //!
 //! States: standby (waiting for the lock) → active (holding it, running the job every interval)
-//! → back to standby when the lease is lost, or stopped on shutdown. The job gets a
+//! → back to standby when the lease is lost, or stopped on shutdown.
+//!
+//! The schedule survives a change of leader: the start of every run is recorded with the lock's
+//! state (by the store's clock, fenced by the term's token, so a paused old leader cannot move it
+//! back), and a new leader's first run comes one interval after the last recorded one, not at
+//! once. A daily job that ran at 02:00 is not run again at 02:00:05 because its leader died. The job gets a
 //! [`JobContext`] with the fencing token and a cancellation that fires when the lease is lost;
 //! the runner also drops a running job the moment the lease is lost, and never starts a run once
 //! the lease is past its deadline (which a process resuming from a pause sees before anything
@@ -67,6 +72,10 @@ impl JobContext {
     }
 }
 
+/// The longest interval between runs: longer ones are taken as this (ten years), so every
+/// deadline the runner computes is representable.
+const LONGEST_INTERVAL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
 /// Runs a job on one instance at a time.
 ///
 /// ```
@@ -117,11 +126,12 @@ enum TermEnd {
 
 impl Leader {
     /// A runner that, while active, starts `job` every `every` (the next run starts when both
-    /// the interval has passed and the previous run has finished).
+    /// the interval has passed and the previous run has finished). `every` is taken between
+    /// 1 ms and ten years.
     pub fn new(lock: Lock, every: Duration) -> Self {
         Leader {
             lock,
-            every,
+            every: every.clamp(Duration::from_millis(1), LONGEST_INTERVAL),
             status: watch::Sender::new(Role::Standby),
         }
     }
@@ -210,7 +220,7 @@ impl Leader {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
-        let mut ticks = tokio::time::interval(self.every);
+        let mut ticks = tokio::time::interval_at(self.first_run().await, self.every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -221,6 +231,19 @@ impl Leader {
             // A process resuming from a pause sees its deadline passed here, before any run.
             if lease.is_lost() {
                 return TermEnd::LeaseLost;
+            }
+            match self
+                .lock
+                .record_run(fencing_token, self.keep_record())
+                .await
+            {
+                Ok(true) => {}
+                // A newer term has run: this one is over, whatever the lease says.
+                Ok(false) => return TermEnd::LeaseLost,
+                Err(e) => {
+                    tracing::warn!(lock = %self.lock.name(), error = %e,
+                        "could not record the run's start; a new leader may run it early");
+                }
             }
             let ctx = JobContext {
                 fencing_token,
@@ -236,6 +259,30 @@ impl Leader {
                 }
             }
         }
+    }
+
+    /// When a new term's first run is due: one interval after the last recorded run started, or
+    /// now if none is recorded. If the record cannot be read, the run is not held back (a missed
+    /// run is worse than an early one; the job's fencing token still guards its writes).
+    async fn first_run(&self) -> tokio::time::Instant {
+        let now = tokio::time::Instant::now();
+        match self.lock.since_last_run().await {
+            Ok(Some(since)) => now + self.every.saturating_sub(since),
+            Ok(None) => now,
+            Err(e) => {
+                tracing::warn!(lock = %self.lock.name(), error = %e,
+                    "could not read when the job last ran; running it now");
+                now
+            }
+        }
+    }
+
+    /// How long a run's record must outlive it: until the next run is due, and a lease more so
+    /// that a standby taking over then still finds it. Capped, so any interval is representable.
+    fn keep_record(&self) -> Duration {
+        self.every
+            .saturating_add(self.lock.options().get_lease())
+            .min(LONGEST_INTERVAL)
     }
 
     fn set(&self, role: Role, name: &str) {

@@ -187,6 +187,23 @@ impl Lock {
         }
     }
 
+    /// Records that a run of a leader's term `fence` starts now, kept for `keep` (see
+    /// [`leader`]); false if a newer term has recorded one.
+    pub(crate) async fn record_run(&self, fence: u64, keep: Duration) -> Result<bool, Error> {
+        self.store
+            .record_run(&self.keys, fence, keep)
+            .await
+            .map_err(|e| Error::backend("record-run", e))
+    }
+
+    /// How long ago the last recorded run started, if one is recorded.
+    pub(crate) async fn since_last_run(&self) -> Result<Option<Duration>, Error> {
+        self.store
+            .since_last_run(&self.keys)
+            .await
+            .map_err(|e| Error::backend("last-run", e))
+    }
+
     fn acquiring(&self) -> Acquiring {
         Acquiring::new(
             Arc::clone(&self.store),

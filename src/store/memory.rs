@@ -49,6 +49,8 @@ struct State {
     values: HashMap<String, Expiring<Arc<[u8]>>>,
     locks: HashMap<String, Expiring<String>>,
     fences: HashMap<String, Expiring<u64>>,
+    /// A leader's last run: its fence and when it started (the store's clock, ms).
+    runs: HashMap<String, Expiring<(u64, u64)>>,
     /// The highest fencing token handed out, so that a re-seeded counter never repeats one even
     /// when tokio's clock is paused and the wall clock has not moved.
     high_water: u64,
@@ -95,6 +97,7 @@ impl State {
             self.values.retain(|_, e| e.until > now);
             self.locks.retain(|_, e| e.until > now);
             self.fences.retain(|_, e| e.until > now);
+            self.runs.retain(|_, e| e.until > now);
         }
     }
 }
@@ -161,6 +164,43 @@ impl LockStore for MemoryStore {
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         Box::pin(std::future::ready(Ok(self.wakeups.listen(keys.channel()))))
+    }
+
+    fn record_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        keep: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        let at = self.now_ms();
+        let recorded = self.with_state(|s, now| {
+            let key = keys.last_run();
+            if live(&s.runs, &key, now).is_some_and(|(newer, _)| *newer > fence) {
+                return false;
+            }
+            s.runs.insert(
+                key,
+                Expiring {
+                    item: (fence, at),
+                    until: now + keep,
+                },
+            );
+            s.wrote(now);
+            true
+        });
+        Box::pin(std::future::ready(Ok(recorded)))
+    }
+
+    fn since_last_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+        let now_ms = self.now_ms();
+        let since = self.with_state(|s, now| {
+            live(&s.runs, &keys.last_run(), now)
+                .map(|(_, at)| Duration::from_millis(now_ms.saturating_sub(*at)))
+        });
+        Box::pin(std::future::ready(Ok(since)))
     }
 
     fn next_fence<'a>(
@@ -465,6 +505,27 @@ mod tests {
             // Past the lock's lease and the counter's retention.
             tokio::time::advance(lease * (FENCE_RETENTION_LEASES + 1)).await;
         }
+    }
+    #[tokio::test(start_paused = true)]
+    async fn a_late_run_record_of_an_older_term_does_not_move_the_schedule_back() {
+        let store = MemoryStore::default();
+        let k = keys("job");
+        let keep = Duration::from_secs(60);
+        assert_eq!(store.since_last_run(&k).await.unwrap(), None);
+        assert!(store.record_run(&k, 7, keep).await.unwrap());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        // The old term (fence 6) resumes from a pause and tries to record a run: refused.
+        assert!(!store.record_run(&k, 6, keep).await.unwrap());
+        assert_eq!(
+            store.since_last_run(&k).await.unwrap(),
+            Some(Duration::from_secs(5))
+        );
+        // The same term's next run moves it forward.
+        assert!(store.record_run(&k, 7, keep).await.unwrap());
+        assert_eq!(
+            store.since_last_run(&k).await.unwrap(),
+            Some(Duration::ZERO)
+        );
     }
 }
 

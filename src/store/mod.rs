@@ -170,6 +170,21 @@ pub(crate) trait LockStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
+    /// Records that a leader's run under `fence` starts now (by the store's clock), for `keep`;
+    /// false, recording nothing, if a run of a newer term (a higher fence) is recorded.
+    fn record_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        keep: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>>;
+
+    /// How long ago the last recorded run started, by the store's clock; `None` if none is.
+    fn since_last_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> BoxFuture<'a, StoreResult<Option<Duration>>>;
+
     /// Registers for wake-ups on `keys.channel`. Every wake-up published after this returns
     /// reaches the listener.
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>>;

@@ -214,6 +214,39 @@ impl LockStore for QuorumStore {
         })
     }
 
+    /// Recorded on every node it reaches; refused if any node knows a newer term.
+    fn record_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        keep: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let answers = self.on_all(|n| n.record_run(keys, fence, keep)).await;
+            let reached = answers.iter().flatten().count();
+            if reached < self.quorum() {
+                return Err(self.no_quorum(reached));
+            }
+            Ok(answers.iter().flatten().all(|recorded| *recorded))
+        })
+    }
+
+    /// The most recent run any node of a majority knows of: every recorded run reached a
+    /// majority, and any two majorities share a node.
+    fn since_last_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+        Box::pin(async move {
+            let answers = self.on_all(|n| n.since_last_run(keys)).await;
+            let reached = answers.iter().flatten().count();
+            if reached < self.quorum() {
+                return Err(self.no_quorum(reached));
+            }
+            Ok(answers.into_iter().flatten().flatten().min())
+        })
+    }
+
     /// Wake-ups from any one node: a release publishes on every node.
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         Box::pin(async move {

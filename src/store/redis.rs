@@ -318,6 +318,42 @@ where
         Box::pin(self.pubsub.listen(keys.channel()))
     }
 
+    fn record_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        keep: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let recorded: i64 = self
+                .scripts
+                .record_run
+                .key(keys.last_run())
+                .arg(fence)
+                .arg(millis(keep))
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(recorded == 1)
+        })
+    }
+
+    fn since_last_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            let since: i64 = self
+                .scripts
+                .since_last_run
+                .key(keys.last_run())
+                .invoke_async(&mut conn)
+                .await?;
+            Ok(u64::try_from(since).ok().map(Duration::from_millis))
+        })
+    }
+
     fn next_fence<'a>(
         &'a self,
         keys: &'a EntryKeys,

@@ -106,6 +106,36 @@ redis.call('PUBLISH', ARGV[1], '')
 return 1
 ";
 
+/// KEYS: last-run. ARGV: fence, keep ms. Records the server's clock as the start of a leader's
+/// run under `fence` ("fence ms"), unless a run of a newer term (a higher fence) is recorded:
+/// a paused old leader cannot move the schedule back. Returns 1 if recorded.
+const RECORD_RUN: &str = r"
+local current = redis.call('GET', KEYS[1])
+if current then
+  local fence = tonumber(string.match(current, '^(%d+) '))
+  if fence and fence > tonumber(ARGV[1]) then
+    return 0
+  end
+end
+local t = redis.call('TIME')
+local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ms, 'PX', ARGV[2])
+return 1
+";
+
+/// KEYS: last-run. Returns how many milliseconds ago, by the server's clock, the last recorded
+/// run started, or -1 if none is recorded.
+const SINCE_LAST_RUN: &str = r"
+local current = redis.call('GET', KEYS[1])
+local ran = current and tonumber(string.match(current, ' (%d+)$'))
+if not ran then
+  return -1
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return math.max(0, now - ran)
+";
+
 /// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
 /// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
 /// stays on the slot's node instead of being broadcast to every node.
@@ -154,6 +184,8 @@ pub(crate) struct Scripts {
     pub next_fence: Script,
     pub write_fenced: Script,
     pub wake: Script,
+    pub record_run: Script,
+    pub since_last_run: Script,
 }
 
 impl Scripts {
@@ -170,6 +202,8 @@ impl Scripts {
             next_fence: script(format!("{BUMP_FENCE}{NEXT_FENCE}")),
             write_fenced: script(WRITE_FENCED.to_owned()),
             wake: script(WAKE.to_owned()),
+            record_run: script(RECORD_RUN.to_owned()),
+            since_last_run: script(SINCE_LAST_RUN.to_owned()),
         }
     }
 }

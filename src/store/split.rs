@@ -70,6 +70,22 @@ impl LockStore for SplitStore {
         self.locks.raise_fence(keys, floor, lease)
     }
 
+    fn record_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        keep: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.locks.record_run(keys, fence, keep)
+    }
+
+    fn since_last_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+        self.locks.since_last_run(keys)
+    }
+
     /// Wake-ups come from the value store, where values land; a release publishes there too.
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         self.values.listen(keys)

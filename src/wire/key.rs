@@ -70,6 +70,12 @@ impl EntryKeys {
         self.fence.get_or_init(|| format!("{}_fence", self.value))
     }
 
+    /// `ns:{k}_ran`: a leader's last run ("fence ms"), so that a new leader keeps the schedule.
+    /// Built on demand: only a leader's term start and its runs use it.
+    pub(crate) fn last_run(&self) -> String {
+        format!("{}_ran", self.value)
+    }
+
     /// `ns:{k}_done`: the wake-up channel, published when the value lands or the lock is freed.
     pub(crate) fn channel(&self) -> &str {
         self.channel.get_or_init(|| format!("{}_done", self.value))
