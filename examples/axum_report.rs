@@ -119,12 +119,12 @@ async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
 /// The handler's errors: its own (a path that is no month) and the cache's.
 enum AppError {
     BadMonth(String),
-    Cache(stampede_guard::Error<sqlx::Error>),
+    Cache(stampede_guard::Error),
 }
 
 /// `?` on a cache call turns its error into an `AppError`.
-impl From<stampede_guard::Error<sqlx::Error>> for AppError {
-    fn from(e: stampede_guard::Error<sqlx::Error>) -> Self {
+impl From<stampede_guard::Error> for AppError {
+    fn from(e: stampede_guard::Error) -> Self {
         AppError::Cache(e)
     }
 }

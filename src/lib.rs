@@ -6,7 +6,7 @@
 //! use std::time::Duration;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+//! # async fn main() -> Result<(), stampede_guard::Error> {
 //! let cache = Cache::in_memory(); // or Cache::builder().redis_url("redis://...").build().await?
 //! let rows: Vec<u64> = cache
 //!     .get_or_compute("2019-05", Duration::from_secs(300), || async {
@@ -106,7 +106,7 @@ mod wire;
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::Cache;
-pub use error::Error;
+pub use error::{ComputeError, Error};
 pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};

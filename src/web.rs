@@ -1,7 +1,7 @@
 //! HTTP responses for the crate's errors, for axum handlers (feature `axum`).
 //!
 //! With the feature on, [`Error`] implements axum's [`IntoResponse`], so a handler can return
-//! `Result<_, stampede_guard::Error<E>>` and let `?` pick the status:
+//! `Result<_, stampede_guard::Error>` and let `?` pick the status:
 //!
 //! | error | status | why |
 //! |---|---|---|
@@ -13,7 +13,7 @@
 //!
 //! The body is a short plain-text sentence that reveals nothing of the server: the computation's
 //! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
-//! 500s and `warn` for 503s, with the full [`Display`] of the error). Handlers
+//! 500s and `warn` for 503s, with the full error and its sources). Handlers
 //! that need another mapping or a JSON body can build it from [`status`].
 //!
 //! ```
@@ -24,7 +24,7 @@
 //! async fn report(
 //!     cache: Cache,
 //!     month: String,
-//! ) -> Result<String, Error<std::io::Error>> {
+//! ) -> Result<String, Error> {
 //!     let key = month.clone();
 //!     cache
 //!         .get_or_compute(&key, Duration::from_secs(300), move || async move {
@@ -48,8 +48,6 @@
 //! # }
 //! ```
 
-use std::fmt::Display;
-
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -62,19 +60,19 @@ use crate::Error;
 ///
 /// ```
 /// use axum::http::StatusCode;
-/// use stampede_guard::{web, Error};
+/// use stampede_guard::{web, ComputeError, Error};
 /// use std::time::Duration;
 ///
-/// let waited: Error<std::io::Error> = Error::WaitTimeout {
+/// let waited = Error::WaitTimeout {
 ///     key: "2019-05".into(),
 ///     waited: Duration::from_secs(30),
 /// };
 /// assert_eq!(web::status(&waited), StatusCode::SERVICE_UNAVAILABLE);
 ///
-/// let failed: Error<String> = Error::Compute("the query failed".to_string().into());
+/// let failed = Error::Compute(ComputeError::new("the query failed".to_string()));
 /// assert_eq!(web::status(&failed), StatusCode::INTERNAL_SERVER_ERROR);
 /// ```
-pub fn status<E>(error: &Error<E>) -> StatusCode {
+pub fn status(error: &Error) -> StatusCode {
     match error {
         Error::Backend { .. } | Error::NoQuorum { .. } | Error::WaitTimeout { .. } => {
             StatusCode::SERVICE_UNAVAILABLE
@@ -90,7 +88,7 @@ pub fn status<E>(error: &Error<E>) -> StatusCode {
 }
 
 /// The client's view: what happened, in words that reveal nothing of the server.
-fn public_message<E>(error: &Error<E>) -> String {
+fn public_message(error: &Error) -> String {
     match error {
         Error::Backend { .. } | Error::NoQuorum { .. } => {
             "the cache is unavailable; try again shortly".to_owned()
@@ -107,17 +105,17 @@ fn public_message<E>(error: &Error<E>) -> String {
 /// The response for a failed call: the status of [`status`], a short plain-text body, and
 /// `Retry-After: 1` on a 503. The full error is logged with `tracing` (500: `error`, 503: `warn`,
 /// 400: `debug`), since the body leaves it out.
-impl<E: Display> IntoResponse for Error<E> {
+impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = status(&self);
         match status {
             StatusCode::INTERNAL_SERVER_ERROR => {
-                tracing::error!(%status, error = %self, "stampede-guard call failed");
+                tracing::error!(%status, error = %self.chain(), "stampede-guard call failed");
             }
             StatusCode::SERVICE_UNAVAILABLE => {
-                tracing::warn!(%status, error = %self, "stampede-guard call failed");
+                tracing::warn!(%status, error = %self.chain(), "stampede-guard call failed");
             }
-            _ => tracing::debug!(%status, error = %self, "stampede-guard call refused"),
+            _ => tracing::debug!(%status, error = %self.chain(), "stampede-guard call refused"),
         }
         let mut response = (status, public_message(&self)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {

@@ -17,7 +17,7 @@ const TTL: Duration = Duration::from_secs(60);
 /// Must never reach the client: it stands for a database error with internals in it.
 const SECRET: &str = "password=hunter2 host=db.internal";
 
-type Result<T> = std::result::Result<T, Error<String>>;
+type Result<T> = std::result::Result<T, Error>;
 
 fn router(cache: Cache) -> Router {
     Router::new()
@@ -30,7 +30,7 @@ fn router(cache: Cache) -> Router {
 async fn ok(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
     let value = key.to_uppercase();
     cache
-        .get_or_compute(&key, TTL, move || async move { Ok(value) })
+        .get_or_compute(&key, TTL, move || async move { Ok::<_, String>(value) })
         .await
 }
 
@@ -44,7 +44,7 @@ async fn fail(State(cache): State<Cache>, Path(key): Path<String>) -> Result<Str
 async fn impatient(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
     cache
         .with_options(CallOptions::default().wait_timeout(Duration::from_millis(100)))
-        .get_or_compute(&key, TTL, || async { Ok("mine".to_owned()) })
+        .get_or_compute(&key, TTL, || async { Ok::<_, String>("mine".to_owned()) })
         .await
 }
 
@@ -82,7 +82,9 @@ async fn a_remembered_failure_is_a_500_too() {
     assert_eq!(http_client::get(&addr, "/fail/may").await.status, 500);
     // Served from the remembered failure, without running the computation again.
     let direct: Result<String> = cache
-        .get_or_compute("may", TTL, || async { Ok("not run".to_owned()) })
+        .get_or_compute("may", TTL, || async {
+            Ok::<_, String>("not run".to_owned())
+        })
         .await;
     assert!(
         matches!(direct, Err(Error::RecentFailure { .. })),

@@ -7,7 +7,7 @@ mod compute;
 pub(crate) mod freshness;
 mod refresh;
 
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +41,7 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, 
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+/// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = Cache::in_memory();
 /// let total: u64 = cache
 ///     .get_or_compute("2019-05", Duration::from_secs(300), || async {
@@ -385,10 +385,10 @@ impl<C: Codec> Cache<C> {
         key: &str,
         ttl: Duration,
         f: F,
-    ) -> Result<T, Error<E>>
+    ) -> Result<T, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -427,10 +427,10 @@ impl<C: Codec> Cache<C> {
         key: &str,
         ttl: Duration,
         f: F,
-    ) -> Result<T, Error<E>>
+    ) -> Result<T, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -452,19 +452,19 @@ impl<C: Codec> Cache<C> {
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = Cache::in_memory()
     ///     .with_options(CallOptions::default().stale_for(Duration::from_secs(600)));
     /// let first = cache
     ///     .fetch("2026-11", Duration::from_secs(3600), |_lease| async {
     ///         // The current month changes: keep it one minute, not the call's hour.
-    ///         Ok(Computed::new(vec![1u32, 2, 3]).ttl(Duration::from_secs(60)))
+    ///         Ok::<_, std::io::Error>(Computed::new(vec![1u32, 2, 3]).ttl(Duration::from_secs(60)))
     ///     })
     ///     .await?;
     /// assert_eq!(first.source, Source::Computed);
     /// let again = cache
     ///     .fetch("2026-11", Duration::from_secs(3600), |_| async {
-    ///         Ok(Computed::new(Vec::<u32>::new()))
+    ///         Ok::<_, std::io::Error>(Computed::new(Vec::<u32>::new()))
     ///     })
     ///     .await?;
     /// assert_eq!((again.value, again.source), (vec![1, 2, 3], Source::Hit));
@@ -476,10 +476,10 @@ impl<C: Codec> Cache<C> {
         key: &str,
         ttl: Duration,
         f: F,
-    ) -> Result<Fetched<T>, Error<E>>
+    ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -502,7 +502,7 @@ impl<C: Codec> Cache<C> {
     }
 
     /// Counts a call's outcome and names it for the span.
-    fn count<T, E>(&self, result: &Result<Fetched<T>, Error<E>>, took: Duration) -> &'static str {
+    fn count<T>(&self, result: &Result<Fetched<T>, Error>, took: Duration) -> &'static str {
         let counters = &self.inner.counters;
         let miss = || counters.record(Event::Miss);
         match result {
