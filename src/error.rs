@@ -109,9 +109,17 @@ pub enum Error {
 }
 
 impl Error {
-    /// Whether this is a failure of the backend (Redis unreachable, timed out, or refusing).
+    /// Whether this is a failure of the backend: Redis unreachable, timed out or refusing
+    /// ([`Error::Backend`]), or too few Redlock nodes answering ([`Error::NoQuorum`]). These are
+    /// the errors counted as `backend_errors` in [`Stats`](crate::Stats) and answered with a 503
+    /// by the `axum` integration.
+    ///
+    /// ```
+    /// let lost = stampede_guard::Error::NoQuorum { op: "acquire", reached: 1, needed: 2 };
+    /// assert!(lost.is_backend());
+    /// ```
     pub fn is_backend(&self) -> bool {
-        matches!(self, Error::Backend { .. })
+        matches!(self, Error::Backend { .. } | Error::NoQuorum { .. })
     }
 
     /// Whether the call gave up waiting for another caller's computation.

@@ -130,6 +130,16 @@ async fn a_computations_error_is_shared_by_every_waiting_caller() {
 }
 
 #[test]
+fn a_lost_quorum_is_a_backend_failure() {
+    let error = Error::NoQuorum {
+        op: "acquire",
+        reached: 1,
+        needed: 2,
+    };
+    assert!(error.is_backend());
+}
+
+#[test]
 fn the_error_is_send_sync_static_and_clone() {
     fn check<T: std::error::Error + Send + Sync + Clone + 'static>() {}
     check::<Error>();

@@ -535,7 +535,7 @@ impl<C: Codec> Cache<C> {
                 counters.record(Event::WaitTimeout);
                 "wait-timeout"
             }
-            Err(Error::Backend { .. } | Error::NoQuorum { .. }) => {
+            Err(e) if e.is_backend() => {
                 counters.record(Event::BackendError);
                 "backend-error"
             }
