@@ -63,10 +63,14 @@ pub enum Error {
         /// How long this call waited.
         waited: Duration,
     },
-    /// The key (or namespace) cannot be used; `reason` says why.
+    /// The key (or namespace) cannot be used; `reason` says why. Only the key's first
+    /// [`KEY_PREFIX_BYTES`](Self::KEY_PREFIX_BYTES) bytes are kept, so that an error about a huge
+    /// key stays small.
     InvalidKey {
-        /// The offending key, as given.
-        key: String,
+        /// The start of the offending key: at most 64 bytes, cut on a character boundary.
+        key_prefix: String,
+        /// The offending key's whole length in bytes.
+        key_len: usize,
         /// Why it was refused.
         reason: &'static str,
     },
@@ -109,6 +113,20 @@ pub enum Error {
 }
 
 impl Error {
+    /// How much of an invalid key [`Error::InvalidKey`] keeps (64 bytes).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use stampede_guard::{Cache, Error};
+    /// let huge = "k".repeat(10 << 20);
+    /// let error = Cache::in_memory().get::<u8>(&huge).await.unwrap_err();
+    /// assert!(matches!(error, Error::InvalidKey { ref key_prefix, key_len, .. }
+    ///     if key_prefix.len() == Error::KEY_PREFIX_BYTES && key_len == 10 << 20));
+    /// # }
+    /// ```
+    pub const KEY_PREFIX_BYTES: usize = 64;
+
     /// Whether this is a failure of the backend: Redis unreachable, timed out or refusing
     /// ([`Error::Backend`]), or too few Redlock nodes answering ([`Error::NoQuorum`]). These are
     /// the errors counted as `backend_errors` in [`Stats`](crate::Stats) and answered with a 503
@@ -167,10 +185,15 @@ impl Error {
         Error::Compute(ComputeError::new(error))
     }
 
-    /// `key` was refused for `reason`.
+    /// `key` was refused for `reason`; keeps only its start, so the error stays small.
     pub(crate) fn invalid_key(key: &str, reason: &'static str) -> Self {
+        let mut end = key.len().min(Self::KEY_PREFIX_BYTES);
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
         Error::InvalidKey {
-            key: key.to_owned(),
+            key_prefix: key[..end].to_owned(),
+            key_len: key.len(),
             reason,
         }
     }
@@ -206,7 +229,17 @@ impl fmt::Display for Error {
                 "gave up on key {key:?} after waiting {waited:?} for another caller's computation \
                  (raise CallOptions::wait_timeout if computations take longer)"
             ),
-            Error::InvalidKey { key, reason } => write!(f, "invalid key {key:?}: {reason}"),
+            Error::InvalidKey {
+                key_prefix,
+                key_len,
+                reason,
+            } => {
+                if key_prefix.len() == *key_len {
+                    write!(f, "invalid key {key_prefix:?}: {reason}")
+                } else {
+                    write!(f, "invalid key {key_prefix:?}... ({key_len} bytes): {reason}")
+                }
+            }
             Error::Encode(_) => write!(f, "the value could not be encoded"),
             Error::ValueTooLarge { size, limit } => write!(
                 f,

@@ -129,6 +129,27 @@ async fn a_computations_error_is_shared_by_every_waiting_caller() {
     assert_eq!(b.downcast_ref::<String>().unwrap(), "the database is down");
 }
 
+#[tokio::test]
+async fn a_ten_mebibyte_key_gives_a_small_error() {
+    let cache = Cache::in_memory();
+    for huge in ["k".repeat(10 << 20), "é".repeat(5 << 20)] {
+        let error = cache.get::<u8>(&huge).await.unwrap_err();
+        let Error::InvalidKey {
+            ref key_prefix,
+            key_len,
+            ..
+        } = error
+        else {
+            panic!("{error:?}");
+        };
+        assert_eq!(key_len, huge.len());
+        assert!(key_prefix.len() <= 64 && huge.starts_with(key_prefix.as_str()));
+        assert!(!key_prefix.is_empty());
+        assert!(error.to_string().len() < 512, "{error}");
+        assert!(format!("{error:?}").len() < 512, "{error:?}");
+    }
+}
+
 #[test]
 fn a_lost_quorum_is_a_backend_failure() {
     let error = Error::NoQuorum {
