@@ -13,8 +13,9 @@
 //!
 //! The body is a short plain-text sentence that reveals nothing of the server: the computation's
 //! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
-//! 500s and `warn` for 503s, with the full error and its sources). Handlers
-//! that need another mapping or a JSON body can build it from [`status`].
+//! 500s and `warn` for 503s, with the full error and its sources). Handlers with an error type of
+//! their own get the same whole response (status, `Retry-After`, the log line) from
+//! [`response`]; those that need another mapping or a JSON body can build it from [`status`].
 //!
 //! ```
 //! use axum::{extract::Path, response::IntoResponse, routing::get, Router};
@@ -102,29 +103,85 @@ fn public_message(error: &Error) -> String {
     }
 }
 
-/// The response for a failed call: the status of [`status`], a short plain-text body, and
-/// `Retry-After: 1` on a 503. The full error is logged with `tracing` (500: `error`, 503: `warn`,
-/// 400: `debug`), since the body leaves it out.
+/// The whole response for a failed call, as the [`IntoResponse`] implementation of [`Error`]
+/// gives it: the status of [`status`], a short plain-text body that reveals nothing of the
+/// server, and `Retry-After: 1` on a 503. The full error, with its sources, is logged with
+/// `tracing` (500: `error`, 503: `warn`, 400: `debug`), since the body leaves it out.
+///
+/// For handlers with an error type of their own, which hold this crate's error among others
+/// (an enum, or a boxed error as with anyhow):
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use axum::response::{IntoResponse, Response};
+/// use stampede_guard::{web, Cache};
+/// use std::time::Duration;
+///
+/// /// Anything boxed, as with anyhow; the cache's errors among them.
+/// struct AppError(Box<dyn std::error::Error + Send + Sync>);
+///
+/// impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for AppError {
+///     fn from(e: E) -> Self {
+///         AppError(e.into())
+///     }
+/// }
+///
+/// impl IntoResponse for AppError {
+///     fn into_response(self) -> Response {
+///         match self.0.downcast_ref::<stampede_guard::Error>() {
+///             Some(e) => web::response(e), // 503 + Retry-After, 500, 400; logged
+///             None => {
+///                 tracing::error!(error = %self.0, "request failed");
+///                 StatusCode::INTERNAL_SERVER_ERROR.into_response()
+///             }
+///         }
+///     }
+/// }
+///
+/// async fn report(cache: Cache, month: String) -> Result<String, AppError> {
+///     if let Some(report) = cache.get::<String>(&month).await? {
+///         return Ok(report);
+///     }
+///     let key = month.clone();
+///     let report = cache
+///         .get_or_compute(&key, Duration::from_secs(300), move || async move {
+///             Err::<String, _>(std::io::Error::other(format!("no database for {month}")))
+///         })
+///         .await?;
+///     Ok(report)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
+/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// # }
+/// ```
+pub fn response(error: &Error) -> Response {
+    let status = status(error);
+    match status {
+        StatusCode::INTERNAL_SERVER_ERROR => {
+            tracing::error!(%status, error = %error.chain(), "stampede-guard call failed");
+        }
+        StatusCode::SERVICE_UNAVAILABLE => {
+            tracing::warn!(%status, error = %error.chain(), "stampede-guard call failed");
+        }
+        _ => tracing::debug!(%status, error = %error.chain(), "stampede-guard call refused"),
+    }
+    let mut response = (status, public_message(error)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // Both causes are short-lived: the connection reconnects by itself, and a
+        // computation being waited for lands or its lease runs out.
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// The response of [`response`].
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status = status(&self);
-        match status {
-            StatusCode::INTERNAL_SERVER_ERROR => {
-                tracing::error!(%status, error = %self.chain(), "stampede-guard call failed");
-            }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                tracing::warn!(%status, error = %self.chain(), "stampede-guard call failed");
-            }
-            _ => tracing::debug!(%status, error = %self.chain(), "stampede-guard call refused"),
-        }
-        let mut response = (status, public_message(&self)).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            // Both causes are short-lived: the connection reconnects by itself, and a
-            // computation being waited for lands or its lease runs out.
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
+        response(&self)
     }
 }
