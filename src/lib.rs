@@ -51,7 +51,7 @@
 //! | `invalidate` or `set` during a computation | that computation's write is refused |
 //! | bytes under a key that are not ours | a miss, logged; the next computation overwrites them |
 //! | waiting longer than [`CallOptions::wait_timeout`] | [`Error::WaitTimeout`] |
-//! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process); reconnection is automatic |
+//! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process), `get` a miss and `set` a skipped write (`invalidate` and locks still fail); reconnection is automatic |
 //! | a stale value inside [`CallOptions::stale_for`] | served at once while one caller in the fleet refreshes it; a failed refresh keeps it until its hard expiry |
 //!
 //! # Backends

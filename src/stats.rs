@@ -48,7 +48,9 @@ pub struct Stats {
     pub uncached: u64,
     /// Calls that gave up waiting ([`Error::WaitTimeout`](crate::Error::WaitTimeout)).
     pub wait_timeouts: u64,
-    /// Calls that failed on the backend ([`Error::Backend`](crate::Error::Backend)).
+    /// Calls that met a backend failure ([`Error::is_backend`](crate::Error::is_backend)),
+    /// including a `get` or `set` that the [`Fallback`](crate::Fallback) answered as a miss or a
+    /// skipped write (a `get_or_compute` it answered is counted in `uncached` instead).
     pub backend_errors: u64,
     /// Successful lease renewals of this cache's locks.
     pub lease_renewals: u64,

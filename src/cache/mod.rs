@@ -19,11 +19,11 @@ use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
 use crate::stats::{Counters, Event};
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Store, StoreError};
 use crate::wait::flight::Flights;
 use crate::wire::codec::{Bincode, Codec};
 use crate::wire::key::EntryKeys;
-use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats};
+use crate::{CacheBuilder, CallOptions, Computed, Error, Fallback, Fetched, Lease, Source, Stats};
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
 /// for it at the same time.
@@ -244,6 +244,10 @@ impl<C: Codec> Cache<C> {
     /// a value of this cache (corrupt, another codec, another type) are logged and read as `None`,
     /// and so is a remembered failure.
     ///
+    /// When the backend fails: [`Error::Backend`], or with
+    /// [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached) a miss (`None`), logged and
+    /// counted in [`Stats::backend_errors`](crate::Stats::backend_errors).
+    ///
     /// ```
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
@@ -257,12 +261,13 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        let bytes = self
-            .inner
-            .store
-            .get(&keys)
-            .await
-            .map_err(|e| Error::backend("get", e))?;
+        let bytes = match self.inner.store.get(&keys).await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                self.fail_open("get", &keys, e, "reading it as a miss")?;
+                return Ok(None);
+            }
+        };
         Ok(bytes
             .and_then(|b| self.read_stored::<T>(&keys, &b))
             .and_then(|stored| stored.value.ok()))
@@ -271,6 +276,11 @@ impl<C: Codec> Cache<C> {
     /// Writes a value, fresh for `ttl` (then stale for the handle's
     /// [`stale_for`](CallOptions::stale_for)), replacing any other. A computation of this key that is running
     /// now will not overwrite it: its write is refused by the fencing check.
+    ///
+    /// When the backend fails: [`Error::Backend`], or with
+    /// [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached) `Ok(())`, the write skipped
+    /// (as if the value had been evicted at once), logged and counted in
+    /// [`Stats::backend_errors`](crate::Stats::backend_errors).
     ///
     /// ```
     /// use std::time::Duration;
@@ -290,7 +300,8 @@ impl<C: Codec> Cache<C> {
     ) -> Result<(), Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
-        self.inner
+        match self
+            .inner
             .store
             .set(
                 &keys,
@@ -299,12 +310,19 @@ impl<C: Codec> Cache<C> {
                 self.options.lease,
             )
             .await
-            .map_err(|e| Error::backend("set", e))
+        {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail_open("set", &keys, e, "the write is skipped"),
+        }
     }
 
     /// Deletes a value. A computation of this key that is running now will not write its result
     /// (it started before the invalidation, so its result may be stale); the next call computes
     /// afresh.
+    ///
+    /// When the backend fails: [`Error::Backend`], whatever the [`Fallback`](crate::Fallback),
+    /// since a lost invalidation would serve the old value again once the backend is back. Retry
+    /// it, or let the value's TTL bound how long it can be served.
     ///
     /// ```
     /// use std::time::Duration;
@@ -323,7 +341,31 @@ impl<C: Codec> Cache<C> {
             .store
             .invalidate(&keys, self.options.lease)
             .await
-            .map_err(|e| Error::backend("invalidate", e))
+            .map_err(|e| {
+                self.inner.counters.record(Event::BackendError);
+                Error::backend("invalidate", e)
+            })
+    }
+
+    /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
+    /// with [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached), logged and answered
+    /// as what a cache may always do (`instead`: forget a value, or never have had it).
+    fn fail_open(
+        &self,
+        op: &'static str,
+        keys: &EntryKeys,
+        error: StoreError,
+        instead: &'static str,
+    ) -> Result<(), Error> {
+        self.inner.counters.record(Event::BackendError);
+        match self.options.on_backend_error {
+            Fallback::Fail => Err(Error::backend(op, error)),
+            Fallback::ComputeUncached => {
+                tracing::warn!(key = %keys.user, op, error = %error,
+                    "backend unavailable; {instead}");
+                Ok(())
+            }
+        }
     }
 
     /// Returns the value under `key`, or computes it with `f`, caches it for `ttl` and returns it.
