@@ -108,11 +108,13 @@ async fn report(
     Ok(Json(report))
 }
 
-/// `GET /stats`: how many report queries the database ran, in all and per month.
+/// `GET /stats`: how many report queries the database ran, in all and per month, and what the
+/// cache did (hits, misses, waits, ...).
 async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "queries": app.db.queries(),
         "queries_by_month": app.db.queries_by_month(),
+        "cache": app.cache.stats(),
     }))
 }
 
