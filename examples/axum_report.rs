@@ -108,23 +108,25 @@ async fn report(
     Ok(Json(report))
 }
 
-/// `GET /stats`: how many report queries the database ran, in all and per month.
+/// `GET /stats`: how many report queries the database ran, in all and per month, and what the
+/// cache did (hits, misses, waits, ...).
 async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
     Json(serde_json::json!({
         "queries": app.db.queries(),
         "queries_by_month": app.db.queries_by_month(),
+        "cache": app.cache.stats(),
     }))
 }
 
 /// The handler's errors: its own (a path that is no month) and the cache's.
 enum AppError {
     BadMonth(String),
-    Cache(stampede_guard::Error<sqlx::Error>),
+    Cache(stampede_guard::Error),
 }
 
 /// `?` on a cache call turns its error into an `AppError`.
-impl From<stampede_guard::Error<sqlx::Error>> for AppError {
-    fn from(e: stampede_guard::Error<sqlx::Error>) -> Self {
+impl From<stampede_guard::Error> for AppError {
+    fn from(e: stampede_guard::Error) -> Self {
         AppError::Cache(e)
     }
 }

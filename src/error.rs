@@ -1,39 +1,52 @@
-//! The crate's one error type.
+//! The crate's one error type, and the shared, typed error of a failed computation.
 
-use std::convert::Infallible;
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Everything that can go wrong in a call, with `E` the error of the user's computation.
+/// Everything that can go wrong in a call of this crate.
+///
+/// One type for every call (`get`, `set`, `invalidate`, `lock`, the `get_or_compute` family,
+/// building a cache), so a handler can `?` all of them into one error, or into `anyhow::Error`
+/// or `Box<dyn std::error::Error + Send + Sync>`. The computation's own error is kept, typed, in
+/// [`Error::Compute`]: get it back with [`Error::compute_error`].
 ///
 /// `Error` is `Clone` so that one failure can be handed to every caller that was waiting on the
-/// same computation: the computation's own error is shared as [`Arc<E>`](Arc). Operations that run
-/// no computation (`get`, `set`, `invalidate`, building a cache) use the default `E = Infallible`.
+/// same computation (the computation's error is shared, not copied).
+///
+/// Its `Display` is one sentence about what this crate saw; the underlying cause (the
+/// computation's error, the Redis client's error, the codec's error) is its
+/// [`source`](std::error::Error::source) and is not repeated in the sentence, as is the Rust
+/// convention. Print the whole chain with anyhow's `{:#}`, with `tracing`'s error recording
+/// (`error = &e as &dyn std::error::Error`), or by walking `source()`; `{:?}` shows it too.
 ///
 /// ```
 /// use stampede_guard::{Cache, Error};
+/// use std::error::Error as _;
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let cache = Cache::in_memory();
-/// let result: Result<u32, Error<String>> = cache
+/// let result: Result<u32, Error> = cache
 ///     .get_or_compute("2019-05", Duration::from_secs(60), || async {
-///         Err("the database is down".to_string())
+///         Err(std::io::Error::other("the database is down"))
 ///     })
 ///     .await;
-/// match result {
-///     Err(Error::Compute(e)) => assert_eq!(*e, "the database is down"),
-///     other => panic!("unexpected {other:?}"),
-/// }
+/// let error = result.unwrap_err();
+/// let io = error.compute_error::<std::io::Error>().expect("the computation's own error");
+/// assert_eq!(io.to_string(), "the database is down");
+/// assert_eq!(error.to_string(), "the computation failed");
+/// assert_eq!(error.source().unwrap().to_string(), "the database is down");
 /// # }
 /// ```
+#[derive(Clone, Debug)]
 #[non_exhaustive]
-pub enum Error<E = Infallible> {
+pub enum Error {
     /// The computation returned this error. Nothing was cached; every caller that waited on this
     /// computation in this process receives the same error.
-    Compute(Arc<E>),
+    Compute(ComputeError),
     /// The backend failed during `op` (connection refused or dropped, a time-out, an error reply).
     /// The connection reconnects by itself; a later call may succeed.
     Backend {
@@ -50,10 +63,14 @@ pub enum Error<E = Infallible> {
         /// How long this call waited.
         waited: Duration,
     },
-    /// The key (or namespace) cannot be used; `reason` says why.
+    /// The key (or namespace) cannot be used; `reason` says why. Only the key's first
+    /// [`KEY_PREFIX_BYTES`](Self::KEY_PREFIX_BYTES) bytes are kept, so that an error about a huge
+    /// key stays small.
     InvalidKey {
-        /// The offending key, as given.
-        key: String,
+        /// The start of the offending key: at most 64 bytes, cut on a character boundary.
+        key_prefix: String,
+        /// The offending key's whole length in bytes.
+        key_len: usize,
         /// Why it was refused.
         reason: &'static str,
     },
@@ -95,94 +112,92 @@ pub enum Error<E = Infallible> {
     },
 }
 
-impl<E> Error<E> {
-    /// Whether this is a failure of the backend (Redis unreachable, timed out, or refusing).
+impl Error {
+    /// How much of an invalid key [`Error::InvalidKey`] keeps (64 bytes).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use stampede_guard::{Cache, Error};
+    /// let huge = "k".repeat(10 << 20);
+    /// let error = Cache::in_memory().get::<u8>(&huge).await.unwrap_err();
+    /// assert!(matches!(error, Error::InvalidKey { ref key_prefix, key_len, .. }
+    ///     if key_prefix.len() == Error::KEY_PREFIX_BYTES && key_len == 10 << 20));
+    /// # }
+    /// ```
+    pub const KEY_PREFIX_BYTES: usize = 64;
+
+    /// Whether this is a failure of the backend: Redis unreachable, timed out or refusing
+    /// ([`Error::Backend`]), or too few Redlock nodes answering ([`Error::NoQuorum`]). These are
+    /// the errors counted as `backend_errors` in [`Stats`](crate::Stats) and answered with a 503
+    /// by the `axum` integration.
+    ///
+    /// ```
+    /// let lost = stampede_guard::Error::NoQuorum { op: "acquire", reached: 1, needed: 2 };
+    /// assert!(lost.is_backend());
+    /// ```
     pub fn is_backend(&self) -> bool {
-        matches!(self, Error::Backend { .. })
+        matches!(self, Error::Backend { .. } | Error::NoQuorum { .. })
     }
 
     /// Whether the call gave up waiting for another caller's computation.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let waited = stampede_guard::Error::WaitTimeout { key: "k".into(), waited: Duration::from_secs(30) };
+    /// assert!(waited.is_wait_timeout());
+    /// ```
     pub fn is_wait_timeout(&self) -> bool {
         matches!(self, Error::WaitTimeout { .. })
     }
 
-    /// The computation's own error, if that is what this is.
-    pub fn compute_error(&self) -> Option<&E> {
+    /// Whether the computation failed ([`Error::Compute`]).
+    ///
+    /// ```
+    /// use stampede_guard::{ComputeError, Error};
+    /// assert!(Error::Compute(ComputeError::new("no rows".to_string())).is_compute());
+    /// ```
+    pub fn is_compute(&self) -> bool {
+        matches!(self, Error::Compute(_))
+    }
+
+    /// The computation's own error, if this is [`Error::Compute`] and the computation's error
+    /// type is `E` (the `E` of the `Result` its future returned).
+    ///
+    /// ```
+    /// use stampede_guard::{ComputeError, Error};
+    /// let error = Error::Compute(ComputeError::new(std::io::Error::other("disk full")));
+    /// assert_eq!(error.compute_error::<std::io::Error>().unwrap().to_string(), "disk full");
+    /// assert!(error.compute_error::<String>().is_none(), "another type");
+    /// ```
+    pub fn compute_error<E: 'static>(&self) -> Option<&E> {
         match self {
-            Error::Compute(e) => Some(e),
+            Error::Compute(e) => e.downcast_ref(),
             _ => None,
         }
     }
-}
 
-// By hand: a derive would demand `E: Clone`, but the computation's error is shared through `Arc`.
-impl<E> Clone for Error<E> {
-    fn clone(&self) -> Self {
-        match self {
-            Error::Compute(e) => Error::Compute(Arc::clone(e)),
-            Error::Backend { op, source } => Error::Backend {
-                op,
-                source: source.clone(),
-            },
-            Error::WaitTimeout { key, waited } => Error::WaitTimeout {
-                key: key.clone(),
-                waited: *waited,
-            },
-            Error::InvalidKey { key, reason } => Error::InvalidKey {
-                key: key.clone(),
-                reason,
-            },
-            Error::Encode(e) => Error::Encode(Arc::clone(e)),
-            Error::ValueTooLarge { size, limit } => Error::ValueTooLarge {
-                size: *size,
-                limit: *limit,
-            },
-            Error::Config(msg) => Error::Config(msg.clone()),
-            Error::NotHeld { name } => Error::NotHeld { name: name.clone() },
-            Error::NoQuorum {
-                op,
-                reached,
-                needed,
-            } => Error::NoQuorum {
-                op,
-                reached: *reached,
-                needed: *needed,
-            },
-            Error::RecentFailure { key, message } => Error::RecentFailure {
-                key: key.clone(),
-                message: message.clone(),
-            },
+    /// The computation failed with `error`.
+    pub(crate) fn compute<E>(error: E) -> Self
+    where
+        E: fmt::Display + fmt::Debug + Send + Sync + 'static,
+    {
+        Error::Compute(ComputeError::new(error))
+    }
+
+    /// `key` was refused for `reason`; keeps only its start, so the error stays small.
+    pub(crate) fn invalid_key(key: &str, reason: &'static str) -> Self {
+        let mut end = key.len().min(Self::KEY_PREFIX_BYTES);
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
+        Error::InvalidKey {
+            key_prefix: key[..end].to_owned(),
+            key_len: key.len(),
+            reason,
         }
     }
-}
 
-impl Error<Infallible> {
-    /// Re-types an error that cannot carry a computation error, so it fits any `Error<E>`.
-    pub(crate) fn widen<E>(self) -> Error<E> {
-        match self {
-            Error::Compute(never) => match *never {},
-            Error::Backend { op, source } => Error::Backend { op, source },
-            Error::WaitTimeout { key, waited } => Error::WaitTimeout { key, waited },
-            Error::InvalidKey { key, reason } => Error::InvalidKey { key, reason },
-            Error::Encode(e) => Error::Encode(e),
-            Error::ValueTooLarge { size, limit } => Error::ValueTooLarge { size, limit },
-            Error::Config(msg) => Error::Config(msg),
-            Error::NotHeld { name } => Error::NotHeld { name },
-            Error::NoQuorum {
-                op,
-                reached,
-                needed,
-            } => Error::NoQuorum {
-                op,
-                reached,
-                needed,
-            },
-            Error::RecentFailure { key, message } => Error::RecentFailure { key, message },
-        }
-    }
-}
-
-impl<E> Error<E> {
     pub(crate) fn backend(op: &'static str, source: crate::store::StoreError) -> Self {
         match source {
             crate::store::StoreError::Redis(source) => Error::Backend { op, source },
@@ -193,23 +208,39 @@ impl<E> Error<E> {
             },
         }
     }
+
+    /// The error and its sources on one line (`outer: cause: cause`), for this crate's log lines.
+    pub(crate) fn chain(&self) -> impl fmt::Display + '_ {
+        Chain(self)
+    }
 }
 
-impl<E: fmt::Display> fmt::Display for Error<E> {
+impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Compute(e) => write!(f, "the computation failed: {e}"),
-            Error::Backend { op, source } => write!(
+            // The computation's, the client's and the codec's errors are the source: not repeated.
+            Error::Compute(_) => write!(f, "the computation failed"),
+            Error::Backend { op, .. } => write!(
                 f,
-                "the cache backend failed during {op}: {source} (is Redis reachable? the connection retries by itself)"
+                "the cache backend failed during {op} (is Redis reachable? the connection retries by itself)"
             ),
             Error::WaitTimeout { key, waited } => write!(
                 f,
                 "gave up on key {key:?} after waiting {waited:?} for another caller's computation \
                  (raise CallOptions::wait_timeout if computations take longer)"
             ),
-            Error::InvalidKey { key, reason } => write!(f, "invalid key {key:?}: {reason}"),
-            Error::Encode(e) => write!(f, "the value could not be encoded: {e}"),
+            Error::InvalidKey {
+                key_prefix,
+                key_len,
+                reason,
+            } => {
+                if key_prefix.len() == *key_len {
+                    write!(f, "invalid key {key_prefix:?}: {reason}")
+                } else {
+                    write!(f, "invalid key {key_prefix:?}... ({key_len} bytes): {reason}")
+                }
+            }
+            Error::Encode(_) => write!(f, "the value could not be encoded"),
             Error::ValueTooLarge { size, limit } => write!(
                 f,
                 "the encoded value is {size} bytes, over the limit of {limit} bytes"
@@ -235,64 +266,127 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
     }
 }
 
-impl<E: fmt::Debug> fmt::Debug for Error<E> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::Compute(e) => f.debug_tuple("Compute").field(e).finish(),
-            Error::Backend { op, source } => f
-                .debug_struct("Backend")
-                .field("op", op)
-                .field("source", source)
-                .finish(),
-            Error::WaitTimeout { key, waited } => f
-                .debug_struct("WaitTimeout")
-                .field("key", key)
-                .field("waited", waited)
-                .finish(),
-            Error::InvalidKey { key, reason } => f
-                .debug_struct("InvalidKey")
-                .field("key", key)
-                .field("reason", reason)
-                .finish(),
-            Error::Encode(e) => f.debug_tuple("Encode").field(e).finish(),
-            Error::ValueTooLarge { size, limit } => f
-                .debug_struct("ValueTooLarge")
-                .field("size", size)
-                .field("limit", limit)
-                .finish(),
-            Error::Config(msg) => f.debug_tuple("Config").field(msg).finish(),
-            Error::NotHeld { name } => f.debug_struct("NotHeld").field("name", name).finish(),
-            Error::NoQuorum {
-                op,
-                reached,
-                needed,
-            } => f
-                .debug_struct("NoQuorum")
-                .field("op", op)
-                .field("reached", reached)
-                .field("needed", needed)
-                .finish(),
-            Error::RecentFailure { key, message } => f
-                .debug_struct("RecentFailure")
-                .field("key", key)
-                .field("message", message)
-                .finish(),
-        }
-    }
-}
-
-// Bounded by `Display + Debug` rather than `std::error::Error` so that computations failing with
-// `String` or `anyhow::Error` (which is not `std::error::Error`) still give an error usable with `?`.
-// The computation's error is part of the message instead of the source chain.
-impl<E> std::error::Error for Error<E>
-where
-    E: fmt::Display + fmt::Debug,
-{
+impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
+            Error::Compute(e) => Some(e),
             Error::Backend { source, .. } => Some(source),
             Error::Encode(e) => Some(&**e),
             _ => None,
         }
+    }
+}
+
+/// The error of a failed computation: the `E` its future returned, shared (behind an `Arc`) by
+/// every caller that waited on that computation.
+///
+/// Its `Display` and `Debug` are those of `E`; [`downcast_ref`](Self::downcast_ref) (or
+/// [`Error::compute_error`]) gives `E` back. Within a process, callers of one key share a
+/// computation only when they use the same value and error types, so a caller always finds its
+/// own `E` here.
+///
+/// `E` needs only `Display + Debug` (so `String` and `anyhow::Error` work), which means the
+/// crate cannot see `E`'s own sources: the chain of [`std::error::Error::source`] ends here.
+/// To walk further, downcast to `E`.
+///
+/// ```
+/// use stampede_guard::ComputeError;
+///
+/// let error = ComputeError::new(std::io::Error::other("disk full"));
+/// assert_eq!(error.to_string(), "disk full");
+/// assert!(error.is::<std::io::Error>());
+/// let shared = error.clone();
+/// assert!(ComputeError::ptr_eq(&error, &shared));
+/// ```
+#[derive(Clone)]
+pub struct ComputeError(Arc<dyn Erased>);
+
+/// What the shared error needs: print it, and give the original type back.
+trait Erased: fmt::Display + fmt::Debug + Send + Sync + 'static {
+    fn as_any(&self) -> &(dyn Any + Send + Sync);
+}
+
+impl<E: fmt::Display + fmt::Debug + Send + Sync + 'static> Erased for E {
+    fn as_any(&self) -> &(dyn Any + Send + Sync) {
+        self
+    }
+}
+
+impl ComputeError {
+    /// Wraps a computation's error (for tests of code that handles [`Error::Compute`]; the cache
+    /// wraps the errors of computations itself).
+    ///
+    /// ```
+    /// let error = stampede_guard::ComputeError::new("no rows".to_string());
+    /// assert_eq!(error.downcast_ref::<String>().unwrap(), "no rows");
+    /// ```
+    pub fn new<E>(error: E) -> Self
+    where
+        E: fmt::Display + fmt::Debug + Send + Sync + 'static,
+    {
+        ComputeError(Arc::new(error))
+    }
+
+    /// The computation's error, if it is an `E`.
+    ///
+    /// ```
+    /// let error = stampede_guard::ComputeError::new(std::io::Error::other("disk full"));
+    /// assert!(error.downcast_ref::<std::io::Error>().is_some());
+    /// assert!(error.downcast_ref::<String>().is_none());
+    /// ```
+    pub fn downcast_ref<E: 'static>(&self) -> Option<&E> {
+        // Deref first: `Arc<dyn Erased>` is itself `Display + Debug + ...`, hence `Erased`.
+        (*self.0).as_any().downcast_ref()
+    }
+
+    /// Whether the computation's error is an `E`.
+    ///
+    /// ```
+    /// assert!(stampede_guard::ComputeError::new(7u8.to_string()).is::<String>());
+    /// ```
+    pub fn is<E: 'static>(&self) -> bool {
+        (*self.0).as_any().is::<E>()
+    }
+
+    /// Whether `a` and `b` are the same failure (shared by callers that waited on one
+    /// computation), not merely equal-looking ones.
+    ///
+    /// ```
+    /// use stampede_guard::ComputeError;
+    /// let a = ComputeError::new("x".to_string());
+    /// assert!(ComputeError::ptr_eq(&a, &a.clone()));
+    /// assert!(!ComputeError::ptr_eq(&a, &ComputeError::new("x".to_string())));
+    /// ```
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+}
+
+impl fmt::Display for ComputeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Debug for ComputeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl std::error::Error for ComputeError {}
+
+/// Displays an error followed by each of its sources.
+struct Chain<'a>(&'a Error);
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = std::error::Error::source(self.0);
+        while let Some(cause) = source {
+            write!(f, ": {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
     }
 }

@@ -6,7 +6,7 @@
 //! use std::time::Duration;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+//! # async fn main() -> Result<(), stampede_guard::Error> {
 //! let cache = Cache::in_memory(); // or Cache::builder().redis_url("redis://...").build().await?
 //! let rows: Vec<u64> = cache
 //!     .get_or_compute("2019-05", Duration::from_secs(300), || async {
@@ -51,7 +51,7 @@
 //! | `invalidate` or `set` during a computation | that computation's write is refused |
 //! | bytes under a key that are not ours | a miss, logged; the next computation overwrites them |
 //! | waiting longer than [`CallOptions::wait_timeout`] | [`Error::WaitTimeout`] |
-//! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process); reconnection is automatic |
+//! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process), `get` a miss and `set` a skipped write (`invalidate` and locks still fail); reconnection is automatic |
 //! | a stale value inside [`CallOptions::stale_for`] | served at once while one caller in the fleet refreshes it; a failed refresh keeps it until its hard expiry |
 //!
 //! # Backends
@@ -69,7 +69,7 @@
 //! |---|---|---|
 //! | `metrics` | every call's outcome, waits, lease renewals and losses go to the `metrics` facade as well as to [`Cache::stats`] (names in [`Stats`]) | `metrics` |
 //! | `tls` | `rediss://` URLs, through rustls with the ring crypto provider, trusting the system's root certificates (or those of a client made with `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]); if your program also enables rustls's `aws-lc-rs` provider, install a process-wide default provider at start-up, as rustls requires when it finds two | `rustls` (ring), redis's rustls features |
-//! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors and wait timeouts, 500 for failed computations, 400 for invalid keys), and `web::status` gives the mapping to handlers with their own error type; see the module `stampede_guard::web` | `axum` (no default features) |
+//! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors and wait timeouts, 500 for failed computations, 400 for invalid keys), and `web::response` (the whole response: status, `Retry-After`, the log line) and `web::status` serve handlers with their own error type; see the module `stampede_guard::web` | `axum` (no default features) |
 //!
 //! # Limits
 //! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
@@ -106,7 +106,7 @@ mod wire;
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::Cache;
-pub use error::Error;
+pub use error::{ComputeError, Error};
 pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};

@@ -101,8 +101,9 @@ impl CallOptions {
         self
     }
 
-    /// What a cache call does when the backend cannot be reached (a [`Lock`](crate::Lock)
-    /// always returns the error).
+    /// What a cache call does when the backend cannot be reached: fail, or fail open (compute
+    /// without the cache, read a miss, skip a write); `invalidate` and a [`Lock`](crate::Lock)
+    /// always return the error. The table on [`Fallback`] gives each call.
     pub fn on_backend_error(mut self, fallback: Fallback) -> Self {
         self.on_backend_error = fallback;
         self
@@ -179,6 +180,20 @@ impl CallOptions {
 }
 
 /// What a call does when the backend (Redis) fails.
+///
+/// | call | [`Fail`](Self::Fail) (default) | [`ComputeUncached`](Self::ComputeUncached) |
+/// |---|---|---|
+/// | [`get_or_compute`](crate::Cache::get_or_compute), [`fetch`](crate::Cache::fetch) | [`Error::Backend`](crate::Error::Backend) | the computation runs without the cache and its value is returned ([`Source::Uncached`](crate::Source::Uncached)), not stored; callers in one process still share one computation per key |
+/// | [`get`](crate::Cache::get) | [`Error::Backend`](crate::Error::Backend) | `Ok(None)`: a miss |
+/// | [`set`](crate::Cache::set) | [`Error::Backend`](crate::Error::Backend) | `Ok(())`: the write is skipped, as if the value had been evicted at once |
+/// | [`invalidate`](crate::Cache::invalidate) | [`Error::Backend`](crate::Error::Backend) | [`Error::Backend`](crate::Error::Backend) too: a lost invalidation would serve the old value again once Redis is back, so the caller must know |
+/// | [`Lock`](crate::Lock) (and [`Cache::lock`](crate::Cache::lock), [`Redlock`](crate::Redlock), [`leader::Leader`](crate::leader::Leader)) | the error | the error too: a lock must never be taken for held when it is not |
+///
+/// Every backend failure of `get`, `set` and `invalidate` is logged at `warn` when it is
+/// answered by the fallback, and counted in [`Stats::backend_errors`](crate::Stats::backend_errors)
+/// either way; a computation run without the cache is counted in
+/// [`Stats::uncached`](crate::Stats::uncached). The connection reconnects by itself, and calls
+/// use the cache again as soon as it answers.
 ///
 /// ```
 /// use stampede_guard::{CallOptions, Fallback};

@@ -29,6 +29,17 @@ use std::time::Duration;
 /// assert_eq!((stats.misses, stats.computes, stats.hits), (1, 1, 2));
 /// # }
 /// ```
+///
+/// `Stats` implements `serde::Serialize`, for a `/stats` endpoint: the counters under their field
+/// names, and `wait_time` as `wait_time_seconds`, a number of seconds (like the
+/// `stampede_guard_wait_seconds` metric):
+///
+/// ```
+/// let stats = stampede_guard::Cache::in_memory().stats();
+/// let json = serde_json::to_value(stats).unwrap();
+/// assert_eq!(json["hits"], 0);
+/// assert_eq!(json["wait_time_seconds"], 0.0);
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
@@ -48,12 +59,35 @@ pub struct Stats {
     pub uncached: u64,
     /// Calls that gave up waiting ([`Error::WaitTimeout`](crate::Error::WaitTimeout)).
     pub wait_timeouts: u64,
-    /// Calls that failed on the backend ([`Error::Backend`](crate::Error::Backend)).
+    /// Calls that met a backend failure ([`Error::is_backend`](crate::Error::is_backend)),
+    /// including a `get` or `set` that the [`Fallback`](crate::Fallback) answered as a miss or a
+    /// skipped write (a `get_or_compute` it answered is counted in `uncached` instead).
     pub backend_errors: u64,
     /// Successful lease renewals of this cache's locks.
     pub lease_renewals: u64,
     /// Leases of this cache's locks that were lost while computing.
     pub leases_lost: u64,
+}
+
+// By hand rather than derived: no proc-macro dependency for users, and the duration gets a
+// name that carries its unit.
+impl serde::Serialize for Stats {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Stats", 11)?;
+        s.serialize_field("hits", &self.hits)?;
+        s.serialize_field("misses", &self.misses)?;
+        s.serialize_field("computes", &self.computes)?;
+        s.serialize_field("waits", &self.waits)?;
+        s.serialize_field("wait_time_seconds", &self.wait_time.as_secs_f64())?;
+        s.serialize_field("stale_served", &self.stale_served)?;
+        s.serialize_field("uncached", &self.uncached)?;
+        s.serialize_field("wait_timeouts", &self.wait_timeouts)?;
+        s.serialize_field("backend_errors", &self.backend_errors)?;
+        s.serialize_field("lease_renewals", &self.lease_renewals)?;
+        s.serialize_field("leases_lost", &self.leases_lost)?;
+        s.end()
+    }
 }
 
 /// Something worth counting.
@@ -152,3 +186,32 @@ fn emit(event: Event) {
 
 #[cfg(not(feature = "metrics"))]
 fn emit(_: Event) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_serialize_every_counter_and_the_wait_time_in_seconds() {
+        let counters = Counters::default();
+        for event in [
+            Event::Hit,
+            Event::Hit,
+            Event::Miss,
+            Event::Compute,
+            Event::BackendError,
+        ] {
+            counters.record(event);
+        }
+        counters.record(Event::Wait(Duration::from_millis(1500)));
+        let json = serde_json::to_value(counters.snapshot()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "hits": 2, "misses": 1, "computes": 1, "waits": 1, "wait_time_seconds": 1.5,
+                "stale_served": 0, "uncached": 0, "wait_timeouts": 0, "backend_errors": 1,
+                "lease_renewals": 0, "leases_lost": 0,
+            })
+        );
+    }
+}

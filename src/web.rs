@@ -1,7 +1,7 @@
 //! HTTP responses for the crate's errors, for axum handlers (feature `axum`).
 //!
 //! With the feature on, [`Error`] implements axum's [`IntoResponse`], so a handler can return
-//! `Result<_, stampede_guard::Error<E>>` and let `?` pick the status:
+//! `Result<_, stampede_guard::Error>` and let `?` pick the status:
 //!
 //! | error | status | why |
 //! |---|---|---|
@@ -13,8 +13,9 @@
 //!
 //! The body is a short plain-text sentence that reveals nothing of the server: the computation's
 //! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
-//! 500s and `warn` for 503s, with the full [`Display`] of the error). Handlers
-//! that need another mapping or a JSON body can build it from [`status`].
+//! 500s and `warn` for 503s, with the full error and its sources). Handlers with an error type of
+//! their own get the same whole response (status, `Retry-After`, the log line) from
+//! [`response`]; those that need another mapping or a JSON body can build it from [`status`].
 //!
 //! ```
 //! use axum::{extract::Path, response::IntoResponse, routing::get, Router};
@@ -24,7 +25,7 @@
 //! async fn report(
 //!     cache: Cache,
 //!     month: String,
-//! ) -> Result<String, Error<std::io::Error>> {
+//! ) -> Result<String, Error> {
 //!     let key = month.clone();
 //!     cache
 //!         .get_or_compute(&key, Duration::from_secs(300), move || async move {
@@ -48,8 +49,6 @@
 //! # }
 //! ```
 
-use std::fmt::Display;
-
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -62,19 +61,19 @@ use crate::Error;
 ///
 /// ```
 /// use axum::http::StatusCode;
-/// use stampede_guard::{web, Error};
+/// use stampede_guard::{web, ComputeError, Error};
 /// use std::time::Duration;
 ///
-/// let waited: Error<std::io::Error> = Error::WaitTimeout {
+/// let waited = Error::WaitTimeout {
 ///     key: "2019-05".into(),
 ///     waited: Duration::from_secs(30),
 /// };
 /// assert_eq!(web::status(&waited), StatusCode::SERVICE_UNAVAILABLE);
 ///
-/// let failed: Error<String> = Error::Compute("the query failed".to_string().into());
+/// let failed = Error::Compute(ComputeError::new("the query failed".to_string()));
 /// assert_eq!(web::status(&failed), StatusCode::INTERNAL_SERVER_ERROR);
 /// ```
-pub fn status<E>(error: &Error<E>) -> StatusCode {
+pub fn status(error: &Error) -> StatusCode {
     match error {
         Error::Backend { .. } | Error::NoQuorum { .. } | Error::WaitTimeout { .. } => {
             StatusCode::SERVICE_UNAVAILABLE
@@ -90,7 +89,7 @@ pub fn status<E>(error: &Error<E>) -> StatusCode {
 }
 
 /// The client's view: what happened, in words that reveal nothing of the server.
-fn public_message<E>(error: &Error<E>) -> String {
+fn public_message(error: &Error) -> String {
     match error {
         Error::Backend { .. } | Error::NoQuorum { .. } => {
             "the cache is unavailable; try again shortly".to_owned()
@@ -104,29 +103,85 @@ fn public_message<E>(error: &Error<E>) -> String {
     }
 }
 
-/// The response for a failed call: the status of [`status`], a short plain-text body, and
-/// `Retry-After: 1` on a 503. The full error is logged with `tracing` (500: `error`, 503: `warn`,
-/// 400: `debug`), since the body leaves it out.
-impl<E: Display> IntoResponse for Error<E> {
-    fn into_response(self) -> Response {
-        let status = status(&self);
-        match status {
-            StatusCode::INTERNAL_SERVER_ERROR => {
-                tracing::error!(%status, error = %self, "stampede-guard call failed");
-            }
-            StatusCode::SERVICE_UNAVAILABLE => {
-                tracing::warn!(%status, error = %self, "stampede-guard call failed");
-            }
-            _ => tracing::debug!(%status, error = %self, "stampede-guard call refused"),
+/// The whole response for a failed call, as the [`IntoResponse`] implementation of [`Error`]
+/// gives it: the status of [`status`], a short plain-text body that reveals nothing of the
+/// server, and `Retry-After: 1` on a 503. The full error, with its sources, is logged with
+/// `tracing` (500: `error`, 503: `warn`, 400: `debug`), since the body leaves it out.
+///
+/// For handlers with an error type of their own, which hold this crate's error among others
+/// (an enum, or a boxed error as with anyhow):
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use axum::response::{IntoResponse, Response};
+/// use stampede_guard::{web, Cache};
+/// use std::time::Duration;
+///
+/// /// Anything boxed, as with anyhow; the cache's errors among them.
+/// struct AppError(Box<dyn std::error::Error + Send + Sync>);
+///
+/// impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for AppError {
+///     fn from(e: E) -> Self {
+///         AppError(e.into())
+///     }
+/// }
+///
+/// impl IntoResponse for AppError {
+///     fn into_response(self) -> Response {
+///         match self.0.downcast_ref::<stampede_guard::Error>() {
+///             Some(e) => web::response(e), // 503 + Retry-After, 500, 400; logged
+///             None => {
+///                 tracing::error!(error = %self.0, "request failed");
+///                 StatusCode::INTERNAL_SERVER_ERROR.into_response()
+///             }
+///         }
+///     }
+/// }
+///
+/// async fn report(cache: Cache, month: String) -> Result<String, AppError> {
+///     if let Some(report) = cache.get::<String>(&month).await? {
+///         return Ok(report);
+///     }
+///     let key = month.clone();
+///     let report = cache
+///         .get_or_compute(&key, Duration::from_secs(300), move || async move {
+///             Err::<String, _>(std::io::Error::other(format!("no database for {month}")))
+///         })
+///         .await?;
+///     Ok(report)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
+/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// # }
+/// ```
+pub fn response(error: &Error) -> Response {
+    let status = status(error);
+    match status {
+        StatusCode::INTERNAL_SERVER_ERROR => {
+            tracing::error!(%status, error = %error.chain(), "stampede-guard call failed");
         }
-        let mut response = (status, public_message(&self)).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            // Both causes are short-lived: the connection reconnects by itself, and a
-            // computation being waited for lands or its lease runs out.
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        StatusCode::SERVICE_UNAVAILABLE => {
+            tracing::warn!(%status, error = %error.chain(), "stampede-guard call failed");
         }
+        _ => tracing::debug!(%status, error = %error.chain(), "stampede-guard call refused"),
+    }
+    let mut response = (status, public_message(error)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        // Both causes are short-lived: the connection reconnects by itself, and a
+        // computation being waited for lands or its lease runs out.
         response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// The response of [`response`].
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        response(&self)
     }
 }

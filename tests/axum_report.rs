@@ -130,6 +130,12 @@ async fn fifty_concurrent_requests_for_a_cold_month_run_its_query_once() {
     let stats = service.get("/stats").await.json();
     assert_eq!(stats["queries"], 1, "{stats}");
     assert_eq!(stats["queries_by_month"]["2019-05"], 1, "{stats}");
+    // The cache's own counters, serialized (`Stats: Serialize`): one computation, and each of
+    // the 50 requests a hit or a miss.
+    let cache = &stats["cache"];
+    assert_eq!(cache["computes"], 1, "{stats}");
+    let calls = cache["hits"].as_u64().unwrap() + cache["misses"].as_u64().unwrap();
+    assert_eq!(calls, 50, "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

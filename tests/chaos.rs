@@ -614,7 +614,7 @@ impl Log {
     }
 }
 
-fn kind<E>(e: &Error<E>) -> &'static str {
+fn kind(e: &Error) -> &'static str {
     match e {
         Error::Compute(_) => "Compute",
         Error::Backend { .. } => "Backend",

@@ -32,7 +32,7 @@ impl Counter {
         ttl: Duration,
         work: Duration,
         fail: bool,
-    ) -> Result<Fetched<usize>, Error<String>> {
+    ) -> Result<Fetched<usize>, Error> {
         let runs = self.0.clone();
         cache
             .fetch("2019-05", ttl, move |_| async move {

@@ -93,14 +93,12 @@ fn make_certificates(dir: &Path) {
     );
 }
 
-async fn round_trip(cache: &Cache, key: &str) -> Result<String, stampede_guard::Error<String>> {
+async fn round_trip(cache: &Cache, key: &str) -> Result<String, stampede_guard::Error> {
     let owned = key.to_string();
     cache
-        .get_or_compute(
-            key,
-            TTL,
-            move || async move { Ok(format!("over TLS: {owned}")) },
-        )
+        .get_or_compute(key, TTL, move || async move {
+            Ok::<_, String>(format!("over TLS: {owned}"))
+        })
         .await
 }
 

@@ -8,29 +8,67 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use stampede_guard::{Cache, CallOptions, Error};
+use stampede_guard::{web, Cache, CallOptions, ComputeError, Error};
 use tokio::sync::Notify;
 
 const TTL: Duration = Duration::from_secs(60);
 /// Must never reach the client: it stands for a database error with internals in it.
 const SECRET: &str = "password=hunter2 host=db.internal";
 
-type Result<T> = std::result::Result<T, Error<String>>;
+type Result<T> = std::result::Result<T, Error>;
 
 fn router(cache: Cache) -> Router {
     Router::new()
         .route("/ok/{key}", get(ok))
         .route("/fail/{key}", get(fail))
         .route("/impatient/{key}", get(impatient))
+        .route("/own/{key}", get(own_error_type))
         .with_state(cache)
+}
+
+/// A handler's own error type, as with anyhow: anything boxed, the crate's errors among them.
+struct AppError(Box<dyn std::error::Error + Send + Sync>);
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for AppError {
+    fn from(e: E) -> Self {
+        AppError(e.into())
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        match self.0.downcast_ref::<Error>() {
+            // The crate's whole response: status, Retry-After, the log line.
+            Some(e) => web::response(e),
+            None => (axum::http::StatusCode::IM_A_TEAPOT, "not ours").into_response(),
+        }
+    }
+}
+
+async fn own_error_type(
+    State(cache): State<Cache>,
+    Path(key): Path<String>,
+) -> std::result::Result<String, AppError> {
+    if key == "teapot" {
+        return Err("the handler's own error".into());
+    }
+    if let Some(value) = cache.get::<String>(&key).await? {
+        return Ok(value);
+    }
+    Ok(cache
+        .get_or_compute(&key, TTL, || async {
+            Ok::<_, String>("computed".to_owned())
+        })
+        .await?)
 }
 
 async fn ok(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
     let value = key.to_uppercase();
     cache
-        .get_or_compute(&key, TTL, move || async move { Ok(value) })
+        .get_or_compute(&key, TTL, move || async move { Ok::<_, String>(value) })
         .await
 }
 
@@ -44,7 +82,7 @@ async fn fail(State(cache): State<Cache>, Path(key): Path<String>) -> Result<Str
 async fn impatient(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
     cache
         .with_options(CallOptions::default().wait_timeout(Duration::from_millis(100)))
-        .get_or_compute(&key, TTL, || async { Ok("mine".to_owned()) })
+        .get_or_compute(&key, TTL, || async { Ok::<_, String>("mine".to_owned()) })
         .await
 }
 
@@ -82,7 +120,9 @@ async fn a_remembered_failure_is_a_500_too() {
     assert_eq!(http_client::get(&addr, "/fail/may").await.status, 500);
     // Served from the remembered failure, without running the computation again.
     let direct: Result<String> = cache
-        .get_or_compute("may", TTL, || async { Ok("not run".to_owned()) })
+        .get_or_compute("may", TTL, || async {
+            Ok::<_, String>("not run".to_owned())
+        })
         .await;
     assert!(
         matches!(direct, Err(Error::RecentFailure { .. })),
@@ -142,6 +182,62 @@ async fn redis_unreachable_is_a_503_with_retry_after() {
     assert_eq!(response.header("retry-after"), Some("1"));
     assert_eq!(response.body, "the cache is unavailable; try again shortly");
     assert!(!response.body.contains(&redis.port().to_string()));
+}
+
+#[tokio::test]
+async fn a_handler_with_its_own_error_type_gives_the_crates_whole_response() {
+    let mut redis = support::RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let cache = Cache::builder().redis_url(url).build().await.unwrap();
+    let addr = serve(cache).await;
+    let response = http_client::get(&addr, "/own/may").await;
+    assert_eq!(response.status, 503, "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"));
+    assert_eq!(response.body, "the cache is unavailable; try again shortly");
+    let response = http_client::get(&addr, "/own/teapot").await;
+    assert_eq!((response.status, response.body.as_str()), (418, "not ours"));
+    let addr = serve(Cache::in_memory()).await;
+    let response = http_client::get(&addr, "/own/may").await;
+    assert_eq!((response.status, response.body.as_str()), (200, "computed"));
+}
+
+/// A `tracing` writer that keeps what it is given.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_response_logs_the_whole_error_and_the_client_sees_none_of_it() {
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .with_ansi(false)
+        .finish();
+    let failed = Error::Compute(ComputeError::new(SECRET.to_owned()));
+    let response = tracing::subscriber::with_default(subscriber, || web::response(&failed));
+    assert_eq!(response.status(), 500);
+    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(logged.contains("ERROR"), "{logged}");
+    // The log line has the computation's error (the source), though Display leaves it out.
+    assert!(
+        logged.contains(&format!("the computation failed: {SECRET}")),
+        "{logged}"
+    );
+    let again = failed.into_response();
+    assert_eq!(again.status(), 500, "IntoResponse is the same response");
 }
 
 #[tokio::test]

@@ -1,7 +1,7 @@
 //! The machinery behind the `get_or_compute` family: the hit path, the in-process single flight,
 //! read-or-lock and waiting, computing under the lock, and encoding what is stored.
 
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,14 +36,14 @@ impl<C: Codec> Cache<C> {
         key: &str,
         ttl: Duration,
         f: F,
-    ) -> Result<Fetched<T>, Error<E>>
+    ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        let keys = EntryKeys::new(&self.inner.namespace, key).map_err(Error::widen)?;
+        let keys = EntryKeys::new(&self.inner.namespace, key)?;
         self.clock_ready().await;
 
         // The hit path: one GET, no script, no in-process bookkeeping.
@@ -99,10 +99,10 @@ impl<C: Codec> Cache<C> {
         ttl: Duration,
         f: F,
         fresh: Source,
-    ) -> Result<Fetched<T>, Error<E>>
+    ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -147,10 +147,10 @@ impl<C: Codec> Cache<C> {
         ttl: Duration,
         started: Instant,
         f: F,
-    ) -> Result<Fetched<T>, Error<E>>
+    ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -209,13 +209,13 @@ impl<C: Codec> Cache<C> {
                 ReadOrLock::Held { expires_in } => {
                     read_value = true;
                     found = Source::Waited;
-                    if waiter.wait(expires_in).await.map_err(Error::widen)? == Wake::Subscribed {
+                    if waiter.wait(expires_in).await? == Wake::Subscribed {
                         // Listening now: a value that landed before is read here, a later one
                         // wakes us. The lock was just seen held, so wait rather than retry it.
                         if let Some(entry) = self.look(keys).await {
                             return self.serve(entry, (**keys).clone(), ttl, f, found);
                         }
-                        waiter.wait(expires_in).await.map_err(Error::widen)?;
+                        waiter.wait(expires_in).await?;
                     }
                     look_first = true;
                 }
@@ -241,10 +241,10 @@ impl<C: Codec> Cache<C> {
         ttl: Duration,
         f: F,
         remember_failure: bool,
-    ) -> Result<T, Error<E>>
+    ) -> Result<T, Error>
     where
         T: Serialize,
-        E: Display,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
@@ -267,7 +267,7 @@ impl<C: Codec> Cache<C> {
                     tracing::warn!(key = %keys.user, error = %err,
                         "could not free the lock after a failed computation; it frees itself when its lease runs out");
                 }
-                return Err(Error::Compute(Arc::new(e)));
+                return Err(Error::compute(e));
             }
         };
         let ttl = computed.ttl.unwrap_or(ttl);
@@ -276,7 +276,7 @@ impl<C: Codec> Cache<C> {
             Ok(bytes) => bytes,
             Err(e) => {
                 let _ = held.release().await;
-                return Err(e.widen());
+                return Err(e);
             }
         };
         match held
@@ -320,8 +320,9 @@ impl<C: Codec> Cache<C> {
         error: crate::store::StoreError,
         keys: &EntryKeys,
         f: F,
-    ) -> Result<Fetched<T>, Error<E>>
+    ) -> Result<Fetched<T>, Error>
     where
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
@@ -335,7 +336,7 @@ impl<C: Codec> Cache<C> {
                         value: computed.value,
                         source: Source::Uncached,
                     }),
-                    Err(e) => Err(Error::Compute(Arc::new(e))),
+                    Err(e) => Err(Error::compute(e)),
                 }
             }
         }

@@ -7,7 +7,7 @@ mod compute;
 pub(crate) mod freshness;
 mod refresh;
 
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,11 +19,11 @@ use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
 use crate::stats::{Counters, Event};
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryStore, Store, StoreError};
 use crate::wait::flight::Flights;
 use crate::wire::codec::{Bincode, Codec};
 use crate::wire::key::EntryKeys;
-use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats};
+use crate::{CacheBuilder, CallOptions, Computed, Error, Fallback, Fetched, Lease, Source, Stats};
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
 /// for it at the same time.
@@ -41,7 +41,7 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, 
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+/// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = Cache::in_memory();
 /// let total: u64 = cache
 ///     .get_or_compute("2019-05", Duration::from_secs(300), || async {
@@ -244,6 +244,10 @@ impl<C: Codec> Cache<C> {
     /// a value of this cache (corrupt, another codec, another type) are logged and read as `None`,
     /// and so is a remembered failure.
     ///
+    /// When the backend fails: [`Error::Backend`], or with
+    /// [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached) a miss (`None`), logged and
+    /// counted in [`Stats::backend_errors`](crate::Stats::backend_errors).
+    ///
     /// ```
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
@@ -257,12 +261,13 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        let bytes = self
-            .inner
-            .store
-            .get(&keys)
-            .await
-            .map_err(|e| Error::backend("get", e))?;
+        let bytes = match self.inner.store.get(&keys).await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                self.fail_open("get", &keys, e, "reading it as a miss")?;
+                return Ok(None);
+            }
+        };
         Ok(bytes
             .and_then(|b| self.read_stored::<T>(&keys, &b))
             .and_then(|stored| stored.value.ok()))
@@ -271,6 +276,11 @@ impl<C: Codec> Cache<C> {
     /// Writes a value, fresh for `ttl` (then stale for the handle's
     /// [`stale_for`](CallOptions::stale_for)), replacing any other. A computation of this key that is running
     /// now will not overwrite it: its write is refused by the fencing check.
+    ///
+    /// When the backend fails: [`Error::Backend`], or with
+    /// [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached) `Ok(())`, the write skipped
+    /// (as if the value had been evicted at once), logged and counted in
+    /// [`Stats::backend_errors`](crate::Stats::backend_errors).
     ///
     /// ```
     /// use std::time::Duration;
@@ -291,7 +301,8 @@ impl<C: Codec> Cache<C> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         self.clock_ready().await;
         let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
-        self.inner
+        match self
+            .inner
             .store
             .set(
                 &keys,
@@ -300,12 +311,19 @@ impl<C: Codec> Cache<C> {
                 self.options.lease,
             )
             .await
-            .map_err(|e| Error::backend("set", e))
+        {
+            Ok(()) => Ok(()),
+            Err(e) => self.fail_open("set", &keys, e, "the write is skipped"),
+        }
     }
 
     /// Deletes a value. A computation of this key that is running now will not write its result
     /// (it started before the invalidation, so its result may be stale); the next call computes
     /// afresh.
+    ///
+    /// When the backend fails: [`Error::Backend`], whatever the [`Fallback`](crate::Fallback),
+    /// since a lost invalidation would serve the old value again once the backend is back. Retry
+    /// it, or let the value's TTL bound how long it can be served.
     ///
     /// ```
     /// use std::time::Duration;
@@ -324,7 +342,31 @@ impl<C: Codec> Cache<C> {
             .store
             .invalidate(&keys, self.options.lease)
             .await
-            .map_err(|e| Error::backend("invalidate", e))
+            .map_err(|e| {
+                self.inner.counters.record(Event::BackendError);
+                Error::backend("invalidate", e)
+            })
+    }
+
+    /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
+    /// with [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached), logged and answered
+    /// as what a cache may always do (`instead`: forget a value, or never have had it).
+    fn fail_open(
+        &self,
+        op: &'static str,
+        keys: &EntryKeys,
+        error: StoreError,
+        instead: &'static str,
+    ) -> Result<(), Error> {
+        self.inner.counters.record(Event::BackendError);
+        match self.options.on_backend_error {
+            Fallback::Fail => Err(Error::backend(op, error)),
+            Fallback::ComputeUncached => {
+                tracing::warn!(key = %keys.user, op, error = %error,
+                    "backend unavailable; {instead}");
+                Ok(())
+            }
+        }
     }
 
     /// Returns the value under `key`, or computes it with `f`, caches it for `ttl` and returns it.
@@ -386,10 +428,10 @@ impl<C: Codec> Cache<C> {
         key: &str,
         ttl: Duration,
         f: F,
-    ) -> Result<T, Error<E>>
+    ) -> Result<T, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -428,10 +470,10 @@ impl<C: Codec> Cache<C> {
         key: &str,
         ttl: Duration,
         f: F,
-    ) -> Result<T, Error<E>>
+    ) -> Result<T, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -453,19 +495,19 @@ impl<C: Codec> Cache<C> {
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = Cache::in_memory()
     ///     .with_options(CallOptions::default().stale_for(Duration::from_secs(600)));
     /// let first = cache
     ///     .fetch("2026-11", Duration::from_secs(3600), |_lease| async {
     ///         // The current month changes: keep it one minute, not the call's hour.
-    ///         Ok(Computed::new(vec![1u32, 2, 3]).ttl(Duration::from_secs(60)))
+    ///         Ok::<_, std::io::Error>(Computed::new(vec![1u32, 2, 3]).ttl(Duration::from_secs(60)))
     ///     })
     ///     .await?;
     /// assert_eq!(first.source, Source::Computed);
     /// let again = cache
     ///     .fetch("2026-11", Duration::from_secs(3600), |_| async {
-    ///         Ok(Computed::new(Vec::<u32>::new()))
+    ///         Ok::<_, std::io::Error>(Computed::new(Vec::<u32>::new()))
     ///     })
     ///     .await?;
     /// assert_eq!((again.value, again.source), (vec![1, 2, 3], Source::Hit));
@@ -477,10 +519,10 @@ impl<C: Codec> Cache<C> {
         key: &str,
         ttl: Duration,
         f: F,
-    ) -> Result<Fetched<T>, Error<E>>
+    ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -503,7 +545,7 @@ impl<C: Codec> Cache<C> {
     }
 
     /// Counts a call's outcome and names it for the span.
-    fn count<T, E>(&self, result: &Result<Fetched<T>, Error<E>>, took: Duration) -> &'static str {
+    fn count<T>(&self, result: &Result<Fetched<T>, Error>, took: Duration) -> &'static str {
         let counters = &self.inner.counters;
         let miss = || counters.record(Event::Miss);
         match result {
@@ -536,7 +578,7 @@ impl<C: Codec> Cache<C> {
                 counters.record(Event::WaitTimeout);
                 "wait-timeout"
             }
-            Err(Error::Backend { .. } | Error::NoQuorum { .. }) => {
+            Err(e) if e.is_backend() => {
                 counters.record(Event::BackendError);
                 "backend-error"
             }

@@ -6,7 +6,7 @@
 //! holder's lease would have run out, so stale reads cost one `GET` each, not a script each.
 
 use std::collections::HashMap;
-use std::fmt::Display;
+use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,7 +90,7 @@ impl<C: Codec> Cache<C> {
         seen_fence: u64,
     ) where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: Display + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -126,7 +126,7 @@ impl<C: Codec> Cache<C> {
                     }
                     tracing::debug!(key = %keys.user, "refreshing in the background");
                     if let Err(e) = cache.compute_and_store(held, &keys, ttl, f, false).await {
-                        tracing::warn!(key = %keys.user, error = %e, "background refresh failed");
+                        tracing::warn!(key = %keys.user, error = %e.chain(), "background refresh failed");
                         if !options.serve_stale_on_error {
                             if let Err(e) = store.invalidate(&keys, options.lease).await {
                                 tracing::warn!(key = %keys.user, error = %e, "could not drop the stale value");

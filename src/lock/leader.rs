@@ -174,7 +174,7 @@ impl Leader {
                 Ok(guard) => guard,
                 Err(Error::WaitTimeout { .. }) => continue,
                 Err(e) => {
-                    tracing::warn!(lock = %name, error = %e, "standby: cannot reach the lock; retrying");
+                    tracing::warn!(lock = %name, error = %e.chain(), "standby: cannot reach the lock; retrying");
                     let delay = self.lock.options().backoff.delay(failures);
                     failures = failures.saturating_add(1);
                     tokio::select! {
@@ -197,7 +197,7 @@ impl Leader {
                 }
                 TermEnd::Shutdown => {
                     if let Err(e) = guard.release().await {
-                        tracing::warn!(lock = %name, error = %e, "release on shutdown failed");
+                        tracing::warn!(lock = %name, error = %e.chain(), "release on shutdown failed");
                     }
                     break;
                 }

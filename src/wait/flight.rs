@@ -10,6 +10,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -17,15 +18,21 @@ use tokio::sync::watch;
 use crate::wait::wakeup::lock;
 use crate::Error;
 
-type Outcome<T, E> = Result<T, Error<E>>;
+type Outcome<T> = Result<T, Error>;
 
-enum State<T, E> {
+enum State<T> {
     Running,
-    Done(Outcome<T, E>),
+    Done(Outcome<T>),
     Abandoned,
 }
 
-type Slot<T, E> = watch::Sender<State<T, E>>;
+/// One leader's outcome channel. The computation's error type `E` is part of the slot's type,
+/// though the outcome does not carry it, so that callers share a flight only when they share
+/// `E` too: a caller's [`Error::Compute`] then always holds its own `E`.
+struct Slot<T, E> {
+    tx: watch::Sender<State<T>>,
+    _error: PhantomData<fn() -> E>,
+}
 
 /// Key → the running leader's slot, type-erased because each call chooses its own `T` and `E`.
 #[derive(Default)]
@@ -46,7 +53,7 @@ pub(crate) enum Role<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
     /// Do the work, then hand the outcome to [`Leader::finish`].
     Lead(Leader<'a, T, E>),
     /// Another task is doing it.
-    Follow(Follower<T, E>),
+    Follow(Follower<T>),
     /// The key is in flight with other types `T`/`E`: go alone, without sharing.
     Alone,
 }
@@ -61,12 +68,15 @@ impl Flights {
         if let Some(existing) = map.get(key) {
             return match Arc::clone(existing).downcast::<Slot<T, E>>() {
                 Ok(slot) => Role::Follow(Follower {
-                    rx: slot.subscribe(),
+                    rx: slot.tx.subscribe(),
                 }),
                 Err(_) => Role::Alone,
             };
         }
-        let slot: Arc<Slot<T, E>> = Arc::new(watch::channel(State::Running).0);
+        let slot: Arc<Slot<T, E>> = Arc::new(Slot {
+            tx: watch::channel(State::Running).0,
+            _error: PhantomData,
+        });
         map.insert(key.to_owned(), slot.clone());
         Role::Lead(Leader {
             flights: self,
@@ -102,8 +112,8 @@ where
     E: Send + Sync + 'static,
 {
     /// Hands the outcome to every follower and leaves the map.
-    pub(crate) fn finish(mut self, outcome: &Outcome<T, E>) {
-        self.slot.send_replace(State::Done(outcome.clone()));
+    pub(crate) fn finish(mut self, outcome: &Outcome<T>) {
+        self.slot.tx.send_replace(State::Done(outcome.clone()));
         self.finished = true;
         self.leave();
     }
@@ -122,18 +132,18 @@ impl<T: Send + Sync + 'static, E: Send + Sync + 'static> Drop for Leader<'_, T, 
             return;
         }
         // Cancelled or panicking: release the followers so that one of them takes over.
-        self.slot.send_replace(State::Abandoned);
+        self.slot.tx.send_replace(State::Abandoned);
         self.leave();
     }
 }
 
-pub(crate) struct Follower<T, E> {
-    rx: watch::Receiver<State<T, E>>,
+pub(crate) struct Follower<T> {
+    rx: watch::Receiver<State<T>>,
 }
 
-impl<T: Clone, E> Follower<T, E> {
+impl<T: Clone> Follower<T> {
     /// The leader's outcome, or `None` if it went away without one.
-    pub(crate) async fn outcome(mut self) -> Option<Outcome<T, E>> {
+    pub(crate) async fn outcome(mut self) -> Option<Outcome<T>> {
         let state = self
             .rx
             .wait_for(|s| !matches!(s, State::Running))

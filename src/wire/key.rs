@@ -97,10 +97,7 @@ pub(crate) fn validate_namespace(namespace: &str) -> Result<(), Error> {
 }
 
 fn invalid(key: &str, reason: &'static str) -> Error {
-    Error::InvalidKey {
-        key: key.to_owned(),
-        reason,
-    }
+    Error::invalid_key(key, reason)
 }
 
 /// Bytes that stand for themselves; every other byte is written `%XX`.
