@@ -46,12 +46,14 @@
 //! | many callers miss one key at once | one computes; in its process the others share its outcome; other processes wait for the value |
 //! | the computation fails | the lock is freed at once and waiters wake; this process's waiting callers get the same [`Error::Compute`]; nothing is cached unless [`CallOptions::negative_ttl`] is set |
 //! | it panics, or the caller's future is dropped | the lock is freed (best effort from `Drop`, the lease running out as the backstop) and one waiter takes over; the panic reaches the computing caller |
+//! | the caller is dropped while its lock request is in flight | the lock is freed all the same: the owner token is known before the request is sent, and its guard exists from then on |
 //! | the holder dies | its lease runs out (at most one lease after its last renewal) and one waiter takes over |
 //! | the holder pauses past its lease | [`Lease::lost`] fires; its value is returned to it but not written over a newer holder's (fencing) |
 //! | `invalidate` or `set` during a computation | that computation's write is refused |
 //! | bytes under a key that are not ours | a miss, logged; the next computation overwrites them |
 //! | waiting longer than [`CallOptions::wait_timeout`] | [`Error::WaitTimeout`] |
 //! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process), `get` a miss and `set` a skipped write (`invalidate` and locks still fail); reconnection is automatic |
+//! | machines whose clocks disagree | freshness is stamped and judged by the Redis server's clock, which each process estimates (one `TIME` before its first call, then every minute; no command on the hit path) |
 //! | a stale value inside [`CallOptions::stale_for`] | served at once while one caller in the fleet refreshes it; a failed refresh keeps it until its hard expiry |
 //!
 //! # Backends
