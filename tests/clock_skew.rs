@@ -14,16 +14,6 @@ use support::{now_ms, RedisServer};
 const TTL: Duration = Duration::from_secs(60);
 
 fn main() {
-    if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
-        let code = match child(&role) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("child {role} failed: {e}");
-                1
-            }
-        };
-        std::process::exit(code);
-    }
     let tests: &[(&str, fn())] = &[
         (
             "a_reader_whose_clock_runs_ahead_still_gets_fresh_hits",
@@ -34,7 +24,7 @@ fn main() {
             a_writer_whose_clock_is_behind_writes_fresh_values,
         ),
     ];
-    support::run_tests("clock_skew", tests);
+    support::run_child_or_tests("clock_skew", tests, child);
 }
 
 fn runtime() -> tokio::runtime::Runtime {

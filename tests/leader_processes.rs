@@ -11,14 +11,7 @@ use stampede_guard::{CallOptions, Lock};
 use support::{eventually, now_ms, signal, RedisServer, Worker};
 
 fn main() {
-    if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
-        if let Err(e) = instance(&role) {
-            eprintln!("instance failed: {e}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    support::run_tests(
+    support::run_child_or_tests(
         "leader_processes",
         &[
             (
@@ -46,6 +39,7 @@ fn main() {
                 redlock_contention,
             ),
         ],
+        instance,
     );
 }
 

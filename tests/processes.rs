@@ -13,16 +13,6 @@ use support::{eventually, now_ms, RedisServer, Worker};
 const LEASE: Duration = Duration::from_secs(1);
 
 fn main() {
-    if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
-        let code = match child(&role) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("child {role} failed: {e}");
-                1
-            }
-        };
-        std::process::exit(code);
-    }
     let tests: &[(&str, fn())] = &[
         (
             "one_key_two_hundred_callers_in_four_processes_computes_once",
@@ -37,7 +27,7 @@ fn main() {
             a_killed_holder_is_replaced_after_its_lease,
         ),
     ];
-    support::run_tests("processes", tests);
+    support::run_child_or_tests("processes", tests, child);
 }
 
 fn month(i: usize) -> String {

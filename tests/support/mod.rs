@@ -377,6 +377,24 @@ impl Drop for Monitor {
     }
 }
 
+/// The `main` of a test binary with `harness = false` that re-executes itself as child processes:
+/// run as a child (`STAMPEDE_CHILD` names its role), it runs `child` and exits with its outcome;
+/// otherwise it runs the tests as [`run_tests`] does.
+pub fn run_child_or_tests(
+    binary: &str,
+    tests: &[(&str, fn())],
+    child: fn(&str) -> Result<(), String>,
+) {
+    if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
+        if let Err(e) = child(&role) {
+            eprintln!("{binary}: child {role} failed: {e}");
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
+    run_tests(binary, tests);
+}
+
 /// The `main` of a test binary with `harness = false`: runs the tests whose names contain one of
 /// the command-line filters (all without filters), prints libtest-like lines and a summary, and
 /// exits non-zero if any failed.
