@@ -5,19 +5,22 @@
 //! records the fingerprint of the shape of the type it was written for, and a reader whose type
 //! has another shape takes the value for a miss (see [`Codec`](crate::Codec), "Type changes").
 //!
-//! The shape is traced once per type by running `T::deserialize` against a [`Probe`], a
+//! The shape is traced once per type by running `T::deserialize` against `Probe`, a
 //! deserializer that answers every request with a placeholder value and writes down what was
 //! asked: struct, enum and field names in order, variant names, and the type of every field,
-//! recursively. Enums are walked once per variant (one pass per variant not yet seen), and a
-//! type met again inside itself is noted as a back reference and walked on quietly, taking the
-//! shortest way out (no `Some`, no elements, a variant not already being walked), so recursive
-//! types end. The description is hashed with FNV-1a, which is fixed: the same shape gives the
-//! same number in every process, build and Rust version.
+//! recursively, each at its path from the root. It takes several passes: one per enum variant
+//! not yet seen, and one more wherever a `Deserialize` refused a placeholder (a zero, an empty
+//! string), which then gets the next one of its kind. A type met again inside itself is noted
+//! as a back reference and walked on quietly, taking the shortest way out (no `Some`, no
+//! elements, a variant not already being walked), so recursive types end. The description is
+//! hashed with FNV-1a, which is fixed: the same shape gives the same number in every process,
+//! build and Rust version. `serde-reflection` does the same tracing, but stops with an error at
+//! the first `deserialize_any` or refused value, where this gives a weaker number and goes on.
 //!
 //! Invariants: tracing never panics the caller (a panicking `Deserialize` is caught) and always
-//! gives a number; where it cannot see (a `Deserialize` that refuses the placeholder, a type that
-//! asks for `deserialize_any`), the description says so at that place and the number covers the
-//! rest. The hit path pays a per-thread map lookup and a compare, never a trace.
+//! gives a number; where it cannot see (a `Deserialize` that refuses every placeholder, a type
+//! that asks for `deserialize_any`), the description says so at that place (`?`, `any`) and the
+//! number covers the rest. The hit path pays a per-thread map lookup and a compare, never a trace.
 
 use std::any::TypeId;
 use std::cell::RefCell;
@@ -159,15 +162,25 @@ pub(crate) fn trace<T: DeserializeOwned>() -> Traced {
         let pass = catch_unwind(AssertUnwindSafe(|| {
             T::deserialize(Probe(&mut walk)).map(drop)
         }));
-        let panicked = pass.is_err();
+        let (failed, panicked) = match &pass {
+            Ok(Ok(())) => (false, false),
+            Ok(Err(_)) => (true, false),
+            Err(_) => (true, true),
+        };
         gaps = match pass {
             Ok(Ok(())) => None,
             Ok(Err(failure)) => Some(failure.0),
             Err(_) => Some("its Deserialize panicked on a placeholder value".to_string()),
         };
-        idle = if walk.progress { 0 } else { idle + 1 };
-        // A panic is loud (the panic hook prints it): do not repeat it.
-        if panicked || walk.every_variant_seen() || idle >= MAX_IDLE_PASSES {
+        let retry = failed && walk.try_another_placeholder();
+        idle = if walk.progress || retry { 0 } else { idle + 1 };
+        // A panic is loud (the panic hook prints it): repeat it only to try another answer.
+        let done = if retry {
+            false
+        } else {
+            panicked || walk.every_variant_seen()
+        };
+        if done || idle >= MAX_IDLE_PASSES {
             break;
         }
     }
@@ -228,6 +241,11 @@ struct Walk {
     turns: HashMap<Path, usize>,
     /// Whether this pass wrote anything down that earlier passes had not.
     progress: bool,
+    /// Which placeholder each primitive gets (an index into its answers; 0 when not listed).
+    placeholders: HashMap<Path, usize>,
+    /// The last primitive answered in this pass and how many answers it has: when the pass
+    /// fails, most likely the one refused.
+    last_leaf: Option<(Path, usize)>,
 }
 
 impl Walk {
@@ -236,6 +254,29 @@ impl Walk {
         self.stack.clear();
         self.quiet = 0;
         self.progress = false;
+        self.last_leaf = None;
+    }
+
+    /// Notes a primitive; says which of its `answers` placeholders to give.
+    fn leaf(&mut self, name: &'static str, answers: usize) -> usize {
+        self.record(Node::Leaf(name));
+        let tried = self.placeholders.get(&self.path).copied().unwrap_or(0);
+        self.last_leaf = Some((self.path.clone(), answers));
+        tried.min(answers.saturating_sub(1))
+    }
+
+    /// After a failed pass: gives the primitive answered last its next placeholder, if it has one.
+    fn try_another_placeholder(&mut self) -> bool {
+        let Some((path, answers)) = self.last_leaf.take() else {
+            return false;
+        };
+        let tried = self.placeholders.entry(path).or_default();
+        if *tried + 1 < answers {
+            *tried += 1;
+            true
+        } else {
+            false
+        }
     }
 
     fn record(&mut self, node: Node) {
@@ -488,13 +529,16 @@ impl de::Error for Failure {
 /// The deserializer that writes down what it is asked for, at the walk's current path.
 struct Probe<'w>(&'w mut Walk);
 
-/// A primitive: noted, then answered with a placeholder. Zero, empty and `false` are what most
-/// types accept.
+/// A primitive: noted, then answered with a placeholder. Where a `Deserialize` refuses one (a
+/// non-zero number, a date in a string, a 16-byte id), the next pass answers that place with the
+/// next one; the answers are part of what the fingerprint reaches, so changing them is a change
+/// of `SCHEME`.
 macro_rules! leaves {
-    ($($method:ident => $visit:ident($($value:expr)?), $name:literal;)*) => {$(
+    ($($method:ident, $name:literal, [$($answer:expr),+ $(,)?];)*) => {$(
         fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Failure> {
-            self.0.record(Node::Leaf($name));
-            visitor.$visit($($value)?)
+            let answers: &[fn(V) -> Result<V::Value, Failure>] = &[$($answer),+];
+            let i = self.0.leaf($name, answers.len());
+            answers[i](visitor)
         }
     )*};
 }
@@ -509,31 +553,56 @@ impl<'de> de::Deserializer<'de> for Probe<'_> {
     }
 
     leaves! {
-        deserialize_bool => visit_bool(false), "bool";
-        deserialize_i8 => visit_i8(0), "i8";
-        deserialize_i16 => visit_i16(0), "i16";
-        deserialize_i32 => visit_i32(0), "i32";
-        deserialize_i64 => visit_i64(0), "i64";
-        deserialize_i128 => visit_i128(0), "i128";
-        deserialize_u8 => visit_u8(0), "u8";
-        deserialize_u16 => visit_u16(0), "u16";
-        deserialize_u32 => visit_u32(0), "u32";
-        deserialize_u64 => visit_u64(0), "u64";
-        deserialize_u128 => visit_u128(0), "u128";
-        deserialize_f32 => visit_f32(0.0), "f32";
-        deserialize_f64 => visit_f64(0.0), "f64";
-        deserialize_char => visit_char('\0'), "char";
-        // `String` and `Box<str>`, `Vec<u8>`-as-bytes and `ByteBuf` are stored alike: one name each.
-        deserialize_str => visit_str(""), "str";
-        deserialize_string => visit_str(""), "str";
-        deserialize_bytes => visit_bytes(&[]), "bytes";
-        deserialize_byte_buf => visit_bytes(&[]), "bytes";
-        deserialize_unit => visit_unit(), "unit";
-        deserialize_identifier => visit_u32(0), "identifier";
-        deserialize_ignored_any => visit_unit(), "ignored";
+        deserialize_bool, "bool", [|v| v.visit_bool(false), |v| v.visit_bool(true)];
+        // 1 before 0: `NonZero*` and most ranges (days, ordinals) take it.
+        deserialize_i8, "i8", [|v| v.visit_i8(1), |v| v.visit_i8(0)];
+        deserialize_i16, "i16", [|v| v.visit_i16(1), |v| v.visit_i16(0)];
+        deserialize_i32, "i32", [|v| v.visit_i32(1), |v| v.visit_i32(0)];
+        deserialize_i64, "i64", [|v| v.visit_i64(1), |v| v.visit_i64(0)];
+        deserialize_i128, "i128", [|v| v.visit_i128(1), |v| v.visit_i128(0)];
+        deserialize_u8, "u8", [|v| v.visit_u8(1), |v| v.visit_u8(0)];
+        deserialize_u16, "u16", [|v| v.visit_u16(1), |v| v.visit_u16(0)];
+        deserialize_u32, "u32", [|v| v.visit_u32(1), |v| v.visit_u32(0)];
+        deserialize_u64, "u64", [|v| v.visit_u64(1), |v| v.visit_u64(0)];
+        deserialize_u128, "u128", [|v| v.visit_u128(1), |v| v.visit_u128(0)];
+        deserialize_f32, "f32", [|v| v.visit_f32(1.0), |v| v.visit_f32(0.0)];
+        deserialize_f64, "f64", [|v| v.visit_f64(1.0), |v| v.visit_f64(0.0)];
+        deserialize_char, "char", [|v| v.visit_char('a')];
+        // `String` and `Box<str>`, `Vec<u8>`-as-bytes and `ByteBuf` are stored alike: one name
+        // each. Text that types parse: times and dates (chrono, in every format), numbers.
+        deserialize_str, "str", [
+            |v| v.visit_str(""),
+            |v| v.visit_str("1970-01-01T00:00:00Z"),
+            |v| v.visit_str("1970-01-01T00:00:00"),
+            |v| v.visit_str("1970-01-01"),
+            |v| v.visit_str("00:00:00"),
+            |v| v.visit_str("1"),
+            |v| v.visit_str("a"),
+        ];
+        deserialize_string, "str", [
+            |v| v.visit_str(""),
+            |v| v.visit_str("1970-01-01T00:00:00Z"),
+            |v| v.visit_str("1970-01-01T00:00:00"),
+            |v| v.visit_str("1970-01-01"),
+            |v| v.visit_str("00:00:00"),
+            |v| v.visit_str("1"),
+            |v| v.visit_str("a"),
+        ];
+        // Empty, then 16 bytes (a UUID, as bincode stores it).
+        deserialize_bytes, "bytes", [|v| v.visit_bytes(&[]), |v| v.visit_bytes(&[0; 16])];
+        deserialize_byte_buf, "bytes", [|v| v.visit_bytes(&[]), |v| v.visit_bytes(&[0; 16])];
+        deserialize_unit, "unit", [|v| v.visit_unit()];
+        deserialize_identifier, "identifier", [|v| v.visit_u32(0), |v| v.visit_str("")];
+        deserialize_ignored_any, "ignored", [|v| v.visit_unit()];
         // The type decides from the data (`serde_json::Value`, untagged enums): its shape
-        // cannot be seen. Unit is the answer most such types accept.
-        deserialize_any => visit_unit(), "any";
+        // cannot be seen. The answers only let the walk go on to what comes after it.
+        deserialize_any, "any", [
+            |v| v.visit_unit(),
+            |v| v.visit_u64(1),
+            |v| v.visit_str(""),
+            |v| v.visit_seq(de::value::SeqDeserializer::new(std::iter::empty::<()>())),
+            |v| v.visit_map(de::value::MapDeserializer::new(std::iter::empty::<((), ())>())),
+        ];
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Failure> {

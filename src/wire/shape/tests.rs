@@ -257,6 +257,19 @@ fn the_types_that_worked_before_have_shapes() {
         shape::<std::time::Duration>(),
         "struct 8:Duration{4:secs=u64,5:nanos=u32}"
     );
+    assert_eq!(
+        shape::<(
+            char,
+            std::borrow::Cow<'static, str>,
+            Box<[u32]>,
+            std::collections::HashSet<i16>
+        )>(),
+        "tuple(char,str,seq<u32>,seq<i16>)"
+    );
+    // Traced as bincode stores it (not human-readable): an enum of byte tuples, not text.
+    assert!(
+        shape::<std::net::IpAddr>().starts_with("enum 6:IpAddr{2:V4=newtype(tuple(u8,u8,u8,u8)),")
+    );
     for description in [
         shape::<String>(),
         shape::<Vec<recursive::Tree>>(),
@@ -268,6 +281,8 @@ fn the_types_that_worked_before_have_shapes() {
 
 #[allow(dead_code)]
 mod opaque {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
 
     #[derive(serde::Deserialize)]
@@ -283,70 +298,160 @@ mod opaque {
         pub after: u32,
     }
 
-    /// Refuses the tracer's placeholders (zero, empty).
+    #[derive(serde::Deserialize)]
+    #[serde(tag = "type")]
+    pub(super) enum Tagged {
+        A { x: u8 },
+        B,
+    }
+
+    #[derive(serde::Deserialize)]
+    pub(super) struct Flattened {
+        pub id: u32,
+        #[serde(flatten)]
+        pub rest: HashMap<String, String>,
+    }
+
+    /// Refuses zero (as `NonZeroU32` does).
     pub(super) struct Positive(pub u32);
 
     impl<'de> Deserialize<'de> for Positive {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            let n = u32::deserialize(d)?;
-            if n == 0 {
-                return Err(serde::de::Error::custom("must be positive"));
+            match u32::deserialize(d)? {
+                0 => Err(serde::de::Error::custom("must be positive")),
+                n => Ok(Positive(n)),
             }
-            Ok(Positive(n))
         }
+    }
+
+    /// Parses a date from text, as chrono's `NaiveDate` does.
+    pub(super) struct Day(pub String);
+
+    impl<'de> Deserialize<'de> for Day {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let text = String::deserialize(d)?;
+            let b = text.as_bytes();
+            if b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+                return Err(serde::de::Error::custom("not a date"));
+            }
+            Ok(Day(text))
+        }
+    }
+
+    /// Sixteen bytes, as a UUID is stored by bincode.
+    pub(super) struct Id(pub [u8; 16]);
+
+    impl<'de> Deserialize<'de> for Id {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            let bytes = serde_bytes_like(d)?;
+            let id = bytes
+                .try_into()
+                .map_err(|_| serde::de::Error::custom("not 16 bytes"))?;
+            Ok(Id(id))
+        }
+    }
+
+    fn serde_bytes_like<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct Bytes;
+        impl serde::de::Visitor<'_> for Bytes {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+        }
+        d.deserialize_bytes(Bytes)
     }
 
     #[derive(serde::Deserialize)]
     pub(super) struct Validated {
-        pub before: String,
         pub count: Positive,
+        pub day: Day,
+        pub id: Id,
+        pub after: u64,
+    }
+
+    /// Refuses every value.
+    pub(super) struct Never;
+
+    impl<'de> Deserialize<'de> for Never {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            u32::deserialize(d)?;
+            Err(serde::de::Error::custom("never"))
+        }
+    }
+
+    #[derive(serde::Deserialize)]
+    pub(super) struct Guarded {
+        pub before: String,
+        pub guard: Never,
         pub after: u64,
     }
 
     #[derive(serde::Deserialize)]
-    #[serde(rename = "Validated")]
-    pub(super) struct ValidatedRenamed {
+    #[serde(rename = "Guarded")]
+    pub(super) struct GuardedRenamed {
         pub before: String,
-        pub count: Positive,
+        pub guard: Never,
         pub later: u64,
     }
 
-    /// Panics on what it does not expect.
+    pub(super) static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+    /// Panics on every value.
     pub(super) struct Fragile;
 
     impl<'de> Deserialize<'de> for Fragile {
         fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            let text = String::deserialize(d)?;
-            assert!(!text.is_empty(), "Fragile: an empty string");
-            Ok(Fragile)
+            bool::deserialize(d)?;
+            PANICS.fetch_add(1, Ordering::SeqCst);
+            panic!("Fragile: not what it expected");
         }
     }
+}
+
+#[test]
+fn placeholders_that_a_type_refuses_are_replaced() {
+    // A non-zero number, a date in text and sixteen bytes: each refuses the first placeholder
+    // of its kind and takes a later one, so the fields after them are still seen.
+    let validated = trace::<opaque::Validated>();
+    assert_eq!(
+        validated.description,
+        "struct 9:Validated{5:count=u32,3:day=str,2:id=bytes,5:after=u64}"
+    );
+    assert_eq!(validated.gaps, None);
 }
 
 #[test]
 fn what_tracing_cannot_see_gives_a_weaker_fingerprint_not_a_failure() {
     assert_eq!(shape::<serde_json::Value>(), "any");
     assert_eq!(shape::<opaque::Loose>(), "any");
+    assert_eq!(shape::<opaque::Tagged>(), "any");
     assert_eq!(
         shape::<opaque::WithLoose>(),
-        "struct 9:WithLoose{5:loose=any,5:after=?}"
+        "struct 9:WithLoose{5:loose=any,5:after=u32}"
     );
-    // A Deserialize that refuses the placeholder: the fields before it and every field name
-    // are still seen, so a rename after it is still a change.
-    let validated = trace::<opaque::Validated>();
+    // `flatten` reads a map of whatever comes: bincode cannot read it either.
+    assert_eq!(shape::<opaque::Flattened>(), "map<identifier,any>");
+    // A Deserialize that refuses everything: the fields before it and every field name are
+    // still seen, so a rename after it is still a change.
+    let guarded = trace::<opaque::Guarded>();
     assert_eq!(
-        validated.description,
-        "struct 9:Validated{6:before=str,5:count=u32,5:after=?}"
+        guarded.description,
+        "struct 7:Guarded{6:before=str,5:guard=u32,5:after=?}"
     );
-    assert_eq!(validated.gaps.as_deref(), Some("must be positive"));
-    assert_ne!(validated.fingerprint(), print::<opaque::ValidatedRenamed>());
-    // A panicking one: caught.
+    assert_eq!(guarded.gaps.as_deref(), Some("never"));
+    assert_ne!(guarded.fingerprint(), print::<opaque::GuardedRenamed>());
+    // A panicking one: caught, once per placeholder, never reaching the caller.
     let fragile = trace::<opaque::Fragile>();
-    assert_eq!(fragile.description, "str");
+    assert_eq!(fragile.description, "bool");
     assert!(fragile.gaps.is_some());
+    assert_eq!(opaque::PANICS.load(std::sync::atomic::Ordering::SeqCst), 2);
     // And the cached path gives numbers for all of them.
     let _ = fingerprint::<serde_json::Value>();
-    let _ = fingerprint::<opaque::Fragile>();
+    let _ = fingerprint::<opaque::Tagged>();
 }
 
 #[test]
@@ -375,4 +480,38 @@ fn the_hash_is_fnv1a_64() {
     assert_eq!(fnv1a(FNV_OFFSET, b""), 0xcbf2_9ce4_8422_2325);
     assert_eq!(fnv1a(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
     assert_eq!(fnv1a(FNV_OFFSET, b"foobar"), 0x8594_4171_f739_67e8);
+}
+
+#[allow(dead_code)]
+mod nested {
+    #[derive(serde::Deserialize)]
+    pub(super) enum A {
+        A0,
+        A1(u8),
+        A2(B, B),
+    }
+    #[derive(serde::Deserialize)]
+    pub(super) enum B {
+        B0,
+        B1 { c: Option<C> },
+        B2(Vec<A>),
+    }
+    #[derive(serde::Deserialize)]
+    pub(super) enum C {
+        C0(bool),
+        C1,
+        C2(Box<A>),
+    }
+}
+
+#[test]
+fn enums_inside_variants_are_seen_whole() {
+    let a = shape::<nested::A>();
+    assert!(!a.contains('?'), "{a}");
+    for variant in ["A0=", "A2=", "B0=", "B1=", "B2=", "C0=", "C1=", "C2="] {
+        assert!(a.contains(variant), "{variant} in {a}");
+    }
+    // Every enum position is walked through all its variants.
+    assert_eq!(a.matches("enum 1:B{").count(), 2, "{a}");
+    assert_eq!(a.matches("@1:A").count(), 4, "{a}");
 }
