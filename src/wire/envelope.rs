@@ -50,6 +50,10 @@ impl std::fmt::Display for Foreign {
         match self {
             Foreign::TooShort => write!(f, "shorter than an envelope header"),
             Foreign::BadMagic => write!(f, "no stampede-guard envelope"),
+            Foreign::Version(v) if *v < VERSION => write!(
+                f,
+                "envelope format version {v}, written by an older release, is not {VERSION}"
+            ),
             Foreign::Version(v) => write!(f, "envelope format version {v} is not {VERSION}"),
             Foreign::Codec(c) => write!(f, "written by codec {c}, not by this cache's codec"),
         }
@@ -73,15 +77,16 @@ impl<'a> Envelope<'a> {
 
     /// Parses `bytes`, accepting only this format version and the given codec.
     pub(crate) fn decode(bytes: &'a [u8], codec: u8) -> Result<Self, Foreign> {
+        // Magic and version first: another format's header may be shorter than ours (format
+        // 1's was), and its reader's log should say which format it found.
+        match bytes {
+            [m0, m1, ..] if [*m0, *m1] != *MAGIC => return Err(Foreign::BadMagic),
+            [_, _, version, ..] if *version != VERSION => return Err(Foreign::Version(*version)),
+            _ => {}
+        }
         let Some((header, payload)) = bytes.split_at_checked(HEADER_LEN) else {
             return Err(Foreign::TooShort);
         };
-        if &header[0..2] != MAGIC {
-            return Err(Foreign::BadMagic);
-        }
-        if header[2] != VERSION {
-            return Err(Foreign::Version(header[2]));
-        }
         if header[3] != codec {
             return Err(Foreign::Codec(header[3]));
         }
@@ -134,7 +139,9 @@ mod tests {
 
     #[test]
     fn foreign_bytes_are_named() {
-        assert_eq!(Envelope::decode(b"hello", 1), Err(Foreign::TooShort));
+        assert_eq!(Envelope::decode(b"SG", 1), Err(Foreign::TooShort));
+        assert_eq!(Envelope::decode(b"SG\x02\x01", 1), Err(Foreign::TooShort));
+        assert_eq!(Envelope::decode(b"hello", 1), Err(Foreign::BadMagic));
         assert_eq!(Envelope::decode(&[b'x'; 40], 1), Err(Foreign::BadMagic));
         let other = Envelope {
             codec: 9,
@@ -156,6 +163,8 @@ mod tests {
         old.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
         old.extend_from_slice(&7u32.to_be_bytes());
         old.extend_from_slice(&42u64.to_be_bytes());
+        // A payload shorter than the new header's extra 8 bytes: still named by its version.
+        assert_eq!(Envelope::decode(&old, 1), Err(Foreign::Version(1)));
         old.extend_from_slice(&[0x55; 16]);
         assert_eq!(Envelope::decode(&old, 1), Err(Foreign::Version(1)));
     }

@@ -515,3 +515,17 @@ fn enums_inside_variants_are_seen_whole() {
     assert_eq!(a.matches("enum 1:B{").count(), 2, "{a}");
     assert_eq!(a.matches("@1:A").count(), 4, "{a}");
 }
+
+#[test]
+fn type_ids_keep_their_own_hash() {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let build = BuildHasherDefault::<TypeIdHasher>::default();
+    let a = build.hash_one(TypeId::of::<u32>());
+    let b = build.hash_one(TypeId::of::<String>());
+    assert_ne!(a, b);
+    assert_ne!(a, 0);
+    let mut map = ByType::default();
+    map.insert(TypeId::of::<u32>(), 1);
+    map.insert(TypeId::of::<String>(), 2);
+    assert_eq!(map.get(&TypeId::of::<String>()), Some(&2));
+}
