@@ -73,7 +73,7 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fallback, Fetched, Lease
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = stampede_guard::Cache::in_memory();
 /// let ttl = Duration::from_secs(300);
 /// cache.set("2019-05", &Report { orders: 5, revenue_cents: 1000 }, ttl).await?;
