@@ -1105,10 +1105,11 @@ fn checker_detects_each_violation_once() {
 
 fn monitor_replay_rebuilds_the_servers_decisions() {
     let envelope = |fence: u64, text: &str| {
-        let mut bytes = b"SG\x01\x01\x00".to_vec();
+        let mut bytes = b"SG\x02\x01\x00".to_vec();
         bytes.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
         bytes.extend_from_slice(&7u32.to_be_bytes());
         bytes.extend_from_slice(&fence.to_be_bytes());
+        bytes.extend_from_slice(&0x5eedu64.to_be_bytes());
         bytes.push(text.len() as u8);
         bytes.extend_from_slice(text.as_bytes());
         bytes

@@ -19,6 +19,7 @@ use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
+use crate::wire::shape;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
 
 /// A stored entry, decoded: a value, or a remembered failure's message.
@@ -225,7 +226,10 @@ impl<C: Codec> Cache<C> {
 
     /// A plain read of the value; errors and unreadable bytes count as nothing found (the
     /// read-or-lock that follows reports the former and replaces the latter).
-    async fn look<T: DeserializeOwned>(&self, keys: &EntryKeys) -> Option<StoredEntry<T>> {
+    async fn look<T: DeserializeOwned + 'static>(
+        &self,
+        keys: &EntryKeys,
+    ) -> Option<StoredEntry<T>> {
         match self.inner.store.get(keys).await {
             Ok(Some(bytes)) => self.read_stored(keys, &bytes),
             Ok(None) | Err(_) => None,
@@ -243,7 +247,7 @@ impl<C: Codec> Cache<C> {
         remember_failure: bool,
     ) -> Result<T, Error>
     where
-        T: Serialize,
+        T: Serialize + DeserializeOwned + 'static,
         E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
@@ -256,7 +260,7 @@ impl<C: Codec> Cache<C> {
                 let remembered = self.options.negative_ttl.filter(|_| remember_failure);
                 let released = match remembered {
                     Some(negative_ttl) => {
-                        let bytes = self.encode_failure(&e, negative_ttl, held.fence());
+                        let bytes = self.encode_failure::<T, E>(&e, negative_ttl, held.fence());
                         held.store_and_unlock(self.inner.store.as_ref(), bytes, negative_ttl)
                             .await
                             .map(|_| true)
@@ -342,8 +346,8 @@ impl<C: Codec> Cache<C> {
         }
     }
 
-    /// The stored bytes of a value fresh for `ttl` from now.
-    pub(crate) fn encode_value<T: Serialize>(
+    /// The stored bytes of a value fresh for `ttl` from now, marked with the shape of `T`.
+    pub(crate) fn encode_value<T: Serialize + DeserializeOwned + 'static>(
         &self,
         value: &T,
         ttl: Duration,
@@ -366,13 +370,21 @@ impl<C: Codec> Cache<C> {
             fresh_until_ms: self.fresh_until(ttl),
             compute_ms: u32::try_from(compute.as_millis()).unwrap_or(u32::MAX),
             fence,
+            shape: shape::fingerprint::<T>(),
             payload: &payload,
         }
         .encode())
     }
 
-    /// The stored bytes of a remembered failure: its message, for `ttl`.
-    fn encode_failure<E: Display>(&self, error: &E, ttl: Duration, fence: u64) -> Vec<u8> {
+    /// The stored bytes of a remembered failure: its message, for `ttl`. It is marked with the
+    /// shape of `T` like a value, so that a caller of another type recomputes rather than
+    /// take another type's failure for its own.
+    fn encode_failure<T: DeserializeOwned + 'static, E: Display>(
+        &self,
+        error: &E,
+        ttl: Duration,
+        fence: u64,
+    ) -> Vec<u8> {
         let message = error.to_string();
         Envelope {
             codec: self.inner.codec.id(),
@@ -380,6 +392,7 @@ impl<C: Codec> Cache<C> {
             fresh_until_ms: self.fresh_until(ttl),
             compute_ms: 0,
             fence,
+            shape: shape::fingerprint::<T>(),
             payload: message.as_bytes(),
         }
         .encode()
@@ -390,8 +403,10 @@ impl<C: Codec> Cache<C> {
         self.inner.store.now_ms().saturating_add(ttl_ms)
     }
 
-    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten.
-    pub(crate) fn read_stored<T: DeserializeOwned>(
+    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
+    /// value written for another shape of `T` (another deploy's version of the type): decoding
+    /// it could succeed and give garbage (bincode is positional).
+    pub(crate) fn read_stored<T: DeserializeOwned + 'static>(
         &self,
         keys: &EntryKeys,
         bytes: &[u8],
@@ -404,6 +419,12 @@ impl<C: Codec> Cache<C> {
                 return None;
             }
         };
+        // A compare of two numbers: the shape of `T` was traced on its first use, not here.
+        if envelope.shape != shape::fingerprint::<T>() {
+            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
+                "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
+            return None;
+        }
         let value = if envelope.negative {
             Err(String::from_utf8_lossy(envelope.payload).into_owned())
         } else {

@@ -53,6 +53,42 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fallback, Fetched, Lease
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Changing a cached type
+///
+/// A value written for another shape of `T` (fields renamed, reordered, added, removed or
+/// retyped by another deploy) is a miss: logged, recomputed and overwritten, never decoded as
+/// garbage. What is and is not detected is listed under [`Codec`'s type changes](Codec#type-changes).
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+/// use std::time::Duration;
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Report { orders: u32, revenue_cents: u64 }
+///
+/// mod next_deploy {
+///     #[derive(serde::Serialize, serde::Deserialize, Clone, Debug, PartialEq)]
+///     pub struct Report { pub revenue_cents: u64, pub orders: u32 }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let cache = stampede_guard::Cache::in_memory();
+/// let ttl = Duration::from_secs(300);
+/// cache.set("2019-05", &Report { orders: 5, revenue_cents: 1000 }, ttl).await?;
+/// // The reordered type does not read the old value (it would be `{ revenue_cents: 5, orders: 1000 }`)...
+/// assert_eq!(cache.get::<next_deploy::Report>("2019-05").await?, None);
+/// // ...but computes its own, which replaces it.
+/// let report = cache
+///     .get_or_compute("2019-05", ttl, || async {
+///         Ok::<_, std::io::Error>(next_deploy::Report { revenue_cents: 1000, orders: 5 })
+///     })
+///     .await?;
+/// assert_eq!(report.orders, 5);
+/// # Ok(())
+/// # }
+/// ```
 pub struct Cache<C = Bincode> {
     pub(crate) inner: Arc<Inner<C>>,
     /// Per handle, so that [`Cache::with_options`] is free and does not touch other handles.
@@ -259,7 +295,7 @@ impl<C: Codec> Cache<C> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn get<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, Error> {
+    pub async fn get<T: DeserializeOwned + 'static>(&self, key: &str) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         let bytes = match self.inner.store.get(&keys).await {
             Ok(bytes) => bytes,
@@ -282,6 +318,9 @@ impl<C: Codec> Cache<C> {
     /// (as if the value had been evicted at once), logged and counted in
     /// [`Stats::backend_errors`](crate::Stats::backend_errors).
     ///
+    /// `T` must also be `DeserializeOwned`: the value records the shape of the type it is to be
+    /// read as (see [Changing a cached type](Cache#changing-a-cached-type)).
+    ///
     /// ```
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
@@ -292,7 +331,7 @@ impl<C: Codec> Cache<C> {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn set<T: Serialize>(
+    pub async fn set<T: Serialize + DeserializeOwned + 'static>(
         &self,
         key: &str,
         value: &T,

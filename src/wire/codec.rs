@@ -40,6 +40,39 @@ pub type CodecError = Box<dyn std::error::Error + Send + Sync>;
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Type changes
+///
+/// Every stored value also records a 64-bit fingerprint of the *shape* of its type as serde
+/// sees it, whatever the codec, and a reader whose type has another shape treats the value as a
+/// miss: it logs a warning, recomputes, and overwrites it. So during a rolling deploy that
+/// changes a cached type, old and new instances never decode each other's values as garbage (with
+/// bincode, which is positional, a value written as `{ orders: 5, revenue_cents: 1000 }` would
+/// otherwise read without error as `{ revenue_cents: 5, orders: 1000 }` once the fields are
+/// reordered); each side recomputes what the other wrote.
+///
+/// The shape is traced once per type and process, from the type's `Deserialize` impl; a read
+/// compares two numbers. It covers type, field and variant names, the order of fields and
+/// variants, and the types of fields, recursively, as a compact format such as bincode sees them.
+///
+/// Detected, so a miss:
+/// - a field reordered, renamed, added or removed (`#[serde(skip)]` removes one);
+/// - a field's type changed (`u32` to `u64`, `Vec<T>` to `Option<T>`, a nested type changed);
+/// - variants added, removed, renamed, reordered, or their fields changed;
+/// - the type renamed (`#[serde(rename = "Old")]` keeps the old name, and the values).
+///
+/// Not detected, so read as before:
+/// - a change of meaning with the same shape (cents become dollars, two fields of one type
+///   swap meaning, a custom `Deserialize` that reads the same data differently);
+/// - changes inside a type that decides its shape from the data (anything that asks for
+///   `deserialize_any`: `serde_json::Value`, untagged and internally tagged enums): its shape is
+///   recorded as "any";
+/// - where a custom `Deserialize` refuses the tracer's placeholder values (zero, empty, `false`):
+///   the types of the fields after it (their names and order are still covered);
+/// - `String` and `Box<str>`, or a byte buffer and `&[u8]`-like bytes, which are stored alike.
+///
+/// Values written by a release before the shape was recorded (envelope format 1) are read as a
+/// miss once after the upgrade, recomputed and overwritten.
 pub trait Codec: Send + Sync + 'static {
     /// A number that identifies this codec's format; 0 to 15 are reserved for this crate.
     fn id(&self) -> u8;

@@ -1,17 +1,22 @@
 //! The stored form of a value: a fixed header, then the codec's payload.
 //!
 //! ```text
-//! magic "SG" | version u8 | codec id u8 | flags u8 | fresh_until ms u64 | compute ms u32 | fence u64 | payload
+//! magic "SG" | version u8 | codec id u8 | flags u8 | fresh_until ms u64 | compute ms u32 | fence u64 | shape u64 | payload
 //! ```
 //! All integers are big-endian. `fresh_until` is wall-clock milliseconds since the Unix epoch
 //! (the store's clock: see `Store::now_ms`); after it the value is stale until Redis expires it.
 //! Flag bit 0 marks a remembered failure, whose payload is the error's message in UTF-8.
+//! `shape` is the fingerprint of the shape of the type the value was written for (`shape.rs`);
+//! the reader compares it with its own type's.
 //! Anything that does not parse as this, or that was written by another codec or format version,
 //! is not ours: the reader treats it as a miss.
+//!
+//! Format versions: 1 had no `shape` (its values read as a miss since 2, once, then are
+//! overwritten); 2 added it after `fence`, so the fence stays at bytes 17..25.
 
 const MAGIC: &[u8; 2] = b"SG";
-const VERSION: u8 = 1;
-const HEADER_LEN: usize = 2 + 1 + 1 + 1 + 8 + 4 + 8;
+const VERSION: u8 = 2;
+const HEADER_LEN: usize = 2 + 1 + 1 + 1 + 8 + 4 + 8 + 8;
 const NEGATIVE: u8 = 1;
 
 /// A decoded header and a borrowed payload.
@@ -26,6 +31,8 @@ pub(crate) struct Envelope<'a> {
     pub compute_ms: u32,
     /// The fencing token of the lock holder that wrote it (0 for an explicit `set`).
     pub fence: u64,
+    /// The fingerprint of the shape of the type it was written for.
+    pub shape: u64,
     pub payload: &'a [u8],
 }
 
@@ -43,6 +50,10 @@ impl std::fmt::Display for Foreign {
         match self {
             Foreign::TooShort => write!(f, "shorter than an envelope header"),
             Foreign::BadMagic => write!(f, "no stampede-guard envelope"),
+            Foreign::Version(v) if *v < VERSION => write!(
+                f,
+                "envelope format version {v}, written by an older release, is not {VERSION}"
+            ),
             Foreign::Version(v) => write!(f, "envelope format version {v} is not {VERSION}"),
             Foreign::Codec(c) => write!(f, "written by codec {c}, not by this cache's codec"),
         }
@@ -59,21 +70,23 @@ impl<'a> Envelope<'a> {
         out.extend_from_slice(&self.fresh_until_ms.to_be_bytes());
         out.extend_from_slice(&self.compute_ms.to_be_bytes());
         out.extend_from_slice(&self.fence.to_be_bytes());
+        out.extend_from_slice(&self.shape.to_be_bytes());
         out.extend_from_slice(self.payload);
         out
     }
 
     /// Parses `bytes`, accepting only this format version and the given codec.
     pub(crate) fn decode(bytes: &'a [u8], codec: u8) -> Result<Self, Foreign> {
+        // Magic and version first: another format's header may be shorter than ours (format
+        // 1's was), and its reader's log should say which format it found.
+        match bytes {
+            [m0, m1, ..] if [*m0, *m1] != *MAGIC => return Err(Foreign::BadMagic),
+            [_, _, version, ..] if *version != VERSION => return Err(Foreign::Version(*version)),
+            _ => {}
+        }
         let Some((header, payload)) = bytes.split_at_checked(HEADER_LEN) else {
             return Err(Foreign::TooShort);
         };
-        if &header[0..2] != MAGIC {
-            return Err(Foreign::BadMagic);
-        }
-        if header[2] != VERSION {
-            return Err(Foreign::Version(header[2]));
-        }
         if header[3] != codec {
             return Err(Foreign::Codec(header[3]));
         }
@@ -90,6 +103,7 @@ impl<'a> Envelope<'a> {
             fresh_until_ms: u64_at(5),
             compute_ms: u32::from_be_bytes(compute),
             fence: u64_at(17),
+            shape: u64_at(25),
             payload,
         })
     }
@@ -106,6 +120,7 @@ mod tests {
             fresh_until_ms: 1_700_000_000_000,
             compute_ms: 7,
             fence: 42,
+            shape: 0x5eed,
             payload,
         }
     }
@@ -124,7 +139,9 @@ mod tests {
 
     #[test]
     fn foreign_bytes_are_named() {
-        assert_eq!(Envelope::decode(b"hello", 1), Err(Foreign::TooShort));
+        assert_eq!(Envelope::decode(b"SG", 1), Err(Foreign::TooShort));
+        assert_eq!(Envelope::decode(b"SG\x02\x01", 1), Err(Foreign::TooShort));
+        assert_eq!(Envelope::decode(b"hello", 1), Err(Foreign::BadMagic));
         assert_eq!(Envelope::decode(&[b'x'; 40], 1), Err(Foreign::BadMagic));
         let other = Envelope {
             codec: 9,
@@ -133,8 +150,32 @@ mod tests {
         .encode();
         assert_eq!(Envelope::decode(&other, 1), Err(Foreign::Codec(9)));
         let mut future = sample(b"").encode();
-        future[2] = 2;
-        assert_eq!(Envelope::decode(&future, 1), Err(Foreign::Version(2)));
+        future[2] = 3;
+        assert_eq!(Envelope::decode(&future, 1), Err(Foreign::Version(3)));
+    }
+
+    /// Format 1 (no shape) as the previous release wrote it: refused by its version, so a value
+    /// written before the upgrade is a miss, never read with its payload's first bytes taken
+    /// for a shape.
+    #[test]
+    fn the_previous_format_is_refused() {
+        let mut old = b"SG\x01\x01\x00".to_vec();
+        old.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
+        old.extend_from_slice(&7u32.to_be_bytes());
+        old.extend_from_slice(&42u64.to_be_bytes());
+        // A payload shorter than the new header's extra 8 bytes: still named by its version.
+        assert_eq!(Envelope::decode(&old, 1), Err(Foreign::Version(1)));
+        old.extend_from_slice(&[0x55; 16]);
+        assert_eq!(Envelope::decode(&old, 1), Err(Foreign::Version(1)));
+    }
+
+    #[test]
+    fn the_shape_sits_after_the_fence() {
+        let bytes = sample(b"p").encode();
+        assert_eq!(bytes[2], 2);
+        assert_eq!(&bytes[17..25], &42u64.to_be_bytes());
+        assert_eq!(&bytes[25..33], &0x5eedu64.to_be_bytes());
+        assert_eq!(&bytes[33..], b"p");
     }
 
     mod properties {
@@ -158,7 +199,7 @@ mod tests {
             /// Bytes that start like an envelope (the magic and version) and then go astray.
             #[test]
             fn near_misses_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..40)) {
-                let mut bytes = b"SG\x01\x01".to_vec();
+                let mut bytes = b"SG\x02\x01".to_vec();
                 bytes.extend_from_slice(&tail);
                 let decoded = Envelope::decode(&bytes, 1);
                 prop_assert_eq!(decoded.is_ok(), bytes.len() >= HEADER_LEN);
@@ -171,9 +212,10 @@ mod tests {
                 fresh_until_ms in any::<u64>(),
                 compute_ms in any::<u32>(),
                 fence in any::<u64>(),
+                shape in any::<u64>(),
                 payload in proptest::collection::vec(any::<u8>(), 0..256),
             ) {
-                let envelope = Envelope { codec, negative, fresh_until_ms, compute_ms, fence, payload: &payload };
+                let envelope = Envelope { codec, negative, fresh_until_ms, compute_ms, fence, shape, payload: &payload };
                 let bytes = envelope.encode();
                 prop_assert_eq!(bytes.len(), HEADER_LEN + payload.len());
                 prop_assert_eq!(Envelope::decode(&bytes, codec), Ok(envelope.clone()));

@@ -1,6 +1,8 @@
 //! What goes over the wire and how it is named: the Redis key layout (`key.rs`), the envelope
-//! around every stored value (`envelope.rs`) and the payload codec (`codec.rs`).
+//! around every stored value (`envelope.rs`), the payload codec (`codec.rs`) and the fingerprint
+//! of the stored type's shape (`shape.rs`).
 
 pub(crate) mod codec;
 pub(crate) mod envelope;
 pub(crate) mod key;
+pub(crate) mod shape;

@@ -591,7 +591,8 @@ fn entry_of(namespace: &str, key: &[u8]) -> Option<(String, Part)> {
 
 /// The envelope's fence and the payload string (a bincode `String`) of stored value bytes.
 fn decode_value(bytes: &[u8]) -> Option<(u64, String)> {
-    const HEADER: usize = 25;
+    // Format 2: magic, version, codec, flags, fresh until, compute ms, fence, shape.
+    const HEADER: usize = 33;
     let fence = u64::from_be_bytes(bytes.get(17..25)?.try_into().ok()?);
     let payload = bytes.get(HEADER..)?;
     let (len, skip) = match *payload.first()? {
