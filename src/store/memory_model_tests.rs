@@ -1,11 +1,13 @@
 //! The memory store against a reference model, under random sequences of operations and paused
-//! tokio time.
+//! tokio time; and the memory store against a real Redis, on the same sequences, so that the two
+//! stores cannot drift apart (`the_memory_store_answers_like_redis`).
 //!
 //! The model is the Redis scripts' semantics written as plainly as possible: maps of expiring
-//! entries, a fencing counter bumped by acquisitions, `set` and invalidations, and the
-//! compare-and-set rules. Fencing tokens seeded from the clock are not predictable, so the model
-//! knows a counter either exactly (after it saw a token) or only as "fresh": higher than every
-//! token handed out so far, hence equal to none of them.
+//! entries, a fencing counter bumped by acquisitions, `set` and invalidations and kept at least
+//! as long as what it guards, and the compare-and-set rules. Durations include [`FOREVER`]: no
+//! expiry. Fencing tokens seeded from the clock are not predictable, so the model knows a counter
+//! either exactly (after it saw a token) or only as "fresh": higher than every token handed out
+//! so far, hence equal to none of them.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
+use crate::store::Write;
 
 const KEYS: [&str; 2] = ["a", "b"];
 const TOKENS: [&str; 3] = ["A", "B", "C"];
@@ -28,11 +31,12 @@ enum Op {
         read_value: bool,
     },
     /// `own_fence`: the fence this token last acquired for this key; otherwise one never given.
+    /// `value: None` is a fenced delete.
     StoreAndUnlock {
         key: usize,
         token: usize,
         own_fence: bool,
-        value: u8,
+        value: Option<u8>,
         ttl: u64,
     },
     Extend {
@@ -56,17 +60,41 @@ enum Op {
     },
 }
 
+/// Durations in the model are milliseconds; this one stands for [`FOREVER`] (no expiry).
+const FOREVER_MS: u64 = u64::MAX;
+
+fn duration(ms: u64) -> Duration {
+    if ms == FOREVER_MS {
+        FOREVER
+    } else {
+        Duration::from_millis(ms)
+    }
+}
+
+/// When something kept `ms` from `now` expires; never (`u64::MAX`) for [`FOREVER_MS`].
+fn until(now: u64, ms: u64) -> u64 {
+    now.saturating_add(ms)
+}
+
 fn op() -> impl Strategy<Value = Op> {
+    ops_with(
+        (0u64..300).boxed(),
+        prop_oneof![9 => 1u64..400, 1 => Just(FOREVER_MS)].boxed(),
+    )
+}
+
+/// Operations whose pauses are `advance` and whose durations are `ms`.
+fn ops_with(advance: BoxedStrategy<u64>, ms: BoxedStrategy<u64>) -> impl Strategy<Value = Op> {
     let key = 0..KEYS.len();
     let token = 0..TOKENS.len();
-    let ms = 1u64..400;
+    let value = prop_oneof![9 => any::<u8>().prop_map(Some), 1 => Just(None)];
     prop_oneof![
-        3 => (0u64..300).prop_map(Op::Advance),
+        3 => advance.prop_map(Op::Advance),
         2 => key.clone().prop_map(Op::Get),
         4 => (key.clone(), token.clone(), ms.clone(), any::<bool>()).prop_map(
             |(key, token, lease, read_value)| Op::ReadOrLock { key, token, lease, read_value }
         ),
-        3 => (key.clone(), token.clone(), prop::bool::weighted(0.8), any::<u8>(), ms.clone())
+        3 => (key.clone(), token.clone(), prop::bool::weighted(0.8), value, ms.clone())
             .prop_map(|(key, token, own_fence, value, ttl)| Op::StoreAndUnlock {
                 key, token, own_fence, value, ttl
             }),
@@ -110,20 +138,43 @@ fn live<T: Clone>(slot: &Option<(T, u64)>, now: u64) -> Option<T> {
 }
 
 impl Model {
+    /// Bumps the counter, keeping it two leases longer, never shorter than it was.
     fn bump(&mut self, key: usize, lease: u64) -> Counter {
         let now = self.now;
         let e = self.entries.entry(key).or_default();
-        let next = match live(&e.fence, now) {
-            Some(Counter::Known(n)) => Counter::Known(n + 1),
-            _ => Counter::Fresh,
+        let retained = until(now, lease.saturating_mul(2));
+        let (next, kept) = match e.fence.filter(|(_, u)| *u > now) {
+            Some((Counter::Known(n), u)) => (Counter::Known(n + 1), u.max(retained)),
+            Some((Counter::Fresh, u)) => (Counter::Fresh, u.max(retained)),
+            None => (Counter::Fresh, retained),
         };
-        e.fence = Some((next, now + 2 * lease));
+        e.fence = Some((next, kept));
         next
+    }
+}
+
+impl Entry {
+    /// Writes a value until `u`; the live counter is kept at least as long.
+    fn put(&mut self, value: u8, u: u64, now: u64) {
+        self.value = Some((vec![value], u));
+        if let Some((_, fence_until)) = self.fence.as_mut().filter(|(_, f)| *f > now) {
+            *fence_until = (*fence_until).max(u);
+        }
     }
 }
 
 fn keys(i: usize) -> EntryKeys {
     EntryKeys::new("m", KEYS[i]).unwrap()
+}
+
+fn write(value: Option<u8>, ttl: u64) -> Write {
+    match value {
+        Some(v) => Write::Value {
+            bytes: vec![v],
+            ttl: duration(ttl),
+        },
+        None => Write::Delete,
+    }
 }
 
 async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -148,12 +199,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 read_value,
             } => {
                 let got = store
-                    .read_or_lock(
-                        &keys(key),
-                        TOKENS[token],
-                        Duration::from_millis(lease),
-                        read_value,
-                    )
+                    .read_or_lock(&keys(key), TOKENS[token], duration(lease), read_value)
                     .await
                     .unwrap();
                 let e = m.entries.entry(key).or_default();
@@ -165,7 +211,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert_eq!(
                         got,
                         ReadOrLock::Held {
-                            expires_in: Some(Duration::from_millis(until - now))
+                            expires_in: (until != u64::MAX)
+                                .then(|| Duration::from_millis(until - now))
                         },
                         "step {}",
                         step
@@ -176,7 +223,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                             "step {step}: a free lock was not granted: {got:?}"
                         )));
                     };
-                    e.lock = Some((token, now + lease));
+                    e.lock = Some((token, until(now, lease)));
                     match m.bump(key, lease) {
                         Counter::Known(n) => prop_assert_eq!(fence, n, "step {}", step),
                         Counter::Fresh => {
@@ -209,19 +256,16 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     _ => 7,
                 };
                 let got = store
-                    .store_and_unlock(
-                        &keys(key),
-                        TOKENS[token],
-                        fence,
-                        vec![value],
-                        Duration::from_millis(ttl),
-                    )
+                    .store_and_unlock(&keys(key), TOKENS[token], fence, write(value, ttl))
                     .await
                     .unwrap();
                 let e = m.entries.entry(key).or_default();
                 let written = live(&e.fence, now) == Some(Counter::Known(fence));
                 if written {
-                    e.value = Some((vec![value], now + ttl));
+                    match value {
+                        Some(v) => e.put(v, until(now, ttl), now),
+                        None => e.value = None,
+                    }
                 }
                 let released = live(&e.lock, now) == Some(token);
                 if released {
@@ -231,15 +275,15 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Extend { key, token, lease } => {
                 let got = store
-                    .extend(&keys(key), TOKENS[token], Duration::from_millis(lease))
+                    .extend(&keys(key), TOKENS[token], duration(lease))
                     .await
                     .unwrap();
                 let e = m.entries.entry(key).or_default();
                 let ours = live(&e.lock, now) == Some(token);
                 if ours {
-                    e.lock = Some((token, now + lease));
-                    if let Some((_, until)) = e.fence.as_mut().filter(|(_, u)| *u > now) {
-                        *until = (*until).max(now + 2 * lease);
+                    e.lock = Some((token, until(now, lease)));
+                    if let Some((_, u)) = e.fence.as_mut().filter(|(_, u)| *u > now) {
+                        *u = (*u).max(until(now, lease.saturating_mul(2)));
                     }
                 }
                 prop_assert_eq!(got, ours, "step {}", step);
@@ -260,22 +304,17 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 lease,
             } => {
                 store
-                    .set(
-                        &keys(key),
-                        vec![value],
-                        Duration::from_millis(ttl),
-                        Duration::from_millis(lease),
-                    )
+                    .set(&keys(key), vec![value], duration(ttl), duration(lease))
                     .await
                     .unwrap();
                 m.bump(key, lease);
-                m.entries.entry(key).or_default().value = Some((vec![value], now + ttl));
+                m.entries
+                    .entry(key)
+                    .or_default()
+                    .put(value, until(now, ttl), now);
             }
             Op::Invalidate { key, lease } => {
-                store
-                    .invalidate(&keys(key), Duration::from_millis(lease))
-                    .await
-                    .unwrap();
+                store.invalidate(&keys(key), duration(lease)).await.unwrap();
                 m.bump(key, lease);
                 m.entries.entry(key).or_default().value = None;
             }

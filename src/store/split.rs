@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored};
+use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write};
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
@@ -100,15 +100,14 @@ impl Store for SplitStore {
         keys: &'a EntryKeys,
         token: &'a str,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         Box::pin(async move {
             // The lease only decides the fencing counter's retention on the value store; the
             // value's TTL keeps it at least that long.
             let written = self
                 .values
-                .write_fenced(keys, fence, value, ttl, Duration::ZERO)
+                .write_fenced(keys, fence, write, Duration::ZERO)
                 .await?;
             let released = self.locks.unlock(keys, token).await?;
             Ok(Stored { written, released })
@@ -119,11 +118,10 @@ impl Store for SplitStore {
         &'a self,
         keys: &'a EntryKeys,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.values.write_fenced(keys, fence, value, ttl, lease)
+        self.values.write_fenced(keys, fence, write, lease)
     }
 
     fn set<'a>(
@@ -136,7 +134,7 @@ impl Store for SplitStore {
         Box::pin(async move {
             let fence = self.locks.next_fence(keys, lease).await?;
             self.values
-                .write_fenced(keys, fence, value, ttl, lease)
+                .write_fenced(keys, fence, Write::Value { bytes: value, ttl }, lease)
                 .await?;
             Ok(())
         })
