@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -86,22 +86,15 @@ fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 impl State {
     /// Bumps the counter and keeps it at least `retention` longer (never shorter than before:
     /// it may be guarding a value that lives longer).
-    fn bump_fence(&mut self, key: &str, retention: Duration, now: Instant) -> u64 {
+    /// `wall_us`: the store's wall clock in microseconds, which seeds a lapsed counter.
+    fn bump_fence(&mut self, key: &str, retention: Duration, now: Instant, wall_us: u64) -> u64 {
         let retained = deadline(now, retention);
         let (next, until) = match self.fences.get(key).filter(|e| e.live(now)) {
             Some(e) => (e.item + 1, later(e.until, retained)),
-            // Seeded from the wall clock in microseconds, like the Redis script: a counter that
-            // lapsed never hands out a token at or below one handed out before (in memory the
+            // Seeded from the clock in microseconds, like the Redis script: a counter that lapsed
+            // never hands out a token at or below one handed out before (in memory the
             // high-water mark makes this certain; on Redis it rests on the server's clock).
-            None => (
-                SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_micros() as u64)
-                    .unwrap_or(0)
-                    .max(self.high_water)
-                    .saturating_add(1),
-                retained,
-            ),
+            None => (wall_us.max(self.high_water).saturating_add(1), retained),
         };
         self.high_water = self.high_water.max(next);
         self.fences
@@ -167,6 +160,13 @@ impl State {
 }
 
 impl MemoryStore {
+    /// The store's wall clock in microseconds at `now`: like `now_ms`, it moves with
+    /// `tokio::time`, so a counter re-seeded after paused time passed is seeded later, as on Redis.
+    fn wall_us(&self, now: Instant) -> u64 {
+        let elapsed = u64::try_from((now - self.epoch).as_micros()).unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_mul(1000).saturating_add(elapsed)
+    }
+
     fn with_state<R>(&self, f: impl FnOnce(&mut State, Instant) -> R) -> R {
         let now = Instant::now();
         f(&mut lock(&self.state), now)
@@ -229,7 +229,9 @@ impl LockStore for MemoryStore {
         keys: &'a EntryKeys,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<u64>> {
-        let fence = self.with_state(|s, now| s.bump_fence(keys.fence(), retention(lease), now));
+        let fence = self.with_state(|s, now| {
+            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now))
+        });
         Box::pin(std::future::ready(Ok(fence)))
     }
 
@@ -300,7 +302,7 @@ impl Store for MemoryStore {
                     until: deadline(now, lease),
                 },
             );
-            let fence = s.bump_fence(keys.fence(), retention(lease), now);
+            let fence = s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
             s.wrote(now);
             ReadOrLock::Acquired { fence }
         });
@@ -338,7 +340,7 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         self.with_state(|s, now| {
-            s.bump_fence(keys.fence(), retention(lease), now);
+            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
             s.put_value(keys, value, ttl, now);
             s.wrote(now);
         });
@@ -352,7 +354,7 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         self.with_state(|s, now| {
-            s.bump_fence(keys.fence(), retention(lease), now);
+            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
             s.values.remove(&keys.value);
             s.wrote(now);
         });

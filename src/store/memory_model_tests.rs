@@ -336,3 +336,185 @@ proptest! {
         runtime.block_on(run(ops))?;
     }
 }
+
+// ---- The memory store against a real Redis ----
+//
+// The same operation sequences run on the memory store (paused time) and on a redis-server the
+// test starts (real time), and their answers must agree. Durations come from three that cannot
+// sit on an expiry boundary when both run: short (150 ms, which every pause outlasts, and which
+// outlasts the operations between two pauses), long (10 minutes) and FOREVER; pauses are 600 ms,
+// longer than a short lease's fence retention. Fencing tokens differ between the stores (each
+// seeds from its own clock), so answers compare them as "re-seeded" or "previous + n".
+
+#[allow(unreachable_pub, missing_debug_implementations)]
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+const SHORT_MS: u64 = 150;
+const PAUSE_MS: u64 = 600;
+
+fn comparable_ops() -> impl Strategy<Value = Vec<Op>> {
+    let ms = prop_oneof![2 => Just(SHORT_MS), 1 => Just(600_000u64), 1 => Just(FOREVER_MS)];
+    proptest::collection::vec(ops_with(Just(PAUSE_MS).boxed(), ms.boxed()), 20)
+}
+
+/// One answer per operation, with tokens relative to the previous one of the key.
+async fn answers(store: &dyn Store, ns: &str, ops: &[Op], paused: bool) -> Vec<String> {
+    let keys: Vec<EntryKeys> = KEYS
+        .iter()
+        .map(|k| EntryKeys::new(ns, k).unwrap())
+        .collect();
+    let mut last_token: HashMap<usize, u64> = HashMap::new();
+    let mut acquired: HashMap<(usize, usize), u64> = HashMap::new();
+    let mut out = Vec::new();
+    for op in ops {
+        let answer = match *op {
+            Op::Advance(ms) => {
+                if paused {
+                    tokio::time::advance(Duration::from_millis(ms)).await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                String::new()
+            }
+            Op::Get(k) => format!("{:?}", store.get(&keys[k]).await.unwrap().as_deref()),
+            Op::ReadOrLock {
+                key,
+                token,
+                lease,
+                read_value,
+            } => {
+                let got = store
+                    .read_or_lock(&keys[key], TOKENS[token], duration(lease), read_value)
+                    .await
+                    .unwrap();
+                match got {
+                    ReadOrLock::Value(v) => format!("value {v:?}"),
+                    ReadOrLock::Held { expires_in: None } => "held for ever".into(),
+                    ReadOrLock::Held {
+                        expires_in: Some(d),
+                    } => format!("held {}", if d.as_secs() < 1 { "short" } else { "long" }),
+                    ReadOrLock::Acquired { fence } => {
+                        acquired.insert((key, token), fence);
+                        let relative = match last_token.insert(key, fence) {
+                            Some(last) if fence > last && fence - last < 1_000 => {
+                                format!("previous + {}", fence - last)
+                            }
+                            _ => "re-seeded".to_owned(),
+                        };
+                        format!("acquired, {relative}")
+                    }
+                }
+            }
+            Op::StoreAndUnlock {
+                key,
+                token,
+                own_fence,
+                value,
+                ttl,
+            } => {
+                let fence = match acquired.get(&(key, token)) {
+                    Some(f) if own_fence => *f,
+                    _ => 7,
+                };
+                let got = store
+                    .store_and_unlock(&keys[key], TOKENS[token], fence, write(value, ttl))
+                    .await
+                    .unwrap();
+                format!("{got:?}")
+            }
+            Op::Extend { key, token, lease } => {
+                let got = store
+                    .extend(&keys[key], TOKENS[token], duration(lease))
+                    .await
+                    .unwrap();
+                format!("extended {got}")
+            }
+            Op::Unlock { key, token } => {
+                let got = store.unlock(&keys[key], TOKENS[token]).await.unwrap();
+                format!("unlocked {got}")
+            }
+            Op::Set {
+                key,
+                value,
+                ttl,
+                lease,
+            } => {
+                store
+                    .set(&keys[key], vec![value], duration(ttl), duration(lease))
+                    .await
+                    .unwrap();
+                String::new()
+            }
+            Op::Invalidate { key, lease } => {
+                store.invalidate(&keys[key], duration(lease)).await.unwrap();
+                String::new()
+            }
+        };
+        out.push(answer);
+    }
+    out
+}
+
+/// Fixed sequences (a seeded generator), all run on one server at once, each in its own
+/// namespace, so the pauses overlap and the test takes a few seconds.
+#[test]
+fn the_memory_store_answers_like_redis() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]),
+    );
+    let sequences: Vec<Vec<Op>> = (0..16)
+        .map(|_| comparable_ops().new_tree(&mut runner).unwrap().current())
+        .collect();
+
+    let memory: Vec<Vec<String>> = sequences
+        .iter()
+        .map(|ops| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(answers(&MemoryStore::default(), "m", ops, true))
+        })
+        .collect();
+
+    let server = support::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis: Vec<Vec<String>> = runtime.block_on(async {
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let store = Arc::new(super::super::redis::RedisStore::connect(client).unwrap());
+        let runs = sequences.iter().enumerate().map(|(i, ops)| {
+            let store = Arc::clone(&store);
+            let ops = ops.clone();
+            tokio::spawn(
+                async move { answers(store.as_ref(), &format!("r{i}"), &ops, false).await },
+            )
+        });
+        let mut all = Vec::new();
+        for run in runs.collect::<Vec<_>>() {
+            all.push(run.await.unwrap());
+        }
+        all
+    });
+
+    for (i, ops) in sequences.iter().enumerate() {
+        for (step, op) in ops.iter().enumerate() {
+            assert_eq!(
+                memory[i][step],
+                redis[i][step],
+                "sequence {i}, step {step}: {op:?}\nmemory: {:?}\nredis:  {:?}\nops: {ops:?}",
+                &memory[i][..=step],
+                &redis[i][..=step]
+            );
+        }
+    }
+}
