@@ -392,3 +392,29 @@ async fn wake_ups_do_not_cross_databases() {
     guard.release().await.unwrap();
     assert_eq!(waiter.await.unwrap().unwrap(), 9);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_leader_period_of_duration_max_runs_the_job_once() {
+    use stampede_guard::leader::Leader;
+    let lock = stampede_guard::Lock::builder("daily")
+        .build()
+        .await
+        .unwrap();
+    let leader = Leader::new(lock, Duration::MAX);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    leader
+        .run(
+            move |_| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    Ok::<(), String>(())
+                }
+            },
+            tokio::time::sleep(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -353,13 +353,163 @@ mod support;
 const SHORT_MS: u64 = 150;
 const PAUSE_MS: u64 = 600;
 
-fn comparable_ops() -> impl Strategy<Value = Vec<Op>> {
-    let ms = prop_oneof![2 => Just(SHORT_MS), 1 => Just(600_000u64), 1 => Just(FOREVER_MS)];
-    proptest::collection::vec(ops_with(Just(PAUSE_MS).boxed(), ms.boxed()), 20)
+/// A step of a compared sequence: an operation of the model, or one of those the model does not
+/// cover (the fenced writes of a store whose tokens come from a Redlock quorum), whose fences are
+/// chosen relative to the last token the store handed out for the key.
+#[derive(Debug, Clone)]
+enum Step {
+    Op(Op),
+    NextFence {
+        key: usize,
+        lease: u64,
+    },
+    RaiseFence {
+        key: usize,
+        rel: i64,
+        lease: u64,
+    },
+    WriteFenced {
+        key: usize,
+        rel: i64,
+        value: Option<u8>,
+        ttl: u64,
+        lease: u64,
+    },
+}
+
+fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
+    let ms = || prop_oneof![2 => Just(SHORT_MS), 1 => Just(600_000u64), 1 => Just(FOREVER_MS)];
+    let key = || 0..KEYS.len();
+    let value = prop_oneof![9 => any::<u8>().prop_map(Some), 1 => Just(None)];
+    let step = prop_oneof![
+        12 => ops_with(Just(PAUSE_MS).boxed(), ms().boxed()).prop_map(Step::Op),
+        1 => (key(), ms()).prop_map(|(key, lease)| Step::NextFence { key, lease }),
+        1 => (key(), -2i64..4, ms()).prop_map(|(key, rel, lease)| Step::RaiseFence { key, rel, lease }),
+        3 => (key(), -2i64..3, value, ms(), ms()).prop_map(|(key, rel, value, ttl, lease)| {
+            Step::WriteFenced { key, rel, value, ttl, lease }
+        }),
+    ];
+    proptest::collection::vec(step, 24)
+}
+
+/// Sequences written for the rules a random draw rarely reaches: a counter kept by a raise, a
+/// value written for ever, a lock extended for ever, a fenced delete.
+fn directed() -> Vec<Vec<Step>> {
+    use Op::*;
+    let lock = |key, token, lease, read_value| {
+        Step::Op(ReadOrLock {
+            key,
+            token,
+            lease,
+            read_value,
+        })
+    };
+    let pause = || Step::Op(Advance(PAUSE_MS));
+    let long = 600_000;
+    vec![
+        vec![
+            lock(0, 0, SHORT_MS, false),
+            Step::RaiseFence {
+                key: 0,
+                rel: 2,
+                lease: long,
+            },
+            pause(),
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+        ],
+        vec![
+            Step::Op(Set {
+                key: 0,
+                value: 1,
+                ttl: FOREVER_MS,
+                lease: SHORT_MS,
+            }),
+            pause(),
+            pause(),
+            lock(0, 1, SHORT_MS, false),
+            Step::Op(Get(0)),
+        ],
+        vec![
+            lock(1, 0, SHORT_MS, false),
+            Step::Op(StoreAndUnlock {
+                key: 1,
+                token: 0,
+                own_fence: true,
+                value: Some(3),
+                ttl: long,
+            }),
+            pause(),
+            lock(1, 1, SHORT_MS, false),
+            Step::Op(StoreAndUnlock {
+                key: 1,
+                token: 1,
+                own_fence: true,
+                value: None,
+                ttl: long,
+            }),
+            Step::Op(Get(1)),
+        ],
+        vec![
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+            Step::WriteFenced {
+                key: 0,
+                rel: 1,
+                value: Some(4),
+                ttl: FOREVER_MS,
+                lease: SHORT_MS,
+            },
+            pause(),
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+            Step::WriteFenced {
+                key: 0,
+                rel: -1,
+                value: None,
+                ttl: SHORT_MS,
+                lease: SHORT_MS,
+            },
+            Step::Op(Get(0)),
+        ],
+        vec![
+            lock(0, 0, SHORT_MS, false),
+            Step::Op(Extend {
+                key: 0,
+                token: 0,
+                lease: FOREVER_MS,
+            }),
+            pause(),
+            lock(0, 1, SHORT_MS, true),
+            Step::Op(Extend {
+                key: 0,
+                token: 0,
+                lease: SHORT_MS,
+            }),
+            pause(),
+            lock(0, 1, SHORT_MS, true),
+        ],
+    ]
+}
+
+/// A token as it compares across stores: relative to the key's previous one, or re-seeded.
+fn relative(last_token: &mut HashMap<usize, u64>, key: usize, token: u64) -> String {
+    match last_token.insert(key, token) {
+        Some(last) if token > last && token - last < 1_000 => {
+            format!("previous + {}", token - last)
+        }
+        _ => "re-seeded".to_owned(),
+    }
 }
 
 /// One answer per operation, with tokens relative to the previous one of the key.
-async fn answers(store: &dyn Store, ns: &str, ops: &[Op], paused: bool) -> Vec<String> {
+async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> Vec<String> {
     let keys: Vec<EntryKeys> = KEYS
         .iter()
         .map(|k| EntryKeys::new(ns, k).unwrap())
@@ -367,7 +517,44 @@ async fn answers(store: &dyn Store, ns: &str, ops: &[Op], paused: bool) -> Vec<S
     let mut last_token: HashMap<usize, u64> = HashMap::new();
     let mut acquired: HashMap<(usize, usize), u64> = HashMap::new();
     let mut out = Vec::new();
-    for op in ops {
+    for step in steps {
+        let fence_at =
+            |last: Option<&u64>, rel: i64| last.map_or(7, |l| l.saturating_add_signed(rel));
+        let op = match *step {
+            Step::Op(ref op) => op,
+            Step::NextFence { key, lease } => {
+                let token = store.next_fence(&keys[key], duration(lease)).await.unwrap();
+                out.push(format!(
+                    "next fence, {}",
+                    relative(&mut last_token, key, token)
+                ));
+                continue;
+            }
+            Step::RaiseFence { key, rel, lease } => {
+                let floor = fence_at(last_token.get(&key), rel);
+                store
+                    .raise_fence(&keys[key], floor, duration(lease))
+                    .await
+                    .unwrap();
+                out.push(String::new());
+                continue;
+            }
+            Step::WriteFenced {
+                key,
+                rel,
+                value,
+                ttl,
+                lease,
+            } => {
+                let fence = fence_at(last_token.get(&key), rel);
+                let written = store
+                    .write_fenced(&keys[key], fence, write(value, ttl), duration(lease))
+                    .await
+                    .unwrap();
+                out.push(format!("written {written}"));
+                continue;
+            }
+        };
         let answer = match *op {
             Op::Advance(ms) => {
                 if paused {
@@ -396,13 +583,7 @@ async fn answers(store: &dyn Store, ns: &str, ops: &[Op], paused: bool) -> Vec<S
                     } => format!("held {}", if d.as_secs() < 1 { "short" } else { "long" }),
                     ReadOrLock::Acquired { fence } => {
                         acquired.insert((key, token), fence);
-                        let relative = match last_token.insert(key, fence) {
-                            Some(last) if fence > last && fence - last < 1_000 => {
-                                format!("previous + {}", fence - last)
-                            }
-                            _ => "re-seeded".to_owned(),
-                        };
-                        format!("acquired, {relative}")
+                        format!("acquired, {}", relative(&mut last_token, key, fence))
                     }
                 }
             }
@@ -456,7 +637,7 @@ async fn answers(store: &dyn Store, ns: &str, ops: &[Op], paused: bool) -> Vec<S
     out
 }
 
-/// Fixed sequences (a seeded generator), all run on one server at once, each in its own
+/// Fixed sequences (written out, and from a seeded generator), all run on one server at once, each in its own
 /// namespace, so the pauses overlap and the test takes a few seconds.
 #[test]
 fn the_memory_store_answers_like_redis() {
@@ -467,9 +648,8 @@ fn the_memory_store_answers_like_redis() {
         Config::default(),
         TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]),
     );
-    let sequences: Vec<Vec<Op>> = (0..16)
-        .map(|_| comparable_ops().new_tree(&mut runner).unwrap().current())
-        .collect();
+    let mut sequences = directed();
+    sequences.extend((0..32).map(|_| comparable_ops().new_tree(&mut runner).unwrap().current()));
 
     let memory: Vec<Vec<String>> = sequences
         .iter()
