@@ -418,3 +418,51 @@ async fn a_leader_period_of_duration_max_runs_the_job_once() {
         .unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// Through Redlock the lock lives on the quorum and the value on its own server, whose fencing
+/// counter refuses writes older than an invalidation. A holder that renews its lease past that
+/// counter's retention must still find it there, or its stale write goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_redlock_an_invalidation_outlives_a_long_renewed_computation() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let values = RedisServer::start();
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let options = CallOptions::default().lease(Duration::from_millis(100));
+    let split = || async {
+        Cache::builder()
+            .redis_url(values.url())
+            .redlock(urls.clone())
+            .namespace(NS)
+            .options(options.clone())
+            .build()
+            .await
+            .unwrap()
+    };
+    let (computing, other) = (split().await, split().await);
+    let started = Arc::new(tokio::sync::Notify::new());
+    let computation = {
+        let started = started.clone();
+        tokio::spawn(async move {
+            computing
+                .get_or_compute("k", Duration::from_secs(3600), move || async move {
+                    started.notify_one();
+                    // Ten leases, renewed all along.
+                    tokio::time::sleep(Duration::from_millis(1000)).await;
+                    Ok::<_, String>("computed before the invalidation".to_owned())
+                })
+                .await
+        })
+    };
+    started.notified().await;
+    other.invalidate("k").await.unwrap();
+    let value = computation.await.unwrap().unwrap();
+    assert_eq!(
+        value, "computed before the invalidation",
+        "its caller gets it"
+    );
+    assert_eq!(
+        other.get::<String>("k").await.unwrap(),
+        None,
+        "but it is not written after the invalidation"
+    );
+}

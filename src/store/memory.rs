@@ -122,11 +122,14 @@ impl State {
         self.keep_fence(keys.fence(), until, now);
     }
 
-    /// Raises the counter to at least `floor`, keeping it at least `retention` longer.
+    /// Raises the counter to at least `floor`, keeping it at least `retention` longer; with a
+    /// `floor` of 0, only keeps a live counter.
     fn raise_fence(&mut self, key: &str, floor: u64, retention: Duration, now: Instant) {
         let kept = self.fences.get(key).filter(|e| e.live(now));
         let (current, until) = match kept {
             Some(e) => (e.item, later(e.until, deadline(now, retention))),
+            // As in Redis: raising a missing counter to 0 (only keeping it alive) creates none.
+            None if floor == 0 => return,
             None => (0, deadline(now, retention)),
         };
         self.fences.insert(

@@ -368,6 +368,11 @@ enum Step {
         rel: i64,
         lease: u64,
     },
+    /// `raise_fence` to 0: keeps a live counter, creates none.
+    KeepFence {
+        key: usize,
+        lease: u64,
+    },
     WriteFenced {
         key: usize,
         rel: i64,
@@ -385,6 +390,7 @@ fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
         12 => ops_with(Just(PAUSE_MS).boxed(), ms().boxed()).prop_map(Step::Op),
         1 => (key(), ms()).prop_map(|(key, lease)| Step::NextFence { key, lease }),
         1 => (key(), -2i64..4, ms()).prop_map(|(key, rel, lease)| Step::RaiseFence { key, rel, lease }),
+        1 => (key(), ms()).prop_map(|(key, lease)| Step::KeepFence { key, lease }),
         3 => (key(), -2i64..3, value, ms(), ms()).prop_map(|(key, rel, value, ttl, lease)| {
             Step::WriteFenced { key, rel, value, ttl, lease }
         }),
@@ -407,6 +413,26 @@ fn directed() -> Vec<Vec<Step>> {
     let pause = || Step::Op(Advance(PAUSE_MS));
     let long = 600_000;
     vec![
+        vec![
+            Step::KeepFence {
+                key: 1,
+                lease: long,
+            },
+            Step::NextFence {
+                key: 1,
+                lease: SHORT_MS,
+            },
+            lock(0, 0, SHORT_MS, false),
+            Step::KeepFence {
+                key: 0,
+                lease: long,
+            },
+            pause(),
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+        ],
         vec![
             lock(0, 0, SHORT_MS, false),
             Step::RaiseFence {
@@ -504,6 +530,8 @@ fn relative(last_token: &mut HashMap<usize, u64>, key: usize, token: u64) -> Str
         Some(last) if token > last && token - last < 1_000 => {
             format!("previous + {}", token - last)
         }
+        // Not from a clock: a counter that restarted from nothing.
+        _ if token < 1_000_000 => format!("low {token}"),
         _ => "re-seeded".to_owned(),
     }
 }
@@ -534,6 +562,14 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
                 let floor = fence_at(last_token.get(&key), rel);
                 store
                     .raise_fence(&keys[key], floor, duration(lease))
+                    .await
+                    .unwrap();
+                out.push(String::new());
+                continue;
+            }
+            Step::KeepFence { key, lease } => {
+                store
+                    .raise_fence(&keys[key], 0, duration(lease))
                     .await
                     .unwrap();
                 out.push(String::new());

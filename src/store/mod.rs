@@ -191,7 +191,8 @@ pub(crate) trait LockStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, StoreResult<u64>>;
 
     /// Raises the fencing counter to at least `floor` (Redlock: the token chosen over a quorum
-    /// must be remembered by that quorum, so any later quorum sees it).
+    /// must be remembered by that quorum, so any later quorum sees it), and keeps it at least
+    /// `retention(lease)` longer. A `floor` of 0 only keeps a counter that exists.
     fn raise_fence<'a>(
         &'a self,
         keys: &'a EntryKeys,

@@ -34,7 +34,20 @@ impl LockStore for SplitStore {
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.locks.extend(keys, token, lease)
+        Box::pin(async move {
+            let extended = self.locks.extend(keys, token, lease).await?;
+            if extended {
+                // The value store's counter guards this holder's write (an invalidation since
+                // its acquisition raised it above the holder's token): keep it as long as the
+                // lock, or it could lapse under a long computation and let the write through.
+                // A failure here is not the lock's: the lease is extended; the value store may
+                // only have been briefly unreachable.
+                if let Err(e) = self.values.raise_fence(keys, 0, lease).await {
+                    tracing::debug!(key = %keys.user, error = %e, "could not keep the value store's fencing counter");
+                }
+            }
+            Ok(extended)
+        })
     }
 
     fn unlock<'a>(
