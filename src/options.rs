@@ -5,12 +5,61 @@ use std::time::Duration;
 /// The namespace of caches and locks built without one.
 pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 
+/// The longest duration the crate works with: 100 years. Every duration a user passes (a TTL,
+/// a lease, a wait bound...) may be anything up to [`Duration::MAX`]; it is cut down to
+/// `FOREVER` where it enters, and an expiry of `FOREVER` means *no expiry*: a value cached for
+/// `FOREVER` (or `Duration::MAX`) is written without a TTL on Redis (`PTTL` -1) and never
+/// expires in memory; it stays until it is replaced, invalidated or evicted.
+///
+/// Why 100 years and not what Redis accepts (about 292 million years from now): every store
+/// must represent the same expiries, and a deadline of 100 years from now fits every platform's
+/// monotonic clock, on which leases and waits are counted.
+///
+/// ```
+/// use stampede_guard::{Cache, FOREVER};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+/// let cache = Cache::in_memory();
+/// // Past months never change: keep them until invalidated.
+/// let total: u64 = cache
+///     .get_or_compute("2019-05", FOREVER, || async { Ok::<_, std::io::Error>(1234) })
+///     .await?;
+/// let again: u64 = cache
+///     .get_or_compute("2019-05", Duration::MAX, || async { Ok::<_, std::io::Error>(0) })
+///     .await?;
+/// assert_eq!((total, again), (1234, 1234));
+/// # Ok(())
+/// # }
+/// ```
+pub const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// A user's duration, taken whole: anything longer than [`FOREVER`] is `FOREVER`.
+pub(crate) fn saturate(d: Duration) -> Duration {
+    d.min(FOREVER)
+}
+
+/// `t + d` on the monotonic clock, for a `d` of any size: at most [`FOREVER`] ahead, which fits
+/// the clock on every platform (where `t + Duration::MAX` would panic).
+pub(crate) fn later_by(t: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+    t + saturate(d)
+}
+
+/// `a + b`, where either may be [`FOREVER`] (and so is the sum, then).
+pub(crate) fn add(a: Duration, b: Duration) -> Duration {
+    saturate(a.saturating_add(b))
+}
+
 /// How a call behaves: the lock's lease, how long to wait for another caller, how to back off, and
 /// what to do when the backend is down.
 ///
 /// Every [`Cache`](crate::Cache) carries a set (the builder's, or [`CallOptions::default`]);
 /// [`Cache::with_options`](crate::Cache::with_options) gives a handle with another set for the
 /// calls made through it.
+///
+/// Every duration may be anything up to [`Duration::MAX`]: it is cut down to [`FOREVER`]
+/// (100 years), which means "no expiry" for a lease or a TTL, and "no bound" for a wait.
 ///
 /// | option | default | meaning |
 /// |---|---|---|
@@ -76,7 +125,7 @@ impl CallOptions {
     /// long; a holder that pauses longer than this (without renewal) loses the lock. Values under
     /// 30 ms are raised to 30 ms.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(30));
+        self.lease = saturate(lease).max(Duration::from_millis(30));
         self
     }
 
@@ -91,7 +140,7 @@ impl CallOptions {
     /// How long a caller waits for another caller's computation before giving up with
     /// [`Error::WaitTimeout`](crate::Error::WaitTimeout).
     pub fn wait_timeout(mut self, wait: Duration) -> Self {
-        self.wait_timeout = wait;
+        self.wait_timeout = saturate(wait);
         self
     }
 
@@ -112,7 +161,7 @@ impl CallOptions {
     /// Stop renewing a lock this long after it was acquired (default: never). The lease then
     /// runs out at most one lease later, so a stuck holder cannot keep a lock forever.
     pub fn max_hold(mut self, max_hold: Option<Duration>) -> Self {
-        self.max_hold = max_hold;
+        self.max_hold = max_hold.map(saturate);
         self
     }
 
@@ -120,7 +169,7 @@ impl CallOptions {
     /// a read of a stale value returns it at once, and one caller in the fleet refreshes it in a
     /// background task. Default zero: a value expires at its TTL and the next caller computes.
     pub fn stale_for(mut self, stale_for: Duration) -> Self {
-        self.stale_for = stale_for;
+        self.stale_for = saturate(stale_for);
         self
     }
 
@@ -140,7 +189,9 @@ impl CallOptions {
 
     /// Whether a failed background refresh keeps the stale value in place until its hard expiry
     /// (default on; the failure is logged). Off, the stale value is removed and the next caller
-    /// computes in the foreground and sees the error.
+    /// computes in the foreground and sees the error. The removal is fenced, in one step with
+    /// the release of the refresh's lock: a value that another caller wrote (or a `set`) while
+    /// the refresh ran is kept.
     pub fn serve_stale_on_error(mut self, serve: bool) -> Self {
         self.serve_stale_on_error = serve;
         self
@@ -150,7 +201,7 @@ impl CallOptions {
     /// other processes then get [`Error::RecentFailure`](crate::Error::RecentFailure) with the
     /// error's message at once, instead of running a failing query one after another.
     pub fn negative_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.negative_ttl = ttl;
+        self.negative_ttl = ttl.map(saturate);
         self
     }
 
@@ -242,10 +293,10 @@ impl Backoff {
     /// A schedule starting at `initial` and doubling up to `max` (`max` is raised to `initial`
     /// if smaller; `initial` is at least 1 ms).
     pub fn new(initial: Duration, max: Duration) -> Self {
-        let initial = initial.max(Duration::from_millis(1));
+        let initial = saturate(initial).max(Duration::from_millis(1));
         Backoff {
             initial,
-            max: max.max(initial),
+            max: saturate(max).max(initial),
         }
     }
 

@@ -1007,6 +1007,13 @@ fn checker_detects_each_violation_once() {
         ("two accepted lock sections overlap", 'a', |h| {
             h.sections[1].start_us = 800;
         }),
+        ("a fenced delete accepted after an invalidation", 'c', |h| {
+            h.server.push(ServerEvent::Bump {
+                key: "k0".into(),
+                cause: BumpCause::Invalidate,
+            });
+            h.server.push(ServerEvent::Delete { key: "k0".into() });
+        }),
         ("a lower token accepted after a higher one", 'b', |h| {
             h.server.push(ServerEvent::Acquire {
                 key: "k0".into(),
@@ -1144,6 +1151,12 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
         r#"3.1 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
         r#"3.2 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
         r#"3.3 [0 lua] "DEL" "chaos:{k0}""#.into(),
+        "C".into(),
+        // A failed refresh's fenced delete: no bump, the value and the lock go.
+        r#"4.1 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
+        r#"4.2 [0 lua] "DEL" "chaos:{k0}""#.into(),
+        r#"4.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
+        r#"4.4 [0 lua] "DEL" "chaos:{k0}_lock""#.into(),
     ]
     .to_vec();
     let events = history::replay_monitor(NAMESPACE, 0, &lines);
@@ -1167,6 +1180,7 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
                 key: "k0".into(),
                 cause: BumpCause::Invalidate
             },
+            ServerEvent::Delete { key: "k0".into() },
         ]
     );
 }

@@ -350,20 +350,38 @@ fn every_key_a_script_touches_comes_from_keys() {
             "TIME" => {}
             // A channel, not a key: it must still come from the caller's arguments.
             "PUBLISH" => assert!(first.starts_with("ARGV["), "PUBLISH to {first}"),
-            // `fence` is bump_fence's parameter; its callers are checked below.
+            // `fence` and `key` are the helpers' parameters; their callers are checked below.
             _ => assert!(
-                first.starts_with("KEYS[") || first == "fence",
+                first.starts_with("KEYS[") || first == "fence" || first == "key",
                 "{command} touches {first}, not a key from KEYS"
             ),
         }
     }
     assert!(calls >= 20, "the scan found the scripts' calls ({calls})");
-    for (at, _) in source.match_indices("bump_fence(") {
-        let arg = source[at + "bump_fence(".len()..].trim_start();
-        assert!(
-            arg.starts_with("KEYS[") || arg.starts_with("fence,"),
-            "bump_fence called with {}",
-            &arg[..20.min(arg.len())]
-        );
+    let mut helper_calls = 0;
+    for helper in [
+        "bump_fence(",
+        "set_expiring(",
+        "keep_at_least(",
+        "set_keeping(",
+    ] {
+        for (at, _) in source.match_indices(helper) {
+            let arg = source[at + helper.len()..].trim_start();
+            // The definition itself (`local function helper(key, ...)`) names the parameter.
+            let defined = source[..at].ends_with("function ");
+            assert!(
+                defined
+                    || arg.starts_with("KEYS[")
+                    || arg.starts_with("fence,")
+                    || arg.starts_with("key,"),
+                "{helper} called with {}",
+                &arg[..20.min(arg.len())]
+            );
+            helper_calls += usize::from(!defined);
+        }
     }
+    assert!(
+        helper_calls >= 10,
+        "the scan found the helpers' calls ({helper_calls})"
+    );
 }

@@ -12,8 +12,9 @@ use tokio::time::Instant;
 use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::lock::lease::Renewal;
 use crate::lock::lease::{Acquiring, HeldLock};
+use crate::options::add;
 use crate::stats::Event;
-use crate::store::{LockStore, ReadOrLock, Stored};
+use crate::store::{LockStore, ReadOrLock, Stored, Write};
 use crate::wait::flight::Role;
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
@@ -21,6 +22,18 @@ use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
 use crate::wire::shape;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
+
+/// What a computation that fails does with the lock and the value it was to replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnFailure {
+    /// Remember the failure for the negative TTL if one is set; else let the lock go.
+    Remember,
+    /// Let the lock go; the current value stays (a failed refresh that serves stale on error).
+    Release,
+    /// Delete the current value, fenced, and let the lock go, in one step: only if nobody wrote,
+    /// set or invalidated since the lock was taken, so a newer value is never deleted.
+    Delete,
+}
 
 /// A stored entry, decoded: a value, or a remembered failure's message.
 pub(crate) struct StoredEntry<T> {
@@ -201,7 +214,9 @@ impl<C: Codec> Cache<C> {
                 },
                 ReadOrLock::Acquired { fence } => {
                     let held = acquiring.granted(fence, asked);
-                    let value = self.compute_and_store(held, keys, ttl, f, true).await?;
+                    let value = self
+                        .compute_and_store(held, keys, ttl, f, OnFailure::Remember)
+                        .await?;
                     return Ok(Fetched {
                         value,
                         source: Source::Computed,
@@ -236,15 +251,15 @@ impl<C: Codec> Cache<C> {
         }
     }
 
-    /// Runs `f` under `held`, writes its value (or, with `remember_failure` and a negative TTL,
-    /// its failure) if the fencing token is still current, and lets the lock go.
+    /// Runs `f` under `held`, writes its value if the fencing token is still current, and lets
+    /// the lock go; a failure is handled as `on_failure` says (also fenced).
     pub(crate) async fn compute_and_store<T, E, F, Fut>(
         &self,
         held: HeldLock,
         keys: &EntryKeys,
         ttl: Duration,
         f: F,
-        remember_failure: bool,
+        on_failure: OnFailure,
     ) -> Result<T, Error>
     where
         T: Serialize + DeserializeOwned + 'static,
@@ -257,15 +272,21 @@ impl<C: Codec> Cache<C> {
         let computed = match f(held.lease()).await {
             Ok(computed) => computed,
             Err(e) => {
-                let remembered = self.options.negative_ttl.filter(|_| remember_failure);
-                let released = match remembered {
-                    Some(negative_ttl) => {
+                let store = self.inner.store.as_ref();
+                let released = match (on_failure, self.options.negative_ttl) {
+                    (OnFailure::Remember, Some(negative_ttl)) => {
                         let bytes = self.encode_failure::<T, E>(&e, negative_ttl, held.fence());
-                        held.store_and_unlock(self.inner.store.as_ref(), bytes, negative_ttl)
-                            .await
-                            .map(|_| true)
+                        let write = Write::Value {
+                            bytes,
+                            ttl: negative_ttl,
+                        };
+                        held.store_and_unlock(store, write).await.map(|_| true)
                     }
-                    None => held.release().await,
+                    (OnFailure::Delete, _) => held
+                        .store_and_unlock(store, Write::Delete)
+                        .await
+                        .map(|stored| stored.released),
+                    (OnFailure::Remember | OnFailure::Release, _) => held.release().await,
                 };
                 if let Err(err) = released {
                     tracing::warn!(key = %keys.user, error = %err,
@@ -283,12 +304,12 @@ impl<C: Codec> Cache<C> {
                 return Err(e);
             }
         };
+        let write = Write::Value {
+            bytes,
+            ttl: add(ttl, self.options.stale_for),
+        };
         match held
-            .store_and_unlock(
-                self.inner.store.as_ref(),
-                bytes,
-                ttl + self.options.stale_for,
-            )
+            .store_and_unlock(self.inner.store.as_ref(), write)
             .await
         {
             Ok(Stored { written: true, .. }) => {}

@@ -104,9 +104,10 @@ impl<T> Computed<T> {
         Computed { value, ttl: None }
     }
 
-    /// Cache this value for `ttl` instead of the call's TTL.
+    /// Cache this value for `ttl` instead of the call's TTL. Any duration is taken: one of
+    /// [`FOREVER`](crate::FOREVER) or more (`Duration::MAX`) means no expiry.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+        self.ttl = Some(crate::options::saturate(ttl));
         self
     }
 }

@@ -3,7 +3,7 @@
 //! (background refreshes); `freshness.rs` judges stored values, `builder.rs` builds the handle.
 
 pub(crate) mod builder;
-mod compute;
+pub(crate) mod compute;
 pub(crate) mod freshness;
 mod refresh;
 
@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
-use crate::options::DEFAULT_NAMESPACE;
+use crate::options::{add, saturate, DEFAULT_NAMESPACE};
 use crate::stats::{Counters, Event};
 use crate::store::{MemoryStore, Store, StoreError};
 use crate::wait::flight::Flights;
@@ -310,7 +310,8 @@ impl<C: Codec> Cache<C> {
     }
 
     /// Writes a value, fresh for `ttl` (then stale for the handle's
-    /// [`stale_for`](CallOptions::stale_for)), replacing any other. A computation of this key that is running
+    /// [`stale_for`](CallOptions::stale_for)), replacing any other. A `ttl` of
+    /// [`FOREVER`](crate::FOREVER) or more (`Duration::MAX`) means no expiry. A computation of this key that is running
     /// now will not overwrite it: its write is refused by the fencing check.
     ///
     /// When the backend fails: [`Error::Backend`], or with
@@ -338,6 +339,7 @@ impl<C: Codec> Cache<C> {
         ttl: Duration,
     ) -> Result<(), Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
+        let ttl = saturate(ttl);
         self.clock_ready().await;
         let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
         match self
@@ -346,7 +348,7 @@ impl<C: Codec> Cache<C> {
             .set(
                 &keys,
                 bytes,
-                ttl + self.options.stale_for,
+                add(ttl, self.options.stale_for),
                 self.options.lease,
             )
             .await
@@ -420,6 +422,12 @@ impl<C: Codec> Cache<C> {
     ///
     /// `f` and its future must be `Send + 'static` because a refresh in the background (stale
     /// window, early refresh) runs them in a spawned task: move what they need into them.
+    ///
+    /// # Durations
+    /// `ttl` may be any duration: one of [`FOREVER`](crate::FOREVER) (100 years) or more, such
+    /// as `Duration::MAX`, means no expiry (on Redis the value is written without a TTL; in
+    /// memory it never expires); it stays until replaced, invalidated or evicted. The same holds
+    /// for every duration of [`CallOptions`].
     ///
     /// # Cancellation and panics
     /// If the computing caller's future is dropped or `f` panics, its lock is released (best effort
@@ -572,6 +580,8 @@ impl<C: Codec> Cache<C> {
             outcome = tracing::field::Empty,
             wait_ms = tracing::field::Empty
         );
+        // Taken whole, once, here: every TTL below is at most FOREVER.
+        let ttl = saturate(ttl);
         // tokio's clock, like every other timing here, so paused-time tests see it move.
         let started = tokio::time::Instant::now();
         let result = self.fetch_entry(key, ttl, f).instrument(span.clone()).await;

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
+use crate::cache::compute::OnFailure;
 use crate::lock::lease::Acquiring;
 use crate::store::{LockStore, ReadOrLock};
 use crate::wait::wakeup::lock;
@@ -125,13 +126,19 @@ impl<C: Codec> Cache<C> {
                         return;
                     }
                     tracing::debug!(key = %keys.user, "refreshing in the background");
-                    if let Err(e) = cache.compute_and_store(held, &keys, ttl, f, false).await {
+                    // Without serving stale on error, the failure removes the stale value; the
+                    // delete is fenced by the refresh's token, in one step with the unlock, so
+                    // a value another process wrote meanwhile survives.
+                    let on_failure = if options.serve_stale_on_error {
+                        OnFailure::Release
+                    } else {
+                        OnFailure::Delete
+                    };
+                    if let Err(e) = cache
+                        .compute_and_store(held, &keys, ttl, f, on_failure)
+                        .await
+                    {
                         tracing::warn!(key = %keys.user, error = %e.chain(), "background refresh failed");
-                        if !options.serve_stale_on_error {
-                            if let Err(e) = store.invalidate(&keys, options.lease).await {
-                                tracing::warn!(key = %keys.user, error = %e, "could not drop the stale value");
-                            }
-                        }
                     }
                 }
                 Ok(ReadOrLock::Held { expires_in }) => {

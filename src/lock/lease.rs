@@ -17,8 +17,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::options::later_by;
 use crate::stats::{Counters, Event};
-use crate::store::{LockStore, Store, StoreResult, Stored};
+use crate::store::{LockStore, Store, StoreResult, Stored, Write};
 use crate::wire::key::EntryKeys;
 
 /// The holder's view of its lease.
@@ -85,8 +86,10 @@ impl Lease {
     }
 
     /// The fencing token of this acquisition: strictly greater than every token handed out
-    /// before for this key. Pass it to the systems you write to, and have them refuse writes
-    /// carrying a lower token than one they have seen. `None` when computing without the lock.
+    /// before for this key, as long as the key's fencing counter survives (the crate keeps it as
+    /// long as the lock and the value it guards; see [the exact guarantee](crate::Lock)). Pass
+    /// it to the systems you write to, and have them refuse writes carrying a lower token than
+    /// one they have seen. `None` when computing without the lock.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
     }
@@ -155,14 +158,14 @@ impl Heartbeat {
     ) -> Self {
         let lease = renewal.lease;
         let state = Arc::new(watch::Sender::new(LeaseState {
-            valid_until: asked + lease,
+            valid_until: later_by(asked, lease),
             lost: false,
         }));
         let tx = Arc::clone(&state);
-        let renew_until = renewal.max_hold.map(|hold| asked + hold);
+        let renew_until = renewal.max_hold.map(|hold| later_by(asked, hold));
         let task = tokio::spawn(async move {
             let period = lease / 3;
-            let mut valid_until = asked + lease;
+            let mut valid_until = later_by(asked, lease);
             loop {
                 let stop_renewing =
                     !renewal.renew || renew_until.is_some_and(|until| Instant::now() >= until);
@@ -170,7 +173,7 @@ impl Heartbeat {
                     tokio::time::sleep_until(valid_until).await;
                     break;
                 }
-                let mut next = (Instant::now() + period).min(valid_until);
+                let mut next = later_by(Instant::now(), period).min(valid_until);
                 if let Some(until) = renew_until {
                     next = next.min(until);
                 }
@@ -189,7 +192,7 @@ impl Heartbeat {
                         if let Some(counters) = &renewal.counters {
                             counters.record(Event::LeaseRenewed);
                         }
-                        valid_until = asked + lease;
+                        valid_until = later_by(asked, lease);
                         tx.send_replace(LeaseState {
                             valid_until,
                             lost: false,
@@ -229,7 +232,7 @@ impl Heartbeat {
                 return;
             }
             if extended {
-                s.valid_until = s.valid_until.max(asked + self.lease);
+                s.valid_until = s.valid_until.max(later_by(asked, self.lease));
             } else {
                 s.lost = true;
             }
@@ -406,18 +409,17 @@ impl HeldLock {
         Ok(extended)
     }
 
-    /// Writes the value to `store` (the one the lock was taken in) if our fencing token is still
-    /// current, and lets the lock go.
+    /// Carries out `write` (a value, or deleting the value) in `store` (the one the lock was
+    /// taken in) if our fencing token is still current, and lets the lock go.
     pub(crate) async fn store_and_unlock(
         mut self,
         store: &dyn Store,
-        value: Vec<u8>,
-        ttl: std::time::Duration,
+        write: Write,
     ) -> StoreResult<Stored> {
         // Stop renewing first: a renewal racing the unlock would only report a spurious loss.
         self.heartbeat = None;
         let stored = store
-            .store_and_unlock(&self.keys, &self.token, self.fence, value, ttl)
+            .store_and_unlock(&self.keys, &self.token, self.fence, write)
             .await?;
         self.armed = false;
         Ok(stored)

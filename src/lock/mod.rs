@@ -38,6 +38,20 @@ use crate::{CallOptions, Error};
 /// loses the lock while it still believes it holds it. The fencing token is what protects the
 /// systems you write to: pass it along and have them refuse lower tokens.
 ///
+/// # The fencing guarantee, exactly
+/// Tokens come from a counter stored next to the lock (`ns:{name}_fence`). The crate keeps it
+/// at least as long as anything it guards: the lock (two leases past the last acquisition or
+/// renewal) and, for a cache key, the value (its TTL plus the stale window; for ever if the
+/// value has no expiry). While the counter lives, each acquisition's token is strictly greater
+/// than every token handed out before for this name. If the counter is lost anyway (evicted
+/// under `maxmemory`, `FLUSHDB`, a failover to a replica that missed the last increment), or
+/// lapses once nothing it guards remains, the next acquisition re-seeds it from the Redis
+/// server's clock in microseconds: still greater than every earlier token, unless that clock
+/// was stepped back (or the new primary's runs behind) by more than the time since the lost
+/// token was handed out. The cache itself only writes when the counter still equals the
+/// writer's token, so a lost counter can make it refuse a write, never accept a stale one.
+/// A lease of [`FOREVER`](crate::FOREVER) or more (`Duration::MAX`) never expires by itself.
+///
 /// ```
 /// use stampede_guard::Lock;
 ///

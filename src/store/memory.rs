@@ -7,14 +7,14 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::{
-    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored,
-    FENCE_RETENTION_LEASES,
+    retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
 };
+use crate::options::FOREVER;
 use crate::wait::wakeup::{lock, Listener, Wakeups};
 use crate::wire::key::EntryKeys;
 
@@ -60,53 +60,119 @@ struct State {
 #[derive(Debug)]
 struct Expiring<T> {
     item: T,
-    until: Instant,
+    /// `None`: no expiry (a duration of [`FOREVER`]), as a Redis key without a TTL.
+    until: Option<Instant>,
+}
+
+impl<T> Expiring<T> {
+    fn live(&self, now: Instant) -> bool {
+        self.until.is_none_or(|until| until > now)
+    }
 }
 
 fn live<'m, T>(map: &'m HashMap<String, Expiring<T>>, key: &str, now: Instant) -> Option<&'m T> {
-    map.get(key).filter(|e| e.until > now).map(|e| &e.item)
+    map.get(key).filter(|e| e.live(now)).map(|e| &e.item)
+}
+
+/// When something kept for `d` from `now` expires: never for [`FOREVER`] (the stores' shared
+/// reading of it), so no deadline past the monotonic clock's range is ever computed.
+fn deadline(now: Instant, d: Duration) -> Option<Instant> {
+    (d < FOREVER).then(|| now + d)
+}
+
+/// The later of two expiries, `None` (never) being the latest.
+fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    Some(a?.max(b?))
 }
 
 impl State {
-    fn bump_fence(&mut self, key: &str, retention: Duration, now: Instant) -> u64 {
-        let next = match live(&self.fences, key, now) {
-            Some(n) => n + 1,
-            // Seeded from the wall clock in microseconds, like the Redis script: a counter that
-            // lapsed never hands out a token at or below one handed out before.
-            None => SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_micros() as u64)
-                .unwrap_or(0)
-                .max(self.high_water)
-                .saturating_add(1),
+    /// Bumps the counter and keeps it at least `retention` longer (never shorter than before:
+    /// it may be guarding a value that lives longer).
+    /// `wall_us`: the store's wall clock in microseconds, which seeds a lapsed counter.
+    fn bump_fence(&mut self, key: &str, retention: Duration, now: Instant, wall_us: u64) -> u64 {
+        let retained = deadline(now, retention);
+        let (next, until) = match self.fences.get(key).filter(|e| e.live(now)) {
+            Some(e) => (e.item + 1, later(e.until, retained)),
+            // Seeded from the clock in microseconds, like the Redis script: a counter that lapsed
+            // never hands out a token at or below one handed out before (in memory the
+            // high-water mark makes this certain; on Redis it rests on the server's clock).
+            None => (wall_us.max(self.high_water).saturating_add(1), retained),
         };
         self.high_water = self.high_water.max(next);
+        self.fences
+            .insert(key.to_owned(), Expiring { item: next, until });
+        next
+    }
+
+    /// Keeps a live counter at least until `until`: it guards what lives that long (a value).
+    fn keep_fence(&mut self, key: &str, until: Option<Instant>, now: Instant) {
+        if let Some(fence) = self.fences.get_mut(key).filter(|e| e.live(now)) {
+            fence.until = later(fence.until, until);
+        }
+    }
+
+    /// Writes a value for `ttl`, and keeps the fencing counter at least as long.
+    fn put_value(&mut self, keys: &EntryKeys, value: Vec<u8>, ttl: Duration, now: Instant) {
+        let until = deadline(now, ttl);
+        self.values.insert(
+            keys.value.clone(),
+            Expiring {
+                item: Arc::from(value),
+                until,
+            },
+        );
+        self.keep_fence(keys.fence(), until, now);
+    }
+
+    /// Raises the counter to at least `floor`, keeping it at least `retention` longer; with a
+    /// `floor` of 0, only keeps a live counter.
+    fn raise_fence(&mut self, key: &str, floor: u64, retention: Duration, now: Instant) {
+        let kept = self.fences.get(key).filter(|e| e.live(now));
+        let (current, until) = match kept {
+            Some(e) => (e.item, later(e.until, deadline(now, retention))),
+            // As in Redis: raising a missing counter to 0 (only keeping it alive) creates none.
+            None if floor == 0 => return,
+            None => (0, deadline(now, retention)),
+        };
         self.fences.insert(
             key.to_owned(),
             Expiring {
-                item: next,
-                until: now + retention,
+                item: current.max(floor),
+                until,
             },
         );
-        next
+        self.high_water = self.high_water.max(floor);
+    }
+
+    /// Carries out a fenced write that was accepted.
+    fn apply(&mut self, keys: &EntryKeys, write: Write, now: Instant) {
+        match write {
+            Write::Value { bytes, ttl } => self.put_value(keys, bytes, ttl, now),
+            Write::Delete => {
+                self.values.remove(&keys.value);
+            }
+        }
     }
 
     fn wrote(&mut self, now: Instant) {
         self.writes += 1;
         if self.writes.is_multiple_of(SWEEP_EVERY) {
-            self.values.retain(|_, e| e.until > now);
-            self.locks.retain(|_, e| e.until > now);
-            self.fences.retain(|_, e| e.until > now);
-            self.runs.retain(|_, e| e.until > now);
+            self.values.retain(|_, e| e.live(now));
+            self.locks.retain(|_, e| e.live(now));
+            self.fences.retain(|_, e| e.live(now));
+            self.runs.retain(|_, e| e.live(now));
         }
     }
 }
 
-fn retention(lease: Duration) -> Duration {
-    lease * FENCE_RETENTION_LEASES
-}
-
 impl MemoryStore {
+    /// The store's wall clock in microseconds at `now`: like `now_ms`, it moves with
+    /// `tokio::time`, so a counter re-seeded after paused time passed is seeded later, as on Redis.
+    fn wall_us(&self, now: Instant) -> u64 {
+        let elapsed = u64::try_from((now - self.epoch).as_micros()).unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_mul(1000).saturating_add(elapsed)
+    }
+
     fn with_state<R>(&self, f: impl FnOnce(&mut State, Instant) -> R) -> R {
         let now = Instant::now();
         f(&mut lock(&self.state), now)
@@ -133,11 +199,9 @@ impl LockStore for MemoryStore {
             let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
             if ours {
                 if let Some(l) = s.locks.get_mut(keys.lock()) {
-                    l.until = now + lease;
+                    l.until = deadline(now, lease);
                 }
-                if let Some(f) = s.fences.get_mut(keys.fence()) {
-                    f.until = f.until.max(now + retention(lease));
-                }
+                s.keep_fence(keys.fence(), deadline(now, retention(lease)), now);
             }
             ours
         });
@@ -182,7 +246,7 @@ impl LockStore for MemoryStore {
                 key,
                 Expiring {
                     item: (fence, at),
-                    until: now + keep,
+                    until: deadline(now, keep),
                 },
             );
             s.wrote(now);
@@ -208,7 +272,9 @@ impl LockStore for MemoryStore {
         keys: &'a EntryKeys,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<u64>> {
-        let fence = self.with_state(|s, now| s.bump_fence(keys.fence(), retention(lease), now));
+        let fence = self.with_state(|s, now| {
+            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now))
+        });
         Box::pin(std::future::ready(Ok(fence)))
     }
 
@@ -219,15 +285,7 @@ impl LockStore for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         self.with_state(|s, now| {
-            let current = live(&s.fences, keys.fence(), now).copied().unwrap_or(0);
-            s.fences.insert(
-                keys.fence().to_owned(),
-                Expiring {
-                    item: current.max(floor),
-                    until: now + retention(lease),
-                },
-            );
-            s.high_water = s.high_water.max(floor);
+            s.raise_fence(keys.fence(), floor, retention(lease), now);
         });
         Box::pin(std::future::ready(Ok(())))
     }
@@ -238,8 +296,7 @@ impl Store for MemoryStore {
         &'a self,
         keys: &'a EntryKeys,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
         let written = self.with_state(|s, now| {
@@ -247,20 +304,8 @@ impl Store for MemoryStore {
             if current > fence {
                 return false;
             }
-            s.fences.insert(
-                keys.fence().to_owned(),
-                Expiring {
-                    item: fence,
-                    until: now + retention(lease).max(ttl),
-                },
-            );
-            s.values.insert(
-                keys.value.clone(),
-                Expiring {
-                    item: Arc::from(value),
-                    until: now + ttl,
-                },
-            );
+            s.raise_fence(keys.fence(), fence, retention(lease), now);
+            s.apply(keys, write, now);
             s.wrote(now);
             true
         });
@@ -288,19 +333,19 @@ impl Store for MemoryStore {
                     return ReadOrLock::Value(v.to_vec());
                 }
             }
-            if let Some(held) = s.locks.get(keys.lock()).filter(|e| e.until > now) {
+            if let Some(held) = s.locks.get(keys.lock()).filter(|e| e.live(now)) {
                 return ReadOrLock::Held {
-                    expires_in: Some(held.until - now),
+                    expires_in: held.until.map(|until| until - now),
                 };
             }
             s.locks.insert(
                 keys.lock().to_owned(),
                 Expiring {
                     item: token.to_owned(),
-                    until: now + lease,
+                    until: deadline(now, lease),
                 },
             );
-            let fence = s.bump_fence(keys.fence(), retention(lease), now);
+            let fence = s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
             s.wrote(now);
             ReadOrLock::Acquired { fence }
         });
@@ -312,19 +357,12 @@ impl Store for MemoryStore {
         keys: &'a EntryKeys,
         token: &'a str,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         let stored = self.with_state(|s, now| {
             let written = live(&s.fences, keys.fence(), now) == Some(&fence);
             if written {
-                s.values.insert(
-                    keys.value.clone(),
-                    Expiring {
-                        item: Arc::from(value),
-                        until: now + ttl,
-                    },
-                );
+                s.apply(keys, write, now);
             }
             let released = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
             if released {
@@ -345,14 +383,8 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         self.with_state(|s, now| {
-            s.bump_fence(keys.fence(), retention(lease), now);
-            s.values.insert(
-                keys.value.clone(),
-                Expiring {
-                    item: Arc::from(value),
-                    until: now + ttl,
-                },
-            );
+            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
+            s.put_value(keys, value, ttl, now);
             s.wrote(now);
         });
         self.wakeups.notify(keys.channel());
@@ -365,7 +397,7 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         self.with_state(|s, now| {
-            s.bump_fence(keys.fence(), retention(lease), now);
+            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
             s.values.remove(&keys.value);
             s.wrote(now);
         });
@@ -390,6 +422,102 @@ mod tests {
 
     fn keys(k: &str) -> EntryKeys {
         EntryKeys::new("t", k).unwrap()
+    }
+
+    fn value(bytes: &[u8], ttl: Duration) -> Write {
+        Write::Value {
+            bytes: bytes.to_vec(),
+            ttl,
+        }
+    }
+
+    /// The counter's expiry and the value's: `None` is none (kept for ever).
+    fn expiries(store: &MemoryStore, k: &EntryKeys) -> (Option<Instant>, Option<Instant>) {
+        let s = lock(&store.state);
+        let fence = s.fences.get(k.fence()).map(|e| e.until).unwrap();
+        let value = s.values.get(&k.value).map(|e| e.until).unwrap();
+        (fence, value)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fencing_counter_lives_as_long_as_the_value_it_guards() {
+        let store = MemoryStore::default();
+        let lease = Duration::from_millis(100);
+        for (name, ttl) in [("hour", Duration::from_secs(3600)), ("forever", FOREVER)] {
+            let k = keys(name);
+            let ReadOrLock::Acquired { fence } =
+                store.read_or_lock(&k, "A", lease, true).await.unwrap()
+            else {
+                panic!("a free lock must be granted");
+            };
+            let stored = store
+                .store_and_unlock(&k, "A", fence, value(b"v", ttl))
+                .await
+                .unwrap();
+            assert!(stored.written);
+            // Many leases later the counter still guards the value: an acquisition continues it.
+            tokio::time::advance(lease * 50).await;
+            let (fence_until, value_until) = expiries(&store, &k);
+            assert_eq!(fence_until, value_until, "{name}");
+            let ReadOrLock::Acquired { fence: next } =
+                store.read_or_lock(&k, "B", lease, false).await.unwrap()
+            else {
+                panic!("a free lock must be granted");
+            };
+            assert_eq!(
+                next,
+                fence + 1,
+                "{name}: the counter was kept, not re-seeded"
+            );
+            // A bump with a short retention does not shorten it either.
+            assert_eq!(expiries(&store, &k), (fence_until, value_until), "{name}");
+            // A late writer with the old token is refused.
+            let late = store
+                .store_and_unlock(&k, "A", fence, value(b"late", ttl))
+                .await
+                .unwrap();
+            assert!(!late.written, "{name}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fenced_delete_removes_only_the_value_it_was_to_replace() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        let lease = Duration::from_secs(5);
+        let hour = Duration::from_secs(3600);
+        store.set(&k, b"old".to_vec(), hour, lease).await.unwrap();
+        let ReadOrLock::Acquired { fence } =
+            store.read_or_lock(&k, "A", lease, false).await.unwrap()
+        else {
+            panic!("a free lock must be granted");
+        };
+        // Another writer lands while A computes: A's delete must not remove it.
+        store.set(&k, b"new".to_vec(), hour, lease).await.unwrap();
+        let out = store
+            .store_and_unlock(&k, "A", fence, Write::Delete)
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            Stored {
+                written: false,
+                released: true
+            }
+        );
+        assert_eq!(store.get(&k).await.unwrap().as_deref(), Some(&b"new"[..]));
+        // Nobody in between: the delete goes through.
+        let ReadOrLock::Acquired { fence } =
+            store.read_or_lock(&k, "A", lease, false).await.unwrap()
+        else {
+            panic!("a free lock must be granted");
+        };
+        let out = store
+            .store_and_unlock(&k, "A", fence, Write::Delete)
+            .await
+            .unwrap();
+        assert!(out.written && out.released);
+        assert!(store.get(&k).await.unwrap().is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -440,7 +568,7 @@ mod tests {
             "A lost the lease"
         );
         let stale = store
-            .store_and_unlock(&k, "A", first, b"old".to_vec(), lease)
+            .store_and_unlock(&k, "A", first, value(b"old", lease))
             .await
             .unwrap();
         assert_eq!(
@@ -451,7 +579,7 @@ mod tests {
             }
         );
         let fresh = store
-            .store_and_unlock(&k, "B", second, b"new".to_vec(), lease)
+            .store_and_unlock(&k, "B", second, value(b"new", lease))
             .await
             .unwrap();
         assert_eq!(
@@ -475,7 +603,7 @@ mod tests {
         };
         store.invalidate(&k, lease).await.unwrap();
         let out = store
-            .store_and_unlock(&k, "A", fence, b"v".to_vec(), lease)
+            .store_and_unlock(&k, "A", fence, value(b"v", lease))
             .await
             .unwrap();
         assert_eq!(
@@ -503,7 +631,7 @@ mod tests {
             assert!(fence > last);
             last = fence;
             // Past the lock's lease and the counter's retention.
-            tokio::time::advance(lease * (FENCE_RETENTION_LEASES + 1)).await;
+            tokio::time::advance(lease * (super::super::FENCE_RETENTION_LEASES + 1)).await;
         }
     }
     #[tokio::test(start_paused = true)]

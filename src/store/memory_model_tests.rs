@@ -1,11 +1,13 @@
 //! The memory store against a reference model, under random sequences of operations and paused
-//! tokio time.
+//! tokio time; and the memory store against a real Redis, on the same sequences, so that the two
+//! stores cannot drift apart (`the_memory_store_answers_like_redis`).
 //!
 //! The model is the Redis scripts' semantics written as plainly as possible: maps of expiring
-//! entries, a fencing counter bumped by acquisitions, `set` and invalidations, and the
-//! compare-and-set rules. Fencing tokens seeded from the clock are not predictable, so the model
-//! knows a counter either exactly (after it saw a token) or only as "fresh": higher than every
-//! token handed out so far, hence equal to none of them.
+//! entries, a fencing counter bumped by acquisitions, `set` and invalidations and kept at least
+//! as long as what it guards, and the compare-and-set rules. Durations include [`FOREVER`]: no
+//! expiry. Fencing tokens seeded from the clock are not predictable, so the model knows a counter
+//! either exactly (after it saw a token) or only as "fresh": higher than every token handed out
+//! so far, hence equal to none of them.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
+use crate::store::Write;
 
 const KEYS: [&str; 2] = ["a", "b"];
 const TOKENS: [&str; 3] = ["A", "B", "C"];
@@ -28,11 +31,12 @@ enum Op {
         read_value: bool,
     },
     /// `own_fence`: the fence this token last acquired for this key; otherwise one never given.
+    /// `value: None` is a fenced delete.
     StoreAndUnlock {
         key: usize,
         token: usize,
         own_fence: bool,
-        value: u8,
+        value: Option<u8>,
         ttl: u64,
     },
     Extend {
@@ -56,17 +60,41 @@ enum Op {
     },
 }
 
+/// Durations in the model are milliseconds; this one stands for [`FOREVER`] (no expiry).
+const FOREVER_MS: u64 = u64::MAX;
+
+fn duration(ms: u64) -> Duration {
+    if ms == FOREVER_MS {
+        FOREVER
+    } else {
+        Duration::from_millis(ms)
+    }
+}
+
+/// When something kept `ms` from `now` expires; never (`u64::MAX`) for [`FOREVER_MS`].
+fn until(now: u64, ms: u64) -> u64 {
+    now.saturating_add(ms)
+}
+
 fn op() -> impl Strategy<Value = Op> {
+    ops_with(
+        (0u64..300).boxed(),
+        prop_oneof![9 => 1u64..400, 1 => Just(FOREVER_MS)].boxed(),
+    )
+}
+
+/// Operations whose pauses are `advance` and whose durations are `ms`.
+fn ops_with(advance: BoxedStrategy<u64>, ms: BoxedStrategy<u64>) -> impl Strategy<Value = Op> {
     let key = 0..KEYS.len();
     let token = 0..TOKENS.len();
-    let ms = 1u64..400;
+    let value = prop_oneof![9 => any::<u8>().prop_map(Some), 1 => Just(None)];
     prop_oneof![
-        3 => (0u64..300).prop_map(Op::Advance),
+        3 => advance.prop_map(Op::Advance),
         2 => key.clone().prop_map(Op::Get),
         4 => (key.clone(), token.clone(), ms.clone(), any::<bool>()).prop_map(
             |(key, token, lease, read_value)| Op::ReadOrLock { key, token, lease, read_value }
         ),
-        3 => (key.clone(), token.clone(), prop::bool::weighted(0.8), any::<u8>(), ms.clone())
+        3 => (key.clone(), token.clone(), prop::bool::weighted(0.8), value, ms.clone())
             .prop_map(|(key, token, own_fence, value, ttl)| Op::StoreAndUnlock {
                 key, token, own_fence, value, ttl
             }),
@@ -110,20 +138,43 @@ fn live<T: Clone>(slot: &Option<(T, u64)>, now: u64) -> Option<T> {
 }
 
 impl Model {
+    /// Bumps the counter, keeping it two leases longer, never shorter than it was.
     fn bump(&mut self, key: usize, lease: u64) -> Counter {
         let now = self.now;
         let e = self.entries.entry(key).or_default();
-        let next = match live(&e.fence, now) {
-            Some(Counter::Known(n)) => Counter::Known(n + 1),
-            _ => Counter::Fresh,
+        let retained = until(now, lease.saturating_mul(2));
+        let (next, kept) = match e.fence.filter(|(_, u)| *u > now) {
+            Some((Counter::Known(n), u)) => (Counter::Known(n + 1), u.max(retained)),
+            Some((Counter::Fresh, u)) => (Counter::Fresh, u.max(retained)),
+            None => (Counter::Fresh, retained),
         };
-        e.fence = Some((next, now + 2 * lease));
+        e.fence = Some((next, kept));
         next
+    }
+}
+
+impl Entry {
+    /// Writes a value until `u`; the live counter is kept at least as long.
+    fn put(&mut self, value: u8, u: u64, now: u64) {
+        self.value = Some((vec![value], u));
+        if let Some((_, fence_until)) = self.fence.as_mut().filter(|(_, f)| *f > now) {
+            *fence_until = (*fence_until).max(u);
+        }
     }
 }
 
 fn keys(i: usize) -> EntryKeys {
     EntryKeys::new("m", KEYS[i]).unwrap()
+}
+
+fn write(value: Option<u8>, ttl: u64) -> Write {
+    match value {
+        Some(v) => Write::Value {
+            bytes: vec![v],
+            ttl: duration(ttl),
+        },
+        None => Write::Delete,
+    }
 }
 
 async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -148,12 +199,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 read_value,
             } => {
                 let got = store
-                    .read_or_lock(
-                        &keys(key),
-                        TOKENS[token],
-                        Duration::from_millis(lease),
-                        read_value,
-                    )
+                    .read_or_lock(&keys(key), TOKENS[token], duration(lease), read_value)
                     .await
                     .unwrap();
                 let e = m.entries.entry(key).or_default();
@@ -165,7 +211,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert_eq!(
                         got,
                         ReadOrLock::Held {
-                            expires_in: Some(Duration::from_millis(until - now))
+                            expires_in: (until != u64::MAX)
+                                .then(|| Duration::from_millis(until - now))
                         },
                         "step {}",
                         step
@@ -176,7 +223,7 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                             "step {step}: a free lock was not granted: {got:?}"
                         )));
                     };
-                    e.lock = Some((token, now + lease));
+                    e.lock = Some((token, until(now, lease)));
                     match m.bump(key, lease) {
                         Counter::Known(n) => prop_assert_eq!(fence, n, "step {}", step),
                         Counter::Fresh => {
@@ -209,19 +256,16 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     _ => 7,
                 };
                 let got = store
-                    .store_and_unlock(
-                        &keys(key),
-                        TOKENS[token],
-                        fence,
-                        vec![value],
-                        Duration::from_millis(ttl),
-                    )
+                    .store_and_unlock(&keys(key), TOKENS[token], fence, write(value, ttl))
                     .await
                     .unwrap();
                 let e = m.entries.entry(key).or_default();
                 let written = live(&e.fence, now) == Some(Counter::Known(fence));
                 if written {
-                    e.value = Some((vec![value], now + ttl));
+                    match value {
+                        Some(v) => e.put(v, until(now, ttl), now),
+                        None => e.value = None,
+                    }
                 }
                 let released = live(&e.lock, now) == Some(token);
                 if released {
@@ -231,15 +275,15 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Extend { key, token, lease } => {
                 let got = store
-                    .extend(&keys(key), TOKENS[token], Duration::from_millis(lease))
+                    .extend(&keys(key), TOKENS[token], duration(lease))
                     .await
                     .unwrap();
                 let e = m.entries.entry(key).or_default();
                 let ours = live(&e.lock, now) == Some(token);
                 if ours {
-                    e.lock = Some((token, now + lease));
-                    if let Some((_, until)) = e.fence.as_mut().filter(|(_, u)| *u > now) {
-                        *until = (*until).max(now + 2 * lease);
+                    e.lock = Some((token, until(now, lease)));
+                    if let Some((_, u)) = e.fence.as_mut().filter(|(_, u)| *u > now) {
+                        *u = (*u).max(until(now, lease.saturating_mul(2)));
                     }
                 }
                 prop_assert_eq!(got, ours, "step {}", step);
@@ -260,22 +304,17 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 lease,
             } => {
                 store
-                    .set(
-                        &keys(key),
-                        vec![value],
-                        Duration::from_millis(ttl),
-                        Duration::from_millis(lease),
-                    )
+                    .set(&keys(key), vec![value], duration(ttl), duration(lease))
                     .await
                     .unwrap();
                 m.bump(key, lease);
-                m.entries.entry(key).or_default().value = Some((vec![value], now + ttl));
+                m.entries
+                    .entry(key)
+                    .or_default()
+                    .put(value, until(now, ttl), now);
             }
             Op::Invalidate { key, lease } => {
-                store
-                    .invalidate(&keys(key), Duration::from_millis(lease))
-                    .await
-                    .unwrap();
+                store.invalidate(&keys(key), duration(lease)).await.unwrap();
                 m.bump(key, lease);
                 m.entries.entry(key).or_default().value = None;
             }
@@ -295,5 +334,403 @@ proptest! {
             .build()
             .unwrap();
         runtime.block_on(run(ops))?;
+    }
+}
+
+// ---- The memory store against a real Redis ----
+//
+// The same operation sequences run on the memory store (paused time) and on a redis-server the
+// test starts (real time), and their answers must agree. Durations come from three that cannot
+// sit on an expiry boundary when both run: short (150 ms, which every pause outlasts, and which
+// outlasts the operations between two pauses), long (10 minutes) and FOREVER; pauses are 600 ms,
+// longer than a short lease's fence retention. Fencing tokens differ between the stores (each
+// seeds from its own clock), so answers compare them as "re-seeded" or "previous + n".
+
+#[allow(unreachable_pub, missing_debug_implementations)]
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+const SHORT_MS: u64 = 150;
+const PAUSE_MS: u64 = 600;
+
+/// A step of a compared sequence: an operation of the model, or one of those the model does not
+/// cover (the fenced writes of a store whose tokens come from a Redlock quorum), whose fences are
+/// chosen relative to the last token the store handed out for the key.
+#[derive(Debug, Clone)]
+enum Step {
+    Op(Op),
+    NextFence {
+        key: usize,
+        lease: u64,
+    },
+    RaiseFence {
+        key: usize,
+        rel: i64,
+        lease: u64,
+    },
+    /// `raise_fence` to 0: keeps a live counter, creates none.
+    KeepFence {
+        key: usize,
+        lease: u64,
+    },
+    WriteFenced {
+        key: usize,
+        rel: i64,
+        value: Option<u8>,
+        ttl: u64,
+        lease: u64,
+    },
+}
+
+fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
+    let ms = || prop_oneof![2 => Just(SHORT_MS), 1 => Just(600_000u64), 1 => Just(FOREVER_MS)];
+    let key = || 0..KEYS.len();
+    let value = prop_oneof![9 => any::<u8>().prop_map(Some), 1 => Just(None)];
+    let step = prop_oneof![
+        12 => ops_with(Just(PAUSE_MS).boxed(), ms().boxed()).prop_map(Step::Op),
+        1 => (key(), ms()).prop_map(|(key, lease)| Step::NextFence { key, lease }),
+        1 => (key(), -2i64..4, ms()).prop_map(|(key, rel, lease)| Step::RaiseFence { key, rel, lease }),
+        1 => (key(), ms()).prop_map(|(key, lease)| Step::KeepFence { key, lease }),
+        3 => (key(), -2i64..3, value, ms(), ms()).prop_map(|(key, rel, value, ttl, lease)| {
+            Step::WriteFenced { key, rel, value, ttl, lease }
+        }),
+    ];
+    proptest::collection::vec(step, 24)
+}
+
+/// Sequences written for the rules a random draw rarely reaches: a counter kept by a raise, a
+/// value written for ever, a lock extended for ever, a fenced delete.
+fn directed() -> Vec<Vec<Step>> {
+    use Op::*;
+    let lock = |key, token, lease, read_value| {
+        Step::Op(ReadOrLock {
+            key,
+            token,
+            lease,
+            read_value,
+        })
+    };
+    let pause = || Step::Op(Advance(PAUSE_MS));
+    let long = 600_000;
+    vec![
+        vec![
+            Step::KeepFence {
+                key: 1,
+                lease: long,
+            },
+            Step::NextFence {
+                key: 1,
+                lease: SHORT_MS,
+            },
+            lock(0, 0, SHORT_MS, false),
+            Step::KeepFence {
+                key: 0,
+                lease: long,
+            },
+            pause(),
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+        ],
+        vec![
+            lock(0, 0, SHORT_MS, false),
+            Step::RaiseFence {
+                key: 0,
+                rel: 2,
+                lease: long,
+            },
+            pause(),
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+        ],
+        vec![
+            Step::Op(Set {
+                key: 0,
+                value: 1,
+                ttl: FOREVER_MS,
+                lease: SHORT_MS,
+            }),
+            pause(),
+            pause(),
+            lock(0, 1, SHORT_MS, false),
+            Step::Op(Get(0)),
+        ],
+        vec![
+            lock(1, 0, SHORT_MS, false),
+            Step::Op(StoreAndUnlock {
+                key: 1,
+                token: 0,
+                own_fence: true,
+                value: Some(3),
+                ttl: long,
+            }),
+            pause(),
+            lock(1, 1, SHORT_MS, false),
+            Step::Op(StoreAndUnlock {
+                key: 1,
+                token: 1,
+                own_fence: true,
+                value: None,
+                ttl: long,
+            }),
+            Step::Op(Get(1)),
+        ],
+        vec![
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+            Step::WriteFenced {
+                key: 0,
+                rel: 1,
+                value: Some(4),
+                ttl: FOREVER_MS,
+                lease: SHORT_MS,
+            },
+            pause(),
+            Step::NextFence {
+                key: 0,
+                lease: SHORT_MS,
+            },
+            Step::WriteFenced {
+                key: 0,
+                rel: -1,
+                value: None,
+                ttl: SHORT_MS,
+                lease: SHORT_MS,
+            },
+            Step::Op(Get(0)),
+        ],
+        vec![
+            lock(0, 0, SHORT_MS, false),
+            Step::Op(Extend {
+                key: 0,
+                token: 0,
+                lease: FOREVER_MS,
+            }),
+            pause(),
+            lock(0, 1, SHORT_MS, true),
+            Step::Op(Extend {
+                key: 0,
+                token: 0,
+                lease: SHORT_MS,
+            }),
+            pause(),
+            lock(0, 1, SHORT_MS, true),
+        ],
+    ]
+}
+
+/// A token as it compares across stores: relative to the key's previous one, or re-seeded.
+fn relative(last_token: &mut HashMap<usize, u64>, key: usize, token: u64) -> String {
+    match last_token.insert(key, token) {
+        Some(last) if token > last && token - last < 1_000 => {
+            format!("previous + {}", token - last)
+        }
+        // Not from a clock: a counter that restarted from nothing.
+        _ if token < 1_000_000 => format!("low {token}"),
+        _ => "re-seeded".to_owned(),
+    }
+}
+
+/// One answer per operation, with tokens relative to the previous one of the key.
+async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> Vec<String> {
+    let keys: Vec<EntryKeys> = KEYS
+        .iter()
+        .map(|k| EntryKeys::new(ns, k).unwrap())
+        .collect();
+    let mut last_token: HashMap<usize, u64> = HashMap::new();
+    let mut acquired: HashMap<(usize, usize), u64> = HashMap::new();
+    let mut out = Vec::new();
+    for step in steps {
+        let fence_at =
+            |last: Option<&u64>, rel: i64| last.map_or(7, |l| l.saturating_add_signed(rel));
+        let op = match *step {
+            Step::Op(ref op) => op,
+            Step::NextFence { key, lease } => {
+                let token = store.next_fence(&keys[key], duration(lease)).await.unwrap();
+                out.push(format!(
+                    "next fence, {}",
+                    relative(&mut last_token, key, token)
+                ));
+                continue;
+            }
+            Step::RaiseFence { key, rel, lease } => {
+                let floor = fence_at(last_token.get(&key), rel);
+                store
+                    .raise_fence(&keys[key], floor, duration(lease))
+                    .await
+                    .unwrap();
+                out.push(String::new());
+                continue;
+            }
+            Step::KeepFence { key, lease } => {
+                store
+                    .raise_fence(&keys[key], 0, duration(lease))
+                    .await
+                    .unwrap();
+                out.push(String::new());
+                continue;
+            }
+            Step::WriteFenced {
+                key,
+                rel,
+                value,
+                ttl,
+                lease,
+            } => {
+                let fence = fence_at(last_token.get(&key), rel);
+                let written = store
+                    .write_fenced(&keys[key], fence, write(value, ttl), duration(lease))
+                    .await
+                    .unwrap();
+                out.push(format!("written {written}"));
+                continue;
+            }
+        };
+        let answer = match *op {
+            Op::Advance(ms) => {
+                if paused {
+                    tokio::time::advance(Duration::from_millis(ms)).await;
+                } else {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                String::new()
+            }
+            Op::Get(k) => format!("{:?}", store.get(&keys[k]).await.unwrap().as_deref()),
+            Op::ReadOrLock {
+                key,
+                token,
+                lease,
+                read_value,
+            } => {
+                let got = store
+                    .read_or_lock(&keys[key], TOKENS[token], duration(lease), read_value)
+                    .await
+                    .unwrap();
+                match got {
+                    ReadOrLock::Value(v) => format!("value {v:?}"),
+                    ReadOrLock::Held { expires_in: None } => "held for ever".into(),
+                    ReadOrLock::Held {
+                        expires_in: Some(d),
+                    } => format!("held {}", if d.as_secs() < 1 { "short" } else { "long" }),
+                    ReadOrLock::Acquired { fence } => {
+                        acquired.insert((key, token), fence);
+                        format!("acquired, {}", relative(&mut last_token, key, fence))
+                    }
+                }
+            }
+            Op::StoreAndUnlock {
+                key,
+                token,
+                own_fence,
+                value,
+                ttl,
+            } => {
+                let fence = match acquired.get(&(key, token)) {
+                    Some(f) if own_fence => *f,
+                    _ => 7,
+                };
+                let got = store
+                    .store_and_unlock(&keys[key], TOKENS[token], fence, write(value, ttl))
+                    .await
+                    .unwrap();
+                format!("{got:?}")
+            }
+            Op::Extend { key, token, lease } => {
+                let got = store
+                    .extend(&keys[key], TOKENS[token], duration(lease))
+                    .await
+                    .unwrap();
+                format!("extended {got}")
+            }
+            Op::Unlock { key, token } => {
+                let got = store.unlock(&keys[key], TOKENS[token]).await.unwrap();
+                format!("unlocked {got}")
+            }
+            Op::Set {
+                key,
+                value,
+                ttl,
+                lease,
+            } => {
+                store
+                    .set(&keys[key], vec![value], duration(ttl), duration(lease))
+                    .await
+                    .unwrap();
+                String::new()
+            }
+            Op::Invalidate { key, lease } => {
+                store.invalidate(&keys[key], duration(lease)).await.unwrap();
+                String::new()
+            }
+        };
+        out.push(answer);
+    }
+    out
+}
+
+/// Fixed sequences (written out, and from a seeded generator), all run on one server at once, each in its own
+/// namespace, so the pauses overlap and the test takes a few seconds.
+#[test]
+fn the_memory_store_answers_like_redis() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]),
+    );
+    let mut sequences = directed();
+    sequences.extend((0..32).map(|_| comparable_ops().new_tree(&mut runner).unwrap().current()));
+
+    let memory: Vec<Vec<String>> = sequences
+        .iter()
+        .map(|ops| {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            runtime.block_on(answers(&MemoryStore::default(), "m", ops, true))
+        })
+        .collect();
+
+    let server = support::RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis: Vec<Vec<String>> = runtime.block_on(async {
+        let client = ::redis::Client::open(server.url()).unwrap();
+        let store = Arc::new(super::super::redis::RedisStore::connect(client).unwrap());
+        let runs = sequences.iter().enumerate().map(|(i, ops)| {
+            let store = Arc::clone(&store);
+            let ops = ops.clone();
+            tokio::spawn(
+                async move { answers(store.as_ref(), &format!("r{i}"), &ops, false).await },
+            )
+        });
+        let mut all = Vec::new();
+        for run in runs.collect::<Vec<_>>() {
+            all.push(run.await.unwrap());
+        }
+        all
+    });
+
+    for (i, ops) in sequences.iter().enumerate() {
+        for (step, op) in ops.iter().enumerate() {
+            assert_eq!(
+                memory[i][step],
+                redis[i][step],
+                "sequence {i}, step {step}: {op:?}\nmemory: {:?}\nredis:  {:?}\nops: {ops:?}",
+                &memory[i][..=step],
+                &redis[i][..=step]
+            );
+        }
     }
 }

@@ -92,9 +92,39 @@ pub(crate) struct Stored {
 }
 
 /// The fencing counter outlives the lock by this factor of the lease, so that a holder that
-/// renews keeps it alive. If it lapses anyway, the next bump re-seeds it from the server clock in
-/// microseconds, which is above any token handed out before: tokens never go backwards.
+/// renews keeps it alive.
+///
+/// # The fencing guarantee
+/// The counter of a key is kept at least as long as anything it guards: every bump and every
+/// renewal keeps it `FENCE_RETENTION_LEASES` leases longer, and every write of a value keeps it
+/// at least as long as that value (its TTL including the stale window; for ever if the value has
+/// no expiry). No operation shortens it. So, per key and per store:
+/// - while a lock or a value of the key exists, or within two leases of the last acquisition or
+///   invalidation, tokens strictly increase: each acquisition, `set` and invalidation gets one
+///   above every token handed out before;
+/// - the residual case: when the counter is lost although the crate kept it (evicted under
+///   `maxmemory`, `FLUSHDB`, a failover to a replica that missed the last `INCR`) or lapsed
+///   after everything it guarded was gone, the next bump re-seeds it from the server clock in
+///   microseconds. That is above every earlier token unless the server clock was stepped back
+///   (or a replica's runs behind) by more than the time since the lost token was handed out.
+///   Within the cache this can only refuse a write (a write needs the counter to equal its
+///   token); a system that compares [`Lease::fencing_token`](crate::Lease::fencing_token)s may
+///   see a lower one.
 pub(crate) const FENCE_RETENTION_LEASES: u32 = 2;
+
+/// How long the fencing counter is kept after a bump or a renewal under `lease`.
+pub(crate) fn retention(lease: Duration) -> Duration {
+    crate::options::saturate(lease.saturating_mul(FENCE_RETENTION_LEASES))
+}
+
+/// What a fenced write does once the fence allows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Store these bytes for `ttl` ([`FOREVER`](crate::FOREVER): no expiry).
+    Value { bytes: Vec<u8>, ttl: Duration },
+    /// Delete the value: a failed refresh removing the stale value it was meant to replace.
+    Delete,
+}
 
 /// The answer of [`LockStore::try_lock`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,7 +192,8 @@ pub(crate) trait LockStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, StoreResult<u64>>;
 
     /// Raises the fencing counter to at least `floor` (Redlock: the token chosen over a quorum
-    /// must be remembered by that quorum, so any later quorum sees it).
+    /// must be remembered by that quorum, so any later quorum sees it), and keeps it at least
+    /// `retention(lease)` longer. A `floor` of 0 only keeps a counter that exists.
     fn raise_fence<'a>(
         &'a self,
         keys: &'a EntryKeys,
@@ -212,30 +243,29 @@ pub(crate) trait Store: LockStore {
         read_value: bool,
     ) -> BoxFuture<'a, StoreResult<ReadOrLock>>;
 
-    /// Writes `value` with `ttl` if the fencing counter still equals `fence`; frees the lock if it
-    /// is still `token`'s; wakes the waiters.
+    /// Carries out `write` (a value, or a delete) if the fencing counter still equals `fence`
+    /// (nobody acquired, set or invalidated since); frees the lock if it is still `token`'s;
+    /// wakes the waiters.
     fn store_and_unlock<'a>(
         &'a self,
         keys: &'a EntryKeys,
         token: &'a str,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>>;
 
-    /// Writes `value` with `ttl` unless the fencing counter is already above `fence`, then
-    /// records `fence` as the counter; wakes the waiters; true if written. The write rule when
-    /// the tokens come from another lock store (a Redlock quorum): newer tokens win.
+    /// Carries out `write` unless the fencing counter is already above `fence`, then records
+    /// `fence` as the counter; wakes the waiters; true if written. The write rule when the tokens
+    /// come from another lock store (a Redlock quorum): newer tokens win.
     fn write_fenced<'a>(
         &'a self,
         keys: &'a EntryKeys,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>>;
 
-    /// Writes `value` unconditionally, bumps the fencing counter (so in-flight computations do
+    /// Writes `value` unconditionally for `ttl` ([`FOREVER`](crate::FOREVER): no expiry), bumps the fencing counter (so in-flight computations do
     /// not overwrite it) and wakes the waiters.
     fn set<'a>(
         &'a self,
@@ -283,7 +313,11 @@ pub(crate) fn system_now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Milliseconds for a backend argument: at least 1, since Redis refuses `PX 0`.
-pub(crate) fn millis(d: Duration) -> u64 {
+/// Milliseconds for an expiry argument of a script: at least 1, since Redis refuses `PX 0`, and
+/// 0 for [`FOREVER`](crate::FOREVER), which the scripts read as "no expiry".
+pub(crate) fn expiry_ms(d: Duration) -> u64 {
+    if d >= crate::options::FOREVER {
+        return 0;
+    }
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

@@ -101,7 +101,10 @@ impl LockStore for QuorumStore {
                     _ => None,
                 })
                 .min();
-            let valid = |now: Instant| now + self.clock_drift(lease) < started + lease;
+            let valid = |now: Instant| {
+                crate::options::later_by(now, self.clock_drift(lease))
+                    < crate::options::later_by(started, lease)
+            };
             if fences.len() >= self.quorum() && valid(Instant::now()) {
                 let token_fence = fences.iter().map(|(_, f)| *f).max().unwrap_or(0);
                 let holders: Vec<Arc<dyn Store>> = fences

@@ -14,8 +14,8 @@ use redis::{ErrorKind, PushInfo, PushKind, RedisError, Value};
 use super::clock::ServerClock;
 use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
 use super::{
-    millis, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult,
-    Stored, FENCE_RETENTION_LEASES,
+    expiry_ms, retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError,
+    StoreResult, Stored, Write,
 };
 use crate::wait::wakeup::{lock, Listener, Wakeups};
 use crate::wire::key::EntryKeys;
@@ -32,6 +32,11 @@ pub(crate) struct RedisStore<C> {
     scripts: &'static Scripts,
     /// Freshness is stamped and judged by the server's clock, not this machine's.
     clock: Arc<ServerClock>,
+    /// Appended to every wake-up channel: `@n` on database `n`, nothing on database 0. Pub/sub
+    /// channels are global to a server, not per database, so without it caches on `/0` and `/1`
+    /// with one namespace would wake each other's waiters. Database 0 (and so a cluster) keeps
+    /// the bare name, so processes of an older version on it still wake and are woken.
+    channel_suffix: String,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -51,7 +56,12 @@ fn manager_config() -> ConnectionManagerConfig {
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
-    fn new(conn: C, pubsub: Arc<PubSub>, scripts: &'static Scripts) -> Self {
+    fn new(
+        conn: C,
+        pubsub: Arc<PubSub>,
+        scripts: &'static Scripts,
+        channel_suffix: String,
+    ) -> Self {
         let clock = Arc::new(ServerClock::default());
         clock.keep_synced(conn.clone());
         RedisStore {
@@ -59,6 +69,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             pubsub,
             scripts,
             clock,
+            channel_suffix,
         }
     }
 }
@@ -69,7 +80,8 @@ impl RedisStore<ConnectionManager> {
     pub(crate) fn connect(client: redis::Client) -> StoreResult<Self> {
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
         let pubsub = PubSub::connect(&client)?;
-        Ok(RedisStore::new(conn, pubsub, &SCRIPTS))
+        let db = client.get_connection_info().redis_settings().db();
+        Ok(RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)))
     }
 }
 
@@ -95,7 +107,13 @@ impl RedisStore<ClusterConnection> {
             .get_async_connection()
             .await?;
         let pubsub = PubSub::new(Subscriber::Cluster(subscriber), wakeups);
-        Ok(RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS))
+        // A cluster has database 0 only.
+        Ok(RedisStore::new(
+            conn,
+            pubsub,
+            &SHARDED_SCRIPTS,
+            String::new(),
+        ))
     }
 }
 
@@ -257,7 +275,40 @@ fn int(v: &Value) -> Option<i64> {
 }
 
 fn retention_ms(lease: Duration) -> u64 {
-    millis(lease * FENCE_RETENTION_LEASES)
+    expiry_ms(retention(lease))
+}
+
+/// What scopes a database's wake-up channels (see `RedisStore::channel_suffix`).
+fn channel_suffix(db: i64) -> String {
+    if db == 0 {
+        String::new()
+    } else {
+        format!("@{db}")
+    }
+}
+
+impl<C> RedisStore<C> {
+    /// The entry's wake-up channel on this store's database. It keeps the entry's hash tag, so
+    /// sharded pub/sub still routes it to the slot's node.
+    fn channel<'k>(&self, keys: &'k EntryKeys) -> std::borrow::Cow<'k, str> {
+        if self.channel_suffix.is_empty() {
+            keys.channel().into()
+        } else {
+            format!("{}{}", keys.channel(), self.channel_suffix).into()
+        }
+    }
+}
+
+/// The script arguments of a fenced write: `'set', bytes, ttl ms` or `'del'`.
+fn write_args(invocation: &mut redis::ScriptInvocation<'_>, write: Write) {
+    match write {
+        Write::Value { bytes, ttl } => {
+            invocation.arg("set").arg(bytes).arg(expiry_ms(ttl));
+        }
+        Write::Delete => {
+            invocation.arg("del");
+        }
+    }
 }
 
 impl<C> LockStore for RedisStore<C>
@@ -287,7 +338,7 @@ where
                 .key(keys.lock())
                 .key(keys.fence())
                 .arg(token)
-                .arg(millis(lease))
+                .arg(expiry_ms(lease))
                 .arg(retention_ms(lease))
                 .invoke_async(&mut conn)
                 .await?;
@@ -307,7 +358,7 @@ where
                 .unlock
                 .key(keys.lock())
                 .arg(token)
-                .arg(keys.channel())
+                .arg(self.channel(keys).as_ref())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(released == 1)
@@ -315,7 +366,7 @@ where
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
-        Box::pin(self.pubsub.listen(keys.channel()))
+        Box::pin(async move { self.pubsub.listen(&self.channel(keys)).await })
     }
 
     fn record_run<'a>(
@@ -331,7 +382,7 @@ where
                 .record_run
                 .key(keys.last_run())
                 .arg(fence)
-                .arg(millis(keep))
+                .arg(expiry_ms(keep))
                 .invoke_async(&mut conn)
                 .await?;
             Ok(recorded == 1)
@@ -432,7 +483,7 @@ where
                 .key(keys.lock())
                 .key(keys.fence())
                 .arg(token)
-                .arg(millis(lease))
+                .arg(expiry_ms(lease))
                 .arg(if read_value { "1" } else { "0" })
                 .arg(retention_ms(lease))
                 .invoke_async(&mut conn)
@@ -460,24 +511,19 @@ where
         &'a self,
         keys: &'a EntryKeys,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let written: i64 = self
-                .scripts
-                .write_fenced
-                .key(&keys.value)
+            let mut invocation = self.scripts.write_fenced.key(&keys.value);
+            invocation
                 .key(keys.fence())
                 .arg(fence)
-                .arg(value)
-                .arg(millis(ttl))
                 .arg(retention_ms(lease))
-                .arg(keys.channel())
-                .invoke_async(&mut conn)
-                .await?;
+                .arg(self.channel(keys).as_ref());
+            write_args(&mut invocation, write);
+            let written: i64 = invocation.invoke_async(&mut conn).await?;
             Ok(written == 1)
         })
     }
@@ -487,24 +533,19 @@ where
         keys: &'a EntryKeys,
         token: &'a str,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         Box::pin(async move {
             let mut conn = self.conn.clone();
-            let (written, released): (i64, i64) = self
-                .scripts
-                .store_and_unlock
-                .key(&keys.value)
+            let mut invocation = self.scripts.store_and_unlock.key(&keys.value);
+            invocation
                 .key(keys.lock())
                 .key(keys.fence())
                 .arg(token)
                 .arg(fence)
-                .arg(value)
-                .arg(millis(ttl))
-                .arg(keys.channel())
-                .invoke_async(&mut conn)
-                .await?;
+                .arg(self.channel(keys).as_ref());
+            write_args(&mut invocation, write);
+            let (written, released): (i64, i64) = invocation.invoke_async(&mut conn).await?;
             Ok(Stored {
                 written: written == 1,
                 released: released == 1,
@@ -527,9 +568,9 @@ where
                 .key(&keys.value)
                 .key(keys.fence())
                 .arg(value)
-                .arg(millis(ttl))
+                .arg(expiry_ms(ttl))
                 .arg(retention_ms(lease))
-                .arg(keys.channel())
+                .arg(self.channel(keys).as_ref())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())
@@ -549,7 +590,7 @@ where
                 .key(&keys.value)
                 .key(keys.fence())
                 .arg(retention_ms(lease))
-                .arg(keys.channel())
+                .arg(self.channel(keys).as_ref())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())
@@ -563,7 +604,7 @@ where
                 .scripts
                 .wake
                 .key(&keys.value)
-                .arg(keys.channel())
+                .arg(self.channel(keys).as_ref())
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())

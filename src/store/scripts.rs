@@ -8,20 +8,57 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Bumps the fencing counter KEYS[fence]. A counter that did not exist (INCR made it 1) is
+/// The helpers every script starts with.
+///
+/// Expiry arguments are milliseconds, and `0` means no expiry: a duration of
+/// [`FOREVER`](crate::FOREVER) (the Rust side sends it as 0, see `expiry_ms`), so a key kept for
+/// ever is written without `PX` and shows `PTTL` -1.
+///
+/// `keep_at_least` never shortens a key's life: the fencing counter must live at least as long
+/// as every value and lock it guards (the fencing guarantee, `FENCE_RETENTION_LEASES`).
+///
+/// `bump_fence` bumps the fencing counter. A counter that did not exist (INCR made it 1) is
 /// seeded from the server clock in microseconds (`seconds .. zero-padded micros`, built as a
-/// string because Lua's number formatting would round it), so that tokens never go backwards
-/// even after the counter lapsed.
-const BUMP_FENCE: &str = r"
+/// string because Lua's number formatting would round it), so that tokens keep rising even
+/// after the counter was lost.
+const PRELUDE: &str = r"
+local function set_expiring(key, value, ms, ...)
+  if tonumber(ms) == 0 then
+    return redis.call('SET', key, value, ...)
+  end
+  return redis.call('SET', key, value, 'PX', ms, ...)
+end
+local function keep_at_least(key, ms)
+  local pttl = redis.call('PTTL', key)
+  if pttl == -1 or pttl == -2 then
+    return
+  end
+  if tonumber(ms) == 0 then
+    redis.call('PERSIST', key)
+  elseif pttl < tonumber(ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+local function set_keeping(key, value, ms)
+  local pttl = redis.call('PTTL', key)
+  if pttl == -2 then
+    return set_expiring(key, value, ms)
+  end
+  redis.call('SET', key, value)
+  if pttl > 0 then
+    redis.call('PEXPIRE', key, pttl)
+    keep_at_least(key, ms)
+  end
+end
 local function bump_fence(fence, retention_ms)
   local n = redis.call('INCR', fence)
   if n == 1 then
     local t = redis.call('TIME')
     local seeded = t[1] .. string.format('%06d', tonumber(t[2]))
-    redis.call('SET', fence, seeded)
-    n = tonumber(seeded)
+    set_expiring(fence, seeded, retention_ms)
+    return tonumber(seeded)
   end
-  redis.call('PEXPIRE', fence, retention_ms)
+  keep_at_least(fence, retention_ms)
   return n
 end
 ";
@@ -36,19 +73,25 @@ if ARGV[3] == '1' then
     return {1, v}
   end
 end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+if set_expiring(KEYS[2], ARGV[1], ARGV[2], 'NX') then
   return {2, bump_fence(KEYS[3], ARGV[4])}
 end
 return {3, redis.call('PTTL', KEYS[2])}
 ";
 
-/// KEYS: value, lock, fence. ARGV: token, fence, value, ttl ms, channel.
-/// Writes only if the fencing counter is still ours: nobody acquired, set or invalidated since.
+/// KEYS: value, lock, fence. ARGV: token, fence, channel, 'set' | 'del', value, ttl ms.
+/// Writes (or deletes) only if the fencing counter is still ours: nobody acquired, set or
+/// invalidated since. A written value keeps the counter alive at least as long as itself.
 /// Returns {written, released}.
 const STORE_AND_UNLOCK: &str = r"
 local written = 0
 if redis.call('GET', KEYS[3]) == ARGV[2] then
-  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[4])
+  if ARGV[4] == 'set' then
+    set_expiring(KEYS[1], ARGV[5], ARGV[6])
+    keep_at_least(KEYS[3], ARGV[6])
+  else
+    redis.call('DEL', KEYS[1])
+  end
   written = 1
 end
 local released = 0
@@ -56,7 +99,7 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then
   redis.call('DEL', KEYS[2])
   released = 1
 end
-redis.call('PUBLISH', ARGV[5], '')
+redis.call('PUBLISH', ARGV[3], '')
 return {written, released}
 ";
 
@@ -65,10 +108,12 @@ const EXTEND: &str = r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if tonumber(ARGV[2]) == 0 then
+  redis.call('PERSIST', KEYS[1])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
+keep_at_least(KEYS[2], ARGV[3])
 return 1
 ";
 
@@ -85,7 +130,8 @@ return 1
 /// KEYS: value, fence. ARGV: value, ttl ms, fence retention ms, channel.
 const SET: &str = r"
 bump_fence(KEYS[2], ARGV[3])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+set_expiring(KEYS[1], ARGV[1], ARGV[2])
+keep_at_least(KEYS[2], ARGV[2])
 redis.call('PUBLISH', ARGV[4], '')
 return 1
 ";
@@ -119,7 +165,7 @@ if current then
 end
 local t = redis.call('TIME')
 local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ms, 'PX', ARGV[2])
+set_expiring(KEYS[1], ARGV[1] .. ' ' .. ms, ARGV[2])
 return 1
 ";
 
@@ -136,17 +182,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return math.max(0, now - ran)
 ";
 
-/// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
-/// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
-/// stays on the slot's node instead of being broadcast to every node.
 /// KEYS: fence. ARGV: floor, fence retention ms. Raises the counter to at least `floor`.
 const RAISE_FENCE: &str = r"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if current < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  set_keeping(KEYS[1], ARGV[1], ARGV[2])
+else
+  keep_at_least(KEYS[1], ARGV[2])
 end
 return 1
 ";
@@ -156,23 +198,30 @@ const NEXT_FENCE: &str = r"
 return bump_fence(KEYS[1], ARGV[1])
 ";
 
-/// KEYS: value, fence. ARGV: fence, value, ttl ms, fence retention ms, channel.
-/// Writes unless the counter is above `fence` (a newer token or an invalidation came since), and
-/// records `fence`; the counter lives at least as long as the value, so the rule holds for it.
-/// Returns 1 if written.
+/// KEYS: value, fence. ARGV: fence, fence retention ms, channel, 'set' | 'del', value, ttl ms.
+/// Writes (or deletes) unless the counter is above `fence` (a newer token or an invalidation
+/// came since), and records `fence`; the counter lives at least as long as the value, so the
+/// rule holds for it. Returns 1 if written.
 const WRITE_FENCED: &str = r"
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 local written = 0
 if current <= tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  local keep = math.max(tonumber(ARGV[3]), tonumber(ARGV[4]))
-  redis.call('SET', KEYS[2], ARGV[1], 'PX', keep)
+  set_keeping(KEYS[2], ARGV[1], ARGV[2])
+  if ARGV[4] == 'set' then
+    set_expiring(KEYS[1], ARGV[5], ARGV[6])
+    keep_at_least(KEYS[2], ARGV[6])
+  else
+    redis.call('DEL', KEYS[1])
+  end
   written = 1
 end
-redis.call('PUBLISH', ARGV[5], '')
+redis.call('PUBLISH', ARGV[3], '')
 return written
 ";
 
+/// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
+/// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
+/// stays on the slot's node instead of being broadcast to every node.
 pub(crate) struct Scripts {
     pub read_or_lock: Script,
     pub store_and_unlock: Script,
@@ -190,20 +239,21 @@ pub(crate) struct Scripts {
 
 impl Scripts {
     fn new(publish: &str) -> Self {
-        let script = |source: String| Script::new(&source.replace("'PUBLISH'", publish));
+        let script =
+            |body: &str| Script::new(&format!("{PRELUDE}{body}").replace("'PUBLISH'", publish));
         Scripts {
-            read_or_lock: script(format!("{BUMP_FENCE}{READ_OR_LOCK}")),
-            store_and_unlock: script(STORE_AND_UNLOCK.to_owned()),
-            extend: script(EXTEND.to_owned()),
-            unlock: script(UNLOCK.to_owned()),
-            set: script(format!("{BUMP_FENCE}{SET}")),
-            invalidate: script(format!("{BUMP_FENCE}{INVALIDATE}")),
-            raise_fence: script(RAISE_FENCE.to_owned()),
-            next_fence: script(format!("{BUMP_FENCE}{NEXT_FENCE}")),
-            write_fenced: script(WRITE_FENCED.to_owned()),
-            wake: script(WAKE.to_owned()),
-            record_run: script(RECORD_RUN.to_owned()),
-            since_last_run: script(SINCE_LAST_RUN.to_owned()),
+            read_or_lock: script(READ_OR_LOCK),
+            store_and_unlock: script(STORE_AND_UNLOCK),
+            extend: script(EXTEND),
+            unlock: script(UNLOCK),
+            set: script(SET),
+            invalidate: script(INVALIDATE),
+            raise_fence: script(RAISE_FENCE),
+            next_fence: script(NEXT_FENCE),
+            write_fenced: script(WRITE_FENCED),
+            wake: script(WAKE),
+            record_run: script(RECORD_RUN),
+            since_last_run: script(SINCE_LAST_RUN),
         }
     }
 }

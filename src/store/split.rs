@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored};
+use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write};
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
@@ -34,7 +34,20 @@ impl LockStore for SplitStore {
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.locks.extend(keys, token, lease)
+        Box::pin(async move {
+            let extended = self.locks.extend(keys, token, lease).await?;
+            if extended {
+                // The value store's counter guards this holder's write (an invalidation since
+                // its acquisition raised it above the holder's token): keep it as long as the
+                // lock, or it could lapse under a long computation and let the write through.
+                // A failure here is not the lock's: the lease is extended; the value store may
+                // only have been briefly unreachable.
+                if let Err(e) = self.values.raise_fence(keys, 0, lease).await {
+                    tracing::debug!(key = %keys.user, error = %e, "could not keep the value store's fencing counter");
+                }
+            }
+            Ok(extended)
+        })
     }
 
     fn unlock<'a>(
@@ -133,15 +146,14 @@ impl Store for SplitStore {
         keys: &'a EntryKeys,
         token: &'a str,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         Box::pin(async move {
             // The lease only decides the fencing counter's retention on the value store; the
             // value's TTL keeps it at least that long.
             let written = self
                 .values
-                .write_fenced(keys, fence, value, ttl, Duration::ZERO)
+                .write_fenced(keys, fence, write, Duration::ZERO)
                 .await?;
             let released = self.locks.unlock(keys, token).await?;
             Ok(Stored { written, released })
@@ -152,11 +164,10 @@ impl Store for SplitStore {
         &'a self,
         keys: &'a EntryKeys,
         fence: u64,
-        value: Vec<u8>,
-        ttl: Duration,
+        write: Write,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.values.write_fenced(keys, fence, value, ttl, lease)
+        self.values.write_fenced(keys, fence, write, lease)
     }
 
     fn set<'a>(
@@ -169,7 +180,7 @@ impl Store for SplitStore {
         Box::pin(async move {
             let fence = self.locks.next_fence(keys, lease).await?;
             self.values
-                .write_fenced(keys, fence, value, ttl, lease)
+                .write_fenced(keys, fence, Write::Value { bytes: value, ttl }, lease)
                 .await?;
             Ok(())
         })

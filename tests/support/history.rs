@@ -93,6 +93,9 @@ pub enum ServerEvent {
     Bump { key: String, cause: BumpCause },
     /// A value was written.
     Write(Write),
+    /// The value was deleted without a bump: a failed refresh's fenced delete, which the server
+    /// accepts only while the counter is still the refresh's own token.
+    Delete { key: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -341,6 +344,13 @@ pub fn check(h: &History) -> Vec<Violation> {
                 }
             }
             ServerEvent::Write(_) => {}
+            ServerEvent::Delete { key } => match last_bump.get(key.as_str()) {
+                Some((Some(_), "acquisition")) => {}
+                other => violation(
+                    'c',
+                    format!("key {key}: a fenced delete accepted after a newer bump ({other:?})"),
+                ),
+            },
         }
     }
     // (b) a lock acquisition that began after another was granted gets a higher token.
@@ -616,7 +626,8 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
     let mut script: Vec<Vec<Vec<u8>>> = Vec::new();
     let mut flush = |script: &mut Vec<Vec<Vec<u8>>>, events: &mut Vec<ServerEvent>| {
         let mut bumped: Option<(String, u64)> = None;
-        let (mut locked, mut deleted) = (false, false);
+        let mut locked = false;
+        let mut deleted: Option<String> = None;
         let mut written: Option<(String, Vec<u8>)> = None;
         for args in script.drain(..) {
             let [cmd, key, rest @ ..] = args.as_slice() else {
@@ -646,7 +657,7 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
                     bumped = Some((entry, *n));
                 }
                 (b"SET", Part::Lock) => locked = true,
-                (b"DEL", Part::Value) => deleted = true,
+                (b"DEL", Part::Value) => deleted = Some(entry),
                 (b"SET", Part::Value) => {
                     written = Some((entry, rest.first().cloned().unwrap_or_default()))
                 }
@@ -656,7 +667,7 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
         if let Some((key, n)) = bumped {
             if locked {
                 events.push(ServerEvent::Acquire { key, token: n });
-            } else if deleted {
+            } else if deleted.is_some() {
                 events.push(ServerEvent::Bump {
                     key,
                     cause: BumpCause::Invalidate,
@@ -667,6 +678,9 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
                     cause: BumpCause::Set,
                 });
             }
+        } else if let Some(key) = deleted {
+            // A delete without a bump: the fenced delete of a failed refresh.
+            events.push(ServerEvent::Delete { key });
         }
         if let Some((key, bytes)) = written {
             let (fence, value) = decode_value(&bytes).unwrap_or((0, String::new()));
