@@ -20,7 +20,7 @@ pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), stampede_guard::Error<std::io::Error>> {
+/// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = Cache::in_memory();
 /// // Past months never change: keep them until invalidated.
 /// let total: u64 = cache
