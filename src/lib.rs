@@ -53,7 +53,7 @@
 //! | bytes under a key that are not ours, or a value written for another shape of `T` ([type changes](Codec#type-changes)) | a miss, logged; the next computation overwrites them |
 //! | waiting longer than [`CallOptions::wait_timeout`] | [`Error::WaitTimeout`] |
 //! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process), `get` a miss and `set` a skipped write (`invalidate` and locks still fail); reconnection is automatic |
-//! | machines whose clocks disagree | freshness is stamped and judged by the Redis server's clock, which each process estimates (one `TIME` before its first call, then every minute; no command on the hit path) |
+//! | machines whose clocks disagree | freshness is stamped and judged by the Redis server's clock, which each process estimates (three `TIME`s before its first call, then every minute; no command on the hit path) |
 //! | a stale value inside [`CallOptions::stale_for`] | served at once while one caller in the fleet refreshes it; a failed refresh keeps it until its hard expiry |
 //!
 //! # Backends

@@ -84,9 +84,10 @@ fn a_caller_dropped_during_lock_acquisition_frees_the_lock() {
             .build()
             .await
             .expect("a cache through the proxy");
-        // Connect first, so that every drop below falls into a request, not the connection set-up.
+        // Connect (and calibrate the clock) first, so that every drop below falls into a
+        // request, not the connection set-up.
         cache
-            .get::<String>("warm-up")
+            .set("warm-up", &"ready".to_string(), Duration::from_secs(60))
             .await
             .expect("the proxy passes");
 

@@ -234,10 +234,11 @@ fn killed_right_after_a_run() {
         .min();
     let gap = first_new.unwrap() - last_killed.unwrap();
     println!("first run of the new leader {gap} ms after the last run (interval {every:?})");
-    // Both starts are this machine's wall clock; the schedule is kept by the server's, so allow
-    // the few milliseconds of one round trip between them.
+    // Both starts are this machine's wall clock, each read after a round trip to the server that
+    // keeps the schedule: allow for that latency on a loaded machine (the bug this guards
+    // against runs the job a whole interval early, right after the takeover).
     assert!(
-        gap + 20 >= every.as_millis() as u64,
+        gap + 100 >= every.as_millis() as u64,
         "the new leader ran {gap} ms after the last run, inside the {every:?} interval: {runs:?}"
     );
     check_history(&runs);

@@ -41,15 +41,15 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime for the test")
 }
 
-/// B reads the value (a miss: A is computing), then asks the lock nodes, slowly (through delaying
-/// proxies). By the time its request lands, A has written its value and freed the lock, so B is
-/// granted the lock. B must read again before computing, or the value is computed twice.
+/// B reads the value (a miss: A is computing), then asks the lock nodes; its request is held in
+/// the proxies until A has written its value and freed the lock, so B is granted the lock over a
+/// value that has landed. B must read again before computing, or the value is computed twice.
 #[test]
 fn a_lock_granted_after_the_value_landed_is_not_computed_again() {
     let values = RedisServer::start();
     let lock_nodes = servers(3);
     // The proxies run their own runtimes: started and dropped outside the test's.
-    let slow: Vec<Proxy> = lock_nodes.iter().map(|n| Proxy::start(n.port())).collect();
+    let held: Vec<Proxy> = lock_nodes.iter().map(|n| Proxy::start(n.port())).collect();
     runtime().block_on(async {
         let options = CallOptions::default().lease(Duration::from_secs(30));
         let fast_a = split_cache(
@@ -58,16 +58,28 @@ fn a_lock_granted_after_the_value_landed_is_not_computed_again() {
             options.clone(),
         )
         .await;
-        let slow_b = split_cache(&values, slow.iter().map(Proxy::url).collect(), options).await;
-        // Connected while the proxies pass, then slowed: within the Redlock's per-node timeout
-        // (250 ms at this lease), but longer than A's work.
-        let warm_up = slow_b.lock("warm-up").expect("a lock name");
+        let held_b = split_cache(&values, held.iter().map(Proxy::url).collect(), options).await;
+        // Connected while the proxies pass.
+        let warm_up = held_b.lock("warm-up").expect("a lock name");
         drop(warm_up.acquire().await.expect("the lock nodes answer"));
-        for proxy in &slow {
-            proxy.set_mode(Mode::Delay(Duration::from_millis(60)));
-        }
+        let fence = || -> u64 {
+            let mut conn = lock_nodes[0].conn();
+            redis::cmd("GET")
+                .arg("split:{2019-05}_fence")
+                .query::<Option<u64>>(&mut conn)
+                .expect("GET on a lock node")
+                .unwrap_or(0)
+        };
+
         let computes = Arc::new(AtomicUsize::new(0));
+        let compute = |computes: Arc<AtomicUsize>| {
+            move || async move {
+                computes.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>("report for 2019-05".to_string())
+            }
+        };
         let (computing_tx, computing_rx) = tokio::sync::oneshot::channel();
+        let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
         let a = tokio::spawn({
             let (cache, computes) = (fast_a.clone(), computes.clone());
             async move {
@@ -75,28 +87,43 @@ fn a_lock_granted_after_the_value_landed_is_not_computed_again() {
                     .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
                         computes.fetch_add(1, Ordering::SeqCst);
                         let _ = computing_tx.send(());
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let _ = finish_rx.await;
                         Ok::<_, std::io::Error>("report for 2019-05".to_string())
                     })
                     .await
             }
         });
-        // B starts while A computes, so B's first read is a miss.
+        // B starts while A computes, so B's first read is a miss; its lock request is held.
         computing_rx.await.expect("A computes");
-        let b = slow_b
-            .get_or_compute("2019-05", Duration::from_secs(300), {
-                let computes = computes.clone();
-                move || async move {
-                    computes.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, std::io::Error>("report for 2019-05".to_string())
-                }
-            })
-            .await
-            .expect("B gets the value");
+        for proxy in &held {
+            proxy.set_mode(Mode::Blackhole);
+        }
+        let b = tokio::spawn({
+            let (cache, computes) = (held_b.clone(), computes.clone());
+            async move {
+                cache
+                    .get_or_compute("2019-05", Duration::from_secs(300), compute(computes))
+                    .await
+            }
+        });
+        // Give B's read and its lock request time to go out (the request then waits in the
+        // proxies), then let A write its value and free the lock.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = finish_tx.send(());
         let a = a.await.expect("A's task").expect("A computes");
+        let fence_after_a = fence();
+        for proxy in &held {
+            proxy.set_mode(Mode::Pass);
+        }
+        let b = b.await.expect("B's task").expect("B gets the value");
         assert_eq!(
             (a.as_str(), b.as_str()),
             ("report for 2019-05", "report for 2019-05")
+        );
+        assert_eq!(
+            fence(),
+            fence_after_a + 1,
+            "B's held request was granted the lock (the case this test is about)"
         );
         assert_eq!(computes.load(Ordering::SeqCst), 1, "computed twice");
     });

@@ -220,7 +220,12 @@ impl Leader {
         Fut: Future<Output = Result<(), E>>,
         E: fmt::Display,
     {
-        let mut ticks = tokio::time::interval_at(self.first_run().await, self.every);
+        let first_run = tokio::select! {
+            () = &mut *shutdown => return TermEnd::Shutdown,
+            () = lease.lost() => return TermEnd::LeaseLost,
+            first_run = self.first_run() => first_run,
+        };
+        let mut ticks = tokio::time::interval_at(first_run, self.every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -241,9 +246,14 @@ impl Leader {
                 // A newer term has run: this one is over, whatever the lease says.
                 Ok(false) => return TermEnd::LeaseLost,
                 Err(e) => {
-                    tracing::warn!(lock = %self.lock.name(), error = %e,
+                    tracing::warn!(lock = %self.lock.name(), error = %e.chain(),
                         "could not record the run's start; a new leader may run it early");
                 }
+            }
+            // Recording took a round trip, in which the process may have been paused past its
+            // lease: look again, right before the run.
+            if lease.is_lost() {
+                return TermEnd::LeaseLost;
             }
             let ctx = JobContext {
                 fencing_token,
@@ -265,12 +275,14 @@ impl Leader {
     /// now if none is recorded. If the record cannot be read, the run is not held back (a missed
     /// run is worse than an early one; the job's fencing token still guards its writes).
     async fn first_run(&self) -> tokio::time::Instant {
+        let since = self.lock.since_last_run().await;
+        // Counted from the answer, not the request: the reply's latency can only delay the run.
         let now = tokio::time::Instant::now();
-        match self.lock.since_last_run().await {
+        match since {
             Ok(Some(since)) => now + self.every.saturating_sub(since),
             Ok(None) => now,
             Err(e) => {
-                tracing::warn!(lock = %self.lock.name(), error = %e,
+                tracing::warn!(lock = %self.lock.name(), error = %e.chain(),
                     "could not read when the job last ran; running it now");
                 now
             }

@@ -143,12 +143,15 @@ pub(crate) struct Renewal {
 pub(crate) struct Heartbeat {
     task: JoinHandle<()>,
     state: Arc<watch::Sender<LeaseState>>,
-    lease: Duration,
+    /// How long the lock is surely ours after a request that took or extended it: the lease,
+    /// less what clock drift between the nodes that hold it may take (Redlock).
+    valid_for: Duration,
 }
 
 impl Heartbeat {
     /// Starts renewing `keys.lock` for `token` every `lease / 3`. `asked` is when the acquisition
-    /// request was sent: the lease counts from then.
+    /// request was sent: the lease counts from then, and from each renewal request after, less
+    /// the store's clock drift every time.
     pub(crate) fn start(
         store: Arc<dyn LockStore>,
         keys: Arc<EntryKeys>,
@@ -157,15 +160,16 @@ impl Heartbeat {
         renewal: Renewal,
     ) -> Self {
         let lease = renewal.lease;
+        let valid_for = lease.saturating_sub(store.clock_drift(lease));
         let state = Arc::new(watch::Sender::new(LeaseState {
-            valid_until: later_by(asked, lease),
+            valid_until: later_by(asked, valid_for),
             lost: false,
         }));
         let tx = Arc::clone(&state);
         let renew_until = renewal.max_hold.map(|hold| later_by(asked, hold));
         let task = tokio::spawn(async move {
             let period = lease / 3;
-            let mut valid_until = later_by(asked, lease);
+            let mut valid_until = later_by(asked, valid_for);
             loop {
                 let stop_renewing =
                     !renewal.renew || renew_until.is_some_and(|until| Instant::now() >= until);
@@ -192,7 +196,7 @@ impl Heartbeat {
                         if let Some(counters) = &renewal.counters {
                             counters.record(Event::LeaseRenewed);
                         }
-                        valid_until = later_by(asked, lease);
+                        valid_until = later_by(asked, valid_for);
                         tx.send_replace(LeaseState {
                             valid_until,
                             lost: false,
@@ -218,7 +222,11 @@ impl Heartbeat {
                 lost: true,
             });
         });
-        Heartbeat { task, state, lease }
+        Heartbeat {
+            task,
+            state,
+            valid_for,
+        }
     }
 
     pub(crate) fn state(&self) -> watch::Receiver<LeaseState> {
@@ -232,7 +240,7 @@ impl Heartbeat {
                 return;
             }
             if extended {
-                s.valid_until = s.valid_until.max(later_by(asked, self.lease));
+                s.valid_until = s.valid_until.max(later_by(asked, self.valid_for));
             } else {
                 s.lost = true;
             }
@@ -308,12 +316,10 @@ impl Acquiring {
     }
 
     /// The server granted the lock with `fence` to the request sent at `asked`: hold it and start
-    /// renewing. The lease counts from `asked`, less what clock drift between the nodes that
-    /// hold it may take (Redlock), so the holder's view never outlasts the lock.
+    /// renewing. The lease counts from `asked` (less clock drift: see [`Heartbeat::start`]), so
+    /// the holder's view never outlasts the lock.
     pub(crate) fn granted(mut self, fence: u64, asked: Instant) -> HeldLock {
         self.maybe_granted = false;
-        let drift = self.store.clock_drift(self.renewal.lease);
-        let asked = asked.checked_sub(drift).unwrap_or(asked);
         let heartbeat = Heartbeat::start(
             Arc::clone(&self.store),
             Arc::clone(&self.keys),

@@ -62,13 +62,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
         scripts: &'static Scripts,
         channel_suffix: String,
     ) -> Self {
-        let clock = Arc::new(ServerClock::default());
-        clock.keep_synced(conn.clone());
         RedisStore {
             conn,
             pubsub,
             scripts,
-            clock,
+            clock: Arc::default(),
             channel_suffix,
         }
     }
