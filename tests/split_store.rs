@@ -171,3 +171,47 @@ fn waiters_learn_of_a_failed_computation_at_once() {
         assert!(failed.await.expect("the failing task").is_err());
     });
 }
+
+/// A holder paused (here: computing without renewal) for longer than the value store's fencing
+/// counter lives after an invalidation must not write its now stale value: a counter that lapsed
+/// refuses the write instead of taking any token.
+#[test]
+fn a_holder_paused_past_the_counters_life_does_not_write_over_an_invalidation() {
+    let values = RedisServer::start();
+    let lock_nodes = servers(3);
+    let urls: Vec<String> = lock_nodes.iter().map(RedisServer::url).collect();
+    runtime().block_on(async {
+        let lease = Duration::from_millis(200);
+        let paused = split_cache(
+            &values,
+            urls.clone(),
+            CallOptions::default().lease(lease).renew(false),
+        )
+        .await;
+        // Its invalidation keeps the counter for two of its (short) leases.
+        let other = split_cache(&values, urls, CallOptions::default().lease(lease)).await;
+        let (computing_tx, computing_rx) = tokio::sync::oneshot::channel();
+        let computation = tokio::spawn(async move {
+            paused
+                .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
+                    let _ = computing_tx.send(());
+                    // Far past the lease and the counter's retention (two leases).
+                    tokio::time::sleep(lease * 6).await;
+                    Ok::<_, std::io::Error>("stale: computed before the invalidation".to_string())
+                })
+                .await
+        });
+        computing_rx.await.expect("the computation starts");
+        other.invalidate("2019-05").await.expect("invalidated");
+        let returned = computation
+            .await
+            .expect("the task")
+            .expect("its caller gets it");
+        assert_eq!(returned, "stale: computed before the invalidation");
+        assert_eq!(
+            other.get::<String>("2019-05").await.expect("read"),
+            None,
+            "the stale value was written after the invalidation"
+        );
+    });
+}

@@ -1,10 +1,13 @@
 //! A store whose values live on one backend and whose locks live on another: the cache over one
 //! Redis with its per-key locks taken through a Redlock quorum.
 //!
-//! The fencing rule still holds, across the two: the value store keeps the highest token it has
-//! accepted, and writes carrying a lower one are refused. `set` and `invalidate` first draw a
-//! number from the lock quorum above every token handed out so far, so a computation that took
-//! its lock before them cannot write over them afterwards.
+//! The fencing rule still holds, across the two. A computation's token is recorded on the value
+//! store as soon as the lock is granted (its renewals keep it there), and its write is accepted
+//! only while the value store's counter still equals it, as on a single store: a newer holder,
+//! a `set` or an invalidation moves the counter on, and a counter that lapsed (a holder paused
+//! for longer than the counter's retention) refuses the write rather than accept a stale one.
+//! `set` and `invalidate` first draw a number from the lock quorum above every token handed out
+//! so far, so a computation that took its lock before them cannot write over them afterwards.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -131,7 +134,10 @@ impl Store for SplitStore {
                 }
             }
             let answer = self.locks.try_lock(keys, token, lease).await?;
-            if read_value && matches!(answer, Acquire::Acquired { .. }) {
+            let Acquire::Acquired { fence } = answer else {
+                return Ok(answer.into());
+            };
+            if read_value {
                 // Not one step as in a single store: a holder may have written its value and
                 // freed the lock between the read above and this lock. Read again, or the value
                 // would be computed twice.
@@ -144,6 +150,9 @@ impl Store for SplitStore {
                     return Ok(ReadOrLock::Value(value.to_vec()));
                 }
             }
+            // The value store learns the holder's token now, so that only this holder's write
+            // matches it (see the module docs).
+            self.values.raise_fence(keys, fence, lease).await?;
             Ok(answer.into())
         })
     }
@@ -156,11 +165,11 @@ impl Store for SplitStore {
         write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         Box::pin(async move {
-            // The lease only decides the fencing counter's retention on the value store; the
-            // value's TTL keeps it at least that long.
-            let written = self
+            // The single-store rule on the value store (written only while its counter equals
+            // our token); the lock itself is freed on the lock nodes.
+            let Stored { written, .. } = self
                 .values
-                .write_fenced(keys, fence, write, Duration::ZERO)
+                .store_and_unlock(keys, token, fence, write)
                 .await?;
             let released = self.locks.unlock(keys, token).await?;
             Ok(Stored { written, released })
