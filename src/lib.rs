@@ -106,6 +106,7 @@ mod wire;
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::Cache;
+pub use connect::ConnectionOptions;
 pub use error::Error;
 pub use lock::leader;
 pub use lock::lease::Lease;
