@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
+mod eviction;
 mod memory;
 pub(crate) mod quorum;
 pub(crate) mod redis;

@@ -11,6 +11,7 @@ use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, PushInfo, PushKind, RedisError, RedisFuture, Value};
 
+use super::eviction::Answered;
 use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
 use super::{
     millis, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult,
@@ -21,7 +22,8 @@ use crate::wait::wakeup::{lock, Listener, Wakeups};
 use crate::wire::key::EntryKeys;
 
 pub(crate) struct RedisStore<C> {
-    conn: C,
+    /// The data connection; [`Answered`] starts the eviction-policy check at its first answer.
+    conn: Answered<C>,
     pubsub: Arc<PubSub>,
     scripts: &'static Scripts,
 }
@@ -53,7 +55,7 @@ impl RedisStore<ConnectionManager> {
             ConnectionManager::new_lazy_with_config(client.clone(), manager_config(connection))?;
         let pubsub = PubSub::connect(&client, connection)?;
         Ok(RedisStore {
-            conn,
+            conn: Answered::new(conn),
             pubsub,
             scripts: &SCRIPTS,
         })
@@ -88,7 +90,7 @@ impl RedisStore<LazyCluster> {
                 .build()?,
         );
         Ok(RedisStore {
-            conn,
+            conn: Answered::new(conn),
             pubsub: PubSub::new(Subscriber::Cluster(subscriber), wakeups),
             scripts: &SHARDED_SCRIPTS,
         })
