@@ -209,7 +209,10 @@ async fn a_cache_and_a_lock_built_while_the_cluster_is_down_work_once_it_is_up()
         .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1u8) })
         .await;
     assert!(matches!(down, Err(Error::Backend { .. })), "{down:?}");
-    assert!(matches!(lock.try_acquire().await, Err(Error::Backend { .. })));
+    assert!(matches!(
+        lock.try_acquire().await,
+        Err(Error::Backend { .. })
+    ));
 
     std::thread::scope(|s| {
         for node in &mut cluster.nodes {

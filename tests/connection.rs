@@ -60,7 +60,11 @@ async fn each_failed_call_costs_one_attempt_plus_the_configured_retries() {
             .build()
             .await
             .unwrap();
-        assert_eq!(attempts.load(Ordering::SeqCst), 0, "building does not connect");
+        assert_eq!(
+            attempts.load(Ordering::SeqCst),
+            0,
+            "building does not connect"
+        );
         for calls in 1..=3 {
             let e = cache.get::<u8>("k").await.unwrap_err();
             assert!(e.is_backend(), "{e:?}");
