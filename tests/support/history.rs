@@ -10,13 +10,15 @@
 //!   value writes, replaying the fencing counter from its seed;
 //! - what the lock holders' writes achieved is decided by a fenced sink on a second redis-server
 //!   that no fault touches, which refuses a token lower than the highest it has seen;
-//! - the controller's own record: restarts, pauses, kills, and the lock keys left after the run.
+//! - the controller's own record: restarts, pauses, kills, the lock keys left after the run, and
+//!   the lock keys the server evicted under memory pressure (keyspace notifications on
+//!   `__keyevent@0__:evicted`, read on the server's own port).
 //!
 //! The rules (`check`):
 //! - (a) no two accepted critical sections of one key overlap in time (a computation counts as
 //!   accepted when the server took its value; a lock or leader section counts as soon as its
-//!   holder found its lease valid and wrote to the sink, accepted or not, server restarts
-//!   excepted);
+//!   holder found its lease valid and wrote to the sink, accepted or not, server restarts and
+//!   evictions of the lock key excepted);
 //! - (b) accepted writes carry strictly increasing fencing tokens per key, acquisitions hand out
 //!   strictly increasing tokens, and a later acquisition never gets a lower token;
 //! - (c) no write is accepted after an invalidation that followed its lock acquisition;
@@ -143,6 +145,9 @@ pub struct History {
     pub server: Vec<ServerEvent>,
     /// When redis-server was killed for a restart (the locks it held are gone from then on).
     pub restarts_us: Vec<u64>,
+    /// Lock keys the server evicted under memory pressure: when the notification was seen (µs)
+    /// and the lock's name.
+    pub lock_evictions: Vec<(u64, String)>,
     pub pauses: Vec<Pause>,
     pub endings: Vec<Ending>,
     /// Lock keys found right after the run, with their PTTL in ms.
@@ -237,10 +242,14 @@ pub fn check(h: &History) -> Vec<Violation> {
     // every lock) lies between the earlier section's request and the later one's grant: a lock
     // granted by a server that is killed before the grant reaches its holder is already gone when
     // the holder starts, and it learns so at its next renewal (the documented limit of a lock on a
-    // server without persistence). Stricter than "accepted sections": every section in which the
-    // holder checked its lease, found it valid and wrote counts, accepted by the sink or not,
-    // because the lease promises that the holder's own view never outlasts the lock in the
-    // backend; the sink's verdict only says whether fencing also caught a late write.
+    // server without persistence). The same holds for an eviction of the lock key under memory
+    // pressure (the documented limit of a lock on a server whose policy can evict it), with one
+    // difference: the eviction is seen through a notification on another connection, read by a
+    // thread of a busy controller, which may see it after the later grant reached its holder, so
+    // it counts up to two leases after that grant. Stricter than "accepted sections": every section in which the holder checked its
+    // lease, found it valid and wrote counts, accepted by the sink or not, because the lease
+    // promises that the holder's own view never outlasts the lock in the backend; the sink's
+    // verdict only says whether fencing also caught a late write.
     let mut by_lock: BTreeMap<&str, Vec<(u64, u64, String)>> = BTreeMap::new();
     let mut asked: HashMap<String, u64> = HashMap::new();
     for s in &h.sections {
@@ -253,12 +262,16 @@ pub fn check(h: &History) -> Vec<Violation> {
                 .push((s.start_us, s.end_us, label));
         }
     }
+    let notification_slack_us = 2 * h.lease_ms * 1000;
     for (lock, spans) in &mut by_lock {
-        let restarted = |a: &(u64, u64, String), b: &(u64, u64, String)| {
+        let lock_lost = |a: &(u64, u64, String), b: &(u64, u64, String)| {
             let from = asked.get(&a.2).copied().unwrap_or(a.0);
             h.restarts_us.iter().any(|k| *k >= from && *k <= b.0)
+                || h.lock_evictions.iter().any(|(seen, name)| {
+                    name == lock && *seen >= from && *seen <= b.0 + notification_slack_us
+                })
         };
-        for (a, b) in overlaps(spans, restarted) {
+        for (a, b) in overlaps(spans, lock_lost) {
             violation(
                 'a',
                 format!("lock {lock}: critical sections overlap: {a} and {b}"),
@@ -587,6 +600,14 @@ fn entry_of(namespace: &str, key: &[u8]) -> Option<(String, Part)> {
         _ => return None,
     };
     Some((entry.to_string(), part))
+}
+
+/// The lock's name if `key` is the lock key of an entry in `namespace` (`ns:{name}_lock`).
+pub fn lock_name(namespace: &str, key: &str) -> Option<String> {
+    match entry_of(namespace, key.as_bytes())? {
+        (name, Part::Lock) => Some(name),
+        _ => None,
+    }
 }
 
 /// The envelope's fence and the payload string (a bincode `String`) of stored value bytes.
