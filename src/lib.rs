@@ -52,6 +52,7 @@
 //! | bytes under a key that are not ours | a miss, logged; the next computation overwrites them |
 //! | waiting longer than [`CallOptions::wait_timeout`] | [`Error::WaitTimeout`] |
 //! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process); reconnection is automatic |
+//! | Redis evicts our keys (`maxmemory` with a policy other than `noeviction`) | an evicted value is recomputed; an evicted fence key makes the running computation's write be refused (the caller still gets its value); an evicted lock key lets a second holder of a [`Lock`] or [`leader::Leader`] in at once (the first learns at its next renewal; fencing tokens still order their writes). Warned once per store; use `noeviction`, or a separate server for locks |
 //! | a stale value inside [`CallOptions::stale_for`] | served at once while one caller in the fleet refreshes it; a failed refresh keeps it until its hard expiry |
 //!
 //! # Backends

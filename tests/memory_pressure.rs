@@ -96,11 +96,16 @@ impl Drop for Filler {
 }
 
 /// Every key the server evicts, with the moment it was seen (µs), from keyspace notifications.
+/// The reads block without a timeout (a timeout in the middle of a message would desynchronise
+/// the reply parser and lose notifications); a message published on the channel stops it.
 struct Evictions {
     seen: Arc<Mutex<Vec<(u64, String)>>>,
     stop: Arc<AtomicBool>,
+    url: String,
     thread: Option<std::thread::JoinHandle<()>>,
 }
+
+const EVICTED: &str = "__keyevent@0__:evicted";
 
 impl Evictions {
     fn watch(server: &RedisServer) -> Self {
@@ -110,16 +115,15 @@ impl Evictions {
         let (sink, stopping) = (Arc::clone(&seen), Arc::clone(&stop));
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            conn.set_read_timeout(Some(Duration::from_millis(100)))
-                .unwrap();
             let mut pubsub = conn.as_pubsub();
-            pubsub.subscribe("__keyevent@0__:evicted").unwrap();
+            pubsub.subscribe(EVICTED).unwrap();
             let _ = ready_tx.send(());
-            while !stopping.load(Ordering::Relaxed) {
-                if let Ok(msg) = pubsub.get_message() {
-                    if let Ok(key) = msg.get_payload::<String>() {
-                        sink.lock().unwrap().push((now_us(), key));
-                    }
+            while let Ok(msg) = pubsub.get_message() {
+                if stopping.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Ok(key) = msg.get_payload::<String>() {
+                    sink.lock().unwrap().push((now_us(), key));
                 }
             }
         });
@@ -127,6 +131,7 @@ impl Evictions {
         Evictions {
             seen,
             stop,
+            url: server.url(),
             thread: Some(thread),
         }
     }
@@ -142,7 +147,15 @@ impl Evictions {
 
 impl Drop for Evictions {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
+        if let Ok(mut conn) =
+            redis::Client::open(self.url.as_str()).and_then(|c| c.get_connection())
+        {
+            let _: redis::RedisResult<i64> = redis::cmd("PUBLISH")
+                .arg(EVICTED)
+                .arg("stop")
+                .query(&mut conn);
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
