@@ -238,18 +238,19 @@ pub fn check(h: &History) -> Vec<Violation> {
             );
         }
     }
-    // (a) lock sections of one lock never overlap, unless a restart of the server (which loses
-    // every lock) lies between the earlier section's request and the later one's grant: a lock
-    // granted by a server that is killed before the grant reaches its holder is already gone when
-    // the holder starts, and it learns so at its next renewal (the documented limit of a lock on a
-    // server without persistence). The same holds for an eviction of the lock key under memory
-    // pressure (the documented limit of a lock on a server whose policy can evict it), with one
-    // difference: the eviction is seen through a notification on another connection, read by a
-    // thread of a busy controller, which may see it after the later grant reached its holder, so
-    // it counts up to two leases after that grant. Stricter than "accepted sections": every section in which the holder checked its
-    // lease, found it valid and wrote counts, accepted by the sink or not, because the lease
-    // promises that the holder's own view never outlasts the lock in the backend; the sink's
-    // verdict only says whether fencing also caught a late write.
+    // (a) lock sections of one lock never overlap, unless the lock was lost on the server in
+    // between: by a restart (which loses every lock) or by an eviction of the lock key under
+    // memory pressure (the documented limits of a lock on a server without persistence, or
+    // whose policy can evict it). The earlier-granted holder of the two then learns of the loss
+    // at its next renewal. Which of the two was granted first is not always the one whose
+    // section started first (a leader's first run may come well after its grant), so the loss
+    // counts from the earlier of the two requests to the later section's start. An eviction is
+    // seen through a notification on another connection, read by a thread of a busy controller,
+    // which may come after the later grant reached its holder: it counts up to two leases later.
+    // Stricter than "accepted sections": every section in which the holder checked its lease,
+    // found it valid and wrote counts, accepted by the sink or not, because the lease promises
+    // that the holder's own view never outlasts the lock in the backend; the sink's verdict
+    // only says whether fencing also caught a late write.
     let mut by_lock: BTreeMap<&str, Vec<(u64, u64, String)>> = BTreeMap::new();
     let mut asked: HashMap<String, u64> = HashMap::new();
     for s in &h.sections {
@@ -265,7 +266,9 @@ pub fn check(h: &History) -> Vec<Violation> {
     let notification_slack_us = 2 * h.lease_ms * 1000;
     for (lock, spans) in &mut by_lock {
         let lock_lost = |a: &(u64, u64, String), b: &(u64, u64, String)| {
-            let from = asked.get(&a.2).copied().unwrap_or(a.0);
+            let asked_a = asked.get(&a.2).copied().unwrap_or(a.0);
+            let asked_b = asked.get(&b.2).copied().unwrap_or(b.0);
+            let from = asked_a.min(asked_b);
             h.restarts_us.iter().any(|k| *k >= from && *k <= b.0)
                 || h.lock_evictions.iter().any(|(seen, name)| {
                     name == lock && *seen >= from && *seen <= b.0 + notification_slack_us
