@@ -15,17 +15,19 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// [`CacheBuilder::connection`](crate::CacheBuilder::connection),
 /// [`LockBuilder::connection`](crate::LockBuilder::connection) and
 /// [`RedlockBuilder::connection`](crate::RedlockBuilder::connection); used for a single server,
-/// for every node of a Redis Cluster and for each Redlock node alike.
+/// for each Redlock node and (the time-outs) for every node of a Redis Cluster.
 ///
 /// | setting | default | what it bounds |
 /// |---|---|---|
 /// | [`connect_timeout`](Self::connect_timeout) | 2 s | one attempt to open a connection (TCP, TLS, login) |
 /// | [`response_timeout`](Self::response_timeout) | 5 s | one command's answer; a hung server becomes [`Error::Backend`] |
-/// | [`reconnect_retries`](Self::reconnect_retries) | 2 | attempts after the first failed one, with a jittered exponential delay of at most 500 ms in between |
+/// | [`reconnect_retries`](Self::reconnect_retries) | 2 | attempts after the first failed one, with a jittered exponential delay of at most 500 ms in between; a cluster keeps its own command retries (they also follow redirections during a failover) |
 ///
-/// A call that needs a connection while none can be made fails with [`Error::Backend`] after
-/// `1 + reconnect_retries` attempts: with the defaults, a refused connection fails in about
-/// half a second. Timeouts above 24 hours (up to `Duration::MAX`) count as 24 hours.
+/// While no connection can be made, each call fails with [`Error::Backend`], and each failure
+/// costs `1 + reconnect_retries` attempts: the first call makes them itself; after a failure one
+/// reconnection runs in the background, which the next call awaits or finds failed. With the
+/// defaults a refused connection fails in about half a second; with `reconnect_retries(0)`, at
+/// the first refused attempt. Timeouts above 24 hours (up to `Duration::MAX`) count as 24 hours.
 ///
 /// ```
 /// use stampede_guard::{Cache, ConnectionOptions};
