@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
-use stampede_guard::{Backoff, Cache, CallOptions, Error};
+use stampede_guard::{Backoff, Cache, CallOptions, ConnectionOptions, Error};
 use support::{eventually, RedisCluster};
 
 const TTL: Duration = Duration::from_secs(300);
@@ -180,4 +180,61 @@ async fn the_lock_works_on_a_cluster() {
     first.release().await.unwrap();
     let second = lock.acquire().await.unwrap();
     assert!(second.fencing_token() > token);
+}
+
+/// Like a single server, a cluster is connected on first use: a cache and a lock built while
+/// every node is down build fine, fail with a backend error while it stays down, and work once
+/// it is back (the nodes keep their cluster configuration across the restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_and_a_lock_built_while_the_cluster_is_down_work_once_it_is_up() {
+    let mut cluster = RedisCluster::start();
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    let connection = ConnectionOptions::default().connect_timeout(Duration::from_millis(300));
+    let cache = Cache::builder()
+        .redis_cluster(cluster.urls())
+        .namespace("reports")
+        .connection(connection.clone())
+        .build()
+        .await
+        .expect("building does not wait for the cluster");
+    let lock = stampede_guard::Lock::builder("copy-counters")
+        .redis_cluster(cluster.urls())
+        .connection(connection)
+        .build()
+        .await
+        .expect("building does not wait for the cluster");
+    let down = cache
+        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1u8) })
+        .await;
+    assert!(matches!(down, Err(Error::Backend { .. })), "{down:?}");
+    assert!(matches!(
+        lock.try_acquire().await,
+        Err(Error::Backend { .. })
+    ));
+
+    std::thread::scope(|s| {
+        for node in &mut cluster.nodes {
+            s.spawn(move || node.restart());
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(30), || cluster.is_healthy()),
+        "the cluster came back"
+    );
+    let mut value = None;
+    for _ in 0..100 {
+        if let Ok(v) = cache
+            .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(7u8) })
+            .await
+        {
+            value = Some(v);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(value, Some(7), "calls succeed once the cluster answers");
+    let guard = lock.acquire().await.expect("the lock works too");
+    assert!(guard.fencing_token() > 0);
 }

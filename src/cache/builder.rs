@@ -1,7 +1,7 @@
 //! [`CacheBuilder`]: backend, namespace, default call options and codec.
 
 use crate::cache::Cache;
-use crate::connect::Backend;
+use crate::connect::{Backend, ConnectionOptions};
 use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
@@ -34,6 +34,7 @@ pub struct CacheBuilder<C = Bincode> {
     /// Redlock node URLs for the per-key locks, if they are not taken in the backend itself.
     redlock: Vec<String>,
     options: CallOptions,
+    connection: ConnectionOptions,
     codec: C,
 }
 
@@ -44,6 +45,7 @@ impl<C> std::fmt::Debug for CacheBuilder<C> {
             .field("backend", &self.backend.kind())
             .field("redlock_nodes", &self.redlock.len())
             .field("options", &self.options)
+            .field("connection", &self.connection)
             .finish_non_exhaustive()
     }
 }
@@ -55,6 +57,7 @@ impl CacheBuilder {
             backend: Backend::Memory,
             redlock: Vec::new(),
             options: CallOptions::default(),
+            connection: ConnectionOptions::default(),
             codec: Bincode,
         }
     }
@@ -77,7 +80,8 @@ impl<C: Codec> CacheBuilder<C> {
 
     /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
     /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
-    /// one slot; wake-ups use sharded pub/sub (Redis 7). Building waits for the cluster to answer.
+    /// one slot; wake-ups use sharded pub/sub (Redis 7). Like a single server, the cluster is
+    /// connected on first use: a cache built while it is down works as soon as it answers.
     pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -105,6 +109,22 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
+    /// How to reach Redis: time-outs and reconnection attempts (see [`ConnectionOptions`] for
+    /// the defaults). Applies to the backend and to every [`redlock`](Self::redlock) node.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, ConnectionOptions};
+    /// use std::time::Duration;
+    ///
+    /// let builder = Cache::builder()
+    ///     .connection(ConnectionOptions::default().connect_timeout(Duration::from_millis(500)));
+    /// # let _ = builder;
+    /// ```
+    pub fn connection(mut self, connection: ConnectionOptions) -> Self {
+        self.connection = connection;
+        self
+    }
+
     /// Take the per-key locks through a Redlock over these independent Redis masters (an odd
     /// number, at least 3), while values stay on the backend. The fencing rule holds across the
     /// two: the backend refuses a value whose token is lower than one it has accepted, and `set`
@@ -127,21 +147,23 @@ impl<C: Codec> CacheBuilder<C> {
             backend: self.backend,
             redlock: self.redlock,
             options: self.options,
+            connection: self.connection,
             codec,
         }
     }
 
-    /// Builds the cache. For Redis this does not wait for the server: a cache built while Redis
-    /// is down works as soon as it is up.
+    /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:
+    /// a cache built while Redis is down works as soon as it is up.
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a bad namespace, [`Error::Config`] for a Redis URL that does not
     /// parse.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
-        let mut store = self.backend.open().await?;
+        let mut store = self.backend.open(&self.connection)?;
         if !self.redlock.is_empty() {
-            let locks = QuorumStore::connect(self.redlock, self.options.lease, None).await?;
+            let locks =
+                QuorumStore::connect(self.redlock, self.options.lease, None, &self.connection)?;
             store = Arc::new(SplitStore {
                 values: store,
                 locks: Arc::new(locks),

@@ -18,7 +18,7 @@ pub mod leader;
 pub(crate) mod lease;
 pub(crate) mod redlock;
 
-use crate::connect::Backend;
+use crate::connect::{Backend, ConnectionOptions};
 use crate::lock::lease::{Acquiring, HeldLock, Lease};
 use crate::wire::key::{validate_namespace, EntryKeys};
 
@@ -108,6 +108,7 @@ impl Lock {
             namespace: crate::options::DEFAULT_NAMESPACE.to_owned(),
             backend: Backend::Memory,
             options: CallOptions::default(),
+            connection: ConnectionOptions::default(),
         }
     }
 
@@ -342,6 +343,7 @@ pub struct LockBuilder {
     namespace: String,
     backend: Backend,
     options: CallOptions,
+    connection: ConnectionOptions,
 }
 
 impl std::fmt::Debug for LockBuilder {
@@ -351,6 +353,7 @@ impl std::fmt::Debug for LockBuilder {
             .field("namespace", &self.namespace)
             .field("backend", &self.backend.kind())
             .field("options", &self.options)
+            .field("connection", &self.connection)
             .finish()
     }
 }
@@ -370,7 +373,8 @@ impl LockBuilder {
 
     /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
     /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
-    /// one slot; wake-ups use sharded pub/sub (Redis 7). Building waits for the cluster to answer.
+    /// one slot; wake-ups use sharded pub/sub (Redis 7). Connected on first use, like a single
+    /// server.
     pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -392,6 +396,20 @@ impl LockBuilder {
         self
     }
 
+    /// How to reach Redis: time-outs and reconnection attempts (see [`ConnectionOptions`] for
+    /// the defaults).
+    ///
+    /// ```
+    /// use stampede_guard::{ConnectionOptions, Lock};
+    ///
+    /// let builder = Lock::builder("sync").connection(ConnectionOptions::default().reconnect_retries(0));
+    /// # let _ = builder;
+    /// ```
+    pub fn connection(mut self, connection: ConnectionOptions) -> Self {
+        self.connection = connection;
+        self
+    }
+
     /// Builds the lock. An in-memory lock (the default backend) is shared by its clones only;
     /// use [`Cache::lock`](crate::Cache::lock) for several locks on one memory store.
     ///
@@ -401,7 +419,7 @@ impl LockBuilder {
         validate_namespace(&self.namespace)?;
         let keys = EntryKeys::new(&self.namespace, &self.name)?;
         Ok(Lock::from_parts(
-            self.backend.open().await?,
+            self.backend.open(&self.connection)?,
             keys,
             self.options,
         ))

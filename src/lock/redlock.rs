@@ -24,6 +24,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::connect::ConnectionOptions;
 use crate::store::quorum::QuorumStore;
 use crate::wire::key::{validate_namespace, EntryKeys};
 use crate::{CallOptions, Error, Lock};
@@ -57,6 +58,7 @@ impl Redlock {
             nodes: Vec::new(),
             options: CallOptions::default(),
             node_timeout: None,
+            connection: ConnectionOptions::default(),
         }
     }
 }
@@ -75,6 +77,7 @@ pub struct RedlockBuilder {
     nodes: Vec<String>,
     options: CallOptions,
     node_timeout: Option<Duration>,
+    connection: ConnectionOptions,
 }
 
 impl std::fmt::Debug for RedlockBuilder {
@@ -85,6 +88,7 @@ impl std::fmt::Debug for RedlockBuilder {
             .field("nodes", &self.nodes.len())
             .field("options", &self.options)
             .field("node_timeout", &self.node_timeout)
+            .field("connection", &self.connection)
             .finish()
     }
 }
@@ -119,6 +123,23 @@ impl RedlockBuilder {
         self
     }
 
+    /// How to reach each node: time-outs and reconnection attempts (see [`ConnectionOptions`]
+    /// for the defaults). The [`node_timeout`](Self::node_timeout) still bounds each node's
+    /// part of an acquisition; these bound the connection underneath it.
+    ///
+    /// ```
+    /// use stampede_guard::{ConnectionOptions, Redlock};
+    /// use std::time::Duration;
+    ///
+    /// let builder = Redlock::builder("sync")
+    ///     .connection(ConnectionOptions::default().connect_timeout(Duration::from_millis(100)));
+    /// # let _ = builder;
+    /// ```
+    pub fn connection(mut self, connection: ConnectionOptions) -> Self {
+        self.connection = connection;
+        self
+    }
+
     /// Builds the lock. Connections are made on first use.
     ///
     /// # Errors
@@ -127,8 +148,12 @@ impl RedlockBuilder {
     pub async fn build(self) -> Result<Lock, Error> {
         validate_namespace(&self.namespace)?;
         let keys = EntryKeys::new(&self.namespace, &self.name)?;
-        let quorum =
-            QuorumStore::connect(self.nodes, self.options.lease, self.node_timeout).await?;
+        let quorum = QuorumStore::connect(
+            self.nodes,
+            self.options.lease,
+            self.node_timeout,
+            &self.connection,
+        )?;
         Ok(Lock::from_parts(Arc::new(quorum), keys, self.options))
     }
 }

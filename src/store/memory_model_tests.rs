@@ -707,7 +707,10 @@ fn the_memory_store_answers_like_redis() {
         .unwrap();
     let redis: Vec<Vec<String>> = runtime.block_on(async {
         let client = ::redis::Client::open(server.url()).unwrap();
-        let store = Arc::new(super::super::redis::RedisStore::connect(client).unwrap());
+        let store = Arc::new(
+            super::super::redis::RedisStore::connect(client, &crate::ConnectionOptions::default())
+                .unwrap(),
+        );
         let runs = sequences.iter().enumerate().map(|(i, ops)| {
             let store = Arc::clone(&store);
             let ops = ops.clone();

@@ -10,6 +10,7 @@ use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
 mod clock;
+mod eviction;
 mod memory;
 pub(crate) mod quorum;
 pub(crate) mod redis;

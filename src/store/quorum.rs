@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Acquire, BoxFuture, LockStore, Store, StoreError, StoreResult};
-use crate::connect::Backend;
+use crate::connect::{Backend, ConnectionOptions};
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 use crate::Error;
@@ -25,10 +25,11 @@ pub(crate) struct QuorumStore {
 impl QuorumStore {
     /// Connects (lazily) to the nodes. `node_timeout` defaults to 1/20 of the lease, between 10
     /// and 250 ms.
-    pub(crate) async fn connect(
+    pub(crate) fn connect(
         urls: Vec<String>,
         lease: Duration,
         node_timeout: Option<Duration>,
+        connection: &ConnectionOptions,
     ) -> Result<Self, Error> {
         let n = urls.len();
         if n < 3 || n.is_multiple_of(2) {
@@ -38,7 +39,7 @@ impl QuorumStore {
         }
         let mut nodes = Vec::with_capacity(n);
         for url in urls {
-            nodes.push(Backend::RedisUrl(url).open().await?);
+            nodes.push(Backend::RedisUrl(url).open(connection)?);
         }
         let node_timeout = node_timeout.unwrap_or_else(|| {
             (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))

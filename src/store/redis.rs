@@ -7,27 +7,24 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, PushInfo, PushKind, RedisError, Value};
+use redis::{Cmd, ErrorKind, Pipeline, PushInfo, PushKind, RedisError, RedisFuture, Value};
 
 use super::clock::ServerClock;
+use super::eviction::Answered;
 use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
 use super::{
     expiry_ms, retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError,
     StoreResult, Stored, Write,
 };
+use crate::connect::ConnectionOptions;
 use crate::wait::wakeup::{lock, Listener, Wakeups};
 use crate::wire::key::EntryKeys;
 
-/// How long a connection attempt may take before the call gets a backend error.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one command may take. Generous for a 64 MiB value on a busy server, short enough
-/// that a hung server surfaces as an error rather than a hang.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-
 pub(crate) struct RedisStore<C> {
-    conn: C,
+    /// The data connection; [`Answered`] starts the eviction-policy check at its first answer.
+    conn: Answered<C>,
     pubsub: Arc<PubSub>,
     scripts: &'static Scripts,
     /// Freshness is stamped and judged by the server's clock, not this machine's.
@@ -46,12 +43,12 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 }
 
 /// The connection settings shared by the data and the notification connection.
-fn manager_config() -> ConnectionManagerConfig {
+fn manager_config(connection: &ConnectionOptions) -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(RESPONSE_TIMEOUT))
+        .set_connection_timeout(Some(connection.connect_timeout))
+        .set_response_timeout(Some(connection.response_timeout))
         // Retries of one reconnection attempt; while they run, calls fail fast with an error.
-        .set_number_of_retries(2)
+        .set_number_of_retries(connection.reconnect_retries)
         .set_max_delay(Duration::from_millis(500))
 }
 
@@ -63,7 +60,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
         channel_suffix: String,
     ) -> Self {
         RedisStore {
-            conn,
+            conn: Answered::new(conn),
             pubsub,
             scripts,
             clock: Arc::default(),
@@ -75,35 +72,45 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
 impl RedisStore<ConnectionManager> {
     /// Connects lazily: building never fails because the server is down; calls do, with a
     /// backend error, until it is up.
-    pub(crate) fn connect(client: redis::Client) -> StoreResult<Self> {
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config())?;
-        let pubsub = PubSub::connect(&client)?;
+    pub(crate) fn connect(
+        client: redis::Client,
+        connection: &ConnectionOptions,
+    ) -> StoreResult<Self> {
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config(connection))?;
+        let pubsub = PubSub::connect(&client, connection)?;
         let db = client.get_connection_info().redis_settings().db();
         Ok(RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)))
     }
 }
 
-impl RedisStore<ClusterConnection> {
-    /// Connects to a Redis Cluster through `seeds` (any reachable nodes; the rest is discovered).
-    /// Unlike a single server, this waits for the cluster to answer.
-    pub(crate) async fn connect_cluster(seeds: &[String]) -> StoreResult<Self> {
+impl RedisStore<LazyCluster> {
+    /// A Redis Cluster reached through `seeds` (any reachable nodes; the rest is discovered).
+    /// Lazy like a single server: nothing is asked of the cluster until the first call, and a
+    /// call made while it is unreachable fails with a backend error; the next one tries again.
+    pub(crate) fn connect_cluster(
+        seeds: &[String],
+        connection: &ConnectionOptions,
+    ) -> StoreResult<Self> {
+        // The cluster client keeps its own retry policy for commands (it also retries to follow
+        // redirections during a failover), so only the time-outs are ours.
         let builder = || {
             ClusterClientBuilder::new(seeds.iter().map(String::as_str))
-                .connection_timeout(CONNECT_TIMEOUT)
-                .response_timeout(RESPONSE_TIMEOUT)
+                .connection_timeout(connection.connect_timeout)
+                .response_timeout(connection.response_timeout)
         };
-        let conn = builder().build()?.get_async_connection().await?;
+        let conn = LazyCluster::new(builder().build()?);
         let wakeups = Arc::new(Wakeups::default());
         let sink = Arc::clone(&wakeups);
-        let subscriber = builder()
-            .use_protocol(redis::ProtocolVersion::RESP3)
-            .push_sender(move |push: PushInfo| {
-                route_push(&sink, push);
-                Ok::<(), redis::aio::SendError>(())
-            })
-            .build()?
-            .get_async_connection()
-            .await?;
+        let subscriber = LazyCluster::new(
+            builder()
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(move |push: PushInfo| {
+                    route_push(&sink, push);
+                    Ok::<(), redis::aio::SendError>(())
+                })
+                .build()?,
+        );
         let pubsub = PubSub::new(Subscriber::Cluster(subscriber), wakeups);
         // A cluster has database 0 only.
         Ok(RedisStore::new(
@@ -115,25 +122,76 @@ impl RedisStore<ClusterConnection> {
     }
 }
 
+/// A cluster connection made on first use. A failed attempt is not kept: the next call makes
+/// a new one, so a cache built while the cluster is down works once it is up.
+#[derive(Clone)]
+pub(crate) struct LazyCluster {
+    /// Boxed in an `Arc`: the client is large (hundreds of bytes) and cloned with every call.
+    client: Arc<ClusterClient>,
+    conn: Arc<tokio::sync::OnceCell<ClusterConnection>>,
+}
+
+impl LazyCluster {
+    fn new(client: ClusterClient) -> Self {
+        LazyCluster {
+            client: Arc::new(client),
+            conn: Arc::default(),
+        }
+    }
+
+    /// The connection, made now if there is none yet (concurrent callers share one attempt).
+    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
+        self.conn
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
+}
+
+impl ConnectionLike for LazyCluster {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let mut conn = self.get().await?;
+            conn.req_packed_command(cmd).await
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let mut conn = self.get().await?;
+            conn.req_packed_commands(pipeline, offset, count).await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
 /// The connection that carries subscriptions: plain pub/sub on one server, sharded pub/sub on a
 /// cluster (the subscription lands on the node that owns the channel's slot).
 enum Subscriber {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(LazyCluster),
 }
 
 impl Subscriber {
     async fn subscribe(&self, channel: &str) -> StoreResult<()> {
         match self {
             Subscriber::Single(conn) => Ok(conn.clone().subscribe(channel).await?),
-            Subscriber::Cluster(conn) => Ok(conn.clone().ssubscribe(channel).await?),
+            Subscriber::Cluster(conn) => Ok(conn.get().await?.ssubscribe(channel).await?),
         }
     }
 
     async fn unsubscribe(&self, channel: &str) -> StoreResult<()> {
         match self {
             Subscriber::Single(conn) => Ok(conn.clone().unsubscribe(channel).await?),
-            Subscriber::Cluster(conn) => Ok(conn.clone().sunsubscribe(channel).await?),
+            Subscriber::Cluster(conn) => Ok(conn.get().await?.sunsubscribe(channel).await?),
         }
     }
 }
@@ -156,7 +214,7 @@ struct Subscription {
 }
 
 impl PubSub {
-    fn connect(client: &redis::Client) -> StoreResult<Arc<Self>> {
+    fn connect(client: &redis::Client, connection: &ConnectionOptions) -> StoreResult<Arc<Self>> {
         let info = client.get_connection_info().clone();
         let resp3 = info
             .redis_settings()
@@ -165,7 +223,7 @@ impl PubSub {
         let client = redis::Client::open(info.set_redis_settings(resp3))?;
         let wakeups = Arc::new(Wakeups::default());
         let sink = Arc::clone(&wakeups);
-        let config = manager_config()
+        let config = manager_config(connection)
             .set_push_sender(move |push: PushInfo| {
                 route_push(&sink, push);
                 Ok::<(), redis::aio::SendError>(())

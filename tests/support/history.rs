@@ -10,13 +10,15 @@
 //!   value writes, replaying the fencing counter from its seed;
 //! - what the lock holders' writes achieved is decided by a fenced sink on a second redis-server
 //!   that no fault touches, which refuses a token lower than the highest it has seen;
-//! - the controller's own record: restarts, pauses, kills, and the lock keys left after the run.
+//! - the controller's own record: restarts, pauses, kills, the lock keys left after the run, and
+//!   the lock keys the server evicted under memory pressure (keyspace notifications on
+//!   `__keyevent@0__:evicted`, read on the server's own port).
 //!
 //! The rules (`check`):
 //! - (a) no two accepted critical sections of one key overlap in time (a computation counts as
 //!   accepted when the server took its value; a lock or leader section counts as soon as its
-//!   holder found its lease valid and wrote to the sink, accepted or not, server restarts
-//!   excepted);
+//!   holder found its lease valid and wrote to the sink, accepted or not, server restarts and
+//!   evictions of the lock key excepted);
 //! - (b) accepted writes carry strictly increasing fencing tokens per key, acquisitions hand out
 //!   strictly increasing tokens, and a later acquisition never gets a lower token;
 //! - (c) no write is accepted after an invalidation that followed its lock acquisition;
@@ -146,6 +148,9 @@ pub struct History {
     pub server: Vec<ServerEvent>,
     /// When redis-server was killed for a restart (the locks it held are gone from then on).
     pub restarts_us: Vec<u64>,
+    /// Lock keys the server evicted under memory pressure: when the notification was seen (µs)
+    /// and the lock's name.
+    pub lock_evictions: Vec<(u64, String)>,
     pub pauses: Vec<Pause>,
     pub endings: Vec<Ending>,
     /// Lock keys found right after the run, with their PTTL in ms.
@@ -236,14 +241,19 @@ pub fn check(h: &History) -> Vec<Violation> {
             );
         }
     }
-    // (a) lock sections of one lock never overlap, unless a restart of the server (which loses
-    // every lock) lies between the earlier section's request and the later one's grant: a lock
-    // granted by a server that is killed before the grant reaches its holder is already gone when
-    // the holder starts, and it learns so at its next renewal (the documented limit of a lock on a
-    // server without persistence). Stricter than "accepted sections": every section in which the
-    // holder checked its lease, found it valid and wrote counts, accepted by the sink or not,
-    // because the lease promises that the holder's own view never outlasts the lock in the
-    // backend; the sink's verdict only says whether fencing also caught a late write.
+    // (a) lock sections of one lock never overlap, unless the lock was lost on the server in
+    // between: by a restart (which loses every lock) or by an eviction of the lock key under
+    // memory pressure (the documented limits of a lock on a server without persistence, or
+    // whose policy can evict it). The earlier-granted holder of the two then learns of the loss
+    // at its next renewal. Which of the two was granted first is not always the one whose
+    // section started first (a leader's first run may come well after its grant), so the loss
+    // counts from the earlier of the two requests to the later section's start. An eviction is
+    // seen through a notification on another connection, read by a thread of a busy controller,
+    // which may come after the later grant reached its holder: it counts up to two leases later.
+    // Stricter than "accepted sections": every section in which the holder checked its lease,
+    // found it valid and wrote counts, accepted by the sink or not, because the lease promises
+    // that the holder's own view never outlasts the lock in the backend; the sink's verdict
+    // only says whether fencing also caught a late write.
     let mut by_lock: BTreeMap<&str, Vec<(u64, u64, String)>> = BTreeMap::new();
     let mut asked: HashMap<String, u64> = HashMap::new();
     for s in &h.sections {
@@ -256,12 +266,18 @@ pub fn check(h: &History) -> Vec<Violation> {
                 .push((s.start_us, s.end_us, label));
         }
     }
+    let notification_slack_us = 2 * h.lease_ms * 1000;
     for (lock, spans) in &mut by_lock {
-        let restarted = |a: &(u64, u64, String), b: &(u64, u64, String)| {
-            let from = asked.get(&a.2).copied().unwrap_or(a.0);
+        let lock_lost = |a: &(u64, u64, String), b: &(u64, u64, String)| {
+            let asked_a = asked.get(&a.2).copied().unwrap_or(a.0);
+            let asked_b = asked.get(&b.2).copied().unwrap_or(b.0);
+            let from = asked_a.min(asked_b);
             h.restarts_us.iter().any(|k| *k >= from && *k <= b.0)
+                || h.lock_evictions.iter().any(|(seen, name)| {
+                    name == lock && *seen >= from && *seen <= b.0 + notification_slack_us
+                })
         };
-        for (a, b) in overlaps(spans, restarted) {
+        for (a, b) in overlaps(spans, lock_lost) {
             violation(
                 'a',
                 format!("lock {lock}: critical sections overlap: {a} and {b}"),
@@ -597,6 +613,14 @@ fn entry_of(namespace: &str, key: &[u8]) -> Option<(String, Part)> {
         _ => return None,
     };
     Some((entry.to_string(), part))
+}
+
+/// The lock's name if `key` is the lock key of an entry in `namespace` (`ns:{name}_lock`).
+pub fn lock_name(namespace: &str, key: &str) -> Option<String> {
+    match entry_of(namespace, key.as_bytes())? {
+        (name, Part::Lock) => Some(name),
+        _ => None,
+    }
 }
 
 /// The envelope's fence and the payload string (a bincode `String`) of stored value bytes.
