@@ -88,7 +88,9 @@ async fn locks_and_redlock_nodes_use_the_connection_settings_too() {
         .unwrap();
     let e = lock.try_acquire().await.unwrap_err();
     assert!(e.is_backend(), "{e:?}");
-    assert_eq!(settled(&attempts).await, 2);
+    // Two calls, without retries: the acquisition, then (its connection dropped, so the server
+    // may have granted it) the release of the lock it may hold.
+    assert_eq!(settled(&attempts).await, 2 + 1);
 
     let mut nodes = Vec::new();
     let mut counts = Vec::new();

@@ -197,6 +197,7 @@ impl<C: Codec> Cache<C> {
                 Ok(answer) => answer,
                 Err(e) => {
                     // The request may have been granted anyway: free it before computing uncached.
+                    acquiring.failed(&e);
                     drop(acquiring);
                     return self.without_cache("read-or-lock", e, keys, f).await;
                 }

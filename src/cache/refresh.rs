@@ -113,8 +113,10 @@ impl<C: Codec> Cache<C> {
             let answer = store
                 .read_or_lock(&keys, &token, options.lease, false)
                 .await;
-            if matches!(answer, Ok(ReadOrLock::Held { .. } | ReadOrLock::Value(_))) {
-                acquiring.refused();
+            match &answer {
+                Ok(ReadOrLock::Held { .. } | ReadOrLock::Value(_)) => acquiring.refused(),
+                Ok(ReadOrLock::Acquired { .. }) => {}
+                Err(e) => acquiring.failed(e),
             }
             match answer {
                 Ok(ReadOrLock::Acquired { fence }) => {

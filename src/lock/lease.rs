@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::options::later_by;
 use crate::stats::{Counters, Event};
-use crate::store::{LockStore, Store, StoreResult, Stored, Write};
+use crate::store::{LockStore, Store, StoreError, StoreResult, Stored, Write};
 use crate::wire::key::EntryKeys;
 
 /// The holder's view of its lease.
@@ -313,6 +313,14 @@ impl Acquiring {
     /// The server answered that the lock was not taken (held by another, or a value was read).
     pub(crate) fn refused(&mut self) {
         self.maybe_granted = false;
+    }
+
+    /// The request failed: the lock is still freed on drop if the request may have been carried
+    /// out (it reached the server and the answer was lost), not if it was never sent.
+    pub(crate) fn failed(&mut self, error: &StoreError) {
+        if !error.may_have_been_applied() {
+            self.maybe_granted = false;
+        }
     }
 
     /// The server granted the lock with `fence` to the request sent at `asked`: hold it and start

@@ -241,11 +241,17 @@ impl Lock {
     ) -> Result<Result<(u64, Instant), Option<Duration>>, Error> {
         let token = acquiring.token();
         let asked = acquiring.sending();
-        let answer = self
+        let answer = match self
             .store
             .try_lock(&self.keys, &token, self.options.lease)
             .await
-            .map_err(|e| Error::backend("acquire", e))?;
+        {
+            Ok(answer) => answer,
+            Err(e) => {
+                acquiring.failed(&e);
+                return Err(Error::backend("acquire", e));
+            }
+        };
         Ok(match answer {
             Acquire::Acquired { fence } => Ok((fence, asked)),
             Acquire::Held { expires_in } => {

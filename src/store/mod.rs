@@ -41,6 +41,19 @@ impl From<::redis::RedisError> for StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether the request may have been carried out although it failed: it may have reached the
+    /// server (a time-out, a connection dropped while waiting for the answer). Not when it was
+    /// never sent (the connection refused or not up) or the server refused it with an error.
+    pub(crate) fn may_have_been_applied(&self) -> bool {
+        match self {
+            StoreError::Redis(e) => e.is_timeout() || e.is_connection_dropped(),
+            // The quorum store undoes what it took before it reports no quorum.
+            StoreError::NoQuorum { .. } => false,
+        }
+    }
+}
+
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
