@@ -249,8 +249,13 @@ async fn the_fencing_counter_outlives_many_leases_while_its_value_lives_on_redis
     assert_eq!(fetched.source, Source::Computed);
     let mut conn = server.conn();
     tokio::time::sleep(lease * 10).await; // many leases: the counter's old retention is long gone
-    let value_pttl: i64 = conn.pttl(format!("{NS}:{{k}}")).unwrap();
-    let fence_pttl: i64 = conn.pttl(format!("{NS}:{{k}}_fence")).unwrap();
+                                          // Both read at one server instant (MULTI), or the later read sees a millisecond less.
+    let (value_pttl, fence_pttl): (i64, i64) = redis::pipe()
+        .atomic()
+        .pttl(format!("{NS}:{{k}}"))
+        .pttl(format!("{NS}:{{k}}_fence"))
+        .query(&mut conn)
+        .unwrap();
     assert!(value_pttl > 0, "{value_pttl}");
     assert!(
         fence_pttl >= value_pttl,
