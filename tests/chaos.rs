@@ -913,11 +913,18 @@ fn worker(role: &str) -> Result<(), String> {
             .build()
             .await
             .map_err(|e| e.to_string())?;
+        // The sink is the harness's own recorder on a server no fault touches: give its
+        // connection room on a loaded machine (redis-rs's default is 1 s; a worker started while
+        // the machine was busy once failed there, before its first call, and counted as a
+        // worker that did not shut down cleanly).
+        let sink_config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(10)))
+            .set_response_timeout(Some(Duration::from_secs(10)));
         let sink = redis::Client::open(sink_url.as_str())
             .map_err(|e| e.to_string())?
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&sink_config)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| format!("connecting to the sink: {e}"))?;
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
         let ctx = Arc::new(Ctx {
             cache,
