@@ -460,18 +460,8 @@ impl Walk {
             Node::Enum(n, variants) => {
                 out.push_str("enum ");
                 name(out, n);
-                out.push('{');
-                for (i, variant) in variants.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    name(out, variant);
-                    out.push('=');
-                    path.push(u32::try_from(i).unwrap_or(u32::MAX));
-                    self.render(path, out);
-                    path.pop();
-                }
-                out.push('}');
+                // Variants are written like fields: each name, then its shape.
+                fields(out, path, variants);
             }
             Node::Variant(Kind::Unit) => out.push_str("unit"),
             Node::Variant(Kind::Newtype) => {
