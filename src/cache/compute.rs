@@ -38,8 +38,8 @@ pub(crate) enum OnFailure {
 /// A stored entry, decoded: a value, or a remembered failure's message.
 pub(crate) struct StoredEntry<T> {
     pub value: Result<T, String>,
-    fresh_until_ms: u64,
-    compute_ms: u32,
+    pub fresh_until_ms: u64,
+    pub compute_ms: u32,
     /// The fencing token of the write, to tell whether it was replaced since it was read.
     pub fence: u64,
 }
@@ -60,10 +60,36 @@ impl<C: Codec> Cache<C> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         self.clock_ready().await;
 
+        // The near tier, if any: a fresh copy is served as a hit (XFetch still draws in
+        // `serve`); otherwise a ticket is taken before the read, for its answer to go in.
+        let ticket = match &self.inner.near {
+            Some(near) => {
+                if let Some(entry) = near.get::<T>(&keys.value, self.inner.store.now_ms()) {
+                    return self.serve(entry, keys, ttl, f, Source::Hit);
+                }
+                near.ticket(&keys.value)
+            }
+            None => None,
+        };
+
         // The hit path: one GET, no script, no in-process bookkeeping.
         match self.inner.store.get(&keys).await {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
+                    if let (Some(near), Some(ticket), Ok(value)) =
+                        (&self.inner.near, ticket, &entry.value)
+                    {
+                        near.insert(
+                            ticket,
+                            &keys.value,
+                            value,
+                            entry.fence,
+                            entry.fresh_until_ms,
+                            entry.compute_ms,
+                            bytes.len(),
+                            self.inner.store.now_ms(),
+                        );
+                    }
                     return self.serve(entry, keys, ttl, f, Source::Hit);
                 }
             }
