@@ -265,3 +265,31 @@ async fn the_near_cache_is_refused_where_it_is_not_supported() {
         .await;
     assert!(matches!(redlock, Err(stampede_guard::Error::Config(_))));
 }
+
+/// Connected clients subscribed to two channels: near-tier feeds (the near channel and their
+/// own heartbeat channel).
+fn feeds(server: &RedisServer) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.conn())
+        .unwrap();
+    list.lines().filter(|c| c.contains(" sub=2 ")).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_cache_stops_its_feed() {
+    let server = RedisServer::start();
+    let cache = near_cache(server.url()).await;
+    cache.set("k", &"v".to_owned(), TTL).await.unwrap();
+    until_near_hit(&cache, "k").await;
+    assert_eq!(feeds(&server), 1);
+    drop(cache);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while feeds(&server) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the feed's connection outlived the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
