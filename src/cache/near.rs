@@ -65,6 +65,14 @@ use crate::store::feed::FeedSink;
 /// be served when the invalidation stream breaks. Given to
 /// [`CacheBuilder::near_cache`](crate::CacheBuilder::near_cache).
 ///
+/// The near tier answers the `get_or_compute` family ([`Cache::fetch`](crate::Cache::fetch) and
+/// the calls built on it) with fresh values only; [`Cache::get`](crate::Cache::get) always reads
+/// Redis. A copy is filled by this instance's reads from Redis (a computed value goes in at its
+/// next read), and is dropped when another instance announces a change of its key, when
+/// `set` or `invalidate` is called here, at its fresh-until, or when the stream is not proven
+/// live. How hits, misses, announcements and switch-offs went is in
+/// [`Stats`](crate::Stats) (`near_*`).
+///
 /// | setting | default |
 /// |---|---|
 /// | [`max_entries`](Self::new) | (required) |
