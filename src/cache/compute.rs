@@ -57,20 +57,39 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        // The near tier, if any: a fresh copy is served as a hit. Without XFetch that is all
+        // (the copy is fresh, so nothing else could happen); with it, `serve` draws as for a
+        // Redis hit. Its clock is calibrated before any copy goes in.
+        if let Some(near) = &self.inner.near {
+            let store = &self.inner.store;
+            let copy = store
+                .clock_synced()
+                .then(|| near.get_by_user_key::<T>(&self.inner.namespace, key, store.now_ms()))
+                .flatten();
+            if let Some(entry) = copy {
+                if self.options.early_refresh_beta <= 0.0 {
+                    if let Ok(value) = entry.value {
+                        return Ok(Fetched {
+                            value,
+                            source: Source::Hit,
+                        });
+                    }
+                } else {
+                    let keys = EntryKeys::new(&self.inner.namespace, key)?;
+                    return self.serve(entry, keys, ttl, f, Source::Hit);
+                }
+            }
+        }
+
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         self.clock_ready().await;
 
-        // The near tier, if any: a fresh copy is served as a hit (XFetch still draws in
-        // `serve`); otherwise a ticket is taken before the read, for its answer to go in.
-        let ticket = match &self.inner.near {
-            Some(near) => {
-                if let Some(entry) = near.get::<T>(&keys.value, self.inner.store.now_ms()) {
-                    return self.serve(entry, keys, ttl, f, Source::Hit);
-                }
-                near.ticket(&keys.value)
-            }
-            None => None,
-        };
+        // Otherwise a ticket is taken before the read, for its answer to go into the near tier.
+        let ticket = self
+            .inner
+            .near
+            .as_ref()
+            .and_then(|near| near.ticket(&keys.value));
 
         // The hit path: one GET, no script, no in-process bookkeeping.
         match self.inner.store.get(&keys).await {

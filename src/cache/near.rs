@@ -60,6 +60,7 @@ use tokio::time::Instant;
 use crate::cache::compute::StoredEntry;
 use crate::stats::{Counters, Event};
 use crate::store::feed::FeedSink;
+use crate::wire::key::value_key_into;
 
 /// The near tier's settings: how many entries and bytes it may hold, and how stale a copy may
 /// be served when the invalidation stream breaks. Given to
@@ -320,6 +321,29 @@ impl NearTier {
             Event::NearMiss
         });
         served
+    }
+
+    /// [`get`](Self::get) by the user's key: the value key is built in a buffer of this thread,
+    /// so a hit allocates nothing but the clone of `T`. Keys that are not valid are never in
+    /// the tier (every copy went in under a validated key): `None`, and the caller's own
+    /// validation reports them.
+    pub(crate) fn get_by_user_key<T: Clone + 'static>(
+        &self,
+        namespace: &str,
+        key: &str,
+        now_ms: u64,
+    ) -> Option<StoredEntry<T>> {
+        thread_local! {
+            static VALUE_KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        if key.is_empty() || key.len() > crate::MAX_KEY_BYTES {
+            return None;
+        }
+        VALUE_KEY.with_borrow_mut(|buffer| {
+            buffer.clear();
+            value_key_into(namespace, key, buffer);
+            self.get(buffer, now_ms)
+        })
     }
 
     /// Whether the stream is proven current within `max_staleness`. When the proof has lapsed,
