@@ -115,6 +115,19 @@ async fn a_near_hit_costs_no_command_and_changes_reach_every_instance() {
     assert_eq!(read(&a, "k").await.unwrap(), "v3");
     let stats = b.stats();
     assert!(stats.near_invalidations >= 2, "{stats:?}");
+
+    // With XFetch on, near hits go through the same judgement as Redis hits (a value 300 s
+    // from expiry computed in no time is never refreshed early: served as it is).
+    let xfetch = b.with_options(CallOptions::default().early_refresh(1.0));
+    let hits = b.stats().near_hits;
+    assert_eq!(read(&xfetch, "k").await.unwrap(), "v3");
+    assert_eq!(until_near_hit(&xfetch, "k").await, "v3");
+    assert!(b.stats().near_hits > hits);
+    assert_eq!(
+        b.stats().computes,
+        1,
+        "only the read after the invalidation computed"
+    );
 }
 
 /// Subscribes to the namespace's near channel and returns the announcements' payloads.

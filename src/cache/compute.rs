@@ -57,27 +57,12 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        // The near tier, if any: a fresh copy is served as a hit. Without XFetch that is all
-        // (the copy is fresh, so nothing else could happen); with it, `serve` draws as for a
-        // Redis hit. Its clock is calibrated before any copy goes in.
-        if let Some(near) = &self.inner.near {
-            let store = &self.inner.store;
-            let copy = store
-                .clock_synced()
-                .then(|| near.get_by_user_key::<T>(&self.inner.namespace, key, store.now_ms()))
-                .flatten();
-            if let Some(entry) = copy {
-                if self.options.early_refresh_beta <= 0.0 {
-                    if let Ok(value) = entry.value {
-                        return Ok(Fetched {
-                            value,
-                            source: Source::Hit,
-                        });
-                    }
-                } else {
-                    let keys = EntryKeys::new(&self.inner.namespace, key)?;
-                    return self.serve(entry, keys, ttl, f, Source::Hit);
-                }
+        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
+        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
+        if self.options.early_refresh_beta > 0.0 {
+            if let Some(entry) = self.near_copy::<T>(key) {
+                let keys = EntryKeys::new(&self.inner.namespace, key)?;
+                return self.serve(entry, keys, ttl, f, Source::Hit);
             }
         }
 
@@ -147,6 +132,26 @@ impl<C: Codec> Cache<C> {
             leader.finish(&outcome);
         }
         outcome
+    }
+
+    /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
+    /// is calibrated before any copy goes in, so an uncalibrated one means no copy.
+    fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+        let near = self.inner.near.as_ref()?;
+        let store = &self.inner.store;
+        if !store.clock_synced() {
+            return None;
+        }
+        near.get_by_user_key::<T>(&self.inner.namespace, key, store.now_ms())
+    }
+
+    /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
+    /// draw (then the copy, fresh, is simply served).
+    pub(crate) fn near_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.inner.near.is_none() || self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        self.near_copy::<T>(key).and_then(|entry| entry.value.ok())
     }
 
     /// Serves a stored entry: a remembered failure as its error; a value, starting a background

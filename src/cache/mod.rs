@@ -600,6 +600,14 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        // A near hit needs no span, no timing and none of the machinery below.
+        if let Some(value) = self.near_hit::<T>(key) {
+            self.inner.counters.record(Event::Hit);
+            return Ok(Fetched {
+                value,
+                source: Source::Hit,
+            });
+        }
         // One span per call; `outcome` and `wait_ms` are filled in when it ends.
         let span = tracing::debug_span!(
             "stampede_guard::fetch",
