@@ -85,14 +85,23 @@ impl Feed {
         // send time and no table of pending heartbeats is needed.
         let base = Instant::now();
         let mut number = 0u64;
+        // Warn once per outage, not at every attempt: the cache still works (from Redis).
+        let mut warned = false;
         loop {
             number += 1;
             match sink.upgrade() {
                 Some(sink) => sink.reset(number),
                 None => return,
             }
-            if let Err(e) = self.serve(number, base, &sink).await {
-                tracing::debug!(error = %e, "near-tier feed connection lost; reconnecting");
+            match self.serve(number, base, &sink, &mut warned).await {
+                Err(e) if !warned => {
+                    warned = true;
+                    tracing::warn!(error = %e,
+                        "near tier: its feed connection failed (it needs RESP3, Redis 6 or later); \
+                         reads go to Redis until the feed is back");
+                }
+                Err(e) => tracing::debug!(error = %e, "near-tier feed still down; reconnecting"),
+                Ok(()) => {}
             }
             // Between attempts, not in a tight loop while the server is down.
             tokio::time::sleep(self.period).await;
@@ -105,6 +114,7 @@ impl Feed {
         number: u64,
         base: Instant,
         sink: &Weak<dyn FeedSink>,
+        warned: &mut bool,
     ) -> redis::RedisResult<()> {
         let near_channel = self.near_channel.clone();
         let heartbeat_channel = self.heartbeat_channel.clone();
@@ -135,6 +145,8 @@ impl Feed {
             Some(sink) => sink.subscribed(number),
             None => return Ok(()),
         }
+        // Up again: the next outage deserves its own warning.
+        *warned = false;
         let mut ticks = tokio::time::interval(self.period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
