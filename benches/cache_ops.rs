@@ -4,6 +4,8 @@
 //!   same kind of connection (a `ConnectionManager` with the library's timeouts), at 1 and 64
 //!   calls in flight. Throughput ratio = raw time / guarded time (target ≥ 0.9).
 //! - `memory_hit`: the embedded store's hit vs `moka::future::Cache::get` (target ≤ 1.5× moka).
+//! - `near_hit`: `get_or_compute` answered by the near tier (`NearCache`, Redis behind it) vs
+//!   `moka::sync::Cache::get` of the same value (target ≤ 1.5× moka).
 //! - `won_miss`: a cold key each iteration: GET, read-or-lock, compute (0 ms), store-and-unlock.
 //!
 //! The value is the load generator's: a 1024-byte `String`.
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use stampede_guard::Cache;
+use stampede_guard::{Cache, NearCache};
 use support::RedisServer;
 
 const KEY: &str = "2019-05";
@@ -260,5 +262,66 @@ fn memory_hit(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, hit_path, memory_hit);
+fn near_hit(c: &mut Criterion) {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let moka: moka::sync::Cache<String, String> = moka::sync::Cache::new(1_000);
+    moka.insert(KEY.to_owned(), value());
+    let cache = rt.block_on(async {
+        let cache = Cache::builder()
+            .redis_url(server.url())
+            .namespace("bench")
+            .near_cache(NearCache::new(1_000))
+            .build()
+            .await
+            .expect("a cache");
+        cache.set(KEY, &value(), TTL).await.expect("warm the key");
+        // Until the feed is proven live and the copy is in: then every call is a near hit.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while cache.stats().near_hits < 100 {
+            assert!(Instant::now() < deadline, "the near tier never served");
+            warm_hit(&cache).await;
+        }
+        cache
+    });
+    let redis_reads = || cache.stats().near_misses;
+    let misses_before = redis_reads();
+
+    let mut group = c.benchmark_group("near_hit");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("get_or_compute", |b| {
+        b.to_async(&rt).iter(|| warm_hit(&cache))
+    });
+    group.bench_function("moka_sync_get", |b| {
+        b.iter(|| black_box(moka.get(KEY).expect("the key is warm")))
+    });
+    group.finish();
+    const OPS: u32 = 100_000;
+    print_ratio(
+        "near_hit (moka::sync get)",
+        || {
+            rt.block_on(async {
+                let started = Instant::now();
+                for _ in 0..OPS {
+                    warm_hit(&cache).await;
+                }
+                started.elapsed()
+            })
+        },
+        || {
+            let started = Instant::now();
+            for _ in 0..OPS {
+                black_box(moka.get(KEY).expect("the key is warm"));
+            }
+            started.elapsed()
+        },
+    );
+    println!(
+        "near_hit: {} of the measured calls went to Redis",
+        redis_reads() - misses_before
+    );
+    drop(server);
+}
+
+criterion_group!(benches, hit_path, memory_hit, near_hit);
 criterion_main!(benches);

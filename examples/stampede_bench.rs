@@ -33,6 +33,9 @@
 //! cargo run --release --example stampede_bench -- --url redis://127.0.0.1:PORT/0 \
 //!   --steady-secs 20 --ttl 2 --expiry-mode stale
 //! ```
+//!
+//! `--near-cache N` gives every worker's cache a near tier of at most N entries
+//! ([`NearCache`](stampede_guard::NearCache)); the JSON lines then carry `"near_cache": N`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -42,7 +45,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rand::seq::SliceRandom;
 use redis::cluster::ClusterClientBuilder;
 use redis::ConnectionAddr;
-use stampede_guard::{Cache, CallOptions};
+use stampede_guard::{Cache, CallOptions, NearCache};
 
 /// Names the worker role in a re-executed child; its value is the worker's index.
 const WORKER_ENV: &str = "STAMPEDE_BENCH_WORKER";
@@ -149,11 +152,13 @@ struct Config {
     steady: Option<Duration>,
     /// In steady state, each caller's pause between two calls.
     think: Duration,
+    /// `Some(N)`: every worker's cache has a near tier of at most N entries.
+    near: Option<u64>,
 }
 
 const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB[,redis://HOST:PORT...] \
 [--processes P] [--tasks T] [--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive] \
-[--expiry-mode hard|stale|xfetch] [--steady-secs N] [--think-ms MS]";
+[--expiry-mode hard|stale|xfetch] [--steady-secs N] [--think-ms MS] [--near-cache N]";
 
 impl Config {
     /// Parses the flags by hand: nine flags do not need a parser crate.
@@ -172,6 +177,7 @@ impl Config {
             expiry: Expiry::Hard,
             steady: None,
             think: Duration::from_millis(10),
+            near: None,
         };
         let mut args = args;
         while let Some(flag) = args.next() {
@@ -219,6 +225,7 @@ impl Config {
                 }
                 "--steady-secs" => config.steady = Some(Duration::from_secs(number()?)),
                 "--think-ms" => config.think = Duration::from_millis(number()?),
+                "--near-cache" => config.near = Some(number()?),
                 other => return Err(format!("unknown flag {other:?}\n{USAGE}").into()),
             }
         }
@@ -460,6 +467,8 @@ fn steady(
         config.expiry.name()
     );
     let outcome = run_round(config, admin)?;
+    // Commands first: the GETs of the counters below must not be counted.
+    let executed = admin.commands_executed()?;
     let mut computes = 0u64;
     for m in months {
         let n: Option<u64> = redis::cmd("GET")
@@ -475,7 +484,8 @@ fn steady(
         concat!(
             r#"{{"peer": "stampede-guard", "run": "steady", "expiry_mode": "{}", "seconds": {}, "#,
             r#""ttl_ms": {}, "computes": {}, "computes_per_key_per_window": {:.3}, "calls": {}, "#,
-            r#""p50_ms": {:.3}, "p99_ms": {:.3}, "p999_ms": {:.3}, "max_ms": {:.3}, "errors": {}}}"#
+            r#""calls_per_sec": {:.1}, "redis_cmds": {}, "#,
+            r#""p50_ms": {:.3}, "p99_ms": {:.3}, "p999_ms": {:.3}, "max_ms": {:.3}, "errors": {}{}}}"#
         ),
         config.expiry.name(),
         seconds.as_secs(),
@@ -483,11 +493,14 @@ fn steady(
         computes,
         computes as f64 / (config.keys as f64 * windows),
         calls.len(),
+        calls.len() as f64 / seconds.as_secs_f64().max(f64::MIN_POSITIVE),
+        executed.saturating_sub(computes),
         percentile_ms(&calls, 50.0),
         percentile_ms(&calls, 99.0),
         percentile_ms(&calls, 99.9),
         calls.last().map_or(0.0, |us| *us as f64 / 1000.0),
         outcome.errors,
+        near_field(config),
     );
     std::io::stdout().flush()?;
     Ok(())
@@ -685,7 +698,7 @@ fn json_line(
         concat!(
             r#"{{"peer": "stampede-guard", "round": {}, "computes": {}, "computes_per_key": {:.3}, "#,
             r#""wall_ms": {:.3}, "p50_ms": {:.3}, "p99_ms": {:.3}, "max_ms": {:.3}, "redis_cmds": {}, "#,
-            r#""errors": {}, "req_p50_ms": {:.3}, "req_p99_ms": {:.3}, "req_max_ms": {:.3}}}"#
+            r#""errors": {}, "req_p50_ms": {:.3}, "req_p99_ms": {:.3}, "req_max_ms": {:.3}{}}}"#
         ),
         round,
         computes,
@@ -699,7 +712,15 @@ fn json_line(
         percentile_ms(&reqs, 50.0),
         percentile_ms(&reqs, 99.0),
         max(&reqs),
+        near_field(config),
     )
+}
+
+/// `, "near_cache": N` when the workers have a near tier, else nothing.
+fn near_field(config: &Config) -> String {
+    config
+        .near
+        .map_or_else(String::new, |n| format!(r#", "near_cache": {n}"#))
 }
 
 /// The worker process: T callers in one tokio runtime, released by the parent's `go`.
@@ -721,9 +742,12 @@ mod worker {
     }
 
     async fn work(config: Config, index: &str) -> Result<(), BoxError> {
-        let builder = Cache::builder()
+        let mut builder = Cache::builder()
             .namespace(NAMESPACE)
             .options(config.expiry.options(config.ttl));
+        if let Some(entries) = config.near {
+            builder = builder.near_cache(NearCache::new(entries));
+        }
         let cache = match &config.target {
             Target::Server(url) => builder.redis_url(url.as_str()),
             Target::Cluster(seeds) => builder.redis_cluster(seeds.iter().cloned()),
@@ -874,7 +898,13 @@ mod worker {
             while Instant::now() < until {
                 let i = rand::random_range(0..config.keys);
                 self.call(cache, counters, config, &month(i)).await;
-                tokio::time::sleep(config.think).await;
+                // `sleep(0)` would still wait for the timer's next tick (a millisecond), capping
+                // every caller at ~1,000 calls a second: with no think time, only yield.
+                if config.think.is_zero() {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(config.think).await;
+                }
             }
             self.finished_at = unix_micros();
         }

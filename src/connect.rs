@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::redis::RedisStore;
+use crate::store::feed::Feed;
+use crate::store::redis::{near_channels, RedisStore};
 use crate::store::{MemoryStore, Store};
 use crate::Error;
 
@@ -151,14 +152,54 @@ impl Backend {
                     .map_err(|e| Error::backend("connect", e))?;
                 return Ok(Arc::new(store));
             }
-            Backend::RedisUrl(url) => redis::Client::open(url.as_str()).map_err(|e| {
-                // The parse error is not quoted: it may repeat the URL, password included.
-                Error::Config(format!("the Redis URL does not parse ({:?})", e.kind()))
-            })?,
+            Backend::RedisUrl(url) => parse_url(&url)?,
             Backend::RedisClient(client) => client,
         };
         let store =
             RedisStore::connect(client, connection).map_err(|e| Error::backend("connect", e))?;
         Ok(Arc::new(store))
     }
+
+    /// Opens a single Redis server whose scripts announce changed entries to the near tiers of
+    /// `namespace`, and the feed (not started) that hears them, with heartbeats every
+    /// `heartbeat`. Other backends are refused: the near tier's staleness bound rests on one
+    /// server ordering every announcement and heartbeat (see `store/feed.rs`).
+    pub(crate) fn open_announcing(
+        self,
+        connection: &ConnectionOptions,
+        namespace: &str,
+        heartbeat: Duration,
+    ) -> Result<(Arc<dyn Store>, Feed), Error> {
+        let client = match self {
+            Backend::RedisUrl(url) => parse_url(&url)?,
+            Backend::RedisClient(client) => client,
+            Backend::Memory | Backend::RedisCluster(_) => {
+                return Err(Error::Config(
+                    "the near cache needs a single Redis server (redis_url or redis_client); \
+                     the embedded store and Redis Cluster do not support it yet"
+                        .to_owned(),
+                ))
+            }
+        };
+        let store = RedisStore::connect(client.clone(), connection)
+            .map_err(|e| Error::backend("connect", e))?
+            .announcing(namespace);
+        let (near_channel, heartbeat_prefix) = near_channels(namespace, store.channel_suffix());
+        let feed = Feed::new(
+            &client,
+            connection,
+            near_channel,
+            &heartbeat_prefix,
+            heartbeat,
+        )
+        .map_err(|e| Error::backend("connect", e.into()))?;
+        Ok((Arc::new(store), feed))
+    }
+}
+
+fn parse_url(url: &str) -> Result<redis::Client, Error> {
+    redis::Client::open(url).map_err(|e| {
+        // The parse error is not quoted: it may repeat the URL, password included.
+        Error::Config(format!("the Redis URL does not parse ({:?})", e.kind()))
+    })
 }

@@ -6,7 +6,9 @@
 //! `stampede_guard_wait_seconds` (histogram), `stampede_guard_stale_served_total`,
 //! `stampede_guard_uncached_total`, `stampede_guard_wait_timeouts_total`,
 //! `stampede_guard_backend_errors_total`, `stampede_guard_lease_renewals_total`,
-//! `stampede_guard_leases_lost_total`.
+//! `stampede_guard_leases_lost_total`, and with a near tier `stampede_guard_near_hits_total`,
+//! `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
+//! `stampede_guard_near_switched_off_total`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -67,6 +69,19 @@ pub struct Stats {
     pub lease_renewals: u64,
     /// Leases of this cache's locks that were lost while computing.
     pub leases_lost: u64,
+    /// Calls answered from the near tier ([`NearCache`](crate::NearCache)), without Redis.
+    /// Also counted in `hits`.
+    pub near_hits: u64,
+    /// Calls that looked in the near tier and went on to Redis: no copy, another type, a copy
+    /// past its fresh-until, or the near tier switched off.
+    pub near_misses: u64,
+    /// Announcements of changed entries the near tier received (each drops the key's copy,
+    /// unless it is the very write the copy holds).
+    pub near_invalidations: u64,
+    /// Times the near tier stopped serving and dropped its copies because its invalidation
+    /// stream was not proven live within [`max_staleness`](crate::NearCache::max_staleness)
+    /// (a dropped or black-holed connection, a restarted server, a paused process).
+    pub near_switched_off: u64,
 }
 
 // By hand rather than derived: no proc-macro dependency for users, and the duration gets a
@@ -74,7 +89,7 @@ pub struct Stats {
 impl serde::Serialize for Stats {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Stats", 11)?;
+        let mut s = serializer.serialize_struct("Stats", 15)?;
         s.serialize_field("hits", &self.hits)?;
         s.serialize_field("misses", &self.misses)?;
         s.serialize_field("computes", &self.computes)?;
@@ -86,6 +101,10 @@ impl serde::Serialize for Stats {
         s.serialize_field("backend_errors", &self.backend_errors)?;
         s.serialize_field("lease_renewals", &self.lease_renewals)?;
         s.serialize_field("leases_lost", &self.leases_lost)?;
+        s.serialize_field("near_hits", &self.near_hits)?;
+        s.serialize_field("near_misses", &self.near_misses)?;
+        s.serialize_field("near_invalidations", &self.near_invalidations)?;
+        s.serialize_field("near_switched_off", &self.near_switched_off)?;
         s.end()
     }
 }
@@ -103,6 +122,10 @@ pub(crate) enum Event {
     BackendError,
     LeaseRenewed,
     LeaseLost,
+    NearHit,
+    NearMiss,
+    NearInvalidation,
+    NearSwitchedOff,
 }
 
 /// The live counters behind [`Stats`]; relaxed atomics, since each is an independent tally.
@@ -119,6 +142,10 @@ pub(crate) struct Counters {
     backend_errors: AtomicU64,
     lease_renewals: AtomicU64,
     leases_lost: AtomicU64,
+    near_hits: AtomicU64,
+    near_misses: AtomicU64,
+    near_invalidations: AtomicU64,
+    near_switched_off: AtomicU64,
 }
 
 impl Counters {
@@ -141,6 +168,10 @@ impl Counters {
             Event::BackendError => add(&self.backend_errors),
             Event::LeaseRenewed => add(&self.lease_renewals),
             Event::LeaseLost => add(&self.leases_lost),
+            Event::NearHit => add(&self.near_hits),
+            Event::NearMiss => add(&self.near_misses),
+            Event::NearInvalidation => add(&self.near_invalidations),
+            Event::NearSwitchedOff => add(&self.near_switched_off),
         }
         emit(event);
     }
@@ -159,6 +190,10 @@ impl Counters {
             backend_errors: get(&self.backend_errors),
             lease_renewals: get(&self.lease_renewals),
             leases_lost: get(&self.leases_lost),
+            near_hits: get(&self.near_hits),
+            near_misses: get(&self.near_misses),
+            near_invalidations: get(&self.near_invalidations),
+            near_switched_off: get(&self.near_switched_off),
         }
     }
 }
@@ -180,6 +215,10 @@ fn emit(event: Event) {
         Event::BackendError => "stampede_guard_backend_errors_total",
         Event::LeaseRenewed => "stampede_guard_lease_renewals_total",
         Event::LeaseLost => "stampede_guard_leases_lost_total",
+        Event::NearHit => "stampede_guard_near_hits_total",
+        Event::NearMiss => "stampede_guard_near_misses_total",
+        Event::NearInvalidation => "stampede_guard_near_invalidations_total",
+        Event::NearSwitchedOff => "stampede_guard_near_switched_off_total",
     };
     metrics::counter!(name).increment(1);
 }
@@ -210,7 +249,8 @@ mod tests {
             serde_json::json!({
                 "hits": 2, "misses": 1, "computes": 1, "waits": 1, "wait_time_seconds": 1.5,
                 "stale_served": 0, "uncached": 0, "wait_timeouts": 0, "backend_errors": 1,
-                "lease_renewals": 0, "leases_lost": 0,
+                "lease_renewals": 0, "leases_lost": 0, "near_hits": 0, "near_misses": 0,
+                "near_invalidations": 0, "near_switched_off": 0,
             })
         );
     }

@@ -343,13 +343,21 @@ fn every_key_a_script_touches_comes_from_keys() {
         calls += 1;
         let args = &args[..args.find(')').expect("a closed call")];
         let mut parts = args.split(',').map(str::trim);
-        let command = parts.next().unwrap().trim_matches('\'').to_uppercase();
+        let command = parts
+            .next()
+            .unwrap()
+            .trim_matches(['\'', '"'])
+            .to_uppercase();
         let first = parts.next().unwrap_or("");
         match command.as_str() {
             // No key.
             "TIME" => {}
             // A channel, not a key: it must still come from the caller's arguments.
-            "PUBLISH" => assert!(first.starts_with("ARGV["), "PUBLISH to {first}"),
+            // (`channel` is the parameter of `announce`, whose callers are checked below.)
+            "PUBLISH" => assert!(
+                first.starts_with("ARGV[") || first == "channel",
+                "PUBLISH to {first}"
+            ),
             // `fence` and `key` are the helpers' parameters; their callers are checked below.
             _ => assert!(
                 first.starts_with("KEYS[") || first == "fence" || first == "key",
@@ -383,5 +391,25 @@ fn every_key_a_script_touches_comes_from_keys() {
     assert!(
         helper_calls >= 10,
         "the scan found the helpers' calls ({helper_calls})"
+    );
+    // `announce(channel, fence, key)`: the channel from ARGV, the key it names from KEYS.
+    let mut announces = 0;
+    for (at, _) in source.match_indices("announce(") {
+        if source[..at].ends_with("function ") {
+            continue;
+        }
+        let args = &source[at + "announce(".len()..];
+        let args: Vec<&str> = args[..args.find('\n').expect("one line")]
+            .split(',')
+            .map(str::trim)
+            .collect();
+        assert!(args[0].starts_with("ARGV["), "announce on {}", args[0]);
+        let key = args.last().expect("a key").trim_end_matches(')');
+        assert!(key.starts_with("KEYS["), "announce names {key}");
+        announces += 1;
+    }
+    assert!(
+        announces >= 3,
+        "the scan found the announcements ({announces})"
     );
 }

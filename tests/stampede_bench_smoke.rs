@@ -41,6 +41,11 @@ fn generator() -> PathBuf {
 /// Runs the generator with the smoke-test sizes against `url` (one server, or a cluster's nodes
 /// separated by commas); returns its JSON lines, parsed.
 fn run(url: &str, mode: &str) -> Vec<serde_json::Value> {
+    run_with(url, &["--mode", mode])
+}
+
+/// [`run`] with other flags than `--mode`.
+fn run_with(url: &str, flags: &[&str]) -> Vec<serde_json::Value> {
     let output = Command::new(generator())
         .args(["--url", url])
         .args(["--processes", &PROCESSES.to_string()])
@@ -49,7 +54,7 @@ fn run(url: &str, mode: &str) -> Vec<serde_json::Value> {
         .args(["--compute-ms", &COMPUTE_MS.to_string()])
         .args(["--payload", "1024"])
         .args(["--rounds", &ROUNDS.to_string()])
-        .args(["--mode", mode])
+        .args(flags)
         .output()
         .expect("the load generator starts");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -118,6 +123,21 @@ fn guarded_rounds_compute_each_key_once_and_print_one_json_line_each() {
         let month = format!("{}-{:02}", 2019 + i / 12, i % 12 + 1);
         let n: Option<u64> = conn.get(format!("bench:computes:{month}")).unwrap();
         assert_eq!(n, Some(1), "bench:computes:{month}");
+    }
+}
+
+#[test]
+fn rounds_with_a_near_cache_still_compute_each_key_once_and_say_so() {
+    let server = RedisServer::start();
+    let lines = run_with(&server.url(), &["--near-cache", "100"]);
+    for (round, line) in lines.iter().enumerate() {
+        let mut contract = line.clone();
+        let near = contract
+            .as_object_mut()
+            .and_then(|o| o.remove("near_cache"));
+        assert_eq!(near.and_then(|n| n.as_u64()), Some(100), "{line}");
+        assert_contract_fields(&contract, round);
+        assert_eq!(line["computes"].as_u64(), Some(KEYS as u64), "{line}");
     }
 }
 

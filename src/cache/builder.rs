@@ -1,5 +1,6 @@
 //! [`CacheBuilder`]: backend, namespace, default call options and codec.
 
+use crate::cache::near::{NearCache, NearTier};
 use crate::cache::Cache;
 use crate::connect::{Backend, ConnectionOptions};
 use crate::wire::codec::{Bincode, Codec};
@@ -36,6 +37,7 @@ pub struct CacheBuilder<C = Bincode> {
     options: CallOptions,
     connection: ConnectionOptions,
     codec: C,
+    near: Option<NearCache>,
 }
 
 impl<C> std::fmt::Debug for CacheBuilder<C> {
@@ -46,6 +48,7 @@ impl<C> std::fmt::Debug for CacheBuilder<C> {
             .field("redlock_nodes", &self.redlock.len())
             .field("options", &self.options)
             .field("connection", &self.connection)
+            .field("near", &self.near)
             .finish_non_exhaustive()
     }
 }
@@ -59,6 +62,7 @@ impl CacheBuilder {
             options: CallOptions::default(),
             connection: ConnectionOptions::default(),
             codec: Bincode,
+            near: None,
         }
     }
 }
@@ -149,7 +153,48 @@ impl<C: Codec> CacheBuilder<C> {
             options: self.options,
             connection: self.connection,
             codec,
+            near: self.near,
         }
+    }
+
+    /// Keep decoded values of this instance in a near tier in front of Redis (see
+    /// [`NearCache`] for its bounds and defaults): a hit on a fresh copy costs no round trip.
+    /// Every change the crate makes to an entry (`set`, `invalidate`, a computed value or a
+    /// refresh replacing one) is announced to the other instances, which drop their copy; a
+    /// copy is served only while this instance has proof, less than
+    /// [`max_staleness`](NearCache::max_staleness) old, that those announcements reach it. So a
+    /// value served from the near tier is never older than a change made through the crate
+    /// that completed more than `max_staleness` before the call began, whatever fails (a
+    /// dropped or black-holed connection, a restarted server, a paused process).
+    ///
+    /// Needs a single Redis server ([`redis_url`](Self::redis_url) or
+    /// [`redis_client`](Self::redis_client)) without [`redlock`](Self::redlock); it costs one
+    /// more connection per cache. Writes made outside the crate (`redis-cli SET`) are not
+    /// announced: a copy of the value they replaced is served at most until its fresh-until.
+    ///
+    /// ```no_run
+    /// use stampede_guard::{Cache, NearCache};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::builder()
+    ///     .redis_url("redis://127.0.0.1:6379/0")
+    ///     .near_cache(NearCache::new(10_000).max_staleness(Duration::from_millis(500)))
+    ///     .build()
+    ///     .await?;
+    /// let report: String = cache
+    ///     .get_or_compute("2019-05", Duration::from_secs(300), || async {
+    ///         Ok::<_, std::io::Error>("report".to_owned())
+    ///     })
+    ///     .await?;
+    /// # let _ = report;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn near_cache(mut self, near: NearCache) -> Self {
+        self.near = Some(near);
+        self
     }
 
     /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:
@@ -157,9 +202,34 @@ impl<C: Codec> CacheBuilder<C> {
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a bad namespace, [`Error::Config`] for a Redis URL that does not
-    /// parse.
+    /// parse, or a [`near_cache`](Self::near_cache) on a backend other than a single Redis
+    /// server.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
+        if let Some(near) = self.near {
+            if !self.redlock.is_empty() {
+                return Err(Error::Config(
+                    "the near cache does not support redlock yet".to_owned(),
+                ));
+            }
+            let (store, feed) = self.backend.open_announcing(
+                &self.connection,
+                &self.namespace,
+                near.heartbeat_period(),
+            )?;
+            let counters = Arc::default();
+            let tier = Arc::new(NearTier::new(&near, Arc::clone(&counters)));
+            let sink: Arc<dyn crate::store::feed::FeedSink> = tier.clone();
+            feed.start(Arc::downgrade(&sink));
+            return Ok(Cache::with_near(
+                store,
+                self.codec,
+                self.namespace,
+                self.options,
+                Some(tier),
+                counters,
+            ));
+        }
         let mut store = self.backend.open(&self.connection)?;
         if !self.redlock.is_empty() {
             let locks =

@@ -38,8 +38,8 @@ pub(crate) enum OnFailure {
 /// A stored entry, decoded: a value, or a remembered failure's message.
 pub(crate) struct StoredEntry<T> {
     pub value: Result<T, String>,
-    fresh_until_ms: u64,
-    compute_ms: u32,
+    pub fresh_until_ms: u64,
+    pub compute_ms: u32,
     /// The fencing token of the write, to tell whether it was replaced since it was read.
     pub fence: u64,
 }
@@ -57,13 +57,43 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
+        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
+        if self.options.early_refresh_beta > 0.0 {
+            if let Some(entry) = self.near_copy::<T>(key) {
+                let keys = EntryKeys::new(&self.inner.namespace, key)?;
+                return self.serve(entry, keys, ttl, f, Source::Hit);
+            }
+        }
+
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         self.clock_ready().await;
+
+        // Otherwise a ticket is taken before the read, for its answer to go into the near tier.
+        let ticket = self
+            .inner
+            .near
+            .as_ref()
+            .and_then(|near| near.ticket(&keys.value));
 
         // The hit path: one GET, no script, no in-process bookkeeping.
         match self.inner.store.get(&keys).await {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
+                    if let (Some(near), Some(ticket), Ok(value)) =
+                        (&self.inner.near, ticket, &entry.value)
+                    {
+                        near.insert(
+                            ticket,
+                            &keys.value,
+                            value,
+                            entry.fence,
+                            entry.fresh_until_ms,
+                            entry.compute_ms,
+                            bytes.len(),
+                            self.inner.store.now_ms(),
+                        );
+                    }
                     return self.serve(entry, keys, ttl, f, Source::Hit);
                 }
             }
@@ -102,6 +132,26 @@ impl<C: Codec> Cache<C> {
             leader.finish(&outcome);
         }
         outcome
+    }
+
+    /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
+    /// is calibrated before any copy goes in, so an uncalibrated one means no copy.
+    fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+        let near = self.inner.near.as_ref()?;
+        let store = &self.inner.store;
+        if !store.clock_synced() {
+            return None;
+        }
+        near.get_by_user_key::<T>(&self.inner.namespace, key, store.now_ms())
+    }
+
+    /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
+    /// draw (then the copy, fresh, is simply served).
+    pub(crate) fn near_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.inner.near.is_none() || self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        self.near_copy::<T>(key).and_then(|entry| entry.value.ok())
     }
 
     /// Serves a stored entry: a remembered failure as its error; a value, starting a background

@@ -5,6 +5,7 @@
 pub(crate) mod builder;
 pub(crate) mod compute;
 pub(crate) mod freshness;
+pub(crate) mod near;
 mod refresh;
 
 use std::fmt::{Debug, Display};
@@ -15,6 +16,7 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
+use crate::cache::near::NearTier;
 use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
 use crate::options::{add, saturate, DEFAULT_NAMESPACE};
@@ -105,6 +107,9 @@ pub(crate) struct Inner<C> {
     pub(crate) refreshes: Arc<Refreshes>,
     /// What the cache did, for [`Cache::stats`] and the `metrics` facade.
     pub(crate) counters: Arc<Counters>,
+    /// The near tier, if the builder was given one ([`CacheBuilder::near_cache`]). Its feed
+    /// task holds it weakly, so dropping the last handle stops the feed.
+    pub(crate) near: Option<Arc<NearTier>>,
 }
 
 impl<C> Clone for Cache<C> {
@@ -172,6 +177,18 @@ impl<C: Codec> Cache<C> {
         namespace: String,
         options: CallOptions,
     ) -> Self {
+        Cache::with_near(store, codec, namespace, options, None, Arc::default())
+    }
+
+    /// A cache with a near tier (which counts into `counters`, the cache's own).
+    pub(crate) fn with_near(
+        store: Arc<dyn Store>,
+        codec: C,
+        namespace: String,
+        options: CallOptions,
+        near: Option<Arc<NearTier>>,
+        counters: Arc<Counters>,
+    ) -> Self {
         Cache {
             inner: Arc::new(Inner {
                 store,
@@ -179,7 +196,8 @@ impl<C: Codec> Cache<C> {
                 namespace,
                 flights: Flights::default(),
                 refreshes: Arc::default(),
-                counters: Arc::default(),
+                counters,
+                near,
             }),
             options,
         }
@@ -342,7 +360,7 @@ impl<C: Codec> Cache<C> {
         let ttl = saturate(ttl);
         self.clock_ready().await;
         let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
-        match self
+        let written = self
             .inner
             .store
             .set(
@@ -351,8 +369,10 @@ impl<C: Codec> Cache<C> {
                 add(ttl, self.options.stale_for),
                 self.options.lease,
             )
-            .await
-        {
+            .await;
+        // Also after a failure: the write may have been applied.
+        self.forget_near(&keys);
+        match written {
             Ok(()) => Ok(()),
             Err(e) => self.fail_open("set", &keys, e, "the write is skipped"),
         }
@@ -379,14 +399,21 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub async fn invalidate(&self, key: &str) -> Result<(), Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        self.inner
-            .store
-            .invalidate(&keys, self.options.lease)
-            .await
-            .map_err(|e| {
-                self.inner.counters.record(Event::BackendError);
-                Error::backend("invalidate", e)
-            })
+        let done = self.inner.store.invalidate(&keys, self.options.lease).await;
+        // Also after a failure: the invalidation may have been applied.
+        self.forget_near(&keys);
+        done.map_err(|e| {
+            self.inner.counters.record(Event::BackendError);
+            Error::backend("invalidate", e)
+        })
+    }
+
+    /// This instance changed the entry: its own near copy goes now, without waiting for the
+    /// announcement to come back (read-your-writes within the instance).
+    fn forget_near(&self, keys: &EntryKeys) {
+        if let Some(near) = &self.inner.near {
+            near.forget(&keys.value);
+        }
     }
 
     /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
@@ -573,6 +600,14 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        // A near hit needs no span, no timing and none of the machinery below.
+        if let Some(value) = self.near_hit::<T>(key) {
+            self.inner.counters.record(Event::Hit);
+            return Ok(Fetched {
+                value,
+                source: Source::Hit,
+            });
+        }
         // One span per call; `outcome` and `wait_ms` are filled in when it ends.
         let span = tracing::debug_span!(
             "stampede_guard::fetch",

@@ -11,6 +11,7 @@ use crate::wire::key::EntryKeys;
 
 mod clock;
 mod eviction;
+pub(crate) mod feed;
 mod memory;
 pub(crate) mod quorum;
 pub(crate) mod redis;

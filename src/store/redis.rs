@@ -34,6 +34,9 @@ pub(crate) struct RedisStore<C> {
     /// with one namespace would wake each other's waiters. Database 0 (and so a cluster) keeps
     /// the bare name, so processes of an older version on it still wake and are woken.
     channel_suffix: String,
+    /// Where the scripts announce changed entries to near tiers (`"<fence> <value key>"`), or
+    /// `""`: no near tier in this cache, and the scripts publish nothing more than before.
+    near_channel: String,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -65,8 +68,27 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             scripts,
             clock: Arc::default(),
             channel_suffix,
+            near_channel: String::new(),
         }
     }
+
+    /// Announce every change of an entry on the near channel of `namespace` (see
+    /// [`near_channels`]).
+    pub(crate) fn announcing(mut self, namespace: &str) -> Self {
+        self.near_channel = near_channels(namespace, &self.channel_suffix).0;
+        self
+    }
+}
+
+/// The near tier's channels of `namespace` on a database (`suffix`, as for wake-ups, since
+/// channels are global to a server): where the scripts announce changed entries, and the prefix
+/// of each instance's own heartbeat channel. Wake-up channels always carry a `{tag}`, so these
+/// never clash with them.
+pub(crate) fn near_channels(namespace: &str, suffix: &str) -> (String, String) {
+    (
+        format!("{namespace}:near-tier{suffix}"),
+        format!("{namespace}:near-tier{suffix}:heartbeat:"),
+    )
 }
 
 impl RedisStore<ConnectionManager> {
@@ -81,6 +103,11 @@ impl RedisStore<ConnectionManager> {
         let pubsub = PubSub::connect(&client, connection)?;
         let db = client.get_connection_info().redis_settings().db();
         Ok(RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)))
+    }
+
+    /// The suffix of this store's channels (its database), for the near tier's feed.
+    pub(crate) fn channel_suffix(&self) -> &str {
+        &self.channel_suffix
     }
 }
 
@@ -599,7 +626,8 @@ where
                 .key(keys.fence())
                 .arg(token)
                 .arg(fence)
-                .arg(self.channel(keys).as_ref());
+                .arg(self.channel(keys).as_ref())
+                .arg(&self.near_channel);
             write_args(&mut invocation, write);
             let (written, released): (i64, i64) = invocation.invoke_async(&mut conn).await?;
             Ok(Stored {
@@ -627,6 +655,7 @@ where
                 .arg(expiry_ms(ttl))
                 .arg(retention_ms(lease))
                 .arg(self.channel(keys).as_ref())
+                .arg(&self.near_channel)
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())
@@ -647,6 +676,7 @@ where
                 .key(keys.fence())
                 .arg(retention_ms(lease))
                 .arg(self.channel(keys).as_ref())
+                .arg(&self.near_channel)
                 .invoke_async(&mut conn)
                 .await?;
             Ok(())

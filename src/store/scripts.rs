@@ -21,7 +21,14 @@ use redis::Script;
 /// seeded from the server clock in microseconds (`seconds .. zero-padded micros`, built as a
 /// string because Lua's number formatting would round it), so that tokens keep rising even
 /// after the counter was lost.
-const PRELUDE: &str = r"
+///
+/// `announce` tells the near tiers of other instances that an entry changed: `"<fence> <value
+/// key>"` on the namespace's near channel, or nothing when the channel is `''` (no near tier
+/// configured: the script then does exactly what it did before). It says `"PUBLISH"` in double
+/// quotes on purpose: the sharded scripts replace `'PUBLISH'` by `SPUBLISH` for wake-ups, but
+/// the near channel is one for the whole namespace, so it must reach every node's subscribers.
+/// Fences are formatted with `%d`: Lua's `..` would print a 16-digit seeded fence as `1.7e+15`.
+const PRELUDE: &str = r#"
 local function set_expiring(key, value, ms, ...)
   if tonumber(ms) == 0 then
     return redis.call('SET', key, value, ...)
@@ -50,6 +57,11 @@ local function set_keeping(key, value, ms)
     keep_at_least(key, ms)
   end
 end
+local function announce(channel, fence, key)
+  if channel ~= '' then
+    redis.call("PUBLISH", channel, fence .. ' ' .. key)
+  end
+end
 local function bump_fence(fence, retention_ms)
   local n = redis.call('INCR', fence)
   if n == 1 then
@@ -61,7 +73,7 @@ local function bump_fence(fence, retention_ms)
   keep_at_least(fence, retention_ms)
   return n
 end
-";
+"#;
 
 /// KEYS: value, lock, fence. ARGV: token, lease ms, read value (1/0), fence retention ms.
 /// Returns {1, value} | {2, fence} (lock taken) | {3, lock pttl} (held by another).
@@ -79,16 +91,21 @@ end
 return {3, redis.call('PTTL', KEYS[2])}
 ";
 
-/// KEYS: value, lock, fence. ARGV: token, fence, channel, 'set' | 'del', value, ttl ms.
-/// Writes (or deletes) only if the fencing counter is still ours: nobody acquired, set or
-/// invalidated since. A written value keeps the counter alive at least as long as itself.
-/// Returns {written, released}.
+/// KEYS: value, lock, fence. ARGV: token, fence, channel, near channel, 'set' | 'del', value,
+/// ttl ms. Writes (or deletes) only if the fencing counter is still ours: nobody acquired, set
+/// or invalidated since. A written value keeps the counter alive at least as long as itself.
+/// A write that replaces or deletes a value is announced to the near tiers; a fill of an empty
+/// key is not (no near tier can hold a copy of a value that is not there, and announcing every
+/// fill is the broadcast storm of JetCache #972). Returns {written, released}.
 const STORE_AND_UNLOCK: &str = r"
 local written = 0
 if redis.call('GET', KEYS[3]) == ARGV[2] then
-  if ARGV[4] == 'set' then
-    set_expiring(KEYS[1], ARGV[5], ARGV[6])
-    keep_at_least(KEYS[3], ARGV[6])
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    announce(ARGV[4], ARGV[2], KEYS[1])
+  end
+  if ARGV[5] == 'set' then
+    set_expiring(KEYS[1], ARGV[6], ARGV[7])
+    keep_at_least(KEYS[3], ARGV[7])
   else
     redis.call('DEL', KEYS[1])
   end
@@ -127,19 +144,23 @@ redis.call('PUBLISH', ARGV[2], '')
 return 1
 ";
 
-/// KEYS: value, fence. ARGV: value, ttl ms, fence retention ms, channel.
+/// KEYS: value, fence. ARGV: value, ttl ms, fence retention ms, channel, near channel.
+/// Always announced: a `set` is the user's explicit change.
 const SET: &str = r"
-bump_fence(KEYS[2], ARGV[3])
+local fence = bump_fence(KEYS[2], ARGV[3])
 set_expiring(KEYS[1], ARGV[1], ARGV[2])
 keep_at_least(KEYS[2], ARGV[2])
+announce(ARGV[5], string.format('%d', fence), KEYS[1])
 redis.call('PUBLISH', ARGV[4], '')
 return 1
 ";
 
-/// KEYS: value, fence. ARGV: fence retention ms, channel.
+/// KEYS: value, fence. ARGV: fence retention ms, channel, near channel. Always announced, even
+/// when no value is there: near copies of a value Redis evicted must go too.
 const INVALIDATE: &str = r"
-bump_fence(KEYS[2], ARGV[1])
+local fence = bump_fence(KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[1])
+announce(ARGV[3], string.format('%d', fence), KEYS[1])
 redis.call('PUBLISH', ARGV[2], '')
 return 1
 ";

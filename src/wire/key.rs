@@ -47,10 +47,7 @@ impl EntryKeys {
         }
         // Room for the prefix, the braces and a little escaping, so one allocation usually does.
         let mut value = String::with_capacity(namespace.len() + key.len() + 8);
-        value.push_str(namespace);
-        value.push_str(":{");
-        escape_into(key, &mut value);
-        value.push('}');
+        value_key_into(namespace, key, &mut value);
         Ok(EntryKeys {
             user: key.to_owned(),
             value,
@@ -103,6 +100,15 @@ fn invalid(key: &str, reason: &'static str) -> Error {
 /// Bytes that stand for themselves; every other byte is written `%XX`.
 fn is_plain(b: u8) -> bool {
     b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b'%')
+}
+
+/// Appends the value key `ns:{k}` of `key` to `out`, without checking the key: the near tier's
+/// look-up builds it in a reused buffer, so that a near hit allocates nothing for it.
+pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
+    out.push_str(namespace);
+    out.push_str(":{");
+    escape_into(key, out);
+    out.push('}');
 }
 
 fn escape_into(key: &str, out: &mut String) {

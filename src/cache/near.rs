@@ -1,0 +1,704 @@
+//! The near tier: decoded values of this instance in front of Redis, kept coherent with the
+//! other instances and bounded in staleness even when that coherence breaks.
+//!
+//! # What it holds
+//! Per value key, one decoded value (shared: a hit clones the `T`, never decodes bytes again)
+//! with the Rust type it was read as, the fencing token of the write it came from and its
+//! fresh-until. Only fresh values of successful computations go in; stale values, remembered
+//! failures and XFetch's early refreshes all take the normal path, which the near tier leaves
+//! exactly as it is: a copy is served through the same `serve` as a Redis hit, so XFetch draws
+//! as usual, and a copy is never served at or after its fresh-until (which is never after the
+//! Redis expiry: the crate writes values with `PX` = TTL + stale window). Copies are bounded by
+//! entries and bytes, with moka's TinyLFU admission and eviction.
+//!
+//! # Coherence: a channel of our own, not `CLIENT TRACKING`
+//! Every script that changes an entry (`set`, `invalidate`, a computed value or a refresh
+//! replacing a value, a failed refresh deleting one) publishes `"<fence> <value key>"` on the
+//! namespace's near channel, in the same atomic step as the change; a computed value filling an
+//! empty key does not (no copy of it can exist elsewhere; announcing fills is JetCache #972's
+//! broadcast storm). Values never travel. Redis's client-side caching (`CLIENT TRACKING`) was
+//! the alternative; it was not chosen because:
+//! - tracking is state of the *reading* connection: this crate reads over a multiplexed
+//!   connection that reconnects by itself and loses that state silently, and in `REDIRECT` mode
+//!   the target's id changes with every reconnection of the push connection, and a cluster needs
+//!   one such pair per node. Each is a way to stay stale for ever without noticing (the shape of
+//!   Redisson #4653 and #5208);
+//! - `BCAST` mode announces every modified key under a prefix, which here includes every lock
+//!   taken and every fencing counter bumped: a storm on every fill;
+//! - its messages carry no version, so an instance cannot tell its own write from a newer one.
+//!
+//! The price: writes made outside the crate (`redis-cli SET`, `DEL`, `EXPIRE`, or Redis evicting
+//! a value that is then filled again) are not announced; a copy of such a value is served at
+//! most until its own fresh-until (Redisson #3277's question: use the crate to write, or
+//! `invalidate` after writing outside it).
+//!
+//! # The insert race (FusionCache #613)
+//! A read sent before an announcement and answered after it must not insert the old value.
+//! Before each read a [`Ticket`] records the tier's epoch and the generation of the key's stripe;
+//! an announcement bumps the stripe *before* it drops the copy, and an insert re-checks the
+//! ticket *after* it inserts, removing its copy if anything moved. Whichever order the two run
+//! in, the old value does not stay. Stripes (not one counter per key) keep this bounded in
+//! memory; a collision only refuses an insert, which costs one more read from Redis.
+//!
+//! # The staleness bound
+//! Copies are served only while the feed has proved, within `max_staleness`, that it is
+//! current: a heartbeat sent at local time `t0` came back on the same connection, after every
+//! announcement published before it (see `store/feed.rs`). So a copy served at `r` is never older
+//! than a change that completed before `r - max_staleness`. When the proof lapses (a dropped,
+//! black-holed or cut connection, a restarted or paused server, this process paused), the tier
+//! stops serving, drops every copy and goes to Redis until a new proof arrives. Times are taken
+//! on the local monotonic clock, so a paused process that resumes finds its proof expired.
+
+use std::any::{Any, TypeId};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cache::compute::StoredEntry;
+use crate::stats::{Counters, Event};
+use crate::store::feed::FeedSink;
+use crate::wire::key::value_key_into;
+
+/// The near tier's settings: how many entries and bytes it may hold, and how stale a copy may
+/// be served when the invalidation stream breaks. Given to
+/// [`CacheBuilder::near_cache`](crate::CacheBuilder::near_cache).
+///
+/// The near tier answers the `get_or_compute` family ([`Cache::fetch`](crate::Cache::fetch) and
+/// the calls built on it) with fresh values only; [`Cache::get`](crate::Cache::get) always reads
+/// Redis. A copy is filled by this instance's reads from Redis (a computed value goes in at its
+/// next read), and is dropped when another instance announces a change of its key, when
+/// `set` or `invalidate` is called here, at its fresh-until, or when the stream is not proven
+/// live. How hits, misses, announcements and switch-offs went is in
+/// [`Stats`](crate::Stats) (`near_*`).
+///
+/// | setting | default |
+/// |---|---|
+/// | [`max_entries`](Self::new) | (required) |
+/// | [`max_bytes`](Self::max_bytes) | 64 MiB |
+/// | [`max_staleness`](Self::max_staleness) | 1 s |
+///
+/// ```
+/// use stampede_guard::NearCache;
+/// use std::time::Duration;
+///
+/// let near = NearCache::new(10_000)
+///     .max_bytes(32 << 20)
+///     .max_staleness(Duration::from_millis(500));
+/// assert_eq!(near.get_max_entries(), 10_000);
+/// assert_eq!(near.get_max_bytes(), 32 << 20);
+/// assert_eq!(near.get_max_staleness(), Duration::from_millis(500));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use]
+pub struct NearCache {
+    pub(crate) max_entries: u64,
+    pub(crate) max_bytes: u64,
+    pub(crate) max_staleness: Duration,
+}
+
+impl NearCache {
+    /// A near tier of at most `max_entries` values (at least 1), with the other settings at
+    /// their defaults.
+    ///
+    /// ```
+    /// let near = stampede_guard::NearCache::new(1_000);
+    /// assert_eq!(near.get_max_bytes(), 64 << 20);
+    /// ```
+    pub fn new(max_entries: u64) -> Self {
+        NearCache {
+            max_entries: max_entries.max(1),
+            max_bytes: 64 << 20,
+            max_staleness: Duration::from_secs(1),
+        }
+    }
+
+    /// At most this many bytes of values (default 64 MiB, at least 1), counted as their encoded
+    /// size plus the key: an estimate of the decoded size that needs no help from `T`.
+    ///
+    /// ```
+    /// let near = stampede_guard::NearCache::new(100).max_bytes(1 << 20);
+    /// assert_eq!(near.get_max_bytes(), 1 << 20);
+    /// ```
+    pub fn max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes.max(1);
+        self
+    }
+
+    /// The staleness bound (default 1 s): a copy is served only while the invalidation stream
+    /// was proven current less than this long ago, so a copy served is never older than a
+    /// change made through the crate that completed more than `max_staleness` before the read.
+    /// A heartbeat goes around every quarter of it (one `PUBLISH` that only this instance
+    /// receives). At least 4 ms; longer values than a year count as a year.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let near = stampede_guard::NearCache::new(100).max_staleness(Duration::from_millis(200));
+    /// assert_eq!(near.get_max_staleness(), Duration::from_millis(200));
+    /// ```
+    pub fn max_staleness(mut self, max_staleness: Duration) -> Self {
+        const YEAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+        self.max_staleness = max_staleness.clamp(Duration::from_millis(4), YEAR);
+        self
+    }
+
+    /// The entry bound in force.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::NearCache::new(0).get_max_entries(), 1);
+    /// ```
+    pub fn get_max_entries(&self) -> u64 {
+        self.max_entries
+    }
+
+    /// The byte bound in force.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::NearCache::new(10).get_max_bytes(), 64 << 20);
+    /// ```
+    pub fn get_max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    /// The staleness bound in force.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(stampede_guard::NearCache::new(10).get_max_staleness(), Duration::from_secs(1));
+    /// ```
+    pub fn get_max_staleness(&self) -> Duration {
+        self.max_staleness
+    }
+
+    /// How often the feed proves itself current.
+    pub(crate) fn heartbeat_period(&self) -> Duration {
+        self.max_staleness / 4
+    }
+}
+
+/// How many generation stripes: enough that unrelated keys rarely share one while reads race
+/// announcements, small enough to be a fixed 2 KiB.
+const STRIPES: usize = 256;
+
+/// One copy.
+struct NearCopy {
+    /// The type it was read as; a read as another type is a miss (and replaces it).
+    type_id: TypeId,
+    value: Box<dyn Any + Send + Sync>,
+    fence: u64,
+    fresh_until_ms: u64,
+    compute_ms: u32,
+    /// Its encoded size, which stands for its size in memory (see [`NearCache::max_bytes`]).
+    bytes: usize,
+}
+
+/// Taken before a read from Redis whose answer may go into the tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ticket {
+    epoch: u64,
+    stripe: usize,
+    generation: u64,
+}
+
+/// The near tier of one cache.
+pub(crate) struct NearTier {
+    copies: moka::sync::Cache<String, Arc<NearCopy>>,
+    /// Bumped by every announcement of a key of the stripe, before its copy is dropped.
+    stripes: Box<[AtomicU64]>,
+    hasher: std::collections::hash_map::RandomState,
+    /// Bumped whenever every copy is dropped (a new connection, a lapsed proof): tickets taken
+    /// before cannot insert.
+    epoch: AtomicU64,
+    /// The feed connection whose announcements reach us now; 0 while none is subscribed (then
+    /// no ticket is given: a read could miss the announcement of a later change).
+    connection: AtomicU64,
+    /// The latest connection number the feed has started (never decreases).
+    latest: AtomicU64,
+    /// Until when copies may be served: nanoseconds since `base`, 0 for never.
+    live_until: AtomicU64,
+    /// Whether the tier counts as serving, to count and clear once per lapse.
+    serving: AtomicBool,
+    base: Instant,
+    max_staleness: Duration,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for NearTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NearTier")
+            .field("entries", &self.copies.entry_count())
+            .field("max_staleness", &self.max_staleness)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The weight of a copy in moka's units. moka bounds one weighted capacity, so both bounds are
+/// folded into it: every copy weighs at least `max_bytes / max_entries`, hence at most
+/// `max_entries` fit, and never more than `max_bytes` in total. Units of `scale` bytes keep
+/// weights inside `u32` whatever the bounds.
+#[derive(Debug, Clone, Copy)]
+struct Weights {
+    scale: u64,
+    floor: u64,
+    capacity: u64,
+}
+
+impl Weights {
+    fn new(max_entries: u64, max_bytes: u64) -> Self {
+        let floor_bytes = max_bytes.div_ceil(max_entries).max(1);
+        let scale = floor_bytes.div_ceil(1 << 20).max(1);
+        Weights {
+            scale,
+            floor: floor_bytes.div_ceil(scale),
+            capacity: (max_bytes / scale).max(1),
+        }
+    }
+
+    fn of(&self, bytes: usize) -> u32 {
+        let units = (bytes as u64).div_ceil(self.scale).max(self.floor);
+        u32::try_from(units).unwrap_or(u32::MAX)
+    }
+}
+
+/// The fixed cost counted per copy besides its encoded bytes and key (the entry's bookkeeping).
+const OVERHEAD_BYTES: usize = 64;
+
+impl NearTier {
+    pub(crate) fn new(config: &NearCache, counters: Arc<Counters>) -> Self {
+        let weights = Weights::new(config.max_entries, config.max_bytes);
+        let copies = moka::sync::Cache::builder()
+            .max_capacity(weights.capacity)
+            .weigher(move |key: &String, copy: &Arc<NearCopy>| {
+                weights.of(copy.bytes.saturating_add(key.len() + OVERHEAD_BYTES))
+            })
+            .build();
+        NearTier {
+            copies,
+            stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            hasher: Default::default(),
+            epoch: AtomicU64::new(0),
+            connection: AtomicU64::new(0),
+            latest: AtomicU64::new(0),
+            live_until: AtomicU64::new(0),
+            serving: AtomicBool::new(false),
+            base: Instant::now(),
+            max_staleness: config.max_staleness,
+            counters,
+        }
+    }
+
+    /// A fresh copy of `value_key` as a `T`, if the tier may serve one now (`now_ms` by the
+    /// store's clock, which stamped fresh-until). Counts a near hit or miss.
+    pub(crate) fn get<T: Clone + 'static>(
+        &self,
+        value_key: &str,
+        now_ms: u64,
+    ) -> Option<StoredEntry<T>> {
+        let found = self.live().then(|| self.copies.get(value_key)).flatten();
+        let served = found.and_then(|copy| {
+            if copy.fresh_until_ms <= now_ms {
+                // Past its fresh-until: the normal path decides (stale window, refresh, miss).
+                self.copies.invalidate(value_key);
+                return None;
+            }
+            if copy.type_id != TypeId::of::<T>() {
+                return None;
+            }
+            let value = copy.value.downcast_ref::<T>()?.clone();
+            Some(StoredEntry {
+                value: Ok(value),
+                fresh_until_ms: copy.fresh_until_ms,
+                compute_ms: copy.compute_ms,
+                fence: copy.fence,
+            })
+        });
+        self.counters.record(if served.is_some() {
+            Event::NearHit
+        } else {
+            Event::NearMiss
+        });
+        served
+    }
+
+    /// [`get`](Self::get) by the user's key: the value key is built in a buffer of this thread,
+    /// so a hit allocates nothing but the clone of `T`. Keys that are not valid are never in
+    /// the tier (every copy went in under a validated key): `None`, and the caller's own
+    /// validation reports them.
+    pub(crate) fn get_by_user_key<T: Clone + 'static>(
+        &self,
+        namespace: &str,
+        key: &str,
+        now_ms: u64,
+    ) -> Option<StoredEntry<T>> {
+        thread_local! {
+            static VALUE_KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        if key.is_empty() || key.len() > crate::MAX_KEY_BYTES {
+            return None;
+        }
+        VALUE_KEY.with_borrow_mut(|buffer| {
+            buffer.clear();
+            value_key_into(namespace, key, buffer);
+            self.get(buffer, now_ms)
+        })
+    }
+
+    /// Whether the stream is proven current within `max_staleness`. When the proof has lapsed,
+    /// the first caller to notice drops every copy and counts the switch-off.
+    fn live(&self) -> bool {
+        let until = self.live_until.load(Ordering::Acquire);
+        if self.nanos(Instant::now()) < until {
+            return true;
+        }
+        if self.serving.swap(false, Ordering::AcqRel) {
+            self.counters.record(Event::NearSwitchedOff);
+            self.drop_all();
+        }
+        false
+    }
+
+    /// A ticket for a read of `value_key` about to be sent, or `None` if no announcement stream
+    /// is subscribed (its answer could then miss a later change).
+    pub(crate) fn ticket(&self, value_key: &str) -> Option<Ticket> {
+        if self.connection.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        // Read again after the epoch: a reset between the two loads shows as a changed epoch.
+        if self.connection.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let stripe = self.stripe(value_key);
+        Some(Ticket {
+            epoch,
+            stripe,
+            generation: self.stripes[stripe].load(Ordering::SeqCst),
+        })
+    }
+
+    /// Puts the answer of the read `ticket` was taken for into the tier, unless an
+    /// announcement of the key (or a reset) came since the ticket; only fresh values.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert<T: Clone + Send + Sync + 'static>(
+        &self,
+        ticket: Ticket,
+        value_key: &str,
+        value: &T,
+        fence: u64,
+        fresh_until_ms: u64,
+        compute_ms: u32,
+        bytes: usize,
+        now_ms: u64,
+    ) {
+        if fresh_until_ms <= now_ms || !self.valid(ticket) {
+            return;
+        }
+        let copy = Arc::new(NearCopy {
+            type_id: TypeId::of::<T>(),
+            value: Box::new(value.clone()),
+            fence,
+            fresh_until_ms,
+            compute_ms,
+            bytes,
+        });
+        self.copies.insert(value_key.to_owned(), copy);
+        // After the insert: an announcement that bumped the stripe before this check dropped
+        // nothing of ours (we were not in yet), so we drop ourselves; one that bumps it after
+        // drops our copy itself.
+        if !self.valid(ticket) {
+            self.copies.invalidate(value_key);
+        }
+    }
+
+    fn valid(&self, ticket: Ticket) -> bool {
+        self.epoch.load(Ordering::SeqCst) == ticket.epoch
+            && self.stripes[ticket.stripe].load(Ordering::SeqCst) == ticket.generation
+    }
+
+    /// This instance changed `value_key` (`set`, `invalidate`): its own copy goes at once, and
+    /// reads racing the change cannot insert what they read before it.
+    pub(crate) fn forget(&self, value_key: &str) {
+        self.bump(value_key);
+        self.copies.invalidate(value_key);
+    }
+
+    fn bump(&self, value_key: &str) {
+        self.stripes[self.stripe(value_key)].fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn stripe(&self, value_key: &str) -> usize {
+        (self.hasher.hash_one(value_key) % STRIPES as u64) as usize
+    }
+
+    /// Drops every copy; tickets taken before cannot insert.
+    fn drop_all(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.copies.invalidate_all();
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// How many copies the tier holds (moka's count, after its pending maintenance).
+    #[cfg(test)]
+    fn len(&self) -> u64 {
+        self.copies.run_pending_tasks();
+        self.copies.entry_count()
+    }
+}
+
+impl FeedSink for NearTier {
+    fn reset(&self, connection: u64) {
+        self.latest.fetch_max(connection, Ordering::SeqCst);
+        self.connection.store(0, Ordering::SeqCst);
+        self.live_until.store(0, Ordering::Release);
+        self.drop_all();
+        if self.serving.swap(false, Ordering::AcqRel) {
+            self.counters.record(Event::NearSwitchedOff);
+        }
+    }
+
+    fn lost(&self, connection: u64) {
+        if self.latest.load(Ordering::SeqCst) == connection {
+            self.reset(connection);
+        }
+    }
+
+    fn subscribed(&self, connection: u64) {
+        if self.latest.load(Ordering::SeqCst) == connection {
+            self.connection.store(connection, Ordering::SeqCst);
+        }
+    }
+
+    fn invalidated(&self, value_key: &str, fence: u64) {
+        self.counters.record(Event::NearInvalidation);
+        // Stripe first, then the copy: see `insert`.
+        self.bump(value_key);
+        // The announcement of the very write a copy holds leaves it (an instance hears its
+        // own computed writes); anything else is newer and drops it. `set` values carry fence
+        // 0, so any announcement drops them.
+        if let Some(copy) = self.copies.get(value_key) {
+            if copy.fence == fence && fence != 0 {
+                return;
+            }
+        }
+        self.copies.invalidate(value_key);
+    }
+
+    fn proof(&self, connection: u64, sent: Instant) {
+        if self.connection.load(Ordering::SeqCst) != connection {
+            return;
+        }
+        let until = self.nanos(sent + self.max_staleness);
+        self.live_until.fetch_max(until, Ordering::AcqRel);
+        self.serving.store(true, Ordering::Release);
+    }
+
+    fn tick(&self) {
+        // Noticing a lapse here drops the copies even if no call comes to notice it.
+        let _ = self.live();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "ns:{k}";
+    const NOW: u64 = 1_000_000;
+    const FRESH: u64 = NOW + 60_000;
+
+    /// A tier whose stream is subscribed (connection 1) and proven current now.
+    fn live_tier(config: &NearCache) -> (NearTier, Arc<Counters>) {
+        let counters = Arc::new(Counters::default());
+        let tier = NearTier::new(config, Arc::clone(&counters));
+        tier.reset(1);
+        tier.subscribed(1);
+        tier.proof(1, Instant::now());
+        (tier, counters)
+    }
+
+    fn put(tier: &NearTier, key: &str, value: &str, fence: u64) {
+        let ticket = tier.ticket(key).expect("a subscribed stream gives tickets");
+        tier.insert(
+            ticket,
+            key,
+            &value.to_owned(),
+            fence,
+            FRESH,
+            0,
+            value.len(),
+            NOW,
+        );
+    }
+
+    fn read(tier: &NearTier, key: &str) -> Option<String> {
+        tier.get::<String>(key, NOW).and_then(|e| e.value.ok())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_answered_after_an_announcement_does_not_go_in() {
+        let (tier, counters) = live_tier(&NearCache::new(100));
+        // The read is sent (ticket), the key changes elsewhere (announcement), the read's
+        // answer, the value from before the change, comes back and is offered to the tier.
+        let ticket = tier.ticket(KEY).unwrap();
+        tier.invalidated(KEY, 9);
+        tier.insert(ticket, KEY, &"old".to_owned(), 5, FRESH, 0, 3, NOW);
+        assert_eq!(read(&tier, KEY), None, "the old value must not be served");
+        assert_eq!(counters.snapshot().near_invalidations, 1);
+        // A read sent after the announcement goes in.
+        put(&tier, KEY, "new", 9);
+        assert_eq!(read(&tier, KEY).as_deref(), Some("new"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_announcement_drops_older_copies_but_not_the_write_it_announces() {
+        let (tier, _) = live_tier(&NearCache::new(100));
+        put(&tier, KEY, "v5", 5);
+        tier.invalidated(KEY, 5);
+        assert_eq!(read(&tier, KEY).as_deref(), Some("v5"), "its own write");
+        tier.invalidated(KEY, 7);
+        assert_eq!(read(&tier, KEY), None, "a newer write");
+        // A `set` value carries fence 0: any announcement drops it.
+        put(&tier, KEY, "set", 0);
+        tier.invalidated(KEY, 0);
+        assert_eq!(read(&tier, KEY), None);
+        // Other keys are left alone.
+        put(&tier, "ns:{other}", "o", 3);
+        tier.invalidated(KEY, 11);
+        assert_eq!(read(&tier, "ns:{other}").as_deref(), Some("o"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn own_changes_drop_the_copy_and_void_racing_reads() {
+        let (tier, _) = live_tier(&NearCache::new(100));
+        put(&tier, KEY, "v1", 1);
+        let racing = tier.ticket(KEY).unwrap();
+        tier.forget(KEY);
+        assert_eq!(read(&tier, KEY), None);
+        tier.insert(racing, KEY, &"v1".to_owned(), 1, FRESH, 0, 2, NOW);
+        assert_eq!(read(&tier, KEY), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_ticket_without_a_subscribed_stream_and_a_reset_voids_everything() {
+        let counters = Arc::new(Counters::default());
+        let tier = NearTier::new(&NearCache::new(100), Arc::clone(&counters));
+        assert_eq!(tier.ticket(KEY), None, "nothing subscribed yet");
+        tier.reset(1);
+        assert_eq!(tier.ticket(KEY), None, "connecting, not subscribed");
+        tier.subscribed(1);
+        tier.proof(1, Instant::now());
+        put(&tier, KEY, "v", 1);
+        let before = tier.ticket(KEY).unwrap();
+        // The connection drops: copies go, tickets taken before cannot insert, and the new
+        // connection's stream serves nothing until it proves itself.
+        tier.lost(1);
+        assert_eq!(read(&tier, KEY), None);
+        tier.reset(2);
+        tier.subscribed(2);
+        tier.insert(before, KEY, &"v".to_owned(), 1, FRESH, 0, 1, NOW);
+        assert_eq!(tier.len(), 0);
+        put(&tier, KEY, "w", 2);
+        assert_eq!(read(&tier, KEY), None, "not proven since the reconnection");
+        tier.proof(1, Instant::now());
+        assert_eq!(
+            read(&tier, KEY),
+            None,
+            "a heartbeat of the old connection proves nothing"
+        );
+        tier.proof(2, Instant::now());
+        assert_eq!(read(&tier, KEY).as_deref(), Some("w"));
+        assert_eq!(counters.snapshot().near_switched_off, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn copies_stop_being_served_and_go_once_the_proof_is_max_staleness_old() {
+        let config = NearCache::new(100).max_staleness(Duration::from_millis(400));
+        let (tier, counters) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        tokio::time::advance(Duration::from_millis(399)).await;
+        assert_eq!(read(&tier, KEY).as_deref(), Some("v"));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(read(&tier, KEY), None, "the proof is max_staleness old");
+        assert_eq!(tier.len(), 0, "and the copies are dropped");
+        assert_eq!(read(&tier, KEY), None);
+        assert_eq!(
+            counters.snapshot().near_switched_off,
+            1,
+            "counted once per lapse"
+        );
+        // Proven again: reads go in and are served.
+        tier.proof(1, Instant::now());
+        put(&tier, KEY, "w", 2);
+        assert_eq!(read(&tier, KEY).as_deref(), Some("w"));
+        let stats = counters.snapshot();
+        assert_eq!((stats.near_hits, stats.near_misses), (2, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_proof_counts_from_when_the_heartbeat_was_sent() {
+        let config = NearCache::new(100).max_staleness(Duration::from_millis(400));
+        let (tier, _) = live_tier(&config);
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(300)).await;
+        // Came back late: it still proves the stream current only as of when it was sent.
+        tier.proof(1, sent);
+        put(&tier, KEY, "v", 1);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert_eq!(read(&tier, KEY), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn never_past_fresh_until_and_never_as_another_type() {
+        let (tier, _) = live_tier(&NearCache::new(100));
+        put(&tier, KEY, "v", 1);
+        assert!(tier.get::<String>(KEY, FRESH - 1).is_some());
+        assert!(
+            tier.get::<Vec<u8>>(KEY, NOW).is_none(),
+            "another type is a miss"
+        );
+        assert!(
+            tier.get::<String>(KEY, FRESH).is_none(),
+            "fresh-until reached"
+        );
+        // A value already past its fresh-until does not go in.
+        let ticket = tier.ticket(KEY).unwrap();
+        tier.insert(ticket, KEY, &"v".to_owned(), 1, NOW, 0, 1, NOW);
+        assert_eq!(tier.len(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_by_entries_and_by_bytes() {
+        let (by_entries, _) = live_tier(&NearCache::new(10));
+        let (by_bytes, _) = live_tier(&NearCache::new(1_000).max_bytes(20_000));
+        let big = "x".repeat(1_000);
+        for round in 0..3 {
+            for i in 0..200 {
+                let key = format!("ns:{{{i}}}");
+                put(&by_entries, &key, "small", round);
+                put(&by_bytes, &key, &big, round);
+            }
+        }
+        let entries = by_entries.len();
+        assert!((1..=10).contains(&entries), "{entries} entries");
+        // Each copy weighs its 1,000 bytes, its key and the per-copy overhead.
+        let fit = 20_000 / (1_000 + 8 + OVERHEAD_BYTES as u64);
+        let held = by_bytes.len();
+        assert!((1..=fit).contains(&held), "{held} copies of 1 kB in 20 kB");
+    }
+
+    #[test]
+    fn weights_fold_both_bounds_into_one_capacity() {
+        for (entries, bytes) in [(10, 64 << 20), (1_000_000, 64 << 20), (3, u64::MAX), (1, 1)] {
+            let w = Weights::new(entries, bytes);
+            let most = w.capacity / u64::from(w.of(0));
+            assert!(most <= entries, "{entries}/{bytes}: {most} copies fit");
+            assert!(w.capacity.saturating_mul(w.scale) <= bytes);
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! The near tier against real redis-server processes: hits without a round trip, coherence
+//! across instances, no announcement on a fill, and the staleness bound under faults (a
+//! black-holed or cut connection, a restarted server).
+
+mod support;
+
+use std::time::Duration;
+
+use redis::Commands;
+use stampede_guard::{Cache, CallOptions, ConnectionOptions, NearCache};
+use support::proxy::{Mode, Proxy};
+use support::{Monitor, RedisServer};
+
+const TTL: Duration = Duration::from_secs(300);
+const MAX_STALENESS: Duration = Duration::from_millis(300);
+/// How long a test waits for something that should happen at once (generous: a loaded machine).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+async fn near_cache(url: String) -> Cache {
+    Cache::builder()
+        .redis_url(url)
+        .namespace("near")
+        .near_cache(NearCache::new(1_000).max_staleness(MAX_STALENESS))
+        .connection(
+            ConnectionOptions::default()
+                .response_timeout(Duration::from_secs(1))
+                .reconnect_retries(0),
+        )
+        .options(CallOptions::default().wait_timeout(Duration::from_secs(2)))
+        .build()
+        .await
+        .expect("a cache with a near tier")
+}
+
+async fn read(cache: &Cache, key: &str) -> Result<String, stampede_guard::Error> {
+    cache
+        .get_or_compute(key, TTL, || async {
+            Ok::<_, std::io::Error>("computed".to_owned())
+        })
+        .await
+}
+
+/// Reads until a read is answered by the near tier (the feed is up and proven current).
+async fn until_near_hit(cache: &Cache, key: &str) -> String {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let before = cache.stats().near_hits;
+        let value = read(cache, key).await;
+        if cache.stats().near_hits > before {
+            return value.expect("a near hit is a value");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no near hit within {PATIENCE:?}: {:?}",
+            cache.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Reads until `new` is served, failing if `old` is ever served: called once the change is
+/// more than `max_staleness` old, when no read may return what it replaced.
+async fn never_old_until_new(cache: &Cache, key: &str, old: &str, new: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match read(cache, key).await {
+            Ok(v) if v == new => return,
+            Ok(v) => assert_ne!(
+                v, old,
+                "served a value replaced more than max_staleness ago"
+            ),
+            Err(e) => assert!(e.is_backend(), "{e}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{new} never served");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_hit_costs_no_command_and_changes_reach_every_instance() {
+    let server = RedisServer::start();
+    let a = near_cache(server.url()).await;
+    let b = near_cache(server.url()).await;
+    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    assert_eq!(until_near_hit(&b, "k").await, "v1");
+
+    // Hits on the near tier read nothing from Redis (the monitor sees heartbeats, and the
+    // clock's calibration, but no read).
+    let monitor = Monitor::start(&server);
+    let hits = b.stats().near_hits;
+    for _ in 0..50 {
+        assert_eq!(read(&b, "k").await.unwrap(), "v1");
+    }
+    let commands = monitor.commands_until_now(&server);
+    assert!(
+        commands.iter().all(|c| c != "GET" && c != "EVALSHA"),
+        "near hits sent {commands:?}"
+    );
+    assert_eq!(b.stats().near_hits, hits + 50);
+
+    // `set` on A reaches B's near tier (whose stream stays live all along: only the
+    // announcement can make it drop its copy).
+    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    never_old_until_new(&b, "k", "v1", "v2").await;
+    assert_eq!(until_near_hit(&b, "k").await, "v2");
+    // So does `invalidate`: B computes afresh.
+    a.invalidate("k").await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    never_old_until_new(&b, "k", "v2", "computed").await;
+    assert_eq!(b.stats().near_switched_off, 0, "{:?}", b.stats());
+    // And the instance that changed the entry never serves its own old copy.
+    assert_eq!(until_near_hit(&a, "k").await, "computed");
+    a.set("k", &"v3".to_owned(), TTL).await.unwrap();
+    assert_eq!(read(&a, "k").await.unwrap(), "v3");
+    let stats = b.stats();
+    assert!(stats.near_invalidations >= 2, "{stats:?}");
+
+    // With XFetch on, near hits go through the same judgement as Redis hits (a value 300 s
+    // from expiry computed in no time is never refreshed early: served as it is).
+    let xfetch = b.with_options(CallOptions::default().early_refresh(1.0));
+    let hits = b.stats().near_hits;
+    assert_eq!(read(&xfetch, "k").await.unwrap(), "v3");
+    assert_eq!(until_near_hit(&xfetch, "k").await, "v3");
+    assert!(b.stats().near_hits > hits);
+    assert_eq!(
+        b.stats().computes,
+        1,
+        "only the read after the invalidation computed"
+    );
+}
+
+/// Subscribes to the namespace's near channel and returns the announcements' payloads.
+fn announcements(server: &RedisServer) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let mut conn = server.conn();
+    std::thread::spawn(move || {
+        let mut pubsub = conn.as_pubsub();
+        pubsub.subscribe("near:near-tier").unwrap();
+        ready_tx.send(()).unwrap();
+        while let Ok(msg) = pubsub.get_message() {
+            let Ok(payload) = msg.get_payload::<String>() else {
+                continue;
+            };
+            if tx.send(payload).is_err() {
+                return;
+            }
+        }
+    });
+    ready.recv().unwrap();
+    rx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_of_an_empty_key_is_not_announced_a_replacing_write_is() {
+    let server = RedisServer::start();
+    let a = near_cache(server.url()).await;
+    let heard = announcements(&server);
+    // A cold fill: computed into an empty key.
+    assert_eq!(read(&a, "cold").await.unwrap(), "computed");
+    // Bytes that do not decode are replaced by a computed value: that replaces a value.
+    let _: () = server
+        .conn()
+        .set("near:{garbled}", b"not an envelope")
+        .unwrap();
+    assert_eq!(read(&a, "garbled").await.unwrap(), "computed");
+    a.invalidate("gone").await.unwrap();
+    a.set("set", &1u8, TTL).await.unwrap();
+    // Announcements arrive in the order of the writes: the cold fill, first, made none.
+    let next = || heard.recv_timeout(PATIENCE).expect("an announcement");
+    let keys: Vec<String> = (0..3)
+        .map(|_| {
+            let payload = next();
+            let (fence, key) = payload.split_once(' ').expect("fence and key");
+            assert!(fence.parse::<u64>().is_ok_and(|f| f > 0), "{payload}");
+            key.to_owned()
+        })
+        .collect();
+    assert_eq!(keys, ["near:{garbled}", "near:{gone}", "near:{set}"]);
+}
+
+/// The proxy runs its own runtime, so it is started (and dropped) outside the test's.
+fn with_proxy(test: impl AsyncFnOnce(&mut RedisServer, &Proxy)) {
+    let mut server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime for the test")
+        .block_on(test(&mut server, &proxy));
+}
+
+#[test]
+fn a_black_holed_stream_stops_near_hits_within_max_staleness() {
+    with_proxy(black_holed)
+}
+
+async fn black_holed(server: &mut RedisServer, proxy: &Proxy) {
+    let a = near_cache(server.url()).await;
+    let b = near_cache(proxy.url()).await;
+    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    assert_eq!(until_near_hit(&b, "k").await, "v1");
+
+    // B hears nothing from now on, and no error tells it so.
+    proxy.set_mode(Mode::Blackhole);
+    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    // Once max_staleness has passed since the change, B must not serve v1: it has no proof of a
+    // current stream, so it goes to Redis (black-holed: an error) instead of its copy.
+    for _ in 0..3 {
+        match read(&b, "k").await {
+            Ok(v) => assert_ne!(v, "v1", "served from the near tier past max_staleness"),
+            Err(e) => assert!(e.is_backend(), "{e}"),
+        }
+    }
+    assert!(b.stats().near_switched_off >= 1, "{:?}", b.stats());
+
+    // The stream comes back: B reads Redis, then serves from its near tier again.
+    proxy.set_mode(Mode::Pass);
+    never_old_until_new(&b, "k", "v1", "v2").await;
+    assert_eq!(until_near_hit(&b, "k").await, "v2");
+}
+
+#[test]
+fn a_cut_connection_or_a_restarted_server_loses_no_change() {
+    with_proxy(cut_and_restarted)
+}
+
+async fn cut_and_restarted(server: &mut RedisServer, proxy: &Proxy) {
+    let a = near_cache(server.url()).await;
+    let b = near_cache(proxy.url()).await;
+    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    assert_eq!(until_near_hit(&b, "k").await, "v1");
+
+    // A cut: the announcement of v2 may be sent while B has no connection to hear it.
+    proxy.cut();
+    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    never_old_until_new(&b, "k", "v1", "v2").await;
+    assert_eq!(until_near_hit(&b, "k").await, "v2");
+
+    // A restart: an empty server, written again after it is back.
+    server.restart();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while a.set("k", &"v3".to_owned(), TTL).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(MAX_STALENESS).await;
+    never_old_until_new(&b, "k", "v2", "v3").await;
+    assert_eq!(until_near_hit(&b, "k").await, "v3");
+}
+
+#[tokio::test]
+async fn the_near_cache_is_refused_where_it_is_not_supported() {
+    let memory = Cache::builder()
+        .near_cache(NearCache::new(10))
+        .build()
+        .await;
+    assert!(
+        matches!(memory, Err(stampede_guard::Error::Config(_))),
+        "{memory:?}"
+    );
+    let redlock = Cache::builder()
+        .redis_url("redis://127.0.0.1:1/0")
+        .redlock([
+            "redis://127.0.0.1:2",
+            "redis://127.0.0.1:3",
+            "redis://127.0.0.1:4",
+        ])
+        .near_cache(NearCache::new(10))
+        .build()
+        .await;
+    assert!(matches!(redlock, Err(stampede_guard::Error::Config(_))));
+}
+
+/// Connected clients subscribed to two channels: near-tier feeds (the near channel and their
+/// own heartbeat channel).
+fn feeds(server: &RedisServer) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.conn())
+        .unwrap();
+    list.lines().filter(|c| c.contains(" sub=2 ")).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_cache_stops_its_feed() {
+    let server = RedisServer::start();
+    let cache = near_cache(server.url()).await;
+    cache.set("k", &"v".to_owned(), TTL).await.unwrap();
+    until_near_hit(&cache, "k").await;
+    assert_eq!(feeds(&server), 1);
+    drop(cache);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while feeds(&server) > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the feed's connection outlived the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
