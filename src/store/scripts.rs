@@ -100,7 +100,8 @@ return {3, redis.call('PTTL', KEYS[2])}
 const STORE_AND_UNLOCK: &str = r"
 local written = 0
 if redis.call('GET', KEYS[3]) == ARGV[2] then
-  if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- Without a near tier (no channel) nothing is announced: spare the EXISTS too.
+  if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
     announce(ARGV[4], ARGV[2], KEYS[1])
   end
   if ARGV[5] == 'set' then
