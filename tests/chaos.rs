@@ -364,6 +364,51 @@ impl EvictionWatch {
     }
 }
 
+/// Two loopback proxies to the one cache server: slots 0 and 1 connect through the first, 2 and
+/// 3 through the second, so each side has a worker with a near tier (even slots) and one
+/// without. A cut, delay or black-hole hits one side or both, so a near tier's stream can go
+/// quiet while a near-tier instance on the other side goes on writing (and announcing): the
+/// partition its staleness bound is about (a fault on both sides stops every writer too).
+struct Proxies([Proxy; 2]);
+
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    First,
+    Second,
+    Both,
+}
+
+impl Proxies {
+    fn of(&self, side: Side) -> &[Proxy] {
+        match side {
+            Side::First => &self.0[..1],
+            Side::Second => &self.0[1..],
+            Side::Both => &self.0[..],
+        }
+    }
+
+    fn set_mode(&self, side: Side, mode: Mode) {
+        for proxy in self.of(side) {
+            proxy.set_mode(mode);
+        }
+    }
+
+    fn cut(&self, side: Side) {
+        for proxy in self.of(side) {
+            proxy.cut();
+        }
+    }
+
+    /// A third of the faults on each side alone, a third on both.
+    fn draw(rng: &mut StdRng) -> Side {
+        match rng.random_range(0..3) {
+            0 => Side::First,
+            1 => Side::Second,
+            _ => Side::Both,
+        }
+    }
+}
+
 struct Slot {
     worker: Option<Worker>,
     instance: String,
@@ -375,7 +420,8 @@ struct Slot {
 
 struct Controller {
     dir: PathBuf,
-    proxy_url: String,
+    /// The proxies: slot `i` connects through `proxy_urls[i / 2]`.
+    proxy_urls: [String; 2],
     sink_url: String,
     seed: u64,
     slots: Vec<Slot>,
@@ -395,7 +441,7 @@ impl Controller {
         slot.worker = Some(Worker::spawn(
             "chaos-worker",
             &[
-                ("CHAOS_URL", self.proxy_url.clone()),
+                ("CHAOS_URL", self.proxy_urls[i / 2].clone()),
                 ("CHAOS_SINK", self.sink_url.clone()),
                 ("CHAOS_DIR", self.dir.display().to_string()),
                 ("CHAOS_INSTANCE", slot.instance.clone()),
@@ -456,11 +502,13 @@ fn chaos_run() {
     let mut life = 0u32;
     let mut monitor = MonitorLog::start(&server, dir.join("monitor-0.log"));
     let mut monitor_files = Vec::new();
-    let proxy = Proxy::start(server.port());
+    let proxies = Proxies([Proxy::start(server.port()), Proxy::start(server.port())]);
+    // Proxy faults that hit one side only (the rest hit both).
+    let mut one_side = 0u64;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut c = Controller {
         dir: dir.clone(),
-        proxy_url: proxy.url(),
+        proxy_urls: [proxies.0[0].url(), proxies.0[1].url()],
         sink_url: sink.url(),
         seed,
         slots: (0..WORKERS)
@@ -482,7 +530,7 @@ fn chaos_run() {
     for i in 0..WORKERS {
         c.spawn(i);
     }
-    let mut proxy_fault_until: Option<(Instant, bool)> = None;
+    let mut proxy_fault_until: Option<(Instant, bool, Side)> = None;
     let mut pressure = Pressure::default();
 
     for _round in 0..rounds {
@@ -498,12 +546,12 @@ fn chaos_run() {
                 c.spawn(i);
             }
         }
-        if let Some((until, cut)) = proxy_fault_until {
+        if let Some((until, cut, side)) = proxy_fault_until {
             if until <= now {
                 if cut {
-                    proxy.cut();
+                    proxies.cut(side);
                 }
-                proxy.set_mode(Mode::Pass);
+                proxies.set_mode(side, Mode::Pass);
                 proxy_fault_until = None;
             }
         }
@@ -541,8 +589,8 @@ fn chaos_run() {
             9 => {
                 // New clients wait in the proxy until the monitor watches the new server, so no
                 // command of the new server's life goes unseen.
-                proxy.set_mode(Mode::Hold);
-                proxy.cut();
+                proxies.set_mode(Side::Both, Mode::Hold);
+                proxies.cut(Side::Both);
                 proxy_fault_until = None;
                 c.restarts_us.push(now_us());
                 server.restart();
@@ -551,26 +599,32 @@ fn chaos_run() {
                 monitor_files.push(monitor.stop());
                 life += 1;
                 monitor = MonitorLog::start(&server, dir.join(format!("monitor-{life}.log")));
-                proxy.set_mode(Mode::Pass);
+                proxies.set_mode(Side::Both, Mode::Pass);
                 *c.faults.entry("redis_restart").or_default() += 1;
             }
             10..14 => {
-                proxy.cut();
+                let side = Proxies::draw(&mut rng);
+                one_side += u64::from(!matches!(side, Side::Both));
+                proxies.cut(side);
                 *c.faults.entry("cut").or_default() += 1;
             }
             14..17 if proxy_fault_until.is_none() => {
                 let delay = Duration::from_millis(rng.random_range(20..150));
-                proxy.set_mode(Mode::Delay(delay));
+                let side = Proxies::draw(&mut rng);
+                one_side += u64::from(!matches!(side, Side::Both));
+                proxies.set_mode(side, Mode::Delay(delay));
                 let span = Duration::from_millis(rng.random_range(300..1500));
-                proxy_fault_until = Some((now + span, false));
+                proxy_fault_until = Some((now + span, false, side));
                 *c.faults.entry("delay").or_default() += 1;
             }
             17..20 if proxy_fault_until.is_none() => {
-                proxy.set_mode(Mode::Blackhole);
+                let side = Proxies::draw(&mut rng);
+                one_side += u64::from(!matches!(side, Side::Both));
+                proxies.set_mode(side, Mode::Blackhole);
                 let span = Duration::from_millis(rng.random_range(300..2500));
                 // Half end in a cut (held bytes dropped), half deliver them late.
                 let cut = rng.random_bool(0.5);
-                proxy_fault_until = Some((now + span, cut));
+                proxy_fault_until = Some((now + span, cut, side));
                 *c.faults
                     .entry(if cut {
                         "blackhole_then_cut"
@@ -591,7 +645,7 @@ fn chaos_run() {
 
     // Wind down: faults end, dead slots stay dead, everyone else is asked to stop.
     pressure.stop(&server);
-    proxy.set_mode(Mode::Pass);
+    proxies.set_mode(Side::Both, Mode::Pass);
     for i in 0..WORKERS {
         c.resume(i);
     }
@@ -647,7 +701,7 @@ fn chaos_run() {
         .arg(-1)
         .query(&mut sink.conn())
         .expect("the sink's log");
-    drop(proxy);
+    drop(proxies);
 
     // The history.
     let mut h = History {
@@ -718,7 +772,11 @@ fn chaos_run() {
         "chaos: seed {seed}, {rounds} rounds in {:.0?}",
         began.elapsed()
     );
-    println!("chaos: faults injected {fault_total}: {:?}", c.faults);
+    println!(
+        "chaos: faults injected {fault_total}: {:?} ({one_side} of the cuts, delays and \
+         black-holes on one side only: slots 0-1 or 2-3)",
+        c.faults
+    );
     println!(
         "chaos: calls completed {} ({outcomes:?}); worker processes {} ({} killed)",
         calls_done.len(),
@@ -1058,76 +1116,108 @@ fn worker(role: &str) -> Result<(), String> {
     })
 }
 
-/// `get_or_compute_with_lease` (mostly), `invalidate` and `set` on the hot keys.
+/// Calls one cache loop keeps in flight at most: a call stuck on Redis (a black-hole) does not
+/// stop the next, as in a server answering many requests, so a near tier keeps being asked for
+/// its copies while its stream is partitioned.
+const CALLS_IN_FLIGHT: u32 = 4;
+
+/// `get_or_compute_with_lease` (mostly), `invalidate` and `set` on the hot keys, each call in a
+/// task of its own (at most [`CALLS_IN_FLIGHT`] at once).
 async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
+    let permits = Arc::new(tokio::sync::Semaphore::new(CALLS_IN_FLIGHT as usize));
     while !ctx.stopping() {
         let key = format!("k{}", rng.random_range(0..CACHE_KEYS));
-        let id = ctx.next_id();
-        let start = now_us();
         let dice = rng.random_range(0..100);
         let op = match dice {
             0..8 => "invalidate",
             8..12 => "set",
             _ => "get_or_compute",
         };
-        ctx.log.event(format!("begin {id} {op} {key} {start}"));
-        let outcome = match op {
-            "invalidate" => match ctx.cache.invalidate(&key).await {
-                Ok(()) => "done".to_string(),
-                Err(e) => format!("err {}", kind(&e)),
-            },
-            "set" => {
-                let value = format!("S|{key}|{}|{id}", ctx.instance);
-                match ctx
-                    .cache
-                    .set(&key, &value, Duration::from_millis(1500))
-                    .await
-                {
-                    Ok(()) => "done".to_string(),
-                    Err(e) => format!("err {}", kind(&e)),
-                }
-            }
-            _ => {
-                let compute_ms = match rng.random_range(0..100) {
-                    0..70 => rng.random_range(0..60),
-                    70..95 => rng.random_range(60..200),
-                    // Longer than the lease: the heartbeat must keep it.
-                    _ => rng.random_range(500..1000),
-                };
-                let fail = rng.random_range(0..100) < 5;
-                let ttl = Duration::from_millis(rng.random_range(200..2000));
-                let inner = Arc::clone(&ctx);
-                let k = key.clone();
-                let got = ctx
-                    .cache
-                    .get_or_compute_with_lease(&key, ttl, move |lease| async move {
-                        let began = now_us();
-                        let token = lease.fencing_token().unwrap_or(0);
-                        tokio::time::sleep(Duration::from_millis(compute_ms)).await;
-                        if fail {
-                            return Err("planned failure".to_string());
-                        }
-                        let value = format!("V|{k}|{token}|{}|{id}", inner.instance);
-                        inner
-                            .log
-                            .event(format!("compute {k} {token} {began} {} {value}", now_us()));
-                        Ok(value)
-                    })
-                    .await;
-                match got {
-                    Ok(value) => format!("ok {value}"),
-                    Err(e) => format!("err {}", kind(&e)),
-                }
-            }
+        let compute_ms = match rng.random_range(0..100) {
+            0..70 => rng.random_range(0..60),
+            70..95 => rng.random_range(60..200),
+            // Longer than the lease: the heartbeat must keep it.
+            _ => rng.random_range(500..1000),
         };
-        ctx.log.event(format!(
-            "end {id} {op} {key} {start} {} {outcome}",
-            now_us()
-        ));
+        let fail = rng.random_range(0..100) < 5;
+        let ttl = Duration::from_millis(rng.random_range(200..2000));
+        let permit = Arc::clone(&permits)
+            .acquire_owned()
+            .await
+            .map_err(|e| e.to_string())?;
+        let ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            let _permit = permit;
+            one_call(&ctx, op, key, compute_ms, fail, ttl).await;
+        });
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
     }
+    // Every call ends before the worker reports its in-process entries.
+    let _all = permits
+        .acquire_many(CALLS_IN_FLIGHT)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// One call, logged as it begins and ends.
+async fn one_call(
+    ctx: &Arc<Ctx>,
+    op: &str,
+    key: String,
+    compute_ms: u64,
+    fail: bool,
+    ttl: Duration,
+) {
+    let id = ctx.next_id();
+    let start = now_us();
+    ctx.log.event(format!("begin {id} {op} {key} {start}"));
+    let outcome = match op {
+        "invalidate" => match ctx.cache.invalidate(&key).await {
+            Ok(()) => "done".to_string(),
+            Err(e) => format!("err {}", kind(&e)),
+        },
+        "set" => {
+            let value = format!("S|{key}|{}|{id}", ctx.instance);
+            match ctx
+                .cache
+                .set(&key, &value, Duration::from_millis(1500))
+                .await
+            {
+                Ok(()) => "done".to_string(),
+                Err(e) => format!("err {}", kind(&e)),
+            }
+        }
+        _ => {
+            let inner = Arc::clone(ctx);
+            let k = key.clone();
+            let got = ctx
+                .cache
+                .get_or_compute_with_lease(&key, ttl, move |lease| async move {
+                    let began = now_us();
+                    let token = lease.fencing_token().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(compute_ms)).await;
+                    if fail {
+                        return Err("planned failure".to_string());
+                    }
+                    let value = format!("V|{k}|{token}|{}|{id}", inner.instance);
+                    inner
+                        .log
+                        .event(format!("compute {k} {token} {began} {} {value}", now_us()));
+                    Ok(value)
+                })
+                .await;
+            match got {
+                Ok(value) => format!("ok {value}"),
+                Err(e) => format!("err {}", kind(&e)),
+            }
+        }
+    };
+    ctx.log.event(format!(
+        "end {id} {op} {key} {start} {} {outcome}",
+        now_us()
+    ));
 }
 
 /// Critical sections under a `Lock`: each step checks the lease, then writes to the sink.
