@@ -2,7 +2,8 @@
 //!
 //! A controller starts worker processes (this binary, re-executed) that loop over
 //! `get_or_compute_with_lease`, `invalidate`, `set`, a `Lock` and a `Leader` on a few hot keys,
-//! all through a loopback TCP proxy to one real redis-server. Driven by a seeded RNG, one *round*
+//! all through loopback TCP proxies (two: slots 0-1 and 2-3, so a proxy fault can partition one
+//! side from the other) to one real redis-server. Driven by a seeded RNG, one *round*
 //! at a time (a pause of 20–100 ms, then at most one new fault), it SIGKILLs workers (and starts
 //! new ones), SIGSTOPs them for longer than the lease, restarts redis-server, cuts, delays or
 //! black-holes the proxied connections, and puts the server under memory pressure (a low
