@@ -2,13 +2,16 @@
 //!
 //! A controller starts worker processes (this binary, re-executed) that loop over
 //! `get_or_compute_with_lease`, `invalidate`, `set`, a `Lock` and a `Leader` on a few hot keys,
-//! all through a loopback TCP proxy to one real redis-server. Driven by a seeded RNG, one *round*
+//! all through loopback TCP proxies (two: slots 0-1 and 2-3, so a proxy fault can partition one
+//! side from the other) to one real redis-server. Driven by a seeded RNG, one *round*
 //! at a time (a pause of 20–100 ms, then at most one new fault), it SIGKILLs workers (and starts
 //! new ones), SIGSTOPs them for longer than the lease, restarts redis-server, cuts, delays or
 //! black-holes the proxied connections, and puts the server under memory pressure (a low
 //! `maxmemory` with an evicting policy, switched on and off with `CONFIG SET`, and filler data
-//! so that it really evicts). Every call, computation and critical section goes into a
-//! history that the faults cannot corrupt (see `support::history`), which is then checked.
+//! so that it really evicts). The workers of even slots run a near tier (`max_staleness` 200 ms,
+//! written first in their history), the others none. Every call, computation and critical
+//! section goes into a history that the faults cannot corrupt (see `support::history`), which
+//! is then checked.
 //!
 //! `cargo test --test chaos` runs a short seeded version (400 rounds);
 //! `STAMPEDE_CHAOS_ROUNDS=10000 cargo test --release --test chaos` the long one;
@@ -16,7 +19,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufWriter, Write as _};
 use std::path::{Path, PathBuf};
@@ -27,10 +30,10 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampede_guard::leader::{JobContext, Leader, Role};
-use stampede_guard::{Cache, CallOptions, Error};
+use stampede_guard::{Cache, CallOptions, Error, NearCache};
 use support::history::{
-    self, check, BumpCause, Call, Compute, Ending, History, Outcome, Pause, Section, ServerEvent,
-    Violation, Write,
+    self, check, BumpCause, Call, Change, Compute, Ending, History, Outcome, Pause, Section,
+    ServerEvent, Violation, Write,
 };
 use support::proxy::{Mode, Proxy};
 use support::{now_us, signal, RedisServer, Worker};
@@ -41,6 +44,8 @@ const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
 const CACHE_KEYS: usize = 3;
 const LOCKS: &[&str] = &["L0", "L1"];
 const WORKERS: usize = 4;
+/// The near tier's bound in the workers that run one (the even slots; the odd ones run none).
+const NEAR_STALENESS: Duration = Duration::from_millis(200);
 /// The longest a call may take, pauses excluded: the wait bound, the longest computation, and a
 /// few backend operations each bounded by the connection (2 s) and response (5 s) time-outs.
 const CALL_BOUND: Duration = Duration::from_secs(3 + 1 + 4 * 7);
@@ -66,6 +71,10 @@ fn main() {
             (
                 "checker_detects_each_violation_once",
                 checker_detects_each_violation_once,
+            ),
+            (
+                "checker_holds_near_reads_to_max_staleness",
+                checker_holds_near_reads_to_max_staleness,
             ),
             (
                 "monitor_replay_rebuilds_the_servers_decisions",
@@ -94,7 +103,9 @@ return accepted
 ";
 
 /// `redis-cli monitor` on the cache server's own port, its lines kept in a file: script commands
-/// in full, client commands as a separator `C` (they only mark where one script ends).
+/// in full, client commands as a separator (they mark where one script ends): `C near` when the
+/// request just before a script named the near channel (an instance with a near tier asked for
+/// it), `C` otherwise.
 struct MonitorLog {
     child: Child,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -114,7 +125,10 @@ impl MonitorLog {
         let file = File::create(&path).expect("the monitor log");
         let reader = std::thread::spawn(move || {
             let mut out = BufWriter::new(file);
-            let mut last_was_client = false;
+            let near_channel = format!("\"{NAMESPACE}:near-tier");
+            // The last client line since a script: whether it named the near channel. A
+            // script's commands follow its own request's line directly.
+            let mut client: Option<bool> = None;
             for line in std::io::BufReader::new(stdout)
                 .lines()
                 .map_while(Result::ok)
@@ -124,12 +138,22 @@ impl MonitorLog {
                     continue;
                 }
                 if line.contains(" lua] ") {
+                    match client.take() {
+                        Some(true) => {
+                            let _ = writeln!(out, "C near");
+                        }
+                        Some(false) => {
+                            let _ = writeln!(out, "C");
+                        }
+                        None => {}
+                    }
                     let _ = writeln!(out, "{line}");
-                    last_was_client = false;
-                } else if !last_was_client {
-                    let _ = writeln!(out, "C");
-                    last_was_client = true;
+                } else {
+                    client = Some(line.contains(&near_channel));
                 }
+            }
+            if client.is_some() {
+                let _ = writeln!(out, "C");
             }
             let _ = out.flush();
         });
@@ -242,6 +266,8 @@ impl Pressure {
 /// burst. To stop, the flag is set and a message published on the channel wakes the reader.
 struct EvictionWatch {
     seen: Arc<Mutex<Vec<(u64, String)>>>,
+    /// Evictions of value keys (rule (f) excuses a copy of a value Redis evicted).
+    values: Arc<Mutex<Vec<(u64, String)>>>,
     subscriptions: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -249,9 +275,14 @@ struct EvictionWatch {
 
 const EVICTED: &str = "__keyevent@0__:evicted";
 
+/// Evictions seen: when the notification came (µs) and the entry's name.
+type Evictions = Vec<(u64, String)>;
+
 impl EvictionWatch {
     fn start(server: &RedisServer) -> Self {
         let seen: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+        let values: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
+        let value_sink = Arc::clone(&values);
         let subscriptions = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (sink, stopping, url) = (Arc::clone(&seen), Arc::clone(&stop), server.url());
@@ -280,12 +311,18 @@ impl EvictionWatch {
                         sink.lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push((now_us(), lock));
+                    } else if let Some(entry) = history::value_name(NAMESPACE, &key) {
+                        value_sink
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((now_us(), entry));
                     }
                 }
             }
         });
         let watch = EvictionWatch {
             seen,
+            values,
             subscriptions,
             stop,
             thread: Some(thread),
@@ -307,8 +344,9 @@ impl EvictionWatch {
         subscribers.iter().any(|(_, n)| *n > 0)
     }
 
-    /// The lock evictions seen, and how many times the watch subscribed (once per server life).
-    fn stop(mut self, server: &RedisServer) -> (Vec<(u64, String)>, u64) {
+    /// The lock evictions seen, the value evictions seen, and how many times the watch
+    /// subscribed (once per server life).
+    fn stop(mut self, server: &RedisServer) -> (Evictions, Evictions, u64) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let _: redis::RedisResult<i64> = redis::cmd("PUBLISH")
             .arg(EVICTED)
@@ -318,10 +356,57 @@ impl EvictionWatch {
             let _ = thread.join();
         }
         let seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|p| p.into_inner()));
+        let values = std::mem::take(&mut *self.values.lock().unwrap_or_else(|p| p.into_inner()));
         (
             seen,
+            values,
             self.subscriptions.load(std::sync::atomic::Ordering::SeqCst),
         )
+    }
+}
+
+/// Two loopback proxies to the one cache server: slots 0 and 1 connect through the first, 2 and
+/// 3 through the second, so each side has a worker with a near tier (even slots) and one
+/// without. A cut, delay or black-hole hits one side or both, so a near tier's stream can go
+/// quiet while a near-tier instance on the other side goes on writing (and announcing): the
+/// partition its staleness bound is about (a fault on both sides stops every writer too).
+struct Proxies([Proxy; 2]);
+
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    First,
+    Second,
+    Both,
+}
+
+impl Proxies {
+    fn of(&self, side: Side) -> &[Proxy] {
+        match side {
+            Side::First => &self.0[..1],
+            Side::Second => &self.0[1..],
+            Side::Both => &self.0[..],
+        }
+    }
+
+    fn set_mode(&self, side: Side, mode: Mode) {
+        for proxy in self.of(side) {
+            proxy.set_mode(mode);
+        }
+    }
+
+    fn cut(&self, side: Side) {
+        for proxy in self.of(side) {
+            proxy.cut();
+        }
+    }
+
+    /// A third of the faults on each side alone, a third on both.
+    fn draw(rng: &mut StdRng) -> Side {
+        match rng.random_range(0..3) {
+            0 => Side::First,
+            1 => Side::Second,
+            _ => Side::Both,
+        }
     }
 }
 
@@ -336,7 +421,8 @@ struct Slot {
 
 struct Controller {
     dir: PathBuf,
-    proxy_url: String,
+    /// The proxies: slot `i` connects through `proxy_urls[i / 2]`.
+    proxy_urls: [String; 2],
     sink_url: String,
     seed: u64,
     slots: Vec<Slot>,
@@ -356,13 +442,21 @@ impl Controller {
         slot.worker = Some(Worker::spawn(
             "chaos-worker",
             &[
-                ("CHAOS_URL", self.proxy_url.clone()),
+                ("CHAOS_URL", self.proxy_urls[i / 2].clone()),
                 ("CHAOS_SINK", self.sink_url.clone()),
                 ("CHAOS_DIR", self.dir.display().to_string()),
                 ("CHAOS_INSTANCE", slot.instance.clone()),
                 (
                     "CHAOS_SEED",
                     (self.seed * 1000 + i as u64 * 100 + slot.generation as u64).to_string(),
+                ),
+                (
+                    "CHAOS_NEAR_MS",
+                    if i.is_multiple_of(2) {
+                        NEAR_STALENESS.as_millis().to_string()
+                    } else {
+                        String::new()
+                    },
                 ),
             ],
         ));
@@ -409,11 +503,13 @@ fn chaos_run() {
     let mut life = 0u32;
     let mut monitor = MonitorLog::start(&server, dir.join("monitor-0.log"));
     let mut monitor_files = Vec::new();
-    let proxy = Proxy::start(server.port());
+    let proxies = Proxies([Proxy::start(server.port()), Proxy::start(server.port())]);
+    // Proxy faults that hit one side only (the rest hit both).
+    let mut one_side = 0u64;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut c = Controller {
         dir: dir.clone(),
-        proxy_url: proxy.url(),
+        proxy_urls: [proxies.0[0].url(), proxies.0[1].url()],
         sink_url: sink.url(),
         seed,
         slots: (0..WORKERS)
@@ -435,7 +531,7 @@ fn chaos_run() {
     for i in 0..WORKERS {
         c.spawn(i);
     }
-    let mut proxy_fault_until: Option<(Instant, bool)> = None;
+    let mut proxy_fault_until: Option<(Instant, bool, Side)> = None;
     let mut pressure = Pressure::default();
 
     for _round in 0..rounds {
@@ -451,12 +547,12 @@ fn chaos_run() {
                 c.spawn(i);
             }
         }
-        if let Some((until, cut)) = proxy_fault_until {
+        if let Some((until, cut, side)) = proxy_fault_until {
             if until <= now {
                 if cut {
-                    proxy.cut();
+                    proxies.cut(side);
                 }
-                proxy.set_mode(Mode::Pass);
+                proxies.set_mode(side, Mode::Pass);
                 proxy_fault_until = None;
             }
         }
@@ -494,8 +590,8 @@ fn chaos_run() {
             9 => {
                 // New clients wait in the proxy until the monitor watches the new server, so no
                 // command of the new server's life goes unseen.
-                proxy.set_mode(Mode::Hold);
-                proxy.cut();
+                proxies.set_mode(Side::Both, Mode::Hold);
+                proxies.cut(Side::Both);
                 proxy_fault_until = None;
                 c.restarts_us.push(now_us());
                 server.restart();
@@ -504,26 +600,32 @@ fn chaos_run() {
                 monitor_files.push(monitor.stop());
                 life += 1;
                 monitor = MonitorLog::start(&server, dir.join(format!("monitor-{life}.log")));
-                proxy.set_mode(Mode::Pass);
+                proxies.set_mode(Side::Both, Mode::Pass);
                 *c.faults.entry("redis_restart").or_default() += 1;
             }
             10..14 => {
-                proxy.cut();
+                let side = Proxies::draw(&mut rng);
+                one_side += u64::from(!matches!(side, Side::Both));
+                proxies.cut(side);
                 *c.faults.entry("cut").or_default() += 1;
             }
             14..17 if proxy_fault_until.is_none() => {
                 let delay = Duration::from_millis(rng.random_range(20..150));
-                proxy.set_mode(Mode::Delay(delay));
+                let side = Proxies::draw(&mut rng);
+                one_side += u64::from(!matches!(side, Side::Both));
+                proxies.set_mode(side, Mode::Delay(delay));
                 let span = Duration::from_millis(rng.random_range(300..1500));
-                proxy_fault_until = Some((now + span, false));
+                proxy_fault_until = Some((now + span, false, side));
                 *c.faults.entry("delay").or_default() += 1;
             }
             17..20 if proxy_fault_until.is_none() => {
-                proxy.set_mode(Mode::Blackhole);
+                let side = Proxies::draw(&mut rng);
+                one_side += u64::from(!matches!(side, Side::Both));
+                proxies.set_mode(side, Mode::Blackhole);
                 let span = Duration::from_millis(rng.random_range(300..2500));
                 // Half end in a cut (held bytes dropped), half deliver them late.
                 let cut = rng.random_bool(0.5);
-                proxy_fault_until = Some((now + span, cut));
+                proxy_fault_until = Some((now + span, cut, side));
                 *c.faults
                     .entry(if cut {
                         "blackhole_then_cut"
@@ -544,7 +646,7 @@ fn chaos_run() {
 
     // Wind down: faults end, dead slots stay dead, everyone else is asked to stop.
     pressure.stop(&server);
-    proxy.set_mode(Mode::Pass);
+    proxies.set_mode(Side::Both, Mode::Pass);
     for i in 0..WORKERS {
         c.resume(i);
     }
@@ -584,7 +686,7 @@ fn chaos_run() {
     std::thread::sleep(LEASE + Duration::from_millis(50));
     let locks_after_lease = lock_keys(&mut conn);
     monitor_files.push(monitor.stop());
-    let (lock_evictions, watch_subscriptions) = evictions.stop(&server);
+    let (lock_evictions, value_evictions, watch_subscriptions) = evictions.stop(&server);
     // Kept with the history, as evidence if the run fails.
     std::fs::write(
         dir.join("lock-evictions.log"),
@@ -600,7 +702,7 @@ fn chaos_run() {
         .arg(-1)
         .query(&mut sink.conn())
         .expect("the sink's log");
-    drop(proxy);
+    drop(proxies);
 
     // The history.
     let mut h = History {
@@ -612,6 +714,7 @@ fn chaos_run() {
         locks_after_lease,
         lease_ms: LEASE.as_millis() as u64,
         call_bound_us: CALL_BOUND.as_micros() as u64,
+        value_evictions,
         ..History::default()
     };
     for (n, path) in monitor_files.iter().enumerate() {
@@ -619,9 +722,11 @@ fn chaos_run() {
             .lines()
             .map_while(Result::ok)
             .collect();
-        h.server
-            .extend(history::replay_monitor(NAMESPACE, n as u32, &lines));
+        let (events, changes) = history::replay(NAMESPACE, n as u32, &lines);
+        h.server.extend(events);
+        h.changes.extend(changes);
     }
+    let mut near_stats = [0u64; 4];
     let mut sink_results: BTreeMap<(String, u64), (u32, u32)> = BTreeMap::new();
     for line in &sink_log {
         let f: Vec<&str> = line.split(' ').collect();
@@ -632,7 +737,7 @@ fn chaos_run() {
         entry.1 += u32::from(f[4] == "1");
     }
     for instance in &c.instances {
-        read_worker_log(&dir, instance, &sink_results, &mut h);
+        read_worker_log(&dir, instance, &sink_results, &mut h, &mut near_stats);
     }
 
     // Judge and report.
@@ -668,7 +773,11 @@ fn chaos_run() {
         "chaos: seed {seed}, {rounds} rounds in {:.0?}",
         began.elapsed()
     );
-    println!("chaos: faults injected {fault_total}: {:?}", c.faults);
+    println!(
+        "chaos: faults injected {fault_total}: {:?} ({one_side} of the cuts, delays and \
+         black-holes on one side only: slots 0-1 or 2-3)",
+        c.faults
+    );
     println!(
         "chaos: calls completed {} ({outcomes:?}); worker processes {} ({} killed)",
         calls_done.len(),
@@ -687,6 +796,30 @@ fn chaos_run() {
         lock_evictions.len(),
         pressure.written
     );
+    let near_calls = h
+        .calls
+        .iter()
+        .filter(|c| h.near_instances.contains_key(&c.instance))
+        .filter(|c| matches!(c.outcome, Outcome::Value(_)))
+        .count();
+    let unannounced = history::unannounced_stale_reads(&h);
+    println!(
+        "chaos: near tier ({} of {} worker processes, max_staleness {NEAR_STALENESS:?}): {near_calls} \
+         values returned to them, all judged by rule (f); near hits {}, misses {}, announcements \
+         received {}, switched off {} (workers that ended cleanly); {} changes, {} by near-tier \
+         instances; {} value keys evicted; reads older than an unannounced change by an instance \
+         without a near tier (excused): {}",
+        h.near_instances.len(),
+        c.instances.len(),
+        near_stats[0],
+        near_stats[1],
+        near_stats[2],
+        near_stats[3],
+        h.changes.len(),
+        h.changes.iter().filter(|c| c.by_near).count(),
+        h.value_evictions.len(),
+        unannounced.len()
+    );
     println!("chaos: violations {}", violations.len());
     for v in violations.iter().take(50) {
         println!("  {v}");
@@ -700,6 +833,10 @@ fn chaos_run() {
     // The run must have done something worth checking.
     assert!(calls_done.len() as u64 >= rounds, "too few calls completed");
     assert!(accepted_writes > 0 && accepted_sections > 0);
+    assert!(
+        !h.near_instances.is_empty() && near_calls > 0,
+        "no near-tier worker returned a value"
+    );
     if rounds >= 200 {
         for kind in [
             "kill",
@@ -727,6 +864,7 @@ fn read_worker_log(
     instance: &str,
     sink: &BTreeMap<(String, u64), (u32, u32)>,
     h: &mut History,
+    near_stats: &mut [u64; 4],
 ) {
     let Ok(text) = std::fs::read_to_string(dir.join(format!("{instance}.log"))) else {
         return;
@@ -795,6 +933,14 @@ fn read_worker_log(
             "held" => {
                 if let Some(s) = sections.get_mut(&num(1)) {
                     s.end_us = s.end_us.max(num(2));
+                }
+            }
+            "near" => {
+                h.near_instances.insert(instance.to_string(), num(1));
+            }
+            "stats" => {
+                for (i, total) in near_stats.iter_mut().enumerate() {
+                    *total += num(i + 1);
                 }
             }
             "final" => {
@@ -906,13 +1052,19 @@ fn worker(role: &str) -> Result<(), String> {
         let options = CallOptions::default()
             .lease(LEASE)
             .wait_timeout(WAIT_TIMEOUT);
-        let cache = Cache::builder()
+        let near_ms: Option<u64> = match var("CHAOS_NEAR_MS")?.as_str() {
+            "" => None,
+            ms => Some(ms.parse().map_err(|e| format!("CHAOS_NEAR_MS: {e}"))?),
+        };
+        let mut builder = Cache::builder()
             .redis_url(url.as_str())
             .namespace(NAMESPACE)
-            .options(options)
-            .build()
-            .await
-            .map_err(|e| e.to_string())?;
+            .options(options);
+        if let Some(ms) = near_ms {
+            builder =
+                builder.near_cache(NearCache::new(1_000).max_staleness(Duration::from_millis(ms)));
+        }
+        let cache = builder.build().await.map_err(|e| e.to_string())?;
         // The sink is the harness's own recorder on a server no fault touches: give its
         // connection room on a loaded machine (redis-rs's default is 1 s; a worker started while
         // the machine was busy once failed there, before its first call, and counted as a
@@ -926,9 +1078,14 @@ fn worker(role: &str) -> Result<(), String> {
             .await
             .map_err(|e| format!("connecting to the sink: {e}"))?;
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
+        let log = Log(Mutex::new(file));
+        if let Some(ms) = near_ms {
+            // First in the history: the checker holds this worker's values to rule (f).
+            log.event(format!("near {}", ms * 1000));
+        }
         let ctx = Arc::new(Ctx {
             cache,
-            log: Log(Mutex::new(file)),
+            log,
             sink,
             instance,
             ids: Default::default(),
@@ -950,81 +1107,118 @@ fn worker(role: &str) -> Result<(), String> {
         for task in tasks {
             task.await.map_err(|e| e.to_string())??;
         }
+        let stats = ctx.cache.stats();
+        ctx.log.event(format!(
+            "stats {} {} {} {}",
+            stats.near_hits, stats.near_misses, stats.near_invalidations, stats.near_switched_off
+        ));
         ctx.log.event(format!("final {}", ctx.cache.in_flight()));
         Ok(())
     })
 }
 
-/// `get_or_compute_with_lease` (mostly), `invalidate` and `set` on the hot keys.
+/// Calls one cache loop keeps in flight at most: a call stuck on Redis (a black-hole) does not
+/// stop the next, as in a server answering many requests, so a near tier keeps being asked for
+/// its copies while its stream is partitioned.
+const CALLS_IN_FLIGHT: u32 = 4;
+
+/// `get_or_compute_with_lease` (mostly), `invalidate` and `set` on the hot keys, each call in a
+/// task of its own (at most [`CALLS_IN_FLIGHT`] at once).
 async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
+    let permits = Arc::new(tokio::sync::Semaphore::new(CALLS_IN_FLIGHT as usize));
     while !ctx.stopping() {
         let key = format!("k{}", rng.random_range(0..CACHE_KEYS));
-        let id = ctx.next_id();
-        let start = now_us();
         let dice = rng.random_range(0..100);
         let op = match dice {
             0..8 => "invalidate",
             8..12 => "set",
             _ => "get_or_compute",
         };
-        ctx.log.event(format!("begin {id} {op} {key} {start}"));
-        let outcome = match op {
-            "invalidate" => match ctx.cache.invalidate(&key).await {
-                Ok(()) => "done".to_string(),
-                Err(e) => format!("err {}", kind(&e)),
-            },
-            "set" => {
-                let value = format!("S|{key}|{}|{id}", ctx.instance);
-                match ctx
-                    .cache
-                    .set(&key, &value, Duration::from_millis(1500))
-                    .await
-                {
-                    Ok(()) => "done".to_string(),
-                    Err(e) => format!("err {}", kind(&e)),
-                }
-            }
-            _ => {
-                let compute_ms = match rng.random_range(0..100) {
-                    0..70 => rng.random_range(0..60),
-                    70..95 => rng.random_range(60..200),
-                    // Longer than the lease: the heartbeat must keep it.
-                    _ => rng.random_range(500..1000),
-                };
-                let fail = rng.random_range(0..100) < 5;
-                let ttl = Duration::from_millis(rng.random_range(200..2000));
-                let inner = Arc::clone(&ctx);
-                let k = key.clone();
-                let got = ctx
-                    .cache
-                    .get_or_compute_with_lease(&key, ttl, move |lease| async move {
-                        let began = now_us();
-                        let token = lease.fencing_token().unwrap_or(0);
-                        tokio::time::sleep(Duration::from_millis(compute_ms)).await;
-                        if fail {
-                            return Err("planned failure".to_string());
-                        }
-                        let value = format!("V|{k}|{token}|{}|{id}", inner.instance);
-                        inner
-                            .log
-                            .event(format!("compute {k} {token} {began} {} {value}", now_us()));
-                        Ok(value)
-                    })
-                    .await;
-                match got {
-                    Ok(value) => format!("ok {value}"),
-                    Err(e) => format!("err {}", kind(&e)),
-                }
-            }
+        let compute_ms = match rng.random_range(0..100) {
+            0..70 => rng.random_range(0..60),
+            70..95 => rng.random_range(60..200),
+            // Longer than the lease: the heartbeat must keep it.
+            _ => rng.random_range(500..1000),
         };
-        ctx.log.event(format!(
-            "end {id} {op} {key} {start} {} {outcome}",
-            now_us()
-        ));
+        let fail = rng.random_range(0..100) < 5;
+        let ttl = Duration::from_millis(rng.random_range(200..2000));
+        let permit = Arc::clone(&permits)
+            .acquire_owned()
+            .await
+            .map_err(|e| e.to_string())?;
+        let ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            let _permit = permit;
+            one_call(&ctx, op, key, compute_ms, fail, ttl).await;
+        });
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
     }
+    // Every call ends before the worker reports its in-process entries.
+    let _all = permits
+        .acquire_many(CALLS_IN_FLIGHT)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// One call, logged as it begins and ends.
+async fn one_call(
+    ctx: &Arc<Ctx>,
+    op: &str,
+    key: String,
+    compute_ms: u64,
+    fail: bool,
+    ttl: Duration,
+) {
+    let id = ctx.next_id();
+    let start = now_us();
+    ctx.log.event(format!("begin {id} {op} {key} {start}"));
+    let outcome = match op {
+        "invalidate" => match ctx.cache.invalidate(&key).await {
+            Ok(()) => "done".to_string(),
+            Err(e) => format!("err {}", kind(&e)),
+        },
+        "set" => {
+            let value = format!("S|{key}|{}|{id}", ctx.instance);
+            match ctx
+                .cache
+                .set(&key, &value, Duration::from_millis(1500))
+                .await
+            {
+                Ok(()) => "done".to_string(),
+                Err(e) => format!("err {}", kind(&e)),
+            }
+        }
+        _ => {
+            let inner = Arc::clone(ctx);
+            let k = key.clone();
+            let got = ctx
+                .cache
+                .get_or_compute_with_lease(&key, ttl, move |lease| async move {
+                    let began = now_us();
+                    let token = lease.fencing_token().unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(compute_ms)).await;
+                    if fail {
+                        return Err("planned failure".to_string());
+                    }
+                    let value = format!("V|{k}|{token}|{}|{id}", inner.instance);
+                    inner
+                        .log
+                        .event(format!("compute {k} {token} {began} {} {value}", now_us()));
+                    Ok(value)
+                })
+                .await;
+            match got {
+                Ok(value) => format!("ok {value}"),
+                Err(e) => format!("err {}", kind(&e)),
+            }
+        }
+    };
+    ctx.log.event(format!(
+        "end {id} {op} {key} {start} {} {outcome}",
+        now_us()
+    ));
 }
 
 /// Critical sections under a `Lock`: each step checks the lease, then writes to the sink.
@@ -1221,6 +1415,24 @@ fn good_history() -> History {
         locks_after_lease: vec![],
         lease_ms: 400,
         call_bound_us: 40_000,
+        // b runs a near tier with a bound of 10 ms; the changes are the writes and the
+        // invalidation above, with the times the server ran them.
+        near_instances: HashMap::from([("b".to_string(), 10_000)]),
+        changes: vec![
+            change(25_000, Some(value("k0", 10, "a")), false),
+            change(35_000, None, true),
+            change(55_000, Some(value("k0", 12, "b")), true),
+        ],
+        value_evictions: vec![],
+    }
+}
+
+fn change(at_us: u64, value: Option<String>, by_near: bool) -> Change {
+    Change {
+        key: "k0".into(),
+        at_us,
+        value,
+        by_near,
     }
 }
 
@@ -1380,6 +1592,73 @@ fn checker_detects_each_violation_once() {
     }
 }
 
+/// Rule (f) on hand-made histories: b (near tier, bound 10 ms) gets k0's value of token 10
+/// after the invalidation the server ran at 35 ms.
+fn checker_holds_near_reads_to_max_staleness() {
+    let read_at = |start_us: u64| {
+        let mut h = good_history();
+        h.calls.push(Call {
+            instance: "b".into(),
+            id: 3,
+            op: "get_or_compute".into(),
+            key: "k0".into(),
+            start_us,
+            end_us: Some(start_us + 100),
+            outcome: Outcome::Value(value("k0", 10, "a")),
+        });
+        h
+    };
+    // Within the bound (the invalidation ran 5 ms before the call, or at its very bound).
+    assert_eq!(check(&read_at(40_000)), vec![]);
+    assert_eq!(check(&read_at(45_000)), vec![]);
+    // Beyond it: one violation, of rule (f) only.
+    let found = check(&read_at(45_001));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(rules(&found), HashSet::from(['f']));
+    // Also older than the next write: still one violation for the call.
+    assert_eq!(check(&read_at(70_000)).len(), 1);
+    // The same value returned to a, which runs no near tier, came from Redis: not judged.
+    let mut h = read_at(50_000);
+    h.calls[3].instance = "a".into();
+    assert_eq!(check(&h), vec![]);
+    // A change requested by an instance without a near tier is not announced: excused, and
+    // counted apart; so is a near tier's computed write after it (it filled the key that change
+    // emptied, unannounced), but not a near tier's `set`, which is always announced.
+    let mut h = read_at(70_000);
+    h.changes[1].by_near = false;
+    assert_eq!(check(&h), vec![]);
+    assert_eq!(history::unannounced_stale_reads(&h).len(), 1);
+    assert_eq!(
+        history::unannounced_stale_reads(&read_at(70_000)),
+        Vec::<String>::new()
+    );
+    h.changes
+        .push(change(56_000, Some("S|k0|b|9".into()), true));
+    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
+    // Redis evicted the value after it was written: the computed write that filled the key is
+    // excused, also when the eviction's notification is seen up to two leases after the call
+    // began; an eviction before the write (of an earlier value) or seen later than that is not,
+    // and no eviction excuses a near tier's invalidation.
+    for (seen_us, excused) in [
+        (30_000, true),
+        (70_000 + 800_000, true),
+        (20_000, false),
+        (70_000 + 800_001, false),
+    ] {
+        let mut h = read_at(70_000);
+        h.changes.remove(1);
+        h.value_evictions.push((seen_us, "k0".into()));
+        assert_eq!(check(&h).is_empty(), excused, "evicted at {seen_us}");
+    }
+    let mut h = read_at(50_000);
+    h.value_evictions.push((30_000, "k0".into()));
+    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
+    // A value the server never took (the caller's own computation, refused) is not a copy.
+    let mut h = read_at(50_000);
+    h.changes.remove(0);
+    assert_eq!(check(&h), vec![]);
+}
+
 fn monitor_replay_rebuilds_the_servers_decisions() {
     let envelope = |fence: u64, text: &str| {
         let mut bytes = b"SG\x02\x01\x00".to_vec();
@@ -1417,7 +1696,7 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
             envelope(101, &v)
         ),
         r#"2.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
-        "C".into(),
+        "C near".into(),
         r#"3.1 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
         r#"3.2 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
         r#"3.3 [0 lua] "DEL" "chaos:{k0}""#.into(),
@@ -1429,7 +1708,33 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
         r#"4.4 [0 lua] "DEL" "chaos:{k0}_lock""#.into(),
     ]
     .to_vec();
-    let events = history::replay_monitor(NAMESPACE, 0, &lines);
+    let (events, changes) = history::replay(NAMESPACE, 0, &lines);
+    assert_eq!(events, history::replay_monitor(NAMESPACE, 0, &lines));
+    // The changes of the value: the computed write (asked by an instance without a near tier),
+    // the invalidation (asked by one with), the fenced delete; an acquisition is none.
+    assert_eq!(
+        changes,
+        vec![
+            Change {
+                key: "k0".into(),
+                at_us: 2_100_000,
+                value: Some(v.clone()),
+                by_near: false
+            },
+            Change {
+                key: "k0".into(),
+                at_us: 3_100_000,
+                value: None,
+                by_near: true
+            },
+            Change {
+                key: "k0".into(),
+                at_us: 4_100_000,
+                value: None,
+                by_near: false
+            },
+        ]
+    );
     assert_eq!(
         events,
         vec![

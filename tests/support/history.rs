@@ -26,7 +26,18 @@
 //!   its own key that the server accepted or its own process computed, or with a typed error of
 //!   an expected kind;
 //! - (e) nothing is stranded: no lock key without expiry or beyond its lease after the run, none at
-//!   all one lease later, and no in-process entry (`Cache::in_flight`) left in any worker.
+//!   all one lease later, and no in-process entry (`Cache::in_flight`) left in any worker;
+//! - (f) the near tier's staleness bound: a value returned to a worker running a near tier is
+//!   never older than a change of its key (a `set`, an `invalidate`, an accepted computed
+//!   write) that the server ran more than that worker's `max_staleness` before the call began.
+//!   Every value such a worker gets counts as possibly served from its near tier (the public
+//!   API does not say which call a near hit answered; a value read from Redis is never older
+//!   than what the server ran before the call, so it always passes). Excused: changes requested
+//!   by an instance without a near tier (it does not announce them; see
+//!   [`unannounced_stale_reads`]), and a computed write into a key emptied by such a change or
+//!   by Redis evicting the value (a fill of an empty key is not announced); a near tier's `set`
+//!   and invalidation, always announced, count even then. An eviction counts from the value's
+//!   write to two leases after the call began (its notification is read late, as in rule (a)).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -160,6 +171,27 @@ pub struct History {
     pub lease_ms: u64,
     /// The longest a call may take, pauses not counted.
     pub call_bound_us: u64,
+    /// The instances that ran a near tier, with its `max_staleness` in µs.
+    pub near_instances: HashMap<String, u64>,
+    /// Every change of a value key the server ran, in its order, with its time.
+    pub changes: Vec<Change>,
+    /// Value keys the server evicted under memory pressure: when the notification was seen (µs)
+    /// and the entry's name.
+    pub value_evictions: Vec<(u64, String)>,
+}
+
+/// One change of an entry's value, as the server ran it: one script's `set`, `invalidate`,
+/// computed write or fenced delete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub key: String,
+    /// The server's clock when it ran the script (the MONITOR timestamp, µs since the epoch:
+    /// the same wall clock the workers read on this machine).
+    pub at_us: u64,
+    /// The value it wrote (`None`: it deleted the value).
+    pub value: Option<String>,
+    /// Requested by an instance that runs a near tier (its request named the near channel).
+    pub by_near: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -525,7 +557,107 @@ pub fn check(h: &History) -> Vec<Violation> {
             format!("lock key {key} outlived its lease after the run"),
         );
     }
+
+    // (f) the near tier's staleness bound.
+    for (_, stale) in stale_near_reads(h, false) {
+        violation('f', stale);
+    }
     out
+}
+
+/// Reads by near-tier workers that broke the staleness bound only because the newer change
+/// came from an instance without a near tier, which announces nothing: what rule (f) would
+/// also report if those changes counted.
+pub fn unannounced_stale_reads(h: &History) -> Vec<String> {
+    let announced: HashSet<(String, u64)> = stale_near_reads(h, false)
+        .into_iter()
+        .map(|(call, _)| call)
+        .collect();
+    stale_near_reads(h, true)
+        .into_iter()
+        .filter(|(call, _)| !announced.contains(call))
+        .map(|(_, stale)| stale)
+        .collect()
+}
+
+/// Rule (f): each value returned to a near-tier worker, against the changes of its key that the
+/// server ran after writing it; one finding per call at most.
+fn stale_near_reads(h: &History, count_unannounced: bool) -> Vec<((String, u64), String)> {
+    // Each key's changes in server order, and where each written value sits among them.
+    let mut by_key: HashMap<&str, Vec<&Change>> = HashMap::new();
+    let mut written: HashMap<&str, (&str, usize)> = HashMap::new();
+    for c in &h.changes {
+        let list = by_key.entry(&c.key).or_default();
+        if let Some(v) = &c.value {
+            written.insert(v, (&c.key, list.len()));
+        }
+        list.push(c);
+    }
+    let notification_slack_us = 2 * h.lease_ms * 1000;
+    let mut found = Vec::new();
+    for call in &h.calls {
+        let Some(&bound) = h.near_instances.get(&call.instance) else {
+            continue;
+        };
+        let Outcome::Value(v) = &call.outcome else {
+            continue;
+        };
+        // A value the server never took came from the caller's own computation, not a copy.
+        let Some(&(key, at)) = written.get(v.as_str()) else {
+            continue;
+        };
+        let since = by_key[key][at].at_us;
+        // Seen through a notification on another connection, read by a busy controller: it
+        // may come late, as for rule (a).
+        let evicted = h.value_evictions.iter().any(|(seen, name)| {
+            name == key && *seen >= since && *seen <= call.start_us + notification_slack_us
+        });
+        // A computed write into an empty key is not announced: no copy can exist of a value
+        // that is not there, unless something nobody announced emptied the key. So once such
+        // a change (or an eviction) came after the value, only the changes that are always
+        // announced still count: a near tier's `set` and invalidation.
+        let mut unannounced_before = evicted;
+        let mut newer = None;
+        for c in &by_key[key][at + 1..] {
+            let counts = if c.by_near {
+                let computed = c
+                    .value
+                    .as_deref()
+                    .and_then(parse_value)
+                    .is_some_and(|p| p.computed);
+                !(unannounced_before && computed)
+            } else {
+                count_unannounced
+            };
+            unannounced_before |= !c.by_near && !count_unannounced;
+            if counts && c.at_us.saturating_add(bound) < call.start_us {
+                newer = Some(c);
+                break;
+            }
+        }
+        if let Some(newer) = newer {
+            let call_id = (call.instance.clone(), call.id);
+            found.push((
+                call_id,
+                format!(
+                "{} call #{} for {} began at {} and returned {v}, older than {} the server ran \
+                 at {} ({} ms before the call; max_staleness {} ms)",
+                call.instance,
+                call.id,
+                call.key,
+                call.start_us,
+                match &newer.value {
+                    Some(w) => format!("the write of {w}"),
+                    None => "a delete".to_string(),
+                },
+                newer.at_us,
+                (call.start_us - newer.at_us) / 1000,
+                bound / 1000
+            ),
+            ));
+        }
+    }
+    found
 }
 
 /// Pairs of spans `(start, end, label)` that overlap, unless `excused(earlier, later)`.
@@ -615,6 +747,14 @@ fn entry_of(namespace: &str, key: &[u8]) -> Option<(String, Part)> {
     Some((entry.to_string(), part))
 }
 
+/// The entry's name if `key` is the value key of an entry in `namespace` (`ns:{name}`).
+pub fn value_name(namespace: &str, key: &str) -> Option<String> {
+    match entry_of(namespace, key.as_bytes())? {
+        (name, Part::Value) => Some(name),
+        _ => None,
+    }
+}
+
 /// The lock's name if `key` is the lock key of an entry in `namespace` (`ns:{name}_lock`).
 pub fn lock_name(namespace: &str, key: &str) -> Option<String> {
     match entry_of(namespace, key.as_bytes())? {
@@ -645,10 +785,24 @@ fn decode_value(bytes: &[u8]) -> Option<(u64, String)> {
 /// acquisition, bump and write that the scripts performed. Script commands (`[0 lua]`) of one
 /// script are contiguous and follow the client's EVALSHA line, so client lines separate scripts.
 pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<ServerEvent> {
+    replay(namespace, life, lines).0
+}
+
+/// [`replay_monitor`], and the changes of values with their times for rule (f). The log marks
+/// the client line before a script `C near` when that request named the near channel (it came
+/// from an instance with a near tier), `C` otherwise.
+pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>, Vec<Change>) {
     let mut events = vec![ServerEvent::Life(life)];
+    let mut changes = Vec::new();
     let mut counters: HashMap<String, u64> = HashMap::new();
     let mut script: Vec<Vec<Vec<u8>>> = Vec::new();
-    let mut flush = |script: &mut Vec<Vec<Vec<u8>>>, events: &mut Vec<ServerEvent>| {
+    // When the current script ran, and whether a near-tier instance asked for it.
+    let (mut script_at, mut script_near) = (0u64, false);
+    let mut flush = |script: &mut Vec<Vec<Vec<u8>>>,
+                     at_us: u64,
+                     by_near: bool,
+                     events: &mut Vec<ServerEvent>,
+                     changes: &mut Vec<Change>| {
         let mut bumped: Option<(String, u64)> = None;
         let mut locked = false;
         let mut deleted: Option<String> = None;
@@ -688,6 +842,12 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
                 _ => {}
             }
         }
+        let changed = match (&bumped, &deleted, &written) {
+            (_, _, Some((key, _))) => Some(key.clone()),
+            (Some((key, _)), _, _) if !locked => Some(key.clone()),
+            (None, Some(key), None) => Some(key.clone()),
+            _ => None,
+        };
         if let Some((key, n)) = bumped {
             if locked {
                 events.push(ServerEvent::Acquire { key, token: n });
@@ -708,6 +868,12 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
         }
         if let Some((key, bytes)) = written {
             let (fence, value) = decode_value(&bytes).unwrap_or((0, String::new()));
+            changes.push(Change {
+                key: key.clone(),
+                at_us,
+                value: Some(value.clone()),
+                by_near,
+            });
             let parts = parse_value(&value);
             events.push(ServerEvent::Write(Write {
                 counter: counters.get(&key).copied(),
@@ -719,16 +885,50 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
                 fence,
                 value,
             }));
+        } else if let Some(key) = changed {
+            changes.push(Change {
+                key,
+                at_us,
+                value: None,
+                by_near,
+            });
         }
     };
     for line in lines {
         // Anything but a script command (a client's command, or the `C` that stands for one)
         // ends the script before it.
         match parse_monitor_line(line) {
-            Some((true, args)) => script.push(args),
-            _ => flush(&mut script, &mut events),
+            Some((true, args)) => {
+                if script.is_empty() {
+                    script_at = monitor_time_us(line).unwrap_or(0);
+                }
+                script.push(args);
+            }
+            _ => {
+                flush(
+                    &mut script,
+                    script_at,
+                    script_near,
+                    &mut events,
+                    &mut changes,
+                );
+                script_near = line == "C near";
+            }
         }
     }
-    flush(&mut script, &mut events);
-    events
+    flush(
+        &mut script,
+        script_at,
+        script_near,
+        &mut events,
+        &mut changes,
+    );
+    (events, changes)
+}
+
+/// The timestamp that starts a MONITOR line (`1700000000.123456 ...`), in µs.
+fn monitor_time_us(line: &str) -> Option<u64> {
+    let (secs, micros) = line.split(' ').next()?.split_once('.')?;
+    let micros = format!("{micros:0<6}");
+    Some(secs.parse::<u64>().ok()? * 1_000_000 + micros.get(..6)?.parse::<u64>().ok()?)
 }
