@@ -16,11 +16,8 @@ use support::RedisServer;
 const SAMPLES: usize = 2_000;
 
 fn main() {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    if !filters.is_empty() && !filters.iter().any(|f| "lock_latency".contains(f.as_str())) {
+    // `cargo bench` passes `--bench`; a filter that does not name this bench skips it.
+    if support::bench_filtered_out("lock_latency") {
         return;
     }
     let nodes: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();

@@ -75,15 +75,7 @@ async fn measure(url: &str) -> Vec<Duration> {
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter that does not name this bench skips it.
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    if !filters.is_empty()
-        && !filters
-            .iter()
-            .any(|f| "near_coherence".contains(f.as_str()))
-    {
+    if support::bench_filtered_out("near_coherence") {
         return;
     }
     let server = RedisServer::start();
@@ -93,10 +85,7 @@ fn main() {
         .expect("a tokio runtime");
     let mut samples = rt.block_on(measure(&server.url()));
     samples.sort_unstable();
-    let pct = |p: f64| {
-        let rank = ((p / 100.0) * samples.len() as f64).ceil().max(1.0) as usize;
-        samples[rank.min(samples.len()) - 1].as_secs_f64() * 1000.0
-    };
+    let pct = |p: f64| support::percentile_ms(&samples, p);
     println!(
         "near_coherence: set/invalidate on A returns -> B stops serving the old value, {} samples: \
          p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",

@@ -40,11 +40,7 @@ async fn cache(url: &str) -> Cache {
 
 fn main() {
     // `cargo bench` passes `--bench`; a filter that does not name this bench skips it.
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    if !filters.is_empty() && !filters.iter().any(|f| "wakeup".contains(f.as_str())) {
+    if support::bench_filtered_out("wakeup") {
         return;
     }
     let server = RedisServer::start();
@@ -54,10 +50,7 @@ fn main() {
         .expect("a tokio runtime");
     let mut samples = rt.block_on(measure(&server.url()));
     samples.sort_unstable();
-    let pct = |p: f64| {
-        let rank = ((p / 100.0) * samples.len() as f64).ceil().max(1.0) as usize;
-        samples[rank.min(samples.len()) - 1].as_secs_f64() * 1000.0
-    };
+    let pct = |p: f64| support::percentile_ms(&samples, p);
     println!(
         "wakeup: {WAITERS} waiters over {INSTANCES} caches, {ROUNDS} rounds, {} samples: \
          p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",

@@ -377,6 +377,22 @@ impl Drop for Monitor {
     }
 }
 
+/// For a bench with its own `main` (`harness = false`): whether the filters `cargo bench` was
+/// given leave out the bench called `name` (with filters, only the benches they name run).
+pub fn bench_filtered_out(name: &str) -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str()))
+}
+
+/// The nearest-rank `p`-th percentile (0 < p ≤ 100) of `sorted` samples, in milliseconds.
+pub fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1].as_secs_f64() * 1000.0
+}
+
 /// The `main` of a test binary with `harness = false` that re-executes itself as child processes:
 /// run as a child (`STAMPEDE_CHILD` names its role), it runs `child` and exits with its outcome;
 /// otherwise it runs the tests as [`run_tests`] does.
