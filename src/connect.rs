@@ -144,7 +144,17 @@ impl Backend {
 
     /// Opens the store. Redis, a single server or a cluster, connects lazily: this does not wait
     /// for it, and calls fail with a backend error until it answers.
-    pub(crate) fn open(self, connection: &ConnectionOptions) -> Result<Arc<dyn Store>, Error> {
+    ///
+    /// With `announce_to`, a single server's scripts announce every change of an entry to the
+    /// near tiers of that namespace, whether or not this instance has a near tier itself: one
+    /// instance built without it must not be the writer whose changes the others never hear of.
+    /// It costs a `PUBLISH` per `set`, `invalidate` or replacing write (to a channel nobody may
+    /// listen to) and an `EXISTS` inside the script of a fill.
+    pub(crate) fn open(
+        self,
+        connection: &ConnectionOptions,
+        announce_to: Option<&str>,
+    ) -> Result<Arc<dyn Store>, Error> {
         let client = match self {
             Backend::Memory => return Ok(Arc::new(MemoryStore::default())),
             Backend::RedisCluster(seeds) => {
@@ -155,8 +165,11 @@ impl Backend {
             Backend::RedisUrl(url) => parse_url(&url)?,
             Backend::RedisClient(client) => client,
         };
-        let store =
+        let mut store =
             RedisStore::connect(client, connection).map_err(|e| Error::backend("connect", e))?;
+        if let Some(namespace) = announce_to {
+            store = store.announcing(namespace);
+        }
         Ok(Arc::new(store))
     }
 

@@ -103,9 +103,7 @@ return accepted
 ";
 
 /// `redis-cli monitor` on the cache server's own port, its lines kept in a file: script commands
-/// in full, client commands as a separator (they mark where one script ends): `C near` when the
-/// request just before a script named the near channel (an instance with a near tier asked for
-/// it), `C` otherwise.
+/// in full, client commands as a separator `C` (they mark where one script ends).
 struct MonitorLog {
     child: Child,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -125,10 +123,9 @@ impl MonitorLog {
         let file = File::create(&path).expect("the monitor log");
         let reader = std::thread::spawn(move || {
             let mut out = BufWriter::new(file);
-            let near_channel = format!("\"{NAMESPACE}:near-tier");
-            // The last client line since a script: whether it named the near channel. A
-            // script's commands follow its own request's line directly.
-            let mut client: Option<bool> = None;
+            // A client line since the last script: a script's commands follow its own
+            // request's line directly.
+            let mut client = false;
             for line in std::io::BufReader::new(stdout)
                 .lines()
                 .map_while(Result::ok)
@@ -138,21 +135,15 @@ impl MonitorLog {
                     continue;
                 }
                 if line.contains(" lua] ") {
-                    match client.take() {
-                        Some(true) => {
-                            let _ = writeln!(out, "C near");
-                        }
-                        Some(false) => {
-                            let _ = writeln!(out, "C");
-                        }
-                        None => {}
+                    if std::mem::take(&mut client) {
+                        let _ = writeln!(out, "C");
                     }
                     let _ = writeln!(out, "{line}");
                 } else {
-                    client = Some(line.contains(&near_channel));
+                    client = true;
                 }
             }
-            if client.is_some() {
+            if client {
                 let _ = writeln!(out, "C");
             }
             let _ = out.flush();
@@ -802,13 +793,11 @@ fn chaos_run() {
         .filter(|c| h.near_instances.contains_key(&c.instance))
         .filter(|c| matches!(c.outcome, Outcome::Value(_)))
         .count();
-    let unannounced = history::unannounced_stale_reads(&h);
     println!(
         "chaos: near tier ({} of {} worker processes, max_staleness {NEAR_STALENESS:?}): {near_calls} \
          values returned to them, all judged by rule (f); near hits {}, misses {}, announcements \
-         received {}, switched off {} (workers that ended cleanly); {} changes, {} by near-tier \
-         instances; {} value keys evicted; reads older than an unannounced change by an instance \
-         without a near tier (excused): {}",
+         received {}, switched off {} (workers that ended cleanly); {} changes of values by all \
+         instances; {} value keys evicted",
         h.near_instances.len(),
         c.instances.len(),
         near_stats[0],
@@ -816,9 +805,7 @@ fn chaos_run() {
         near_stats[2],
         near_stats[3],
         h.changes.len(),
-        h.changes.iter().filter(|c| c.by_near).count(),
         h.value_evictions.len(),
-        unannounced.len()
     );
     println!("chaos: violations {}", violations.len());
     for v in violations.iter().take(50) {
@@ -1419,20 +1406,19 @@ fn good_history() -> History {
         // invalidation above, with the times the server ran them.
         near_instances: HashMap::from([("b".to_string(), 10_000)]),
         changes: vec![
-            change(25_000, Some(value("k0", 10, "a")), false),
-            change(35_000, None, true),
-            change(55_000, Some(value("k0", 12, "b")), true),
+            change(25_000, Some(value("k0", 10, "a"))),
+            change(35_000, None),
+            change(55_000, Some(value("k0", 12, "b"))),
         ],
         value_evictions: vec![],
     }
 }
 
-fn change(at_us: u64, value: Option<String>, by_near: bool) -> Change {
+fn change(at_us: u64, value: Option<String>) -> Change {
     Change {
         key: "k0".into(),
         at_us,
         value,
-        by_near,
     }
 }
 
@@ -1621,19 +1607,10 @@ fn checker_holds_near_reads_to_max_staleness() {
     let mut h = read_at(50_000);
     h.calls[3].instance = "a".into();
     assert_eq!(check(&h), vec![]);
-    // A change requested by an instance without a near tier is not announced: excused, and
-    // counted apart; so is a near tier's computed write after it (it filled the key that change
-    // emptied, unannounced), but not a near tier's `set`, which is always announced.
+    // Every instance announces, so the change counts whoever asked for it: a value older than
+    // a write the server ran long enough before the call is stale too.
     let mut h = read_at(70_000);
-    h.changes[1].by_near = false;
-    assert_eq!(check(&h), vec![]);
-    assert_eq!(history::unannounced_stale_reads(&h).len(), 1);
-    assert_eq!(
-        history::unannounced_stale_reads(&read_at(70_000)),
-        Vec::<String>::new()
-    );
-    h.changes
-        .push(change(56_000, Some("S|k0|b|9".into()), true));
+    h.changes.remove(1);
     assert_eq!(rules(&check(&h)), HashSet::from(['f']));
     // Redis evicted the value after it was written: the computed write that filled the key is
     // excused, also when the eviction's notification is seen up to two leases after the call
@@ -1696,7 +1673,7 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
             envelope(101, &v)
         ),
         r#"2.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
-        "C near".into(),
+        "C".into(),
         r#"3.1 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
         r#"3.2 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
         r#"3.3 [0 lua] "DEL" "chaos:{k0}""#.into(),
@@ -1710,8 +1687,8 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
     .to_vec();
     let (events, changes) = history::replay(NAMESPACE, 0, &lines);
     assert_eq!(events, history::replay_monitor(NAMESPACE, 0, &lines));
-    // The changes of the value: the computed write (asked by an instance without a near tier),
-    // the invalidation (asked by one with), the fenced delete; an acquisition is none.
+    // The changes of the value: the computed write, the invalidation, the fenced delete; an
+    // acquisition is none.
     assert_eq!(
         changes,
         vec![
@@ -1719,19 +1696,16 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
                 key: "k0".into(),
                 at_us: 2_100_000,
                 value: Some(v.clone()),
-                by_near: false
             },
             Change {
                 key: "k0".into(),
                 at_us: 3_100_000,
                 value: None,
-                by_near: true
             },
             Change {
                 key: "k0".into(),
                 at_us: 4_100_000,
                 value: None,
-                by_near: false
             },
         ]
     );

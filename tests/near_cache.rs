@@ -156,15 +156,30 @@ fn announcements(server: &RedisServer) -> std::sync::mpsc::Receiver<String> {
 async fn a_fill_of_an_empty_key_is_not_announced_a_replacing_write_is() {
     let server = RedisServer::start();
     let a = near_cache(server.url()).await;
-    let heard = announcements(&server);
+    announced_writes(&server, &a).await;
+    // An instance without a near tier announces the same writes.
+    let server = RedisServer::start();
+    let plain = Cache::builder()
+        .redis_url(server.url())
+        .namespace("near")
+        .build()
+        .await
+        .unwrap();
+    announced_writes(&server, &plain).await;
+}
+
+/// A cold fill, a replacing write, an invalidation and a `set` through `a`: the last three are
+/// announced, in order, with their fences.
+async fn announced_writes(server: &RedisServer, a: &Cache) {
+    let heard = announcements(server);
     // A cold fill: computed into an empty key.
-    assert_eq!(read(&a, "cold").await.unwrap(), "computed");
+    assert_eq!(read(a, "cold").await.unwrap(), "computed");
     // Bytes that do not decode are replaced by a computed value: that replaces a value.
     let _: () = server
         .conn()
         .set("near:{garbled}", b"not an envelope")
         .unwrap();
-    assert_eq!(read(&a, "garbled").await.unwrap(), "computed");
+    assert_eq!(read(a, "garbled").await.unwrap(), "computed");
     a.invalidate("gone").await.unwrap();
     a.set("set", &1u8, TTL).await.unwrap();
     // Announcements arrive in the order of the writes: the cold fill, first, made none.
@@ -178,6 +193,68 @@ async fn a_fill_of_an_empty_key_is_not_announced_a_replacing_write_is() {
         })
         .collect();
     assert_eq!(keys, ["near:{garbled}", "near:{gone}", "near:{set}"]);
+}
+
+/// `set` and `invalidate` on an instance without a near tier reach the near tier of another:
+/// the bound holds whichever instances write, not only those that read through a near tier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_by_an_instance_without_a_near_tier_reach_the_near_tiers() {
+    let server = RedisServer::start();
+    let plain = Cache::builder()
+        .redis_url(server.url())
+        .namespace("near")
+        .build()
+        .await
+        .unwrap();
+    let b = near_cache(server.url()).await;
+    changes_reach(&plain, &b).await;
+}
+
+/// The same over a Redlock: values, and so announcements, stay on the one backend server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_tier_over_redlock_locks_hears_every_change() {
+    let server = RedisServer::start();
+    let nodes = [
+        RedisServer::start(),
+        RedisServer::start(),
+        RedisServer::start(),
+    ];
+    let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
+    let writer = Cache::builder()
+        .redis_url(server.url())
+        .namespace("near")
+        .redlock(urls.clone())
+        .build()
+        .await
+        .unwrap();
+    let b = Cache::builder()
+        .redis_url(server.url())
+        .namespace("near")
+        .redlock(urls)
+        .near_cache(NearCache::new(1_000).max_staleness(MAX_STALENESS))
+        .build()
+        .await
+        .expect("a near tier with Redlock locks");
+    changes_reach(&writer, &b).await;
+    // B's own computations go through the quorum and land in its near tier.
+    assert_eq!(until_near_hit(&b, "fresh").await, "computed");
+}
+
+/// A `set` and an `invalidate` on `a` stop `b` serving the old value once they are
+/// `max_staleness` old (b's stream stays live all along: only announcements can do it).
+async fn changes_reach(a: &Cache, b: &Cache) {
+    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    assert_eq!(until_near_hit(b, "k").await, "v1");
+    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    never_old_until_new(b, "k", "v1", "v2").await;
+    assert_eq!(until_near_hit(b, "k").await, "v2");
+    a.invalidate("k").await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    never_old_until_new(b, "k", "v2", "computed").await;
+    let stats = b.stats();
+    assert_eq!(stats.near_switched_off, 0, "{stats:?}");
+    assert!(stats.near_invalidations >= 2, "{stats:?}");
 }
 
 /// The proxy runs its own runtime, so it is started (and dropped) outside the test's.
@@ -266,17 +343,15 @@ async fn the_near_cache_is_refused_where_it_is_not_supported() {
         matches!(memory, Err(stampede_guard::Error::Config(_))),
         "{memory:?}"
     );
-    let redlock = Cache::builder()
-        .redis_url("redis://127.0.0.1:1/0")
-        .redlock([
-            "redis://127.0.0.1:2",
-            "redis://127.0.0.1:3",
-            "redis://127.0.0.1:4",
-        ])
+    let cluster = Cache::builder()
+        .redis_cluster(["redis://127.0.0.1:1"])
         .near_cache(NearCache::new(10))
         .build()
         .await;
-    assert!(matches!(redlock, Err(stampede_guard::Error::Config(_))));
+    assert!(
+        matches!(cluster, Err(stampede_guard::Error::Config(_))),
+        "{cluster:?}"
+    );
 }
 
 /// Connected clients subscribed to two channels: near-tier feeds (the near channel and their

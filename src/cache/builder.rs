@@ -168,9 +168,11 @@ impl<C: Codec> CacheBuilder<C> {
     /// dropped or black-holed connection, a restarted server, a paused process).
     ///
     /// Needs a single Redis server ([`redis_url`](Self::redis_url) or
-    /// [`redis_client`](Self::redis_client)) without [`redlock`](Self::redlock); it costs one
-    /// more connection per cache. Writes made outside the crate (`redis-cli SET`) are not
-    /// announced: a copy of the value they replaced is served at most until its fresh-until.
+    /// [`redis_client`](Self::redis_client)), whose locks may be taken through a
+    /// [`redlock`](Self::redlock); it costs one more connection per cache. Every instance over
+    /// that server announces its changes, with or without a near tier. Writes made outside the
+    /// crate (`redis-cli SET`) are not announced: a copy of the value they replaced is served at
+    /// most until its fresh-until.
     ///
     /// ```no_run
     /// use stampede_guard::{Cache, NearCache};
@@ -206,31 +208,26 @@ impl<C: Codec> CacheBuilder<C> {
     /// server.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
-        if let Some(near) = self.near {
-            if !self.redlock.is_empty() {
-                return Err(Error::Config(
-                    "the near cache does not support redlock yet".to_owned(),
-                ));
+        let (mut store, tier, counters) = match self.near {
+            Some(near) => {
+                let (store, feed) = self.backend.open_announcing(
+                    &self.connection,
+                    &self.namespace,
+                    near.heartbeat_period(),
+                )?;
+                let counters = Arc::default();
+                let tier = Arc::new(NearTier::new(&near, Arc::clone(&counters)));
+                let sink: Arc<dyn crate::store::feed::FeedSink> = tier.clone();
+                feed.start(Arc::downgrade(&sink));
+                (store, Some(tier), counters)
             }
-            let (store, feed) = self.backend.open_announcing(
-                &self.connection,
-                &self.namespace,
-                near.heartbeat_period(),
-            )?;
-            let counters = Arc::default();
-            let tier = Arc::new(NearTier::new(&near, Arc::clone(&counters)));
-            let sink: Arc<dyn crate::store::feed::FeedSink> = tier.clone();
-            feed.start(Arc::downgrade(&sink));
-            return Ok(Cache::with_near(
-                store,
-                self.codec,
-                self.namespace,
-                self.options,
-                Some(tier),
-                counters,
-            ));
-        }
-        let mut store = self.backend.open(&self.connection)?;
+            None => {
+                let store = self.backend.open(&self.connection, Some(&self.namespace))?;
+                (store, None, Arc::default())
+            }
+        };
+        // With a Redlock, values (and so every announcement to near tiers) stay on the one
+        // backend server; only the locks move to the quorum.
         if !self.redlock.is_empty() {
             let locks =
                 QuorumStore::connect(self.redlock, self.options.lease, None, &self.connection)?;
@@ -239,11 +236,13 @@ impl<C: Codec> CacheBuilder<C> {
                 locks: Arc::new(locks),
             });
         }
-        Ok(Cache::from_parts(
+        Ok(Cache::with_near(
             store,
             self.codec,
             self.namespace,
             self.options,
+            tier,
+            counters,
         ))
     }
 }

@@ -425,7 +425,7 @@ impl LockBuilder {
         validate_namespace(&self.namespace)?;
         let keys = EntryKeys::new(&self.namespace, &self.name)?;
         Ok(Lock::from_parts(
-            self.backend.open(&self.connection)?,
+            self.backend.open(&self.connection, None)?,
             keys,
             self.options,
         ))

@@ -39,7 +39,7 @@ impl QuorumStore {
         }
         let mut nodes = Vec::with_capacity(n);
         for url in urls {
-            nodes.push(Backend::RedisUrl(url).open(connection)?);
+            nodes.push(Backend::RedisUrl(url).open(connection, None)?);
         }
         let node_timeout = node_timeout.unwrap_or_else(|| {
             (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))

@@ -35,7 +35,7 @@ pub(crate) struct RedisStore<C> {
     /// the bare name, so processes of an older version on it still wake and are woken.
     channel_suffix: String,
     /// Where the scripts announce changed entries to near tiers (`"<fence> <value key>"`), or
-    /// `""`: no near tier in this cache, and the scripts publish nothing more than before.
+    /// `""`: a lock's store or a cluster, where the scripts publish nothing more than wake-ups.
     near_channel: String,
 }
 
@@ -604,7 +604,8 @@ where
                 .key(keys.fence())
                 .arg(fence)
                 .arg(retention_ms(lease))
-                .arg(self.channel(keys).as_ref());
+                .arg(self.channel(keys).as_ref())
+                .arg(&self.near_channel);
             write_args(&mut invocation, write);
             let written: i64 = invocation.invoke_async(&mut conn).await?;
             Ok(written == 1)

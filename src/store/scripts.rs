@@ -23,8 +23,8 @@ use redis::Script;
 /// after the counter was lost.
 ///
 /// `announce` tells the near tiers of other instances that an entry changed: `"<fence> <value
-/// key>"` on the namespace's near channel, or nothing when the channel is `''` (no near tier
-/// configured: the script then does exactly what it did before). It says `"PUBLISH"` in double
+/// key>"` on the namespace's near channel, or nothing when the channel is `''` (a Redis Cluster,
+/// where no near tier can listen yet: the script then does exactly what it did before). It says `"PUBLISH"` in double
 /// quotes on purpose: the sharded scripts replace `'PUBLISH'` by `SPUBLISH` for wake-ups, but
 /// the near channel is one for the whole namespace, so it must reach every node's subscribers.
 /// Fences are formatted with `%d`: Lua's `..` would print a 16-digit seeded fence as `1.7e+15`.
@@ -100,7 +100,7 @@ return {3, redis.call('PTTL', KEYS[2])}
 const STORE_AND_UNLOCK: &str = r"
 local written = 0
 if redis.call('GET', KEYS[3]) == ARGV[2] then
-  -- Without a near tier (no channel) nothing is announced: spare the EXISTS too.
+  -- Where no near tier can listen (no channel) nothing is announced: spare the EXISTS too.
   if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
     announce(ARGV[4], ARGV[2], KEYS[1])
   end
@@ -220,18 +220,20 @@ const NEXT_FENCE: &str = r"
 return bump_fence(KEYS[1], ARGV[1])
 ";
 
-/// KEYS: value, fence. ARGV: fence, fence retention ms, channel, 'set' | 'del', value, ttl ms.
-/// Writes (or deletes) unless the counter is above `fence` (a newer token or an invalidation
-/// came since), and records `fence`; the counter lives at least as long as the value, so the
-/// rule holds for it. Returns 1 if written.
+/// KEYS: value, fence. ARGV: fence, fence retention ms, channel, near channel, 'set' | 'del',
+/// value, ttl ms. Writes (or deletes) unless the counter is above `fence` (a newer token or an
+/// invalidation came since), and records `fence`; the counter lives at least as long as the
+/// value, so the rule holds for it. A write is always announced: its callers (a `set` over a
+/// Redlock) make explicit changes. Returns 1 if written.
 const WRITE_FENCED: &str = r"
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 local written = 0
 if current <= tonumber(ARGV[1]) then
   set_keeping(KEYS[2], ARGV[1], ARGV[2])
-  if ARGV[4] == 'set' then
-    set_expiring(KEYS[1], ARGV[5], ARGV[6])
-    keep_at_least(KEYS[2], ARGV[6])
+  announce(ARGV[4], ARGV[1], KEYS[1])
+  if ARGV[5] == 'set' then
+    set_expiring(KEYS[1], ARGV[6], ARGV[7])
+    keep_at_least(KEYS[2], ARGV[7])
   else
     redis.call('DEL', KEYS[1])
   end

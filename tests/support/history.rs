@@ -32,12 +32,12 @@
 //!   write) that the server ran more than that worker's `max_staleness` before the call began.
 //!   Every value such a worker gets counts as possibly served from its near tier (the public
 //!   API does not say which call a near hit answered; a value read from Redis is never older
-//!   than what the server ran before the call, so it always passes). Excused: changes requested
-//!   by an instance without a near tier (it does not announce them; see
-//!   [`unannounced_stale_reads`]), and a computed write into a key emptied by such a change or
-//!   by Redis evicting the value (a fill of an empty key is not announced); a near tier's `set`
-//!   and invalidation, always announced, count even then. An eviction counts from the value's
-//!   write to two leases after the call began (its notification is read late, as in rule (a)).
+//!   than what the server ran before the call, so it always passes). Every instance announces
+//!   its changes, with a near tier or without, so every change counts, whoever asked for it.
+//!   Excused: a computed write into a key that Redis emptied by evicting the value (a fill of an
+//!   empty key is not announced); a `set` and an invalidation, always announced, count even
+//!   then. An eviction counts from the value's write to two leases after the call began (its
+//!   notification is read late, as in rule (a)).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -190,8 +190,6 @@ pub struct Change {
     pub at_us: u64,
     /// The value it wrote (`None`: it deleted the value).
     pub value: Option<String>,
-    /// Requested by an instance that runs a near tier (its request named the near channel).
-    pub by_near: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -559,30 +557,15 @@ pub fn check(h: &History) -> Vec<Violation> {
     }
 
     // (f) the near tier's staleness bound.
-    for (_, stale) in stale_near_reads(h, false) {
+    for stale in stale_near_reads(h) {
         violation('f', stale);
     }
     out
 }
 
-/// Reads by near-tier workers that broke the staleness bound only because the newer change
-/// came from an instance without a near tier, which announces nothing: what rule (f) would
-/// also report if those changes counted.
-pub fn unannounced_stale_reads(h: &History) -> Vec<String> {
-    let announced: HashSet<(String, u64)> = stale_near_reads(h, false)
-        .into_iter()
-        .map(|(call, _)| call)
-        .collect();
-    stale_near_reads(h, true)
-        .into_iter()
-        .filter(|(call, _)| !announced.contains(call))
-        .map(|(_, stale)| stale)
-        .collect()
-}
-
 /// Rule (f): each value returned to a near-tier worker, against the changes of its key that the
 /// server ran after writing it; one finding per call at most.
-fn stale_near_reads(h: &History, count_unannounced: bool) -> Vec<((String, u64), String)> {
+fn stale_near_reads(h: &History) -> Vec<String> {
     // Each key's changes in server order, and where each written value sits among them.
     let mut by_key: HashMap<&str, Vec<&Change>> = HashMap::new();
     let mut written: HashMap<&str, (&str, usize)> = HashMap::new();
@@ -613,33 +596,23 @@ fn stale_near_reads(h: &History, count_unannounced: bool) -> Vec<((String, u64),
             name == key && *seen >= since && *seen <= call.start_us + notification_slack_us
         });
         // A computed write into an empty key is not announced: no copy can exist of a value
-        // that is not there, unless something nobody announced emptied the key. So once such
-        // a change (or an eviction) came after the value, only the changes that are always
-        // announced still count: a near tier's `set` and invalidation.
-        let mut unannounced_before = evicted;
+        // that is not there, unless Redis emptied the key by evicting it, which nobody
+        // announces. So once an eviction came after the value, only the changes that are
+        // always announced still count: a `set` and an invalidation.
         let mut newer = None;
         for c in &by_key[key][at + 1..] {
-            let counts = if c.by_near {
-                let computed = c
-                    .value
-                    .as_deref()
-                    .and_then(parse_value)
-                    .is_some_and(|p| p.computed);
-                !(unannounced_before && computed)
-            } else {
-                count_unannounced
-            };
-            unannounced_before |= !c.by_near && !count_unannounced;
-            if counts && c.at_us.saturating_add(bound) < call.start_us {
+            let computed = c
+                .value
+                .as_deref()
+                .and_then(parse_value)
+                .is_some_and(|p| p.computed);
+            if !(evicted && computed) && c.at_us.saturating_add(bound) < call.start_us {
                 newer = Some(c);
                 break;
             }
         }
         if let Some(newer) = newer {
-            let call_id = (call.instance.clone(), call.id);
-            found.push((
-                call_id,
-                format!(
+            found.push(format!(
                 "{} call #{} for {} began at {} and returned {v}, older than {} the server ran \
                  at {} ({} ms before the call; max_staleness {} ms)",
                 call.instance,
@@ -653,7 +626,6 @@ fn stale_near_reads(h: &History, count_unannounced: bool) -> Vec<((String, u64),
                 newer.at_us,
                 (call.start_us - newer.at_us) / 1000,
                 bound / 1000
-            ),
             ));
         }
     }
@@ -789,18 +761,16 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
 }
 
 /// [`replay_monitor`], and the changes of values with their times for rule (f). The log marks
-/// the client line before a script `C near` when that request named the near channel (it came
-/// from an instance with a near tier), `C` otherwise.
+/// each client line with a `C`.
 pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>, Vec<Change>) {
     let mut events = vec![ServerEvent::Life(life)];
     let mut changes = Vec::new();
     let mut counters: HashMap<String, u64> = HashMap::new();
     let mut script: Vec<Vec<Vec<u8>>> = Vec::new();
-    // When the current script ran, and whether a near-tier instance asked for it.
-    let (mut script_at, mut script_near) = (0u64, false);
+    // When the current script ran.
+    let mut script_at = 0u64;
     let mut flush = |script: &mut Vec<Vec<Vec<u8>>>,
                      at_us: u64,
-                     by_near: bool,
                      events: &mut Vec<ServerEvent>,
                      changes: &mut Vec<Change>| {
         let mut bumped: Option<(String, u64)> = None;
@@ -872,7 +842,6 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                 key: key.clone(),
                 at_us,
                 value: Some(value.clone()),
-                by_near,
             });
             let parts = parse_value(&value);
             events.push(ServerEvent::Write(Write {
@@ -890,7 +859,6 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                 key,
                 at_us,
                 value: None,
-                by_near,
             });
         }
     };
@@ -904,25 +872,10 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                 }
                 script.push(args);
             }
-            _ => {
-                flush(
-                    &mut script,
-                    script_at,
-                    script_near,
-                    &mut events,
-                    &mut changes,
-                );
-                script_near = line == "C near";
-            }
+            _ => flush(&mut script, script_at, &mut events, &mut changes),
         }
     }
-    flush(
-        &mut script,
-        script_at,
-        script_near,
-        &mut events,
-        &mut changes,
-    );
+    flush(&mut script, script_at, &mut events, &mut changes);
     (events, changes)
 }
 
