@@ -158,8 +158,11 @@ impl Backend {
         let client = match self {
             Backend::Memory => return Ok(Arc::new(MemoryStore::default())),
             Backend::RedisCluster(seeds) => {
-                let store = RedisStore::connect_cluster(&seeds, connection)
+                let mut store = RedisStore::connect_cluster(&seeds, connection)
                     .map_err(|e| Error::backend("connect", e))?;
+                if let Some(namespace) = announce_to {
+                    store = store.announcing(namespace);
+                }
                 return Ok(Arc::new(store));
             }
             Backend::RedisUrl(url) => parse_url(&url)?,
@@ -173,29 +176,46 @@ impl Backend {
         Ok(Arc::new(store))
     }
 
-    /// Opens a single Redis server whose scripts announce changed entries to the near tiers of
-    /// `namespace`, and the feed (not started) that hears them, with heartbeats every
-    /// `heartbeat`. Other backends are refused: the near tier's staleness bound rests on one
-    /// server ordering every announcement and heartbeat (see `store/feed.rs`).
+    /// Opens Redis (a single server or a cluster) whose scripts announce changed entries to the
+    /// near tiers of `namespace`, and the feed (not started) that hears them, with heartbeats
+    /// every `heartbeat`. The embedded store is refused: one process has no other instance to
+    /// hear from, and [`Cache::in_memory`](crate::Cache::in_memory) already serves from memory.
     pub(crate) fn open_announcing(
         self,
         connection: &ConnectionOptions,
         namespace: &str,
         heartbeat: Duration,
     ) -> Result<(Arc<dyn Store>, Feed), Error> {
+        let connect = |e| Error::backend("connect", e);
         let client = match self {
-            Backend::RedisUrl(url) => parse_url(&url)?,
-            Backend::RedisClient(client) => client,
-            Backend::Memory | Backend::RedisCluster(_) => {
+            Backend::Memory => {
                 return Err(Error::Config(
-                    "the near cache needs a single Redis server (redis_url or redis_client); \
-                     the embedded store and Redis Cluster do not support it yet"
+                    "the near cache is a tier in front of Redis (redis_url, redis_client or \
+                     redis_cluster); the embedded store already holds its values in memory"
                         .to_owned(),
                 ))
             }
+            Backend::RedisCluster(seeds) => {
+                // A cluster has database 0 only: no channel suffix.
+                let (near_channel, heartbeat_prefix) = near_channels(namespace, "");
+                let store = RedisStore::connect_cluster(&seeds, connection)
+                    .map_err(connect)?
+                    .announcing(namespace);
+                let feed = Feed::cluster(
+                    &seeds,
+                    connection,
+                    near_channel,
+                    &heartbeat_prefix,
+                    heartbeat,
+                )
+                .map_err(|e| connect(e.into()))?;
+                return Ok((Arc::new(store), feed));
+            }
+            Backend::RedisUrl(url) => parse_url(&url)?,
+            Backend::RedisClient(client) => client,
         };
         let store = RedisStore::connect(client.clone(), connection)
-            .map_err(|e| Error::backend("connect", e))?
+            .map_err(connect)?
             .announcing(namespace);
         let (near_channel, heartbeat_prefix) = near_channels(namespace, store.channel_suffix());
         let feed = Feed::new(
@@ -205,7 +225,7 @@ impl Backend {
             &heartbeat_prefix,
             heartbeat,
         )
-        .map_err(|e| Error::backend("connect", e.into()))?;
+        .map_err(|e| connect(e.into()))?;
         Ok((Arc::new(store), feed))
     }
 }

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
-use stampede_guard::{Backoff, Cache, CallOptions, ConnectionOptions, Error};
-use support::{eventually, RedisCluster};
+use stampede_guard::{Backoff, Cache, CallOptions, ConnectionOptions, Error, NearCache};
+use support::{eventually, signal, RedisCluster};
 
 const TTL: Duration = Duration::from_secs(300);
 
@@ -237,4 +237,155 @@ async fn a_cache_and_a_lock_built_while_the_cluster_is_down_work_once_it_is_up()
     assert_eq!(value, Some(7), "calls succeed once the cluster answers");
     let guard = lock.acquire().await.expect("the lock works too");
     assert!(guard.fencing_token() > 0);
+}
+
+const MAX_STALENESS: Duration = Duration::from_millis(300);
+
+/// Reads `key` through `cache` until the near tier answers (its feed is up on every master and
+/// proven current), and returns that value.
+async fn until_near_hit(cache: &Cache, key: &str) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let before = cache.stats().near_hits;
+        let value = cache
+            .get_or_compute(key, TTL, || async {
+                Ok::<_, String>("computed".to_owned())
+            })
+            .await;
+        if cache.stats().near_hits > before {
+            return value.expect("a near hit is a value");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no near hit for {key}: {:?}",
+            cache.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn near_reader(cluster: &RedisCluster) -> Cache {
+    Cache::builder()
+        .redis_cluster(cluster.urls())
+        .namespace("reports")
+        .near_cache(NearCache::new(1_000).max_staleness(MAX_STALENESS))
+        .connection(ConnectionOptions::default().response_timeout(Duration::from_secs(1)))
+        .build()
+        .await
+        .expect("a near tier on the cluster")
+}
+
+/// The months, checked to sit on every master.
+fn months_on_every_master(cluster: &RedisCluster) -> Vec<String> {
+    let months: Vec<String> = (0..12).map(month).collect();
+    let masters: HashSet<usize> = months
+        .iter()
+        .map(|m| cluster.master_of(&format!("reports:{{{m}}}")))
+        .collect();
+    assert_eq!(masters.len(), 3, "the months sit on every master");
+    months
+}
+
+/// The near tier on a cluster listens to every master: a change of a key on any slot reaches
+/// it, and a master's death switches it off until the failover is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_tier_on_a_cluster_hears_every_master_and_stops_when_one_dies() {
+    let mut cluster = RedisCluster::start();
+    // The writer has no near tier: it announces its changes all the same.
+    let writer = cache(&cluster, CallOptions::default()).await;
+    let reader = near_reader(&cluster).await;
+    let months = months_on_every_master(&cluster);
+
+    for m in &months {
+        writer.set(m, &format!("{m} v1"), TTL).await.unwrap();
+        assert_eq!(until_near_hit(&reader, m).await, format!("{m} v1"));
+    }
+    for m in &months {
+        writer.set(m, &format!("{m} v2"), TTL).await.unwrap();
+    }
+    // Once the changes are max_staleness old, no read returns what they replaced.
+    tokio::time::sleep(MAX_STALENESS).await;
+    for m in &months {
+        let read = reader
+            .get_or_compute(m, TTL, || async { Ok::<_, String>("computed".to_owned()) })
+            .await
+            .unwrap();
+        assert_eq!(read, format!("{m} v2"));
+    }
+    assert_eq!(reader.stats().near_switched_off, 0, "{:?}", reader.stats());
+
+    // A master dies: the feed's connection to it drops, and the tier stops serving at once.
+    let victim = cluster.master_of("reports:{2019-05}");
+    cluster.nodes[victim].kill();
+    assert!(
+        eventually(Duration::from_secs(10), || reader.stats().near_switched_off
+            > 0),
+        "the near tier kept serving: {:?}",
+        reader.stats()
+    );
+    // After the failover, the feed listens to the promoted replica: changes reach the tier
+    // again, and it serves them.
+    assert!(eventually(Duration::from_secs(30), || cluster.is_healthy()));
+    for m in &months {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while let Err(e) = writer.set(m, &format!("{m} v3"), TTL).await {
+            assert!(tokio::time::Instant::now() < deadline, "{e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for m in &months {
+        assert_eq!(until_near_hit(&reader, m).await, format!("{m} v3"));
+    }
+}
+
+/// Each master's connection is proven on its own: pausing any one master (not long enough for a
+/// failover) stops the near tier within its bound, though the other masters answer on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_tier_on_a_cluster_stops_when_any_one_master_stops_answering() {
+    let cluster = RedisCluster::start();
+    // No failover while a master is paused: the feed alone must notice.
+    for node in &cluster.nodes {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-node-timeout")
+            .arg(60_000)
+            .query(&mut node.conn())
+            .unwrap();
+    }
+    let reader = near_reader(&cluster).await;
+    let months = months_on_every_master(&cluster);
+    let mut paused: Vec<usize> = months
+        .iter()
+        .map(|m| cluster.master_of(&format!("reports:{{{m}}}")))
+        .collect();
+    paused.sort_unstable();
+    paused.dedup();
+    for victim in paused {
+        for m in &months {
+            until_near_hit(&reader, m).await;
+        }
+        // Read only months of the other masters while the victim is paused.
+        let others: Vec<&String> = months
+            .iter()
+            .filter(|m| cluster.master_of(&format!("reports:{{{m}}}")) != victim)
+            .collect();
+        let off = reader.stats().near_switched_off;
+        let pid = cluster.nodes[victim].pid().expect("a running master");
+        signal(pid, "STOP");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while reader.stats().near_switched_off == off && tokio::time::Instant::now() < deadline {
+            for m in &others {
+                let _ = reader
+                    .get_or_compute(m, TTL, || async { Ok::<_, String>("computed".to_owned()) })
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        signal(pid, "CONT");
+        assert!(
+            reader.stats().near_switched_off > off,
+            "near copies kept being served while master {victim} was paused: {:?}",
+            reader.stats()
+        );
+    }
 }

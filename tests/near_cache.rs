@@ -334,7 +334,7 @@ async fn cut_and_restarted(server: &mut RedisServer, proxy: &Proxy) {
 }
 
 #[tokio::test]
-async fn the_near_cache_is_refused_where_it_is_not_supported() {
+async fn the_near_cache_is_refused_on_the_embedded_store() {
     let memory = Cache::builder()
         .near_cache(NearCache::new(10))
         .build()
@@ -342,15 +342,6 @@ async fn the_near_cache_is_refused_where_it_is_not_supported() {
     assert!(
         matches!(memory, Err(stampede_guard::Error::Config(_))),
         "{memory:?}"
-    );
-    let cluster = Cache::builder()
-        .redis_cluster(["redis://127.0.0.1:1"])
-        .near_cache(NearCache::new(10))
-        .build()
-        .await;
-    assert!(
-        matches!(cluster, Err(stampede_guard::Error::Config(_))),
-        "{cluster:?}"
     );
 }
 

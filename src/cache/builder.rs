@@ -167,10 +167,11 @@ impl<C: Codec> CacheBuilder<C> {
     /// that completed more than `max_staleness` before the call began, whatever fails (a
     /// dropped or black-holed connection, a restarted server, a paused process).
     ///
-    /// Needs a single Redis server ([`redis_url`](Self::redis_url) or
+    /// Works over Redis: a single server ([`redis_url`](Self::redis_url) or
     /// [`redis_client`](Self::redis_client)), whose locks may be taken through a
-    /// [`redlock`](Self::redlock); it costs one more connection per cache. Every instance over
-    /// that server announces its changes, with or without a near tier. Writes made outside the
+    /// [`redlock`](Self::redlock), or a [cluster](Self::redis_cluster). It costs one more
+    /// connection per cache (per master on a cluster, each proven current on its own). Every
+    /// instance announces its changes, with or without a near tier. Writes made outside the
     /// crate (`redis-cli SET`) are not announced: a copy of the value they replaced is served at
     /// most until its fresh-until.
     ///
@@ -204,8 +205,7 @@ impl<C: Codec> CacheBuilder<C> {
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a bad namespace, [`Error::Config`] for a Redis URL that does not
-    /// parse, or a [`near_cache`](Self::near_cache) on a backend other than a single Redis
-    /// server.
+    /// parse, or a [`near_cache`](Self::near_cache) on the embedded store.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
         let (mut store, tier, counters) = match self.near {

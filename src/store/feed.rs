@@ -1,6 +1,7 @@
-//! The near tier's invalidation feed: one dedicated RESP3 connection per cache, subscribed to the
-//! namespace's near channel (where the scripts announce changed entries) and to this instance's
-//! own heartbeat channel, which it publishes to and hears back from.
+//! The near tier's invalidation feed: one dedicated RESP3 connection per cache (per master on a
+//! Redis Cluster), subscribed to the namespace's near channel (where the scripts announce changed
+//! entries) and to this instance's own heartbeat channel, which it publishes to and hears back
+//! from.
 //!
 //! Invariants the near tier builds its staleness bound on:
 //! - Redis delivers the messages of one connection in the order the server published them,
@@ -10,14 +11,21 @@
 //! - A connection is never resumed: a new one gets a new number, announced with
 //!   [`FeedSink::reset`] before it subscribes, so announcements lost in between cannot go unseen.
 //!   Heartbeats are only counted for the connection they were sent on.
+//! - On a Redis Cluster each master runs the scripts of its own slots, so it orders their
+//!   announcements, and `PUBLISH` reaches every node: one connection per master, each proven
+//!   by its own heartbeats, makes the stream current at the oldest of the latest proofs. A
+//!   master's announcement also arrives through the other masters' connections (the cluster
+//!   bus); those copies only drop copies again, they prove nothing. A change of the set of
+//!   masters (a failover, a master added) starts a new connection set, as a reconnection does.
 //! - Nothing here decides whether the stream is live: a failure is not detected, it simply stops
 //!   the proofs (a black-holed socket fails nothing for seconds). The sink judges by the age of
 //!   the last proof, on the local monotonic clock.
 
-use std::sync::Weak;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
+use redis::{AsyncConnectionConfig, ConnectionAddr, PushInfo, PushKind, Value};
 use tokio::time::Instant;
 
 use crate::connect::ConnectionOptions;
@@ -42,16 +50,38 @@ pub(crate) trait FeedSink: Send + Sync + 'static {
 
 /// A feed ready to start (see [`Feed::start`]).
 pub(crate) struct Feed {
-    client: redis::Client,
+    source: Source,
     connection: ConnectionOptions,
     near_channel: String,
     heartbeat_channel: String,
     period: Duration,
 }
 
+/// Where announcements are heard. Made once per cache: the size of a client is worth no box.
+#[allow(clippy::large_enum_variant)]
+enum Source {
+    /// One server, which runs every script and so orders every announcement.
+    Server(redis::Client),
+    /// A Redis Cluster, through these seed nodes. Each master orders the announcements of its
+    /// own slots' scripts, so the feed holds one connection per master and proves each of them
+    /// current; the stream is current at the oldest of those proofs. The masters are found at
+    /// every connection and checked at every heartbeat.
+    Cluster(Vec<redis::Client>),
+}
+
+/// Turns a client to RESP3, which push messages need.
+fn resp3(client: &redis::Client) -> Result<redis::Client, redis::RedisError> {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings))
+}
+
 impl Feed {
-    /// A feed of the near channel `near_channel` over `client`'s server (turned to RESP3 for
-    /// push messages), with heartbeats every `period` on `heartbeat_prefix` + a fresh id.
+    /// A feed of the near channel `near_channel` over `client`'s server, with heartbeats every
+    /// `period` on `heartbeat_prefix` + a fresh id.
     pub(crate) fn new(
         client: &redis::Client,
         connection: &ConnectionOptions,
@@ -59,20 +89,51 @@ impl Feed {
         heartbeat_prefix: &str,
         period: Duration,
     ) -> Result<Self, redis::RedisError> {
-        let info = client.get_connection_info().clone();
-        let resp3 = info
-            .redis_settings()
-            .clone()
-            .set_protocol(redis::ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(resp3))?;
-        Ok(Feed {
-            client,
+        Ok(Feed::of(
+            Source::Server(resp3(client)?),
+            connection,
+            near_channel,
+            heartbeat_prefix,
+            period,
+        ))
+    }
+
+    /// [`new`](Self::new) for a Redis Cluster reached through `seeds` (URLs).
+    pub(crate) fn cluster(
+        seeds: &[String],
+        connection: &ConnectionOptions,
+        near_channel: String,
+        heartbeat_prefix: &str,
+        period: Duration,
+    ) -> Result<Self, redis::RedisError> {
+        let seeds = seeds
+            .iter()
+            .map(|url| resp3(&redis::Client::open(url.as_str())?))
+            .collect::<Result<_, _>>()?;
+        Ok(Feed::of(
+            Source::Cluster(seeds),
+            connection,
+            near_channel,
+            heartbeat_prefix,
+            period,
+        ))
+    }
+
+    fn of(
+        source: Source,
+        connection: &ConnectionOptions,
+        near_channel: String,
+        heartbeat_prefix: &str,
+        period: Duration,
+    ) -> Self {
+        Feed {
+            source,
             connection: connection.clone(),
             near_channel,
             heartbeat_channel: format!("{heartbeat_prefix}{}", uuid::Uuid::new_v4().simple()),
             // A zero period would spin; a millisecond is already far below any useful bound.
             period: period.max(Duration::from_millis(1)),
-        })
+        }
     }
 
     /// Runs the feed in a background task until the sink is dropped (the cache with it).
@@ -108,7 +169,43 @@ impl Feed {
         }
     }
 
-    /// One connection's life: connect, subscribe, heartbeat until a command fails.
+    fn config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connection.connect_timeout))
+            .set_response_timeout(Some(self.connection.response_timeout))
+    }
+
+    /// The servers to listen to now: the server, or the cluster's masters.
+    async fn servers(&self) -> redis::RedisResult<Vec<redis::Client>> {
+        match &self.source {
+            Source::Server(client) => Ok(vec![client.clone()]),
+            Source::Cluster(seeds) => {
+                let mut last_error = None;
+                for seed in seeds {
+                    let found = async {
+                        let mut conn = seed
+                            .get_multiplexed_async_connection_with_config(&self.config())
+                            .await?;
+                        let masters = masters(&mut conn).await?;
+                        masters
+                            .iter()
+                            .map(|(host, port)| on(seed, host, *port))
+                            .collect::<redis::RedisResult<Vec<_>>>()
+                    };
+                    match found.await {
+                        Ok(clients) => return Ok(clients),
+                        Err(e) => last_error = Some(e),
+                    }
+                }
+                Err(last_error.unwrap_or_else(|| {
+                    redis::RedisError::from((redis::ErrorKind::Client, "no cluster seed node"))
+                }))
+            }
+        }
+    }
+
+    /// One connection's life (one per master on a cluster): connect, subscribe, heartbeat until
+    /// a command fails or the cluster's masters change.
     async fn serve(
         &self,
         number: u64,
@@ -116,31 +213,34 @@ impl Feed {
         sink: &Weak<dyn FeedSink>,
         warned: &mut bool,
     ) -> redis::RedisResult<()> {
-        let near_channel = self.near_channel.clone();
-        let heartbeat_channel = self.heartbeat_channel.clone();
-        let push_sink = Weak::clone(sink);
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connection.connect_timeout))
-            .set_response_timeout(Some(self.connection.response_timeout))
-            .set_push_sender(move |push: PushInfo| {
-                if let Some(sink) = push_sink.upgrade() {
-                    route(
-                        &*sink,
-                        &push,
-                        &near_channel,
-                        &heartbeat_channel,
-                        number,
-                        base,
-                    );
-                }
+        let servers = self.servers().await?;
+        let proofs = Arc::new(Proofs::new(servers.len()));
+        let mut conns = Vec::with_capacity(servers.len());
+        for (index, server) in servers.iter().enumerate() {
+            let listener = Listener {
+                sink: Weak::clone(sink),
+                near_channel: self.near_channel.clone(),
+                heartbeat_channel: self.heartbeat_channel.clone(),
+                number,
+                index,
+                base,
+                proofs: Arc::clone(&proofs),
+            };
+            let config = self.config().set_push_sender(move |push: PushInfo| {
+                listener.route(&push);
                 Ok::<(), redis::aio::SendError>(())
             });
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        conn.subscribe(&[self.near_channel.as_str(), self.heartbeat_channel.as_str()][..])
-            .await?;
+            let mut conn = server
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            conn.subscribe(&[self.near_channel.as_str(), self.heartbeat_channel.as_str()][..])
+                .await?;
+            conns.push(conn);
+        }
+        let masters = match self.source {
+            Source::Server(_) => None,
+            Source::Cluster(_) => Some(masters(&mut conns[0]).await?),
+        };
         match sink.upgrade() {
             Some(sink) => sink.subscribed(number),
             None => return Ok(()),
@@ -156,50 +256,154 @@ impl Feed {
                 None => return Ok(()),
             }
             let sent = Instant::now();
+            // A master this feed does not listen to (a replica promoted while the old master
+            // lives on, a master added) would write unheard: start again with the new set.
+            // Checked before the heartbeats, so no proof of this round outlives a change seen.
+            if let Some(masters) = &masters {
+                if masters != &self::masters(&mut conns[0]).await? {
+                    tracing::debug!("near-tier feed: the cluster's masters changed; reconnecting");
+                    return Ok(());
+                }
+            }
             let nanos = u64::try_from(sent.duration_since(base).as_nanos()).unwrap_or(u64::MAX);
-            let _: i64 = redis::cmd("PUBLISH")
-                .arg(&self.heartbeat_channel)
-                .arg(format!("{number} {nanos}"))
-                .query_async(&mut conn)
-                .await?;
+            for (index, conn) in conns.iter_mut().enumerate() {
+                let _: i64 = redis::cmd("PUBLISH")
+                    .arg(&self.heartbeat_channel)
+                    .arg(format!("{number} {index} {nanos}"))
+                    .query_async(conn)
+                    .await?;
+            }
         }
     }
 }
 
-/// Hands one push message to the sink.
-fn route(
-    sink: &dyn FeedSink,
-    push: &PushInfo,
-    near_channel: &str,
-    heartbeat_channel: &str,
+/// The masters of the cluster `conn` belongs to, as it sees them (`CLUSTER SLOTS`), sorted.
+async fn masters(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> redis::RedisResult<Vec<(String, u16)>> {
+    let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+    let mut masters: Vec<(String, u16)> = ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(fields) = range else {
+                return None;
+            };
+            let Some(Value::Array(master)) = fields.get(2) else {
+                return None;
+            };
+            let host = match master.first() {
+                Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
+                Some(Value::SimpleString(host)) => host.clone(),
+                _ => return None,
+            };
+            let Some(Value::Int(port)) = master.get(1) else {
+                return None;
+            };
+            Some((host, u16::try_from(*port).ok()?))
+        })
+        .collect();
+    masters.sort();
+    masters.dedup();
+    if masters.is_empty() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "CLUSTER SLOTS named no master",
+        )));
+    }
+    Ok(masters)
+}
+
+/// `seed`'s settings (TLS, credentials, RESP3) for the node at `host:port`. An empty host is
+/// Redis's way of saying "the address you asked me on".
+fn on(seed: &redis::Client, host: &str, port: u16) -> redis::RedisResult<redis::Client> {
+    let info = seed.get_connection_info().clone();
+    let mut addr = info.addr().clone();
+    match &mut addr {
+        ConnectionAddr::Tcp(h, p)
+        | ConnectionAddr::TcpTls {
+            host: h, port: p, ..
+        } => {
+            if !host.is_empty() {
+                *h = host.to_owned();
+            }
+            *p = port;
+        }
+        _ => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a cluster seed must be a TCP address",
+            )))
+        }
+    }
+    redis::Client::open(info.set_addr(addr))
+}
+
+/// The latest proof of each connection of one feed connection set, in nanoseconds since the
+/// feed's base (0: none yet).
+struct Proofs(Box<[AtomicU64]>);
+
+impl Proofs {
+    fn new(connections: usize) -> Self {
+        Proofs((0..connections).map(|_| AtomicU64::new(0)).collect())
+    }
+
+    /// Records that connection `index` was current at `nanos`; returns when every connection
+    /// was last proven current, the oldest of their proofs, once each has one.
+    fn record(&self, index: usize, nanos: u64) -> Option<u64> {
+        self.0.get(index)?.fetch_max(nanos, Ordering::AcqRel);
+        let oldest = self.0.iter().map(|p| p.load(Ordering::Acquire)).min()?;
+        (oldest > 0).then_some(oldest)
+    }
+}
+
+/// What one connection's push messages go to.
+struct Listener {
+    sink: Weak<dyn FeedSink>,
+    near_channel: String,
+    heartbeat_channel: String,
     number: u64,
+    index: usize,
     base: Instant,
-) {
-    match push.kind {
-        PushKind::Message => {
-            let [Value::BulkString(channel), Value::BulkString(payload), ..] = push.data.as_slice()
-            else {
-                return;
-            };
-            let Ok(payload) = std::str::from_utf8(payload) else {
-                return;
-            };
-            if channel.as_slice() == near_channel.as_bytes() {
-                if let Some((fence, key)) = parse_announcement(payload) {
-                    sink.invalidated(key, fence);
-                }
-            } else if channel.as_slice() == heartbeat_channel.as_bytes() {
-                if let Some((sent_on, nanos)) = parse_heartbeat(payload) {
-                    // Only this connection's own heartbeats prove it current.
-                    if sent_on == number {
-                        sink.proof(number, base + Duration::from_nanos(nanos));
+    proofs: Arc<Proofs>,
+}
+
+impl Listener {
+    /// Hands one push message to the sink. Called on the connection's reader task.
+    fn route(&self, push: &PushInfo) {
+        let Some(sink) = self.sink.upgrade() else {
+            return;
+        };
+        match push.kind {
+            PushKind::Message => {
+                let [Value::BulkString(channel), Value::BulkString(payload), ..] =
+                    push.data.as_slice()
+                else {
+                    return;
+                };
+                let Ok(payload) = std::str::from_utf8(payload) else {
+                    return;
+                };
+                if channel.as_slice() == self.near_channel.as_bytes() {
+                    if let Some((fence, key)) = parse_announcement(payload) {
+                        sink.invalidated(key, fence);
+                    }
+                } else if channel.as_slice() == self.heartbeat_channel.as_bytes() {
+                    // Only a heartbeat sent on this very connection proves it current (on a
+                    // cluster, each heartbeat also reaches the other masters' connections).
+                    if let Some((number, index, nanos)) = parse_heartbeat(payload) {
+                        if number == self.number && index == self.index {
+                            if let Some(oldest) = self.proofs.record(index, nanos) {
+                                sink.proof(number, self.base + Duration::from_nanos(oldest));
+                            }
+                        }
                     }
                 }
             }
+            // Messages may be lost from here on: drop everything now rather than at the
+            // reconnection.
+            PushKind::Disconnection => sink.lost(self.number),
+            _ => {}
         }
-        // Messages may be lost from here on: drop everything now rather than at the reconnect.
-        PushKind::Disconnection => sink.lost(number),
-        _ => {}
     }
 }
 
@@ -209,10 +413,16 @@ pub(crate) fn parse_announcement(payload: &str) -> Option<(u64, &str)> {
     Some((fence.parse().ok()?, key))
 }
 
-/// `"<connection number> <nanoseconds since the feed's base>"`.
-fn parse_heartbeat(payload: &str) -> Option<(u64, u64)> {
-    let (number, nanos) = payload.split_once(' ')?;
-    Some((number.parse().ok()?, nanos.parse().ok()?))
+/// `"<connection number> <index of the connection in its set> <nanoseconds since the feed's
+/// base>"`.
+fn parse_heartbeat(payload: &str) -> Option<(u64, usize, u64)> {
+    let mut parts = payload.split(' ');
+    let heartbeat = (
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+    );
+    parts.next().is_none().then_some(heartbeat)
 }
 
 #[cfg(test)]
@@ -227,7 +437,8 @@ mod tests {
         );
         assert_eq!(parse_announcement("1.7e+15 k"), None);
         assert_eq!(parse_announcement("nospace"), None);
-        assert_eq!(parse_heartbeat("3 12345"), Some((3, 12345)));
-        assert_eq!(parse_heartbeat("3"), None);
+        assert_eq!(parse_heartbeat("3 1 12345"), Some((3, 1, 12345)));
+        assert_eq!(parse_heartbeat("3 12345"), None);
+        assert_eq!(parse_heartbeat("3 1 2 3"), None);
     }
 }

@@ -35,7 +35,7 @@ pub(crate) struct RedisStore<C> {
     /// the bare name, so processes of an older version on it still wake and are woken.
     channel_suffix: String,
     /// Where the scripts announce changed entries to near tiers (`"<fence> <value key>"`), or
-    /// `""`: a lock's store or a cluster, where the scripts publish nothing more than wake-ups.
+    /// `""`: a lock's own store (no values), where the scripts publish nothing but wake-ups.
     near_channel: String,
 }
 

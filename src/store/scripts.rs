@@ -23,10 +23,11 @@ use redis::Script;
 /// after the counter was lost.
 ///
 /// `announce` tells the near tiers of other instances that an entry changed: `"<fence> <value
-/// key>"` on the namespace's near channel, or nothing when the channel is `''` (a Redis Cluster,
-/// where no near tier can listen yet: the script then does exactly what it did before). It says `"PUBLISH"` in double
+/// key>"` on the namespace's near channel, or nothing when the channel is `''` (a lock's own
+/// store, which holds no values). It says `"PUBLISH"` in double
 /// quotes on purpose: the sharded scripts replace `'PUBLISH'` by `SPUBLISH` for wake-ups, but
-/// the near channel is one for the whole namespace, so it must reach every node's subscribers.
+/// the near channel is one for the whole namespace, so it must reach every node's subscribers
+/// (a cluster's near-tier feed listens to every master; see `store/feed.rs`).
 /// Fences are formatted with `%d`: Lua's `..` would print a 16-digit seeded fence as `1.7e+15`.
 const PRELUDE: &str = r#"
 local function set_expiring(key, value, ms, ...)
