@@ -2,6 +2,16 @@
 //! database through the cache. However many requests for a cold month arrive at once, the
 //! database runs its query once; `GET /stats` shows how many queries it ran.
 //!
+//! The guide's complete service (`docs/service-example.md` walks through it):
+//! - `GET /report/{month}`: `get_or_compute`, the query computed once fleet-wide;
+//! - `POST /refresh/{month}`: `get` the cached report, query the database, `set` the new one
+//!   (a computation of that month still running has its write refused: it read older data);
+//! - `GET /summary`: `get` the year's summary, which a `Leader` job writes: of all the instances
+//!   sharing one Redis, only the active one runs it, every `--summary-every-ms`;
+//! - one shutdown signal (Ctrl-C or SIGTERM) stops the HTTP server and the leader together; the
+//!   leader releases its lock at once, so another instance takes over without waiting for the
+//!   lease to run out.
+//!
 //! ```text
 //! cargo run --example axum_report --features axum                       # SQLite in memory, embedded cache
 //! cargo run --example axum_report --features axum -- --redis redis://127.0.0.1:6379/0
@@ -13,35 +23,54 @@
 //! ```
 //!
 //! Options: `--listen ADDR` (default `127.0.0.1:3000`; port 0 picks a free one), `--redis URL`,
-//! `--query-ms MS` (how long one report query takes, default 200). The first line printed is
-//! `listening on http://ADDR`.
+//! `--query-ms MS` (how long one report query takes, default 200), `--summary-every-ms MS` (the
+//! leader job's interval, default 10000). The first line printed is `listening on http://ADDR`.
 //!
 //! With `--redis`, several instances of this service share one cache: start two on different
 //! ports and a month is still computed once across both.
 
 mod sales;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use sales::{MonthlyReport, SalesDb};
+use serde::{Deserialize, Serialize};
+use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::Cache;
+use tokio::sync::watch;
 
 /// How long a report stays cached. Past months do not change; an hour keeps memory bounded.
 const TTL: Duration = Duration::from_secs(3600);
+/// The cache key of the year summary that the leader job writes.
+const SUMMARY_KEY: &str = "summary-2019";
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// What every handler shares: cheap to clone (both are handles).
+/// What every handler shares: cheap to clone (all are handles).
 #[derive(Clone)]
 struct App {
     cache: Cache,
     db: Arc<SalesDb>,
+    /// This instance's role in the leader election, for `/stats`.
+    role: watch::Receiver<Role>,
+    /// How many times this instance ran the leader job.
+    summary_runs: Arc<AtomicU64>,
+}
+
+/// The year's totals, written by whichever instance is the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Summary {
+    orders: i64,
+    revenue_cents: i64,
+    /// The fencing token of the leader's term that wrote it: a later term writes a higher one.
+    written_by_term: u64,
 }
 
 #[tokio::main]
@@ -73,20 +102,118 @@ async fn main() -> Result<(), BoxError> {
                 sales::redact(u)
             ))
     );
-    let app = router(App { cache, db });
+
+    // One signal for the whole process. Handing `ctrl_c()` to the leader alone would stop the
+    // leader and leave the server serving (and the other way round); both wait on this instead.
+    let shutdown = Shutdown::on_ctrl_c_or_sigterm();
+
+    // The leader job: only one instance of all those sharing the cache runs it at a time.
+    let leader = Leader::new(cache.lock("year-summary")?, args.summary_every);
+    let role = leader.status();
+    let summary_runs = Arc::new(AtomicU64::new(0));
+    let job = {
+        let (cache, db, runs, every) = (
+            cache.clone(),
+            db.clone(),
+            summary_runs.clone(),
+            args.summary_every,
+        );
+        move |ctx: JobContext| {
+            let (cache, db, runs) = (cache.clone(), db.clone(), runs.clone());
+            async move { write_summary(&cache, &db, ctx, every, &runs).await }
+        }
+    };
+    let leader = tokio::spawn(leader.run(job, shutdown.clone().requested()));
+
+    let app = router(App {
+        cache,
+        db,
+        role,
+        summary_runs,
+    });
     axum::serve(listener, app)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+        .with_graceful_shutdown(shutdown.requested())
         .await?;
+    println!("server stopped");
+    // The same signal stopped the leader, which released its lock: another instance takes over
+    // at once instead of one lease later.
+    leader.await??;
+    println!("leader stopped");
     Ok(())
 }
 
 fn router(app: App) -> Router {
     Router::new()
         .route("/report/{month}", get(report))
+        .route("/refresh/{month}", post(refresh))
+        .route("/summary", get(summary))
         .route("/stats", get(stats))
         .with_state(app)
+}
+
+/// One shutdown signal, shared: every clone completes [`requested`](Self::requested) once Ctrl-C
+/// or SIGTERM arrives.
+#[derive(Clone)]
+struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    fn on_ctrl_c_or_sigterm() -> Self {
+        let (tx, rx) = watch::channel(false);
+        tokio::spawn(async move {
+            signal().await;
+            println!("shutdown requested");
+            let _ = tx.send(true);
+        });
+        Shutdown(rx)
+    }
+
+    /// Completes when shutdown is requested.
+    async fn requested(mut self) {
+        // An error means the sender is gone, which happens only after it sent `true`.
+        let _ = self.0.wait_for(|&stop| stop).await;
+    }
+}
+
+/// Ctrl-C, or SIGTERM (what `kill`, systemd and Kubernetes send) on Unix.
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// The leader job: the year's totals, computed by one instance and `set` in the cache for all.
+/// A run that lost its lease while querying does not write: a newer leader does.
+async fn write_summary(
+    cache: &Cache,
+    db: &SalesDb,
+    ctx: JobContext,
+    every: Duration,
+    runs: &AtomicU64,
+) -> Result<(), BoxError> {
+    let (orders, revenue_cents) = db.year_totals().await?;
+    if ctx.is_cancelled() {
+        return Ok(());
+    }
+    let summary = Summary {
+        orders,
+        revenue_cents,
+        written_by_term: ctx.fencing_token(),
+    };
+    // Kept for three intervals: if the leader dies, the summary outlives the hand-over.
+    cache
+        .set(SUMMARY_KEY, &summary, every.saturating_mul(3))
+        .await?;
+    runs.fetch_add(1, Ordering::SeqCst);
+    Ok(())
 }
 
 /// `GET /report/2019-05`: the month's report, computed once however many requests ask at once.
@@ -108,20 +235,63 @@ async fn report(
     Ok(Json(report))
 }
 
-/// `GET /stats`: how many report queries the database ran, in all and per month, and what the
-/// cache did (hits, misses, waits, ...).
+/// `POST /refresh/2019-05`: query the month again now and replace the cached report, for every
+/// instance; answers with the report that was cached before (if any) and the new one.
+async fn refresh(
+    State(app): State<App>,
+    Path(month): Path<String>,
+) -> Result<Json<serde_json::Value>, AppError> {
+    if !sales::is_month(&month) {
+        return Err(AppError::BadMonth(month));
+    }
+    let before: Option<MonthlyReport> = app.cache.get(&month).await?;
+    let after = app.db.monthly_report(&month).await?;
+    // A `get_or_compute` of this month still running read the database before this query: its
+    // write is refused (fencing), so it cannot put the older report back over this one.
+    app.cache.set(&month, &after, TTL).await?;
+    Ok(Json(
+        serde_json::json!({ "before": before, "after": after }),
+    ))
+}
+
+/// `GET /summary`: the year's totals, as the leader job last wrote them.
+async fn summary(State(app): State<App>) -> Result<Json<Summary>, AppError> {
+    match app.cache.get::<Summary>(SUMMARY_KEY).await? {
+        Some(summary) => Ok(Json(summary)),
+        None => Err(AppError::NoSummaryYet),
+    }
+}
+
+/// `GET /stats`: how many report queries the database ran, in all and per month, what the
+/// cache did (hits, misses, waits, ...), and this instance's part in the leader election.
 async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
+    let role = match *app.role.borrow() {
+        Role::Active { .. } => "active",
+        Role::Standby => "standby",
+        _ => "stopped",
+    };
     Json(serde_json::json!({
         "queries": app.db.queries(),
         "queries_by_month": app.db.queries_by_month(),
         "cache": app.cache.stats(),
+        "leader": { "role": role, "summary_runs": app.summary_runs.load(Ordering::SeqCst) },
     }))
 }
 
-/// The handler's errors: its own (a path that is no month) and the cache's.
+/// The handlers' errors: their own (a path that is no month, no summary yet), the database's and
+/// the cache's.
 enum AppError {
     BadMonth(String),
+    NoSummaryYet,
+    Db(sqlx::Error),
     Cache(stampede_guard::Error),
+}
+
+/// `?` on a database call turns its error into an `AppError`.
+impl From<sqlx::Error> for AppError {
+    fn from(e: sqlx::Error) -> Self {
+        AppError::Db(e)
+    }
 }
 
 /// `?` on a cache call turns its error into an `AppError`.
@@ -139,6 +309,16 @@ impl IntoResponse for AppError {
                 format!("not a month: {month:?} (expected YYYY-MM, e.g. 2019-05)"),
             )
                 .into_response(),
+            AppError::NoSummaryYet => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("retry-after", "1")],
+                "the summary is not computed yet; try again shortly",
+            )
+                .into_response(),
+            AppError::Db(e) => {
+                eprintln!("database error: {e}");
+                (StatusCode::INTERNAL_SERVER_ERROR, "database error").into_response()
+            }
             // The crate's mapping (feature `axum`): 503 + Retry-After when Redis is down or the
             // wait timed out, 500 when the query failed; details go to the log, not the client.
             AppError::Cache(e) => e.into_response(),
@@ -150,15 +330,17 @@ struct Args {
     listen: String,
     redis: Option<String>,
     query_time: Duration,
+    summary_every: Duration,
 }
 
 fn parse_args() -> Result<Args, String> {
     const USAGE: &str =
-        "usage: axum_report [--listen 127.0.0.1:3000] [--redis redis://host:port/db] [--query-ms MS]";
+        "usage: axum_report [--listen 127.0.0.1:3000] [--redis redis://host:port/db] [--query-ms MS] [--summary-every-ms MS]";
     let mut args = Args {
         listen: "127.0.0.1:3000".to_owned(),
         redis: None,
         query_time: Duration::from_millis(200),
+        summary_every: Duration::from_secs(10),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -173,6 +355,12 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--query-ms needs a number\n{USAGE}"))?;
                 args.query_time = Duration::from_millis(ms);
+            }
+            "--summary-every-ms" => {
+                let ms = value
+                    .parse()
+                    .map_err(|_| format!("--summary-every-ms needs a number\n{USAGE}"))?;
+                args.summary_every = Duration::from_millis(ms);
             }
             _ => return Err(USAGE.to_owned()),
         }

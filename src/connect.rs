@@ -1,4 +1,6 @@
 //! Which backend a builder was given, how to reach it ([`ConnectionOptions`]), and opening it.
+//!
+//! Explained in the guide: `docs/configuration.md` (Connections).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,6 @@
 //! The crate's one error type, and the shared, typed error of a failed computation.
+//!
+//! Explained in the guide: `docs/guarantees.md` (what each failure returns).
 
 use std::any::Any;
 use std::fmt;

@@ -1,13 +1,46 @@
 //! Stops cache stampedes: when many tasks, processes or machines miss the same key at once,
 //! exactly one computes it and the others wait for its value.
 //!
+//! # Quick start
+//!
+//! On Redis, shared by every process and machine that uses the same namespace:
+//!
+//! ```no_run
+//! use serde::{Deserialize, Serialize};
+//! use stampede_guard::Cache;
+//! use std::time::Duration;
+//!
+//! #[derive(Clone, Serialize, Deserialize)]
+//! struct MonthlyReport { orders: u64, revenue_cents: u64 }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), stampede_guard::Error> {
+//!     let cache = Cache::builder()
+//!         .redis_url("redis://127.0.0.1:6379/0")
+//!         .namespace("reports")
+//!         .build()
+//!         .await?;
+//!
+//!     let report: MonthlyReport = cache
+//!         .get_or_compute("2019-05", Duration::from_secs(300), || async {
+//!             // the slow query; any future returning Result<T, E> with E: Display + Debug
+//!             Ok::<_, std::io::Error>(MonthlyReport { orders: 2_000, revenue_cents: 1_000_000 })
+//!         })
+//!         .await?;
+//!     println!("{} orders", report.orders);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Without Redis, the embedded store gives the same behaviour inside one process:
+//!
 //! ```
 //! use stampede_guard::Cache;
 //! use std::time::Duration;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), stampede_guard::Error> {
-//! let cache = Cache::in_memory(); // or Cache::builder().redis_url("redis://...").build().await?
+//! let cache = Cache::in_memory();
 //! let rows: Vec<u64> = cache
 //!     .get_or_compute("2019-05", Duration::from_secs(300), || async {
 //!         Ok::<_, std::io::Error>(vec![1, 2, 3]) // the slow query
@@ -17,6 +50,27 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! In an axum handler (feature `axum`), `?` turns the crate's [`Error`] into a response: 503 with
+//! `Retry-After` when Redis is down, 500 when the computation failed (module `web`).
+//!
+//! # The guide
+//!
+//! The API is documented here; the questions around it are answered in the guide, one page each:
+//!
+//! - [A complete service](https://github.com/stampede-guard/stampede-guard/blob/main/docs/service-example.md): axum + sqlx + `get_or_compute` + a
+//!   [`leader::Leader`] job with one shutdown signal.
+//! - [How it works](https://github.com/stampede-guard/stampede-guard/blob/main/docs/how-it-works.md): the protocol, the keys, the scripts, the round trips.
+//! - [Guarantees and failure semantics](https://github.com/stampede-guard/stampede-guard/blob/main/docs/guarantees.md): the full table, the clock and fencing
+//!   rules, eviction policies, [when Redis is down](https://github.com/stampede-guard/stampede-guard/blob/main/docs/guarantees.md#when-redis-is-down).
+//! - [Freshness](https://github.com/stampede-guard/stampede-guard/blob/main/docs/freshness.md) (stale-while-revalidate, XFetch, negative caching),
+//!   [Fail-safe and timeouts](https://github.com/stampede-guard/stampede-guard/blob/main/docs/fail-safe.md), [Batch](https://github.com/stampede-guard/stampede-guard/blob/main/docs/batch.md).
+//! - [The near tier](https://github.com/stampede-guard/stampede-guard/blob/main/docs/near-cache.md), [The lock and leader election](https://github.com/stampede-guard/stampede-guard/blob/main/docs/lock-and-leader.md),
+//!   [Redis Cluster and Redlock](https://github.com/stampede-guard/stampede-guard/blob/main/docs/cluster-and-redlock.md).
+//! - [Security](https://github.com/stampede-guard/stampede-guard/blob/main/docs/security.md), [Observability](https://github.com/stampede-guard/stampede-guard/blob/main/docs/observability.md),
+//!   [Configuration reference](https://github.com/stampede-guard/stampede-guard/blob/main/docs/configuration.md) (every option, default, unit and bound).
+//! - [Performance](https://github.com/stampede-guard/stampede-guard/blob/main/docs/performance.md) (every figure with its command, machine, commit and date),
+//!   [Testing under faults](https://github.com/stampede-guard/stampede-guard/blob/main/docs/testing-under-faults.md).
 //!
 //! # How it works
 //! 1. Read the value; a hit returns at once (one `GET`).
@@ -42,6 +96,8 @@
 //!   without a round trip, kept coherent across instances, never staler than a bound you choose.
 //!
 //! # Failure semantics
+//!
+//! The full table, with the clock and fencing rules: [Guarantees](https://github.com/stampede-guard/stampede-guard/blob/main/docs/guarantees.md).
 //!
 //! | situation | what happens |
 //! |---|---|
@@ -90,7 +146,8 @@
 //! - `axum_report` (`--features axum`): an HTTP service, `GET /report/{month}`, computed from the
 //!   database through the cache.
 //! - `leader_sync`: leader election with hand-over.
-//! - `stampede_bench`: the load generator of the README's figures.
+//! - `stampede_bench`: the load generator of the figures in
+//!   [Performance](https://github.com/stampede-guard/stampede-guard/blob/main/docs/performance.md).
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 

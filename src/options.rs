@@ -1,4 +1,6 @@
 //! Per-call options and their defaults.
+//!
+//! Explained in the guide: `docs/configuration.md`, `docs/freshness.md`.
 
 use std::time::Duration;
 

@@ -9,6 +9,8 @@
 //! `stampede_guard_leases_lost_total`, and with a near tier `stampede_guard_near_hits_total`,
 //! `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
 //! `stampede_guard_near_switched_off_total`.
+//!
+//! Explained in the guide: `docs/observability.md`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

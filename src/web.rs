@@ -48,6 +48,8 @@
 //! assert_eq!(response.status(), 500);
 //! # }
 //! ```
+//!
+//! Guide: [A complete service](https://github.com/stampede-guard/stampede-guard/blob/main/docs/service-example.md).
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

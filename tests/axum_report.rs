@@ -1,6 +1,7 @@
 //! Drives the `axum_report` example over real HTTP: the example binary runs as a child process on
 //! a free loopback port (SQLite in memory; Redis from a redis-server this test starts), and the
 //! requests go through a socket. The database's query count comes from its `/stats` endpoint.
+//! Shutdown is tested as an operator does it: a signal to the process (`kill -INT`, `kill -TERM`).
 //!
 //! Needs the `axum` feature and the example binary built by the same command:
 //! `cargo build --features axum --example axum_report && cargo test --features axum --test axum_report`
@@ -11,8 +12,9 @@ mod support;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
 
 use support::RedisServer;
 
@@ -43,6 +45,8 @@ struct Service {
     child: Child,
     /// `127.0.0.1:PORT`, from the line it prints first.
     addr: String,
+    /// The lines it printed after the first, as they come.
+    lines: Receiver<String>,
 }
 
 impl Service {
@@ -72,7 +76,49 @@ impl Service {
             .strip_prefix("listening on http://")
             .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
             .to_owned();
-        Service { child, addr }
+        Service {
+            child,
+            addr,
+            lines: rx,
+        }
+    }
+
+    /// Sends `signal` (`INT`, `TERM`) to the process, as Ctrl-C or `kill` would.
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()
+            .expect("the kill command runs");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit (bounded, so that a service that ignores the signal fails
+    /// the test instead of hanging it) and returns its status.
+    fn wait_for_exit(&mut self) -> ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("the child's status") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the service was still running 30 s after the signal"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every line printed so far (after the first).
+    fn printed(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+
+    /// This instance's leader role and how many times it ran the leader job, from `/stats`.
+    async fn leader(&self) -> (String, u64) {
+        let stats = self.get("/stats").await.json();
+        let role = stats["leader"]["role"].as_str().expect("a role").to_owned();
+        let runs = stats["leader"]["summary_runs"].as_u64().expect("a count");
+        (role, runs)
     }
 
     async fn get(&self, path: &str) -> http_client::Response {
@@ -212,4 +258,104 @@ async fn redis_down_is_a_503_with_retry_after_and_runs_no_query() {
     // The client learns nothing of the server's set-up.
     assert!(!response.body.contains(&redis.port().to_string()));
     assert_eq!(service.queries().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_signal_stops_the_server_and_the_leader_and_the_process_exits() {
+    let mut service = Service::start(&["--summary-every-ms", "100"]);
+    // The only instance: it leads, and its job writes the year's summary for the handlers.
+    eventually("the instance leads and has run its job", || async {
+        let (role, runs) = service.leader().await;
+        role == "active" && runs >= 1
+    })
+    .await;
+    let summary = service.get("/summary").await;
+    assert_eq!(summary.status, 200, "{summary:?}");
+    assert_eq!(summary.json()["orders"], 12 * 2000, "{summary:?}");
+
+    service.signal("INT"); // Ctrl-C
+    let status = service.wait_for_exit();
+    assert!(status.success(), "exit status {status}");
+    let printed = service.printed();
+    let at = |line: &str| printed.iter().position(|l| l == line);
+    let (server, leader) = (at("server stopped"), at("leader stopped"));
+    assert!(
+        at("shutdown requested").is_some() && server.is_some() && leader.is_some(),
+        "{printed:?}"
+    );
+    assert!(server < leader, "{printed:?}");
+    // Nothing listens any more.
+    assert!(
+        tokio::net::TcpStream::connect(&service.addr).await.is_err(),
+        "the server still accepts connections after the signal"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_instances_one_leads_and_a_shut_down_leader_hands_over_at_once() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut instances = [
+        Service::start(&["--redis", &url, "--summary-every-ms", "100"]),
+        Service::start(&["--redis", &url, "--summary-every-ms", "100"]),
+    ];
+    // One leads and has written the summary; the other stands by.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let roles = loop {
+        let mut roles = Vec::new();
+        for instance in &instances {
+            roles.push(instance.leader().await.0);
+        }
+        let written = instances[0].get("/summary").await.status == 200;
+        if written && roles.iter().filter(|r| *r == "active").count() == 1 {
+            break roles;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no single leader within 30 s: {roles:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(roles.contains(&"standby".to_owned()), "{roles:?}");
+    let active = roles.iter().position(|r| r == "active").unwrap();
+    let standby = 1 - active;
+    let first_term = instances[standby].get("/summary").await.json()["written_by_term"]
+        .as_u64()
+        .expect("a term");
+
+    // SIGTERM, as an orchestrator stops an instance: the leader releases its lock on the way
+    // out, so the other takes over well before the lease (5 s, the default) would have run out.
+    let signalled = Instant::now();
+    instances[active].signal("TERM");
+    assert!(instances[active].wait_for_exit().success());
+    eventually("the other instance takes over", || async {
+        instances[standby].leader().await.0 == "active"
+    })
+    .await;
+    let took = signalled.elapsed();
+    assert!(
+        took < Duration::from_secs(4),
+        "the hand-over took {took:?}: the lock was not released on shutdown"
+    );
+    // The new leader's summary carries a later term's fencing token.
+    eventually("the new leader writes the summary", || async {
+        let summary = instances[standby].get("/summary").await.json();
+        summary["written_by_term"]
+            .as_u64()
+            .is_some_and(|t| t > first_term)
+    })
+    .await;
+}
+
+/// Polls `condition` every 20 ms until it holds; panics with `what` after 30 s.
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !condition().await {
+        assert!(Instant::now() < deadline, "not within 30 s: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -189,6 +189,17 @@ impl SalesDb {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+
+    /// Every seeded month's orders and revenue in one aggregate: the year summary that the
+    /// `axum_report` example's leader job writes into the cache. Not a report query, so not
+    /// counted in [`SalesDb::queries`].
+    pub async fn year_totals(&self) -> Result<(i64, i64), sqlx::Error> {
+        sqlx::query_as(&format!(
+            "SELECT COUNT(*), COALESCE(SUM(amount_cents), 0) FROM {TABLE}"
+        ))
+        .fetch_one(&self.pool)
+        .await
+    }
 }
 
 fn describe(url: &str) -> String {

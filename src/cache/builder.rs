@@ -1,4 +1,6 @@
 //! [`CacheBuilder`]: backend, namespace, default call options and codec.
+//!
+//! Explained in the guide: `docs/configuration.md` (every setting, its default and bounds).
 
 use crate::cache::near::{NearCache, NearTier};
 use crate::cache::Cache;
@@ -134,7 +136,8 @@ impl<C: Codec> CacheBuilder<C> {
     /// two: the backend refuses a value whose token is lower than one it has accepted, and `set`
     /// and `invalidate` draw their fencing numbers from the quorum. Worth it only when the lock
     /// must survive the loss of the value store's server, which is rare for a cache (see the
-    /// README's "Redlock" section).
+    /// guide's [Redlock](https://github.com/stampede-guard/stampede-guard/blob/main/docs/cluster-and-redlock.md#redlock)
+    /// section).
     pub fn redlock<I, S>(mut self, nodes: I) -> Self
     where
         I: IntoIterator<Item = S>,

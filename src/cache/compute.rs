@@ -1,5 +1,7 @@
 //! The machinery behind the `get_or_compute` family: the hit path, the in-process single flight,
 //! read-or-lock and waiting, computing under the lock, and encoding what is stored.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
 
 use std::fmt::{Debug, Display};
 use std::future::Future;

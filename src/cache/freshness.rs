@@ -1,5 +1,7 @@
 //! How fresh a stored value is, what a call reports about where its value came from, and the
 //! value a computation hands back (with its own TTL if it chooses one).
+//!
+//! Explained in the guide: `docs/freshness.md`.
 
 use std::time::Duration;
 

@@ -1,6 +1,8 @@
 //! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
 //! The machinery behind the family lives in `compute.rs` (the single-key path) and `refresh.rs`
 //! (background refreshes); `freshness.rs` judges stored values, `builder.rs` builds the handle.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (the protocol) and `docs/guarantees.md` (what each call promises).
 
 pub(crate) mod builder;
 pub(crate) mod compute;

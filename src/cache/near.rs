@@ -49,6 +49,8 @@
 //! black-holed or cut connection, a restarted or paused server, this process paused), the tier
 //! stops serving, drops every copy and goes to Redis until a new proof arrives. Times are taken
 //! on the local monotonic clock, so a paused process that resumes finds its proof expired.
+//!
+//! Explained in the guide: `docs/near-cache.md`.
 
 use std::any::{Any, TypeId};
 use std::hash::BuildHasher;

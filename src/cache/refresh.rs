@@ -4,6 +4,8 @@
 //! Invariants: at most one refresh of a key runs per process ([`Refreshes`]); across processes
 //! the key's lock decides, without waiting: a process that finds it held stops trying until the
 //! holder's lease would have run out, so stale reads cost one `GET` each, not a script each.
+//!
+//! Explained in the guide: `docs/freshness.md`.
 
 use std::collections::HashMap;
 use std::fmt::{Debug, Display};

@@ -12,6 +12,8 @@
 //! the runner also drops a running job the moment the lease is lost, and never starts a run once
 //! the lease is past its deadline (which a process resuming from a pause sees before anything
 //! else).
+//!
+//! Guide: [Leader election](https://github.com/stampede-guard/stampede-guard/blob/main/docs/lock-and-leader.md#leader-election).
 
 use std::fmt;
 use std::future::Future;

@@ -9,6 +9,8 @@
 //! slow reply can only shorten it; and it is checked against the clock, not only the heartbeat's
 //! verdict, so a process that was paused (SIGSTOP, a long GC-like stall) sees its lease as lost the
 //! moment it resumes, before the heartbeat task has even run.
+//!
+//! Explained in the guide: `docs/lock-and-leader.md` and `docs/guarantees.md` (the fencing guarantee).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,6 +8,8 @@
 //! Cancellation contract: if the holder's future is dropped or panics, `Drop` stops the heartbeat
 //! at once and starts a best-effort unlock on the current runtime (which wakes the waiters). `Drop`
 //! cannot wait for the backend, so if that unlock fails too, the lease running out is the backstop.
+//!
+//! Explained in the guide: `docs/lock-and-leader.md`.
 
 use std::sync::Arc;
 use std::time::Duration;

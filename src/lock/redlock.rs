@@ -20,6 +20,8 @@
 //! forgets the lock; since a holder takes the lock on every node it reaches (not just a majority),
 //! one such restart cannot hand a majority to another client, but several can: run the nodes with
 //! persistence, or delay restarts by one lease, as the Redlock description advises.
+//!
+//! Explained in the guide: `docs/cluster-and-redlock.md` (Redlock).
 
 use std::sync::Arc;
 use std::time::Duration;

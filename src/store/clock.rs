@@ -11,6 +11,8 @@
 //! The estimate is off by at most half the fastest round trip (plus the drift of the local clock
 //! between measurements), which is what freshness can be trusted to. On Redis Cluster, `TIME`
 //! goes to any node: the nodes' clocks are taken to agree (NTP), as Redis itself assumes.
+//!
+//! Explained in the guide: `docs/guarantees.md` (Clocks).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Weak};

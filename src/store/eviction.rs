@@ -12,6 +12,8 @@
 //! never opens a connection by itself (a store that is never used never asks), never blocks
 //! `build()`, and adds no command to any call: the hit path pays one relaxed atomic load. A server
 //! that refuses `CONFIG` (an ACL user without it, a renamed command) is not judged: silence.
+//!
+//! Explained in the guide: `docs/guarantees.md` (Redis under memory pressure).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -168,7 +170,7 @@ async fn check_when_answered<C: ConnectionLike + Send>(first: oneshot::Receiver<
                      maxmemory {maxmemory} bytes. An evicted lock key lets a second holder of a \
                      Lock or Leader in at once, and an evicted fence key leaves a computed value \
                      uncached. Use maxmemory-policy noeviction, or a separate Redis server for \
-                     locks (README: \"Redis under memory pressure\")"
+                     locks (docs/guarantees.md: \"Redis under memory pressure\")"
                 );
                 return;
             }

@@ -20,6 +20,8 @@
 //! - Nothing here decides whether the stream is live: a failure is not detected, it simply stops
 //!   the proofs (a black-holed socket fails nothing for seconds). The sink judges by the age of
 //!   the last proof, on the local monotonic clock.
+//!
+//! Explained in the guide: `docs/near-cache.md`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};

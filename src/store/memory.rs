@@ -4,6 +4,8 @@
 //! written against it behaves the same on Redis. Time is `tokio::time`, so tests can pause it.
 //!
 //! [`Cache::in_memory`]: crate::Cache::in_memory
+//!
+//! Explained in the guide: `docs/how-it-works.md` (the same protocol, in one process).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

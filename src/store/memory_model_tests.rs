@@ -8,6 +8,8 @@
 //! expiry. Fencing tokens seeded from the clock are not predictable, so the model knows a counter
 //! either exactly (after it saw a token) or only as "fresh": higher than every token handed out
 //! so far, hence equal to none of them.
+//!
+//! Explained in the guide: `docs/testing-under-faults.md` (property tests).
 
 use std::collections::HashMap;
 use std::time::Duration;

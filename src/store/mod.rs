@@ -1,6 +1,8 @@
 //! The backends behind a cache: a handful of atomic operations that the cache and the lock are
 //! built from. Every operation that compares and sets is atomic in the backend (a Lua script in
 //! Redis, one critical section in memory), keyed by the owner's token.
+//!
+//! Explained in the guide: `docs/how-it-works.md`.
 
 use std::future::Future;
 use std::pin::Pin;

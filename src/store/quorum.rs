@@ -1,6 +1,8 @@
 //! The lock operations over a majority of independent stores: the store side of
 //! [`Redlock`](crate::Redlock). The algorithm, its fencing rule and what it does not guarantee are
 //! described in `lock/redlock.rs`, which builds a [`Lock`](crate::Lock) over this store.
+//!
+//! Explained in the guide: `docs/cluster-and-redlock.md` (Redlock).
 
 use std::future::Future;
 use std::pin::Pin;

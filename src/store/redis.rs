@@ -1,6 +1,8 @@
 //! The Redis store: generic over `redis::aio::ConnectionLike`, so the same code serves one server
 //! through a `ConnectionManager` and Redis Cluster through the cluster connection (both reconnect
 //! by themselves; the cluster one also follows slot moves and failovers).
+//!
+//! Explained in the guide: `docs/how-it-works.md` and `docs/cluster-and-redlock.md` (Redis Cluster).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -3,6 +3,8 @@
 //! Each script takes data only through KEYS and ARGV, and every key it touches shares the entry's
 //! hash tag, so it runs on one Redis Cluster slot. Wake-up channels are not keys; they travel in
 //! ARGV. Scripts are sent by SHA (`EVALSHA`); redis-rs reloads one on `NOSCRIPT`.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (The scripts).
 
 use std::sync::LazyLock;
 

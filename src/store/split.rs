@@ -8,6 +8,8 @@
 //! for longer than the counter's retention) refuses the write rather than accept a stale one.
 //! `set` and `invalidate` first draw a number from the lock quorum above every token handed out
 //! so far, so a computation that took its lock before them cannot write over them afterwards.
+//!
+//! Explained in the guide: `docs/cluster-and-redlock.md` (Redlock-locked caches).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,6 +7,8 @@
 //! - followers of a leader that went away without an outcome are told so and try again, one of
 //!   them becoming the next leader (the same contract as tokio's `OnceCell` and moka's
 //!   `get_with`).
+//!
+//! Explained in the guide: `docs/how-it-works.md` and `docs/guarantees.md` (cancellation and panics).
 
 use std::any::Any;
 use std::collections::HashMap;

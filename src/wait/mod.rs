@@ -1,6 +1,8 @@
 //! Waiting for work another task or process does: the in-process single flight (`flight.rs`),
 //! waiting for a lock holder with wake-ups and backoff (`waiting.rs`), and the fan-out of
 //! wake-up notifications inside a process (`wakeup.rs`).
+//!
+//! Explained in the guide: `docs/how-it-works.md` (waiting and wake-ups).
 
 pub(crate) mod flight;
 pub(crate) mod waiting;

@@ -8,6 +8,8 @@
 //! a dropped connection, a holder that died without publishing, which the lease expiry covers
 //! anyway), so it runs at its cap instead of starting small: polling a held lock every few
 //! milliseconds would cost commands and buy nothing.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (waiting and wake-ups).
 
 use std::time::Duration;
 

@@ -4,6 +4,8 @@
 //! that moment is seen by it, even one that arrives before it starts to wait, because a listener
 //! is a `watch` receiver over a per-channel counter. That ordering is what makes a lost wake-up
 //! impossible within a process (the backoff covers a lost one between processes).
+//!
+//! Explained in the guide: `docs/how-it-works.md` (waiting and wake-ups).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

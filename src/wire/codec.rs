@@ -1,5 +1,7 @@
 //! How values become bytes. The payload codec is a trait so that it can be swapped; the default is
 //! bincode 2 through its serde support.
+//!
+//! Explained in the guide: `docs/guarantees.md` (Changing a cached type).
 
 use serde::{de::DeserializeOwned, Serialize};
 

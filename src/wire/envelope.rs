@@ -13,6 +13,8 @@
 //!
 //! Format versions: 1 had no `shape` (its values read as a miss since 2, once, then are
 //! overwritten); 2 added it after `fence`, so the fence stays at bytes 17..25.
+//!
+//! Explained in the guide: `docs/guarantees.md` (Changing a cached type).
 
 const MAGIC: &[u8; 2] = b"SG";
 const VERSION: u8 = 2;

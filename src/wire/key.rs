@@ -7,6 +7,8 @@
 //!   bytes, so the tag is well formed and visible as-is in `redis-cli`;
 //! - escaping is injective: two different user keys never share a Redis key, and no user key can
 //!   reach outside its namespace.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (The keys) and `docs/security.md` (namespaces).
 
 use std::fmt::Write as _;
 use std::sync::OnceLock;

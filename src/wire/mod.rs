@@ -1,6 +1,8 @@
 //! What goes over the wire and how it is named: the Redis key layout (`key.rs`), the envelope
 //! around every stored value (`envelope.rs`), the payload codec (`codec.rs`) and the fingerprint
 //! of the stored type's shape (`shape.rs`).
+//!
+//! Explained in the guide: `docs/how-it-works.md` (The keys) and `docs/guarantees.md` (Changing a cached type).
 
 pub(crate) mod codec;
 pub(crate) mod envelope;

@@ -21,6 +21,8 @@
 //! gives a number; where it cannot see (a `Deserialize` that refuses every placeholder, a type
 //! that asks for `deserialize_any`), the description says so at that place (`?`, `any`) and the
 //! number covers the rest. The hit path pays a per-thread map lookup and a compare, never a trace.
+//!
+//! Explained in the guide: `docs/guarantees.md` (Changing a cached type).
 
 use std::any::TypeId;
 use std::cell::RefCell;
