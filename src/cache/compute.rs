@@ -489,7 +489,9 @@ impl<C: Codec> Cache<C> {
             (Some(kept), Some(soft)) => (kept, soft),
             (kept, _) => {
                 let outcome = self.compute_and_store(held, keys, ttl, f, on_failure).await;
-                return outcome.map(computed).or_else(|e| self.fall_back(e, kept, keys));
+                return outcome
+                    .map(computed)
+                    .or_else(|e| self.fall_back(e, kept, keys));
             }
         };
         let cache = self.clone();
@@ -801,4 +803,3 @@ fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
     };
     Fetched { source, ..fetched }
 }
-
