@@ -385,14 +385,13 @@ impl<C: Codec> Cache<C> {
             }
             match answer {
                 ReadOrLock::Value(bytes) => {
-                    match self.read_stored::<T>(keys, &bytes) {
-                        Some(entry) => match self.sort(entry, &bytes) {
+                    if let Some(entry) = self.read_stored::<T>(keys, &bytes) {
+                        match self.sort(entry, &bytes) {
                             Sorted::Serve(entry) => {
                                 return self.serve(entry, (**keys).clone(), ttl, f, found)
                             }
                             Sorted::Past(newer) => kept = newer.or(kept),
-                        },
-                        None => {}
+                        }
                     }
                     read_value = false;
                     look_first = false;
