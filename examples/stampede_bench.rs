@@ -36,6 +36,12 @@
 //!
 //! `--near-cache N` gives every worker's cache a near tier of at most N entries
 //! ([`NearCache`](stampede_guard::NearCache)); the JSON lines then carry `"near_cache": N`.
+//!
+//! The fail-safe (`docs/fail-safe.md`): `--fail-safe-secs S` keeps values S seconds past their
+//! stale window as a fallback, `--soft-timeout-ms MS` and `--hard-timeout-ms MS` set the call's
+//! soft timeout and hard timeout (`max_hold`), and `--fail-after-secs N` (steady state) makes
+//! every computation fail from second N of the run on (the data source is down). The JSON lines
+//! then carry the flags given and `"fallback_served": n`, the calls answered with a kept value.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -45,7 +51,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rand::seq::SliceRandom;
 use redis::cluster::ClusterClientBuilder;
 use redis::ConnectionAddr;
-use stampede_guard::{Cache, CallOptions, NearCache};
+use stampede_guard::{Cache, CallOptions, Computed, NearCache, Source};
 
 /// Names the worker role in a re-executed child; its value is the worker's index.
 const WORKER_ENV: &str = "STAMPEDE_BENCH_WORKER";
@@ -154,11 +160,20 @@ struct Config {
     think: Duration,
     /// `Some(N)`: every worker's cache has a near tier of at most N entries.
     near: Option<u64>,
+    /// The fail-safe duration, if given.
+    fail_safe: Option<Duration>,
+    /// The soft timeout, if given.
+    soft_timeout: Option<Duration>,
+    /// The hard timeout (`max_hold`), if given.
+    hard_timeout: Option<Duration>,
+    /// In steady state, every computation fails from this far into the run on.
+    fail_after: Option<Duration>,
 }
 
 const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB[,redis://HOST:PORT...] \
 [--processes P] [--tasks T] [--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive] \
-[--expiry-mode hard|stale|xfetch] [--steady-secs N] [--think-ms MS] [--near-cache N]";
+[--expiry-mode hard|stale|xfetch] [--steady-secs N] [--think-ms MS] [--near-cache N] \
+[--fail-safe-secs S] [--soft-timeout-ms MS] [--hard-timeout-ms MS] [--fail-after-secs N]";
 
 impl Config {
     /// Parses the flags by hand: nine flags do not need a parser crate.
@@ -178,6 +193,10 @@ impl Config {
             steady: None,
             think: Duration::from_millis(10),
             near: None,
+            fail_safe: None,
+            soft_timeout: None,
+            hard_timeout: None,
+            fail_after: None,
         };
         let mut args = args;
         while let Some(flag) = args.next() {
@@ -226,6 +245,10 @@ impl Config {
                 "--steady-secs" => config.steady = Some(Duration::from_secs(number()?)),
                 "--think-ms" => config.think = Duration::from_millis(number()?),
                 "--near-cache" => config.near = Some(number()?),
+                "--fail-safe-secs" => config.fail_safe = Some(Duration::from_secs(number()?)),
+                "--soft-timeout-ms" => config.soft_timeout = Some(Duration::from_millis(number()?)),
+                "--hard-timeout-ms" => config.hard_timeout = Some(Duration::from_millis(number()?)),
+                "--fail-after-secs" => config.fail_after = Some(Duration::from_secs(number()?)),
                 other => return Err(format!("unknown flag {other:?}\n{USAGE}").into()),
             }
         }
@@ -236,7 +259,24 @@ impl Config {
         if config.ttl.is_zero() {
             return Err("--ttl must be at least 1 second".into());
         }
+        if config.fail_after.is_some() && config.steady.is_none() {
+            return Err(format!("--fail-after-secs needs --steady-secs\n{USAGE}").into());
+        }
+        if config.fail_safe.is_some_and(|d| d.is_zero()) {
+            return Err("--fail-safe-secs must be at least 1 second".into());
+        }
         Ok(config)
+    }
+
+    /// The call options of the workers' caches: the expiry mode's, and the fail-safe's.
+    fn options(&self) -> CallOptions {
+        let mut options = self.expiry.options(self.ttl);
+        if let Some(keep) = self.fail_safe {
+            options = options.fail_safe_for(keep);
+        }
+        options
+            .soft_timeout(self.soft_timeout)
+            .max_hold(self.hard_timeout)
     }
 }
 
@@ -500,7 +540,7 @@ fn steady(
         percentile_ms(&calls, 99.9),
         calls.last().map_or(0.0, |us| *us as f64 / 1000.0),
         outcome.errors,
-        near_field(config),
+        extra_fields(config, &outcome),
     );
     std::io::stdout().flush()?;
     Ok(())
@@ -514,6 +554,8 @@ struct Outcome {
     /// Per caller's whole K-key request, in µs.
     reqs: Vec<u64>,
     errors: u64,
+    /// Calls answered with a kept value (`Source::Fallback`).
+    fallbacks: u64,
     wall: Duration,
 }
 
@@ -628,6 +670,7 @@ fn barrier_and_collect(
         match kind {
             "calls" => outcome.calls.extend(parse_numbers(rest)),
             "reqs" => outcome.reqs.extend(parse_numbers(rest)),
+            "fallbacks" => outcome.fallbacks += parse_numbers(rest).sum::<u64>(),
             "done" => {
                 let fields: Vec<u64> = parse_numbers(rest).collect();
                 if let [errors, at] = fields[..] {
@@ -712,15 +755,34 @@ fn json_line(
         percentile_ms(&reqs, 50.0),
         percentile_ms(&reqs, 99.0),
         max(&reqs),
-        near_field(config),
+        extra_fields(config, outcome),
     )
 }
 
-/// `, "near_cache": N` when the workers have a near tier, else nothing.
-fn near_field(config: &Config) -> String {
-    config
-        .near
-        .map_or_else(String::new, |n| format!(r#", "near_cache": {n}"#))
+/// The fields of the options given: `, "near_cache": N` with a near tier; the fail-safe flags
+/// given and `"fallback_served"` with any of them.
+fn extra_fields(config: &Config, outcome: &Outcome) -> String {
+    let mut fields = String::new();
+    if let Some(n) = config.near {
+        fields += &format!(r#", "near_cache": {n}"#);
+    }
+    if let Some(d) = config.fail_safe {
+        fields += &format!(r#", "fail_safe_secs": {}"#, d.as_secs());
+    }
+    if let Some(d) = config.soft_timeout {
+        fields += &format!(r#", "soft_timeout_ms": {}"#, d.as_millis());
+    }
+    if let Some(d) = config.hard_timeout {
+        fields += &format!(r#", "hard_timeout_ms": {}"#, d.as_millis());
+    }
+    if let Some(d) = config.fail_after {
+        fields += &format!(r#", "fail_after_secs": {}"#, d.as_secs());
+    }
+    let fail_safe_flags = [config.soft_timeout, config.hard_timeout, config.fail_after];
+    if config.fail_safe.is_some() || fail_safe_flags.iter().any(Option::is_some) {
+        fields += &format!(r#", "fallback_served": {}"#, outcome.fallbacks);
+    }
+    fields
 }
 
 /// The worker process: T callers in one tokio runtime, released by the parent's `go`.
@@ -744,7 +806,7 @@ mod worker {
     async fn work(config: Config, index: &str) -> Result<(), BoxError> {
         let mut builder = Cache::builder()
             .namespace(NAMESPACE)
-            .options(config.expiry.options(config.ttl));
+            .options(config.options());
         if let Some(entries) = config.near {
             builder = builder.near_cache(NearCache::new(entries));
         }
@@ -769,20 +831,27 @@ mod worker {
             cache.set(&warmup, &String::new(), config.ttl).await?;
         }
 
-        let (go_tx, go) = watch::channel(false);
+        // The release: when it came, from which `--fail-after-secs` counts.
+        let (go_tx, go) = watch::channel(None::<Instant>);
         let mut callers = tokio::task::JoinSet::new();
         for _ in 0..config.tasks {
             let (cache, counters, config, mut go) =
                 (cache.clone(), counters.clone(), config.clone(), go.clone());
             callers.spawn(async move {
                 // Parked until the release; `wait_for` also sees a release that came first.
-                if go.wait_for(|released| *released).await.is_err() {
-                    return Caller::default();
-                }
+                let released = match go.wait_for(Option::is_some).await {
+                    Ok(released) => *released,
+                    Err(_) => return Caller::default(),
+                };
                 let limit = CALLER_LIMIT
                     + config.compute * config.keys as u32
                     + config.steady.unwrap_or_default();
-                let mut caller = Caller::default();
+                let mut caller = Caller {
+                    fail_at: released
+                        .zip(config.fail_after)
+                        .map(|(at, after)| at + after),
+                    ..Caller::default()
+                };
                 let work = async {
                     match config.steady {
                         Some(seconds) => caller.steady(&cache, &counters, &config, seconds).await,
@@ -806,16 +875,17 @@ mod worker {
         if line.trim() != "go" {
             return Err(format!("expected go from the parent, got {line:?}").into());
         }
-        go_tx.send_replace(true);
+        go_tx.send_replace(Some(Instant::now()));
 
-        let (mut calls, mut reqs, mut errors, mut finished_at) =
-            (Vec::new(), Vec::new(), 0u64, 0u64);
+        let (mut calls, mut reqs, mut errors, mut finished_at, mut fallbacks) =
+            (Vec::new(), Vec::new(), 0u64, 0u64, 0u64);
         while let Some(joined) = callers.join_next().await {
             match joined {
                 Ok(caller) => {
                     calls.extend(caller.calls);
                     reqs.extend(caller.req);
                     errors += caller.errors;
+                    fallbacks += caller.fallbacks;
                     finished_at = finished_at.max(caller.finished_at);
                 }
                 Err(e) => {
@@ -826,6 +896,7 @@ mod worker {
         }
         say(&format!("calls {}", join(&calls)))?;
         say(&format!("reqs {}", join(&reqs)))?;
+        say(&format!("fallbacks {fallbacks}"))?;
         say(&format!("done {errors} {finished_at}"))?;
         Ok(())
     }
@@ -871,6 +942,10 @@ mod worker {
         req: Option<u64>,
         errors: u64,
         finished_at: u64,
+        /// Calls answered with a kept value.
+        fallbacks: u64,
+        /// `--fail-after-secs`: computations that start from then on fail.
+        fail_at: Option<Instant>,
     }
 
     impl Caller {
@@ -917,13 +992,21 @@ mod worker {
                     // The computation may run in a spawned task (a background refresh), so it
                     // owns what it uses.
                     let (key, conn) = (month.to_owned(), counters.clone());
-                    let (work, payload) = (config.compute, config.payload);
-                    cache
-                        .get_or_compute(month, config.ttl, move || async move {
-                            compute(&key, &conn, work, payload).await
+                    let (work, payload, fail_at) = (config.compute, config.payload, self.fail_at);
+                    let fetched = cache
+                        .fetch(month, config.ttl, move |_| async move {
+                            // The data source is down from `--fail-after-secs` on.
+                            if fail_at.is_some_and(|at| Instant::now() >= at) {
+                                tokio::time::sleep(work).await;
+                                return Err("the data source is down".to_owned());
+                            }
+                            compute(&key, &conn, work, payload).await.map(Computed::new)
                         })
-                        .await
-                        .map_err(|e| e.to_string())
+                        .await;
+                    if matches!(&fetched, Ok(f) if f.source == Source::Fallback) {
+                        self.fallbacks += 1;
+                    }
+                    fetched.map(|f| f.value).map_err(|e| e.to_string())
                 }
                 Mode::Naive => naive(cache, month, counters, config).await,
             };

@@ -65,6 +65,15 @@ pub enum Error {
         /// How long this call waited.
         waited: Duration,
     },
+    /// The computation of `key` was cancelled by its hard timeout
+    /// ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and there was no fail-safe
+    /// fallback to serve instead. Its lock was freed at once; its value will not land.
+    ComputeTimeout {
+        /// The user's key.
+        key: String,
+        /// How long the computation ran before it was cancelled.
+        after: Duration,
+    },
     /// The key (or namespace) cannot be used; `reason` says why. Only the key's first
     /// [`KEY_PREFIX_BYTES`](Self::KEY_PREFIX_BYTES) bytes are kept, so that an error about a huge
     /// key stays small.
@@ -230,6 +239,11 @@ impl fmt::Display for Error {
                 f,
                 "gave up on key {key:?} after waiting {waited:?} for another caller's computation \
                  (raise CallOptions::wait_timeout if computations take longer)"
+            ),
+            Error::ComputeTimeout { key, after } => write!(
+                f,
+                "the computation of {key:?} was cancelled after {after:?} by its hard timeout \
+                 (CallOptions::max_hold), with no fail-safe value to serve instead"
             ),
             Error::InvalidKey {
                 key_prefix,

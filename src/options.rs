@@ -70,11 +70,17 @@ pub(crate) fn add(a: Duration, b: Duration) -> Duration {
 /// | [`wait_timeout`](Self::wait_timeout) | 30 s | how long a caller waits for another's computation before [`Error::WaitTimeout`](crate::Error::WaitTimeout) |
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 500 ms, jittered | re-check interval when no wake-up arrives |
 /// | [`on_backend_error`](Self::on_backend_error) | [`Fallback::Fail`] | Redis down: fail, or compute without the cache |
-/// | [`max_hold`](Self::max_hold) | none | stop renewing a lock this long after acquiring it |
+/// | [`max_hold`](Self::max_hold) | none | the hard timeout: a computation still running this long after taking its lock is cancelled and its lock freed; a [`Lock`](crate::Lock) stops renewing |
 /// | [`stale_for`](Self::stale_for) | 0 (off) | after the TTL, serve the old value this much longer while one caller refreshes it |
 /// | [`early_refresh`](Self::early_refresh) | 0 (off) | XFetch: refresh before expiry with probability rising as it nears; 1.0 is the paper's default |
 /// | [`serve_stale_on_error`](Self::serve_stale_on_error) | on | a failed background refresh keeps the old value until its hard expiry |
 /// | [`negative_ttl`](Self::negative_ttl) | none (off) | remember a failed computation this long, so others get its error at once |
+/// | [`fail_safe_for`](Self::fail_safe_for) | 0 (off) | keep a value this much longer after its stale window, as a fallback for when its computation fails or is slow |
+/// | [`fail_safe_throttle`](Self::fail_safe_throttle) | 5 s | after a failure, serve the fallback this long before calling the source again |
+/// | [`soft_timeout`](Self::soft_timeout) | none | with a fallback at hand, answer with it once a call has run this long; the computation goes on in the background |
+///
+/// Which value a call gets in each case (fresh, stale window, fail-safe window, error) is
+/// tabled in `docs/fail-safe.md` and under [`Source`](crate::Source).
 ///
 /// ```
 /// use stampede_guard::{CallOptions, Fallback};
@@ -100,6 +106,9 @@ pub struct CallOptions {
     pub(crate) early_refresh_beta: f64,
     pub(crate) serve_stale_on_error: bool,
     pub(crate) negative_ttl: Option<Duration>,
+    pub(crate) fail_safe_for: Duration,
+    pub(crate) fail_safe_throttle: Duration,
+    pub(crate) soft_timeout: Option<Duration>,
 }
 
 // `f64` is not `Eq`; the beta is a finite number (the setter refuses NaN), so equality is total.
@@ -118,6 +127,9 @@ impl Default for CallOptions {
             early_refresh_beta: 0.0,
             serve_stale_on_error: true,
             negative_ttl: None,
+            fail_safe_for: Duration::ZERO,
+            fail_safe_throttle: Duration::from_secs(5),
+            soft_timeout: None,
         }
     }
 }
@@ -160,8 +172,39 @@ impl CallOptions {
         self
     }
 
-    /// Stop renewing a lock this long after it was acquired (default: never). The lease then
-    /// runs out at most one lease later, so a stuck holder cannot keep a lock forever.
+    /// The longest a lock is held (default: no bound): the **hard timeout** of a computation.
+    ///
+    /// - A computation of the `get_or_compute` family (in the foreground, after a
+    ///   [`soft_timeout`](Self::soft_timeout), or refreshing in the background) still running
+    ///   this long after its lock was taken is cancelled (its future dropped) and its lock freed
+    ///   at once, so a waiter takes over without waiting for the lease. Its callers get the
+    ///   fail-safe fallback if there is one ([`fail_safe_for`](Self::fail_safe_for)), else
+    ///   [`Error::ComputeTimeout`](crate::Error::ComputeTimeout). Its value never lands: the
+    ///   future is gone, and a write under its fencing token would be refused anyway.
+    /// - A [`Lock`](crate::Lock) (and a leader's term) cannot cancel the caller's code: it stops
+    ///   renewing at this time, and the lease runs out at most one lease later.
+    ///
+    /// It bounds the holder; [`wait_timeout`](Self::wait_timeout) bounds the callers waiting
+    /// for it. A waiter of a holder cut by its hard timeout is woken by the release and takes
+    /// the lock itself.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, CallOptions, Error};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let cache = Cache::in_memory()
+    ///     .with_options(CallOptions::default().max_hold(Some(Duration::from_millis(50))));
+    /// let slow = cache
+    ///     .get_or_compute("2019-05", Duration::from_secs(60), || async {
+    ///         tokio::time::sleep(Duration::from_secs(10)).await;
+    ///         Ok::<_, std::io::Error>(1u32)
+    ///     })
+    ///     .await;
+    /// assert!(matches!(slow, Err(Error::ComputeTimeout { .. })));
+    /// # }
+    /// ```
     pub fn max_hold(mut self, max_hold: Option<Duration>) -> Self {
         self.max_hold = max_hold.map(saturate);
         self
@@ -205,6 +248,88 @@ impl CallOptions {
     pub fn negative_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.negative_ttl = ttl.map(saturate);
         self
+    }
+
+    /// Fail-safe (default off): keep a value this much longer after its TTL and stale window,
+    /// as a fallback. It is **not** served as a normal hit: past its stale window the next
+    /// caller computes, as after any expiry. But when that computation fails, is cut by the hard
+    /// timeout ([`max_hold`](Self::max_hold)), or runs past the
+    /// [`soft_timeout`](Self::soft_timeout), the callers get the kept value
+    /// ([`Source::Fallback`](crate::Source::Fallback)) instead of the error or the wait; so do
+    /// callers waiting on that computation, in this process or another, at their own soft
+    /// timeout or [`wait_timeout`](Self::wait_timeout). After a failure the kept value is
+    /// rewritten as a *throttled* copy, served as the fallback for
+    /// [`fail_safe_throttle`](Self::fail_safe_throttle) without calling the source, and kept
+    /// at least that long.
+    ///
+    /// Callers of one key should agree on [`stale_for`](Self::stale_for): each judges where the
+    /// stale window ends by its own. The value's life in the store is TTL + stale window +
+    /// fail-safe duration.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, CallOptions, Computed, Source};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// tokio::time::pause();
+    /// let cache = Cache::in_memory()
+    ///     .with_options(CallOptions::default().fail_safe_for(Duration::from_secs(3600)));
+    /// let ttl = Duration::from_secs(60);
+    /// cache.get_or_compute("2019-05", ttl, || async { Ok::<_, String>(1234u64) }).await?;
+    /// tokio::time::advance(Duration::from_secs(120)).await; // expired; the database is down
+    /// let report = cache
+    ///     .fetch("2019-05", ttl, |_| async { Err::<Computed<u64>, _>("database down") })
+    ///     .await?;
+    /// assert_eq!((report.value, report.source), (1234, Source::Fallback));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fail_safe_for(mut self, keep: Duration) -> Self {
+        self.fail_safe_for = saturate(keep);
+        self
+    }
+
+    /// After a failed or timed-out computation of a key with a fallback, how long every caller
+    /// (in every process) is answered with the fallback before the source is called again
+    /// (default 5 s): a source that is down is called at most once per throttle per key. Values
+    /// under 1 ms are raised to 1 ms.
+    pub fn fail_safe_throttle(mut self, throttle: Duration) -> Self {
+        self.fail_safe_throttle = saturate(throttle).max(Duration::from_millis(1));
+        self
+    }
+
+    /// The latency budget of a call that has a fallback at hand (default none): once the call
+    /// has run this long, computing or waiting for another caller's computation, it returns the
+    /// fail-safe fallback ([`Source::Fallback`](crate::Source::Fallback)). A computation goes on
+    /// in the background under its lock and heartbeat, and its value lands as usual (unless the
+    /// hard timeout, [`max_hold`](Self::max_hold), cuts it). Without a fallback (fail-safe off,
+    /// or no kept value) it does nothing.
+    ///
+    /// ```
+    /// use stampede_guard::CallOptions;
+    /// use std::time::Duration;
+    ///
+    /// let budget = CallOptions::default()
+    ///     .fail_safe_for(Duration::from_secs(3600))
+    ///     .soft_timeout(Some(Duration::from_millis(100)))
+    ///     .max_hold(Some(Duration::from_secs(30)));
+    /// # let _ = budget;
+    /// ```
+    pub fn soft_timeout(mut self, budget: Option<Duration>) -> Self {
+        self.soft_timeout = budget.map(saturate);
+        self
+    }
+
+    /// Whether the fail-safe is on.
+    pub(crate) fn fail_safe(&self) -> bool {
+        !self.fail_safe_for.is_zero()
+    }
+
+    /// How long a value fresh for `ttl` is kept in the store: its TTL, its stale window and its
+    /// fail-safe window.
+    pub(crate) fn stored_for(&self, ttl: Duration) -> Duration {
+        add(add(ttl, self.stale_for), self.fail_safe_for)
     }
 
     pub(crate) fn renewal(&self) -> crate::lock::lease::Renewal {

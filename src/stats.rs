@@ -6,7 +6,8 @@
 //! `stampede_guard_wait_seconds` (histogram), `stampede_guard_stale_served_total`,
 //! `stampede_guard_uncached_total`, `stampede_guard_wait_timeouts_total`,
 //! `stampede_guard_backend_errors_total`, `stampede_guard_lease_renewals_total`,
-//! `stampede_guard_leases_lost_total`, and with a near tier `stampede_guard_near_hits_total`,
+//! `stampede_guard_leases_lost_total`, `stampede_guard_fallback_served_total`,
+//! `stampede_guard_soft_timeouts_total`, `stampede_guard_hard_timeouts_total`, and with a near tier `stampede_guard_near_hits_total`,
 //! `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
 //! `stampede_guard_near_switched_off_total`.
 //!
@@ -71,6 +72,15 @@ pub struct Stats {
     pub lease_renewals: u64,
     /// Leases of this cache's locks that were lost while computing.
     pub leases_lost: u64,
+    /// Calls answered with a fail-safe fallback ([`Source::Fallback`](crate::Source::Fallback)):
+    /// a kept value served because the computation failed, timed out, or is throttled.
+    pub fallback_served: u64,
+    /// Calls that reached their [`soft_timeout`](crate::CallOptions::soft_timeout) with a
+    /// fallback at hand (also counted in `fallback_served`).
+    pub soft_timeouts: u64,
+    /// Computations of this process cancelled by their hard timeout
+    /// ([`max_hold`](crate::CallOptions::max_hold)).
+    pub hard_timeouts: u64,
     /// Calls answered from the near tier ([`NearCache`](crate::NearCache)), without Redis.
     /// Also counted in `hits`.
     pub near_hits: u64,
@@ -91,7 +101,7 @@ pub struct Stats {
 impl serde::Serialize for Stats {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Stats", 15)?;
+        let mut s = serializer.serialize_struct("Stats", 18)?;
         s.serialize_field("hits", &self.hits)?;
         s.serialize_field("misses", &self.misses)?;
         s.serialize_field("computes", &self.computes)?;
@@ -103,6 +113,9 @@ impl serde::Serialize for Stats {
         s.serialize_field("backend_errors", &self.backend_errors)?;
         s.serialize_field("lease_renewals", &self.lease_renewals)?;
         s.serialize_field("leases_lost", &self.leases_lost)?;
+        s.serialize_field("fallback_served", &self.fallback_served)?;
+        s.serialize_field("soft_timeouts", &self.soft_timeouts)?;
+        s.serialize_field("hard_timeouts", &self.hard_timeouts)?;
         s.serialize_field("near_hits", &self.near_hits)?;
         s.serialize_field("near_misses", &self.near_misses)?;
         s.serialize_field("near_invalidations", &self.near_invalidations)?;
@@ -124,6 +137,9 @@ pub(crate) enum Event {
     BackendError,
     LeaseRenewed,
     LeaseLost,
+    Fallback,
+    SoftTimeout,
+    HardTimeout,
     NearHit,
     NearMiss,
     NearInvalidation,
@@ -144,6 +160,9 @@ pub(crate) struct Counters {
     backend_errors: AtomicU64,
     lease_renewals: AtomicU64,
     leases_lost: AtomicU64,
+    fallback_served: AtomicU64,
+    soft_timeouts: AtomicU64,
+    hard_timeouts: AtomicU64,
     near_hits: AtomicU64,
     near_misses: AtomicU64,
     near_invalidations: AtomicU64,
@@ -170,6 +189,9 @@ impl Counters {
             Event::BackendError => add(&self.backend_errors),
             Event::LeaseRenewed => add(&self.lease_renewals),
             Event::LeaseLost => add(&self.leases_lost),
+            Event::Fallback => add(&self.fallback_served),
+            Event::SoftTimeout => add(&self.soft_timeouts),
+            Event::HardTimeout => add(&self.hard_timeouts),
             Event::NearHit => add(&self.near_hits),
             Event::NearMiss => add(&self.near_misses),
             Event::NearInvalidation => add(&self.near_invalidations),
@@ -192,6 +214,9 @@ impl Counters {
             backend_errors: get(&self.backend_errors),
             lease_renewals: get(&self.lease_renewals),
             leases_lost: get(&self.leases_lost),
+            fallback_served: get(&self.fallback_served),
+            soft_timeouts: get(&self.soft_timeouts),
+            hard_timeouts: get(&self.hard_timeouts),
             near_hits: get(&self.near_hits),
             near_misses: get(&self.near_misses),
             near_invalidations: get(&self.near_invalidations),
@@ -217,6 +242,9 @@ fn emit(event: Event) {
         Event::BackendError => "stampede_guard_backend_errors_total",
         Event::LeaseRenewed => "stampede_guard_lease_renewals_total",
         Event::LeaseLost => "stampede_guard_leases_lost_total",
+        Event::Fallback => "stampede_guard_fallback_served_total",
+        Event::SoftTimeout => "stampede_guard_soft_timeouts_total",
+        Event::HardTimeout => "stampede_guard_hard_timeouts_total",
         Event::NearHit => "stampede_guard_near_hits_total",
         Event::NearMiss => "stampede_guard_near_misses_total",
         Event::NearInvalidation => "stampede_guard_near_invalidations_total",
@@ -251,7 +279,8 @@ mod tests {
             serde_json::json!({
                 "hits": 2, "misses": 1, "computes": 1, "waits": 1, "wait_time_seconds": 1.5,
                 "stale_served": 0, "uncached": 0, "wait_timeouts": 0, "backend_errors": 1,
-                "lease_renewals": 0, "leases_lost": 0, "near_hits": 0, "near_misses": 0,
+                "lease_renewals": 0, "leases_lost": 0, "fallback_served": 0, "soft_timeouts": 0,
+                "hard_timeouts": 0, "near_hits": 0, "near_misses": 0,
                 "near_invalidations": 0, "near_switched_off": 0,
             })
         );

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`Error::Backend`], [`Error::NoQuorum`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down or unreachable; the connection retries by itself |
 //! | [`Error::WaitTimeout`] | 503 Service Unavailable, `Retry-After: 1` | another caller's computation is taking longer than the wait bound; the value may be there soon |
+//! | [`Error::ComputeTimeout`] | 503 Service Unavailable, `Retry-After: 1` | the computation hit its hard timeout ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and no fail-safe value was kept; the source is slow now |
 //! | [`Error::Compute`], [`Error::RecentFailure`] | 500 Internal Server Error | the computation (your query) failed, now or a moment ago |
 //! | [`Error::InvalidKey`] | 400 Bad Request | the key, usually built from the request, is empty or too long |
 //! | anything else ([`Error::Encode`], [`Error::ValueTooLarge`], [`Error::Config`], [`Error::NotHeld`]) | 500 Internal Server Error | a bug or a misconfiguration on the server side |
@@ -77,9 +78,10 @@ use crate::Error;
 /// ```
 pub fn status(error: &Error) -> StatusCode {
     match error {
-        Error::Backend { .. } | Error::NoQuorum { .. } | Error::WaitTimeout { .. } => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        Error::Backend { .. }
+        | Error::NoQuorum { .. }
+        | Error::WaitTimeout { .. }
+        | Error::ComputeTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
         Error::InvalidKey { .. } => StatusCode::BAD_REQUEST,
         Error::Compute(_)
         | Error::RecentFailure { .. }
@@ -98,6 +100,9 @@ fn public_message(error: &Error) -> String {
         }
         Error::WaitTimeout { .. } => {
             "the value is still being computed; try again shortly".to_owned()
+        }
+        Error::ComputeTimeout { .. } => {
+            "the value took too long to compute; try again shortly".to_owned()
         }
         // The reason is one of the crate's fixed sentences; the key itself is not echoed back.
         Error::InvalidKey { reason, .. } => format!("invalid key: {reason}"),

@@ -11,13 +11,15 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
+use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::freshness::{judge, unit_draw, Verdict};
+use crate::cache::near::Ticket;
 use crate::lock::lease::Renewal;
 use crate::lock::lease::{Acquiring, HeldLock};
-use crate::options::add;
+use crate::options::later_by;
 use crate::stats::Event;
-use crate::store::{LockStore, ReadOrLock, Stored, Write};
-use crate::wait::flight::Role;
+use crate::store::{Blob, LockStore, ReadOrLock, Stored, Write};
+use crate::wait::flight::{Follower, Role};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
@@ -26,8 +28,11 @@ use crate::wire::shape;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
 
 /// What a computation that fails does with the lock and the value it was to replace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OnFailure {
+    /// The fail-safe: write a throttled copy of the kept value (these are its stored bytes),
+    /// fenced, and let the lock go.
+    Throttle(Vec<u8>),
     /// Remember the failure for the negative TTL if one is set; else let the lock go.
     Remember,
     /// Let the lock go; the current value stays (a failed refresh that serves stale on error).
@@ -44,6 +49,61 @@ pub(crate) struct StoredEntry<T> {
     pub compute_ms: u32,
     /// The fencing token of the write, to tell whether it was replaced since it was read.
     pub fence: u64,
+    /// A fail-safe copy, throttled until `fresh_until_ms`: a fallback only.
+    pub throttled: bool,
+}
+
+/// Why a wait was cut short.
+enum Cut {
+    /// The soft timeout: look for the fallback.
+    Budget,
+    /// The wait bound ([`Error::WaitTimeout`]): look for the fallback, else this error.
+    Bound(Error),
+}
+
+/// Waits as [`Waiter::wait`] does, cut at the soft timeout `soft` if there is one.
+async fn wait_within(
+    waiter: &mut Waiter<'_>,
+    expires_in: Option<Duration>,
+    soft: Option<Instant>,
+) -> Result<Wake, Cut> {
+    let wait = waiter.wait(expires_in);
+    match soft {
+        Some(soft) => match tokio::time::timeout_at(soft, wait).await {
+            Ok(woke) => woke.map_err(Cut::Bound),
+            Err(_) => Err(Cut::Budget),
+        },
+        None => wait.await.map_err(Cut::Bound),
+    }
+}
+
+/// A spawned computation owned by its caller: aborted when the caller goes away (its lock is
+/// then freed by the lock's own drop guard), unless detached at the caller's soft timeout, after
+/// which it runs to the end (or to its hard timeout) on its own.
+struct Detachable<R> {
+    handle: tokio::task::JoinHandle<R>,
+    detached: bool,
+}
+
+impl<R: Send + 'static> Detachable<R> {
+    fn spawn(work: impl Future<Output = R> + Send + 'static) -> Self {
+        Detachable {
+            handle: tokio::spawn(work),
+            detached: false,
+        }
+    }
+
+    fn detach(&mut self) {
+        self.detached = true;
+    }
+}
+
+impl<R> Drop for Detachable<R> {
+    fn drop(&mut self) {
+        if !self.detached {
+            self.handle.abort();
+        }
+    }
 }
 
 impl<C: Codec> Cache<C> {
@@ -78,25 +138,19 @@ impl<C: Codec> Cache<C> {
             .as_ref()
             .and_then(|near| near.ticket(&keys.value));
 
-        // The hit path: one GET, no script, no in-process bookkeeping.
+        // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
+        // window is not a hit: it goes on to the lock, kept as the fallback.
+        let mut past = None;
         match self.inner.store.get(&keys).await {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
-                    if let (Some(near), Some(ticket), Ok(value)) =
-                        (&self.inner.near, ticket, &entry.value)
-                    {
-                        near.insert(
-                            ticket,
-                            &keys.value,
-                            value,
-                            entry.fence,
-                            entry.fresh_until_ms,
-                            entry.compute_ms,
-                            bytes.len(),
-                            self.inner.store.now_ms(),
-                        );
+                    match self.sort(entry, &bytes) {
+                        Sorted::Serve(entry) => {
+                            self.remember_near(ticket, &keys, &entry, bytes.len());
+                            return self.serve(entry, keys, ttl, f, Source::Hit);
+                        }
+                        Sorted::Past(kept) => past = Some(kept),
                     }
-                    return self.serve(entry, keys, ttl, f, Source::Hit);
                 }
             }
             Ok(None) => {}
@@ -113,27 +167,83 @@ impl<C: Codec> Cache<C> {
             match self.inner.flights.join::<Fetched<T>, E>(&keys.value) {
                 Role::Lead(leader) => break Some(leader),
                 Role::Alone => break None,
-                Role::Follow(follower) => {
-                    let remaining = self.options.wait_timeout.saturating_sub(started.elapsed());
-                    match tokio::time::timeout(remaining, follower.outcome()).await {
-                        Ok(Some(outcome)) => return outcome.map(waited),
-                        // The leader was cancelled or panicked: try to lead.
-                        Ok(None) => continue,
-                        Err(_) => {
-                            return Err(Error::WaitTimeout {
-                                key: keys.user.clone(),
-                                waited: started.elapsed(),
-                            })
-                        }
-                    }
-                }
+                Role::Follow(follower) => match self.follow(follower, &keys, started).await {
+                    Some(outcome) => return outcome,
+                    // The leader was cancelled or panicked: try to lead.
+                    None => continue,
+                },
             }
         };
-        let outcome = self.load(&keys, ttl, started, f).await;
+        let outcome = self.load(&keys, ttl, started, f, past).await;
         if let Some(leader) = leader {
             leader.finish(&outcome);
         }
         outcome
+    }
+
+    /// Puts what a read found into the near tier, if there is one: never a fail-safe copy,
+    /// which is a fallback only (a value past its fresh-until the tier refuses by itself).
+    fn remember_near<T: Clone + Send + Sync + 'static>(
+        &self,
+        ticket: Option<Ticket>,
+        keys: &EntryKeys,
+        entry: &StoredEntry<T>,
+        len: usize,
+    ) {
+        if let (Some(near), Some(ticket), Ok(value), false) =
+            (&self.inner.near, ticket, &entry.value, entry.throttled)
+        {
+            near.insert(
+                ticket,
+                &keys.value,
+                value,
+                entry.fence,
+                entry.fresh_until_ms,
+                entry.compute_ms,
+                len,
+                self.inner.store.now_ms(),
+            );
+        }
+    }
+
+    /// Waits for this process's leader of the key: its outcome, or `None` if it went away
+    /// without one. Bounded by the wait bound, and with the fail-safe by the soft timeout, when
+    /// the key is read again for a fallback.
+    async fn follow<T>(
+        &self,
+        follower: Follower<Fetched<T>>,
+        keys: &EntryKeys,
+        started: Instant,
+    ) -> Option<Result<Fetched<T>, Error>>
+    where
+        T: DeserializeOwned + Clone + Send + Sync + 'static,
+    {
+        let bound = later_by(started, self.options.wait_timeout);
+        let outcome = follower.outcome();
+        tokio::pin!(outcome);
+        if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
+            if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
+                return outcome.map(|outcome| outcome.map(waited));
+            }
+            if let Some(Err(kept)) = self.look_again::<T>(keys).await {
+                self.inner.counters.record(Event::SoftTimeout);
+                return Some(Ok(self.serve_fallback(kept.value)));
+            }
+        }
+        match tokio::time::timeout_at(bound, outcome).await {
+            Ok(outcome) => outcome.map(|outcome| outcome.map(waited)),
+            Err(_) => {
+                let error = Error::WaitTimeout {
+                    key: keys.user.clone(),
+                    waited: started.elapsed(),
+                };
+                let kept = match self.look_again::<T>(keys).await {
+                    Some(Err(kept)) => Some(kept),
+                    _ => None,
+                };
+                Some(self.fall_back(error, kept, keys))
+            }
+        }
     }
 
     /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
@@ -156,8 +266,8 @@ impl<C: Codec> Cache<C> {
         self.near_copy::<T>(key).and_then(|entry| entry.value.ok())
     }
 
-    /// Serves a stored entry: a remembered failure as its error; a value, starting a background
-    /// refresh when it is stale or XFetch says so.
+    /// Serves a stored entry: a remembered failure as its error; a throttled fail-safe copy as
+    /// the fallback; a value, starting a background refresh when it is stale or XFetch says so.
     fn serve<T, E, F, Fut>(
         &self,
         entry: StoredEntry<T>,
@@ -181,6 +291,10 @@ impl<C: Codec> Cache<C> {
                 })
             }
         };
+        if entry.throttled {
+            // Sorted for serving, so within its throttle: the source failed a moment ago.
+            return Ok(self.serve_fallback(value));
+        }
         let beta = self.options.early_refresh_beta;
         // Draw only when XFetch is on: the hit path stays free of the random number generator.
         let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
@@ -206,16 +320,18 @@ impl<C: Codec> Cache<C> {
     }
 
     /// The distributed part: read the value or take the lock; compute under it, or wait for the
-    /// holder and read again.
+    /// holder and read again. `past` is set when the hit path read a value past its stale window
+    /// (holding its fallback, if kept): the lock is then taken over it.
     async fn load<T, E, F, Fut>(
         &self,
         keys: &Arc<EntryKeys>,
         ttl: Duration,
         started: Instant,
         f: F,
+        past: Option<Option<Kept<T>>>,
     ) -> Result<Fetched<T>, Error>
     where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         E: Display + Debug + Send + Sync + 'static,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
@@ -230,15 +346,27 @@ impl<C: Codec> Cache<C> {
         let token = acquiring.token();
         let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
         let mut found = Source::Hit;
-        // Cleared after bytes that do not decode: then the lock is taken over them, to replace them.
-        let mut read_value = true;
+        // Cleared after bytes that do not decode, or a value past its stale window: then the
+        // lock is taken over them, to replace them.
+        let mut read_value = past.is_none();
+        let mut kept = past.flatten();
         // After a wait, a plain GET looks first: the value has usually landed, and a GET is cheaper
         // for the server than the read-or-lock script.
         let mut look_first = false;
+        // The fail-safe's budget for waiting on another caller's computation; spent once.
+        let mut soft = self.soft_deadline(started);
         loop {
             if look_first {
-                if let Some(entry) = self.look(keys).await {
-                    return self.serve(entry, (**keys).clone(), ttl, f, found);
+                if let Some((entry, bytes)) = self.look(keys).await {
+                    match self.sort(entry, &bytes) {
+                        Sorted::Serve(entry) => {
+                            return self.serve(entry, (**keys).clone(), ttl, f, found)
+                        }
+                        Sorted::Past(newer) => {
+                            read_value = false;
+                            kept = newer.or(kept);
+                        }
+                    }
                 }
             }
             let asked = acquiring.sending();
@@ -258,36 +386,138 @@ impl<C: Codec> Cache<C> {
                 acquiring.refused();
             }
             match answer {
-                ReadOrLock::Value(bytes) => match self.read_stored::<T>(keys, &bytes) {
-                    Some(entry) => return self.serve(entry, (**keys).clone(), ttl, f, found),
-                    None => {
-                        read_value = false;
-                        look_first = false;
+                ReadOrLock::Value(bytes) => {
+                    if let Some(entry) = self.read_stored::<T>(keys, &bytes) {
+                        match self.sort(entry, &bytes) {
+                            Sorted::Serve(entry) => {
+                                return self.serve(entry, (**keys).clone(), ttl, f, found)
+                            }
+                            Sorted::Past(newer) => kept = newer.or(kept),
+                        }
                     }
-                },
+                    read_value = false;
+                    look_first = false;
+                }
                 ReadOrLock::Acquired { fence } => {
                     let held = acquiring.granted(fence, asked);
-                    let value = self
-                        .compute_and_store(held, keys, ttl, f, OnFailure::Remember)
-                        .await?;
-                    return Ok(Fetched {
-                        value,
-                        source: Source::Computed,
-                    });
+                    if !read_value {
+                        // Taken over a value past its window (or unreadable bytes): a value
+                        // another caller wrote between our read and our lock is served instead
+                        // of computing again.
+                        if let Some(Ok(entry)) = self.look_again::<T>(keys).await {
+                            drop(held.release().await);
+                            return self.serve(entry, (**keys).clone(), ttl, f, found);
+                        }
+                    }
+                    return self.compute_within(held, keys, ttl, f, kept, started).await;
                 }
                 ReadOrLock::Held { expires_in } => {
                     read_value = true;
                     found = Source::Waited;
-                    if waiter.wait(expires_in).await? == Wake::Subscribed {
+                    let mut woke = wait_within(&mut waiter, expires_in, soft).await;
+                    if matches!(woke, Ok(Wake::Subscribed)) {
                         // Listening now: a value that landed before is read here, a later one
                         // wakes us. The lock was just seen held, so wait rather than retry it.
-                        if let Some(entry) = self.look(keys).await {
-                            return self.serve(entry, (**keys).clone(), ttl, f, found);
+                        if let Some((entry, bytes)) = self.look(keys).await {
+                            match self.sort(entry, &bytes) {
+                                Sorted::Serve(entry) => {
+                                    return self.serve(entry, (**keys).clone(), ttl, f, found)
+                                }
+                                Sorted::Past(newer) => kept = newer.or(kept),
+                            }
                         }
-                        waiter.wait(expires_in).await?;
+                        woke = wait_within(&mut waiter, expires_in, soft).await;
+                    }
+                    if let Err(cut) = woke {
+                        // The soft timeout or the wait bound: read the key again, for a value
+                        // that landed or the fallback kept in the store (this one, or the
+                        // throttled copy a failed computation elsewhere left).
+                        match self.look_again::<T>(keys).await {
+                            Some(Ok(entry)) => {
+                                return self.serve(entry, (**keys).clone(), ttl, f, found)
+                            }
+                            Some(Err(kept)) => {
+                                if matches!(cut, Cut::Budget) {
+                                    self.inner.counters.record(Event::SoftTimeout);
+                                }
+                                return Ok(self.serve_fallback(kept.value));
+                            }
+                            None => {}
+                        }
+                        match cut {
+                            // No fallback: the soft timeout does nothing.
+                            Cut::Budget => soft = None,
+                            Cut::Bound(e) => return Err(e),
+                        }
                     }
                     look_first = true;
                 }
+            }
+        }
+    }
+
+    /// Computes under `held`, as the caller that took the lock, and answers with the value or,
+    /// with the fail-safe, the fallback `kept` when the computation fails or hits its hard
+    /// timeout. With a fallback and a soft timeout, the computation runs in a task of its own:
+    /// at the soft timeout the caller answers with the fallback while the computation goes on
+    /// under its lock and heartbeat and lands as usual. That task is aborted if the caller goes
+    /// away before (a dropped call frees its lock, as an inline computation does).
+    async fn compute_within<T, E, F, Fut>(
+        &self,
+        held: HeldLock,
+        keys: &Arc<EntryKeys>,
+        ttl: Duration,
+        f: F,
+        kept: Option<Kept<T>>,
+        started: Instant,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        let computed = |value| Fetched {
+            value,
+            source: Source::Computed,
+        };
+        let on_failure = match &kept {
+            Some(kept) => OnFailure::Throttle(kept.bytes.clone()),
+            None => OnFailure::Remember,
+        };
+        let soft = self.soft_deadline(started);
+        let (kept, soft) = match (kept, soft) {
+            (Some(kept), Some(soft)) => (kept, soft),
+            (kept, _) => {
+                let outcome = self.compute_and_store(held, keys, ttl, f, on_failure).await;
+                return outcome
+                    .map(computed)
+                    .or_else(|e| self.fall_back(e, kept, keys));
+            }
+        };
+        let cache = self.clone();
+        let task_keys = Arc::clone(keys);
+        let mut task = Detachable::spawn(async move {
+            cache
+                .compute_and_store(held, &task_keys, ttl, f, on_failure)
+                .await
+        });
+        tokio::select! {
+            joined = &mut task.handle => match joined {
+                Ok(outcome) => outcome.map(computed).or_else(|e| self.fall_back(e, Some(kept), keys)),
+                Err(e) => match e.try_into_panic() {
+                    // A panic in `f` reaches its caller, as when it runs inline.
+                    Ok(panic) => std::panic::resume_unwind(panic),
+                    // Cancelled by the runtime shutting down.
+                    Err(_) => Ok(self.serve_fallback(kept.value)),
+                },
+            },
+            () = tokio::time::sleep_until(soft) => {
+                task.detach();
+                self.inner.counters.record(Event::SoftTimeout);
+                tracing::debug!(key = %keys.user,
+                    "soft timeout: serving the fail-safe value while the computation goes on");
+                Ok(self.serve_fallback(kept.value))
             }
         }
     }
@@ -297,15 +527,17 @@ impl<C: Codec> Cache<C> {
     async fn look<T: DeserializeOwned + 'static>(
         &self,
         keys: &EntryKeys,
-    ) -> Option<StoredEntry<T>> {
+    ) -> Option<(StoredEntry<T>, Blob)> {
         match self.inner.store.get(keys).await {
-            Ok(Some(bytes)) => self.read_stored(keys, &bytes),
+            Ok(Some(bytes)) => self.read_stored(keys, &bytes).map(|entry| (entry, bytes)),
             Ok(None) | Err(_) => None,
         }
     }
 
     /// Runs `f` under `held`, writes its value if the fencing token is still current, and lets
-    /// the lock go; a failure is handled as `on_failure` says (also fenced).
+    /// the lock go; a failure is handled as `on_failure` says (also fenced). The hard timeout
+    /// ([`max_hold`](crate::CallOptions::max_hold)) cancels `f` (its future is dropped) and is
+    /// handled as a failure, except that it is never remembered as one.
     pub(crate) async fn compute_and_store<T, E, F, Fut>(
         &self,
         held: HeldLock,
@@ -322,30 +554,31 @@ impl<C: Codec> Cache<C> {
     {
         let computing = Instant::now();
         self.inner.counters.record(Event::Compute);
-        let computed = match f(held.lease()).await {
-            Ok(computed) => computed,
-            Err(e) => {
-                let store = self.inner.store.as_ref();
-                let released = match (on_failure, self.options.negative_ttl) {
-                    (OnFailure::Remember, Some(negative_ttl)) => {
-                        let bytes = self.encode_failure::<T, E>(&e, negative_ttl, held.fence());
-                        let write = Write::Value {
-                            bytes,
-                            ttl: negative_ttl,
-                        };
-                        held.store_and_unlock(store, write).await.map(|_| true)
-                    }
-                    (OnFailure::Delete, _) => held
-                        .store_and_unlock(store, Write::Delete)
-                        .await
-                        .map(|stored| stored.released),
-                    (OnFailure::Remember | OnFailure::Release, _) => held.release().await,
-                };
-                if let Err(err) = released {
-                    tracing::warn!(key = %keys.user, error = %err,
-                        "could not free the lock after a failed computation; it frees itself when its lease runs out");
-                }
+        let run = f(held.lease());
+        let ran = match self.options.max_hold {
+            Some(hold) => tokio::time::timeout_at(later_by(computing, hold), run)
+                .await
+                .ok(),
+            None => Some(run.await),
+        };
+        let computed = match ran {
+            Some(Ok(computed)) => computed,
+            Some(Err(e)) => {
+                self.after_failure::<T, E>(held, keys, on_failure, Some(&e))
+                    .await;
                 return Err(Error::compute(e));
+            }
+            None => {
+                let after = computing.elapsed();
+                self.inner.counters.record(Event::HardTimeout);
+                tracing::warn!(key = %keys.user, ?after,
+                    "hard timeout: the computation is cancelled and its lock freed");
+                self.after_failure::<T, E>(held, keys, on_failure, None)
+                    .await;
+                return Err(Error::ComputeTimeout {
+                    key: keys.user.clone(),
+                    after,
+                });
             }
         };
         let ttl = computed.ttl.unwrap_or(ttl);
@@ -359,7 +592,7 @@ impl<C: Codec> Cache<C> {
         };
         let write = Write::Value {
             bytes,
-            ttl: add(ttl, self.options.stale_for),
+            ttl: self.options.stored_for(ttl),
         };
         match held
             .store_and_unlock(self.inner.store.as_ref(), write)
@@ -372,6 +605,47 @@ impl<C: Codec> Cache<C> {
                 "computed value not written: the backend failed; returning it uncached"),
         }
         Ok(computed.value)
+    }
+
+    /// Lets the lock go after the computation under it failed with `error`, or hit its hard
+    /// timeout (`None`), doing with the value it was to replace what `on_failure` says; fenced
+    /// by the lock's token, in one step with the release.
+    async fn after_failure<T: DeserializeOwned + 'static, E: Display>(
+        &self,
+        held: HeldLock,
+        keys: &EntryKeys,
+        on_failure: OnFailure,
+        error: Option<&E>,
+    ) {
+        let store = self.inner.store.as_ref();
+        let released = match (on_failure, self.options.negative_ttl, error) {
+            // The fail-safe: the kept value stays, as a throttled copy (this wins over negative
+            // caching, which would replace the fallback with the error).
+            (OnFailure::Throttle(kept), _, _) => match self.throttled_copy(&kept, held.fence()) {
+                Some(write) => held
+                    .store_and_unlock(store, write)
+                    .await
+                    .map(|stored| stored.released),
+                None => held.release().await,
+            },
+            (OnFailure::Remember, Some(negative_ttl), Some(e)) => {
+                let bytes = self.encode_failure::<T, E>(e, negative_ttl, held.fence());
+                let write = Write::Value {
+                    bytes,
+                    ttl: negative_ttl,
+                };
+                held.store_and_unlock(store, write).await.map(|_| true)
+            }
+            (OnFailure::Delete, _, _) => held
+                .store_and_unlock(store, Write::Delete)
+                .await
+                .map(|stored| stored.released),
+            (OnFailure::Remember | OnFailure::Release, _, _) => held.release().await,
+        };
+        if let Err(err) = released {
+            tracing::warn!(key = %keys.user, error = %err,
+                "could not free the lock after a failed computation; it frees itself when its lease runs out");
+        }
     }
 
     /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
@@ -441,6 +715,7 @@ impl<C: Codec> Cache<C> {
         Ok(Envelope {
             codec: codec.id(),
             negative: false,
+            fallback: false,
             fresh_until_ms: self.fresh_until(ttl),
             compute_ms: u32::try_from(compute.as_millis()).unwrap_or(u32::MAX),
             fence,
@@ -463,6 +738,7 @@ impl<C: Codec> Cache<C> {
         Envelope {
             codec: self.inner.codec.id(),
             negative: true,
+            fallback: false,
             fresh_until_ms: self.fresh_until(ttl),
             compute_ms: 0,
             fence,
@@ -515,6 +791,7 @@ impl<C: Codec> Cache<C> {
             fresh_until_ms: envelope.fresh_until_ms,
             compute_ms: envelope.compute_ms,
             fence: envelope.fence,
+            throttled: envelope.fallback,
         })
     }
 }

@@ -16,6 +16,45 @@ pub(crate) enum Verdict {
     Stale,
 }
 
+/// What a stored value is good for to a reader, before XFetch and the stale window's refresh
+/// are considered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Fresh, or inside the reader's stale window: serve it (see [`judge`]).
+    Live,
+    /// A fail-safe copy inside its throttle, read with the fail-safe on: serve it as the
+    /// fallback, and do not call the source.
+    Throttled,
+    /// Past the stale window (in the fail-safe window, if the writer kept it), a throttled copy
+    /// past its throttle, or a throttled copy read without the fail-safe: compute, as after an
+    /// expiry; the value is only a fallback.
+    Expired,
+}
+
+/// Where a value fresh until `fresh_until_ms` stands at `now_ms` for a reader whose stale
+/// window is `stale_ms` long and whose fail-safe is on or off. `throttled` marks a fail-safe
+/// copy, whose `fresh_until_ms` is the end of its throttle and which has no stale window.
+pub(crate) fn standing(
+    now_ms: u64,
+    fresh_until_ms: u64,
+    throttled: bool,
+    stale_ms: u64,
+    fail_safe: bool,
+) -> Standing {
+    if throttled {
+        return if fail_safe && now_ms < fresh_until_ms {
+            Standing::Throttled
+        } else {
+            Standing::Expired
+        };
+    }
+    if now_ms < fresh_until_ms.saturating_add(stale_ms) {
+        Standing::Live
+    } else {
+        Standing::Expired
+    }
+}
+
 /// Judges a value fresh until `fresh_until_ms`, whose last computation took `compute_ms`.
 /// `r` is a uniform draw from (0, 1]; `beta` is XFetch's parameter (0 disables early refresh).
 pub(crate) fn judge(
@@ -70,6 +109,20 @@ pub enum Source {
     /// Computed without the cache because the backend was down
     /// ([`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached)).
     Uncached,
+    /// The fail-safe fallback ([`CallOptions::fail_safe_for`](crate::CallOptions::fail_safe_for)):
+    /// the last good value, kept past its stale window, served because the computation failed,
+    /// hit its hard timeout, ran past the call's soft timeout (it goes on in the background), or
+    /// failed within the last [throttle](crate::CallOptions::fail_safe_throttle).
+    ///
+    /// | the stored value is | a call gets |
+    /// |---|---|
+    /// | fresh (within its TTL) | the value, [`Hit`](Self::Hit) |
+    /// | in its stale window ([`stale_for`](crate::CallOptions::stale_for)) | the value, [`Stale`](Self::Stale); one refresh in the background |
+    /// | in its fail-safe window, the computation succeeds in time | the new value, [`Computed`](Self::Computed) or [`Waited`](Self::Waited) |
+    /// | in its fail-safe window, the computation fails, hits the hard timeout or passes the soft timeout | the kept value, `Fallback` |
+    /// | a throttled copy (a computation failed less than a throttle ago) | the kept value, `Fallback`, without computing |
+    /// | gone (never written, invalidated, or past the fail-safe window), the computation fails | the error |
+    Fallback,
 }
 
 /// A value and where it came from: what [`Cache::fetch`](crate::Cache::fetch) returns.
@@ -118,6 +171,19 @@ impl<T> Computed<T> {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    #[test]
+    fn the_stale_window_ends_where_the_fail_safe_window_begins() {
+        assert_eq!(standing(99, 100, false, 0, true), Standing::Live);
+        assert_eq!(standing(100, 100, false, 0, true), Standing::Expired);
+        assert_eq!(standing(149, 100, false, 50, false), Standing::Live);
+        assert_eq!(standing(150, 100, false, 50, true), Standing::Expired);
+        assert_eq!(standing(100, 100, false, u64::MAX, false), Standing::Live);
+        // A throttled copy is a fallback only, and only to a reader with the fail-safe on.
+        assert_eq!(standing(99, 100, true, 50, true), Standing::Throttled);
+        assert_eq!(standing(99, 100, true, 50, false), Standing::Expired);
+        assert_eq!(standing(100, 100, true, 50, true), Standing::Expired);
+    }
 
     #[test]
     fn past_fresh_until_is_stale_and_xfetch_off_means_fresh() {

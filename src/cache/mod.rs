@@ -6,6 +6,7 @@
 
 pub(crate) mod builder;
 pub(crate) mod compute;
+pub(crate) mod failsafe;
 pub(crate) mod freshness;
 pub(crate) mod near;
 mod refresh;
@@ -18,10 +19,11 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
+use crate::cache::freshness::Standing;
 use crate::cache::near::NearTier;
 use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
-use crate::options::{add, saturate, DEFAULT_NAMESPACE};
+use crate::options::{saturate, DEFAULT_NAMESPACE};
 use crate::stats::{Counters, Event};
 use crate::store::{MemoryStore, Store, StoreError};
 use crate::wait::flight::Flights;
@@ -324,8 +326,10 @@ impl<C: Codec> Cache<C> {
                 return Ok(None);
             }
         };
+        // A value past its stale window (kept by the fail-safe) is no answer to a plain read.
         Ok(bytes
             .and_then(|b| self.read_stored::<T>(&keys, &b))
+            .filter(|stored| self.standing_of(stored) == Standing::Live)
             .and_then(|stored| stored.value.ok()))
     }
 
@@ -368,7 +372,7 @@ impl<C: Codec> Cache<C> {
             .set(
                 &keys,
                 bytes,
-                add(ttl, self.options.stale_for),
+                self.options.stored_for(ttl),
                 self.options.lease,
             )
             .await;
@@ -658,7 +662,15 @@ impl<C: Codec> Cache<C> {
                     counters.record(Event::Uncached);
                     "fallback"
                 }
+                Source::Fallback => {
+                    counters.record(Event::Fallback);
+                    "fail-safe"
+                }
             },
+            Err(Error::ComputeTimeout { .. }) => {
+                miss();
+                "hard-timeout"
+            }
             Err(Error::WaitTimeout { .. }) => {
                 miss();
                 counters.record(Event::WaitTimeout);

@@ -316,6 +316,7 @@ impl NearTier {
                 fresh_until_ms: copy.fresh_until_ms,
                 compute_ms: copy.compute_ms,
                 fence: copy.fence,
+                throttled: false,
             })
         });
         self.counters.record(if served.is_some() {

@@ -153,6 +153,24 @@ impl State {
             Write::Delete => {
                 self.values.remove(&keys.value);
             }
+            Write::Keep { bytes, at_least } => {
+                // As `set_keeping` in the scripts: the value's life is never shortened, and
+                // the fencing counter is kept as long as the value.
+                let wanted = deadline(now, at_least);
+                let current = self.values.get(&keys.value).filter(|e| e.live(now));
+                let until = match current {
+                    Some(e) => later(e.until, wanted),
+                    None => wanted,
+                };
+                self.values.insert(
+                    keys.value.clone(),
+                    Expiring {
+                        item: Arc::from(bytes),
+                        until,
+                    },
+                );
+                self.keep_fence(keys.fence(), until, now);
+            }
         }
     }
 

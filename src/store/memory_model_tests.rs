@@ -382,6 +382,15 @@ enum Step {
         ttl: u64,
         lease: u64,
     },
+    /// `write_fenced` of the fail-safe's throttled copy: new bytes, a life never shortened and
+    /// at least `at_least`.
+    KeepFenced {
+        key: usize,
+        rel: i64,
+        value: u8,
+        at_least: u64,
+        lease: u64,
+    },
 }
 
 fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
@@ -395,6 +404,9 @@ fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
         1 => (key(), ms()).prop_map(|(key, lease)| Step::KeepFence { key, lease }),
         3 => (key(), -2i64..3, value, ms(), ms()).prop_map(|(key, rel, value, ttl, lease)| {
             Step::WriteFenced { key, rel, value, ttl, lease }
+        }),
+        2 => (key(), -2i64..3, any::<u8>(), ms(), ms()).prop_map(|(key, rel, value, at_least, lease)| {
+            Step::KeepFenced { key, rel, value, at_least, lease }
         }),
     ];
     proptest::collection::vec(step, 24)
@@ -414,7 +426,54 @@ fn directed() -> Vec<Vec<Step>> {
     };
     let pause = || Step::Op(Advance(PAUSE_MS));
     let long = 600_000;
+    let keep = |value, at_least| Step::KeepFenced {
+        key: 0,
+        rel: 0,
+        value,
+        at_least,
+        lease: SHORT_MS,
+    };
     vec![
+        // A throttled copy: over a short-lived value it lives its throttle; over a long-lived
+        // one, or one kept for ever, its life is not shortened; over nothing, it is written.
+        vec![
+            keep(1, long),
+            Step::NextFence {
+                key: 0,
+                lease: long,
+            },
+            Step::WriteFenced {
+                key: 0,
+                rel: 0,
+                value: Some(2),
+                ttl: SHORT_MS,
+                lease: long,
+            },
+            keep(3, long),
+            pause(),
+            Step::Op(Get(0)),
+            Step::WriteFenced {
+                key: 0,
+                rel: 0,
+                value: Some(4),
+                ttl: long,
+                lease: long,
+            },
+            keep(5, SHORT_MS),
+            pause(),
+            Step::Op(Get(0)),
+            Step::WriteFenced {
+                key: 0,
+                rel: 0,
+                value: Some(6),
+                ttl: FOREVER_MS,
+                lease: long,
+            },
+            keep(7, SHORT_MS),
+            pause(),
+            pause(),
+            Step::Op(Get(0)),
+        ],
         vec![
             Step::KeepFence {
                 key: 1,
@@ -590,6 +649,25 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
                     .await
                     .unwrap();
                 out.push(format!("written {written}"));
+                continue;
+            }
+            Step::KeepFenced {
+                key,
+                rel,
+                value,
+                at_least,
+                lease,
+            } => {
+                let fence = fence_at(last_token.get(&key), rel);
+                let write = Write::Keep {
+                    bytes: vec![value],
+                    at_least: duration(at_least),
+                };
+                let written = store
+                    .write_fenced(&keys[key], fence, write, duration(lease))
+                    .await
+                    .unwrap();
+                out.push(format!("kept {written}"));
                 continue;
             }
         };

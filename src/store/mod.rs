@@ -141,6 +141,10 @@ pub(crate) enum Write {
     Value { bytes: Vec<u8>, ttl: Duration },
     /// Delete the value: a failed refresh removing the stale value it was meant to replace.
     Delete,
+    /// Replace the value's bytes and keep it alive at least `at_least` from now, never shorter
+    /// than it already lives ([`FOREVER`](crate::FOREVER): no expiry): the fail-safe's
+    /// throttled copy of a kept value, written after a failed computation.
+    Keep { bytes: Vec<u8>, at_least: Duration },
 }
 
 /// The answer of [`LockStore::try_lock`].

@@ -384,7 +384,8 @@ impl<C> RedisStore<C> {
     }
 }
 
-/// The script arguments of a fenced write: `'set', bytes, ttl ms` or `'del'`.
+/// The script arguments of a fenced write: `'set', bytes, ttl ms`, `'keep', bytes, at least
+/// ms` or `'del'`.
 fn write_args(invocation: &mut redis::ScriptInvocation<'_>, write: Write) {
     match write {
         Write::Value { bytes, ttl } => {
@@ -392,6 +393,9 @@ fn write_args(invocation: &mut redis::ScriptInvocation<'_>, write: Write) {
         }
         Write::Delete => {
             invocation.arg("del");
+        }
+        Write::Keep { bytes, at_least } => {
+            invocation.arg("keep").arg(bytes).arg(expiry_ms(at_least));
         }
     }
 }

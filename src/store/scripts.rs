@@ -24,6 +24,10 @@ use redis::Script;
 /// string because Lua's number formatting would round it), so that tokens keep rising even
 /// after the counter was lost.
 ///
+/// `write_value` carries out an accepted fenced write: `'set'` for `ms`, `'keep'` (the
+/// fail-safe's throttled copy: new bytes, a life never shortened and at least `ms`), or a delete.
+/// The fencing counter is kept at least as long as the value.
+///
 /// `announce` tells the near tiers of other instances that an entry changed: `"<fence> <value
 /// key>"` on the namespace's near channel, or nothing when the channel is `''` (a lock's own
 /// store, which holds no values). It says `"PUBLISH"` in double
@@ -60,6 +64,22 @@ local function set_keeping(key, value, ms)
     keep_at_least(key, ms)
   end
 end
+local function write_value(key, fence, how, value, ms)
+  if how == 'set' then
+    set_expiring(key, value, ms)
+    keep_at_least(fence, ms)
+  elseif how == 'keep' then
+    set_keeping(key, value, ms)
+    local pttl = redis.call('PTTL', key)
+    if pttl == -1 then
+      keep_at_least(fence, 0)
+    else
+      keep_at_least(fence, pttl)
+    end
+  else
+    redis.call('DEL', key)
+  end
+end
 local function announce(channel, fence, key)
   if channel ~= '' then
     redis.call("PUBLISH", channel, fence .. ' ' .. key)
@@ -94,8 +114,8 @@ end
 return {3, redis.call('PTTL', KEYS[2])}
 ";
 
-/// KEYS: value, lock, fence. ARGV: token, fence, channel, near channel, 'set' | 'del', value,
-/// ttl ms. Writes (or deletes) only if the fencing counter is still ours: nobody acquired, set
+/// KEYS: value, lock, fence. ARGV: token, fence, channel, near channel, 'set' | 'keep' | 'del',
+/// value, ttl ms (for 'keep': the least it then lives). Writes (or deletes) only if the fencing counter is still ours: nobody acquired, set
 /// or invalidated since. A written value keeps the counter alive at least as long as itself.
 /// A write that replaces or deletes a value is announced to the near tiers; a fill of an empty
 /// key is not (no near tier can hold a copy of a value that is not there, and announcing every
@@ -107,12 +127,7 @@ if redis.call('GET', KEYS[3]) == ARGV[2] then
   if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
     announce(ARGV[4], ARGV[2], KEYS[1])
   end
-  if ARGV[5] == 'set' then
-    set_expiring(KEYS[1], ARGV[6], ARGV[7])
-    keep_at_least(KEYS[3], ARGV[7])
-  else
-    redis.call('DEL', KEYS[1])
-  end
+  write_value(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7])
   written = 1
 end
 local released = 0
@@ -223,23 +238,18 @@ const NEXT_FENCE: &str = r"
 return bump_fence(KEYS[1], ARGV[1])
 ";
 
-/// KEYS: value, fence. ARGV: fence, fence retention ms, channel, near channel, 'set' | 'del',
-/// value, ttl ms. Writes (or deletes) unless the counter is above `fence` (a newer token or an
-/// invalidation came since), and records `fence`; the counter lives at least as long as the
-/// value, so the rule holds for it. A write is always announced: its callers (a `set` over a
-/// Redlock) make explicit changes. Returns 1 if written.
+/// KEYS: value, fence. ARGV: fence, fence retention ms, channel, near channel,
+/// 'set' | 'keep' | 'del', value, ttl ms. Writes (or deletes) unless the counter is above `fence`
+/// (a newer token or an invalidation came since), and records `fence`; the counter lives at least
+/// as long as the value, so the rule holds for it. A write is always announced: its callers (a
+/// `set` over a Redlock) make explicit changes. Returns 1 if written.
 const WRITE_FENCED: &str = r"
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 local written = 0
 if current <= tonumber(ARGV[1]) then
   set_keeping(KEYS[2], ARGV[1], ARGV[2])
   announce(ARGV[4], ARGV[1], KEYS[1])
-  if ARGV[5] == 'set' then
-    set_expiring(KEYS[1], ARGV[6], ARGV[7])
-    keep_at_least(KEYS[2], ARGV[7])
-  else
-    redis.call('DEL', KEYS[1])
-  end
+  write_value(KEYS[1], KEYS[2], ARGV[5], ARGV[6], ARGV[7])
   written = 1
 end
 redis.call('PUBLISH', ARGV[3], '')

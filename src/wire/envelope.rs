@@ -6,6 +6,10 @@
 //! All integers are big-endian. `fresh_until` is wall-clock milliseconds since the Unix epoch
 //! (the store's clock: see `Store::now_ms`); after it the value is stale until Redis expires it.
 //! Flag bit 0 marks a remembered failure, whose payload is the error's message in UTF-8.
+//! Flag bit 1 marks a fail-safe copy: a kept value rewritten after a failed (or timed-out)
+//! computation, whose `fresh_until` is the end of its throttle; it is served only as a fallback,
+//! never as fresh (see `docs/fail-safe.md`). A release before the flag reads such a copy as a
+//! value fresh until the throttle's end (a few seconds), as it reads any unknown flag.
 //! `shape` is the fingerprint of the shape of the type the value was written for (`shape.rs`);
 //! the reader compares it with its own type's.
 //! Anything that does not parse as this, or that was written by another codec or format version,
@@ -20,6 +24,7 @@ const MAGIC: &[u8; 2] = b"SG";
 const VERSION: u8 = 2;
 const HEADER_LEN: usize = 2 + 1 + 1 + 1 + 8 + 4 + 8 + 8;
 const NEGATIVE: u8 = 1;
+const FALLBACK: u8 = 2;
 
 /// A decoded header and a borrowed payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +32,8 @@ pub(crate) struct Envelope<'a> {
     pub codec: u8,
     /// A remembered failure (negative caching) rather than a value.
     pub negative: bool,
+    /// A fail-safe copy of a kept value, throttled until `fresh_until_ms`: a fallback only.
+    pub fallback: bool,
     /// Milliseconds since the Unix epoch until which the value is fresh.
     pub fresh_until_ms: u64,
     /// How long the computation that produced this value took (XFetch's delta).
@@ -68,7 +75,14 @@ impl<'a> Envelope<'a> {
         out.extend_from_slice(MAGIC);
         out.push(VERSION);
         out.push(self.codec);
-        out.push(if self.negative { NEGATIVE } else { 0 });
+        let mut flags = 0;
+        if self.negative {
+            flags |= NEGATIVE;
+        }
+        if self.fallback {
+            flags |= FALLBACK;
+        }
+        out.push(flags);
         out.extend_from_slice(&self.fresh_until_ms.to_be_bytes());
         out.extend_from_slice(&self.compute_ms.to_be_bytes());
         out.extend_from_slice(&self.fence.to_be_bytes());
@@ -102,6 +116,7 @@ impl<'a> Envelope<'a> {
         Ok(Envelope {
             codec,
             negative: header[4] & NEGATIVE != 0,
+            fallback: header[4] & FALLBACK != 0,
             fresh_until_ms: u64_at(5),
             compute_ms: u32::from_be_bytes(compute),
             fence: u64_at(17),
@@ -119,6 +134,7 @@ mod tests {
         Envelope {
             codec: 1,
             negative: false,
+            fallback: false,
             fresh_until_ms: 1_700_000_000_000,
             compute_ms: 7,
             fence: 42,
@@ -137,6 +153,11 @@ mod tests {
             ..sample(b"db down")
         };
         assert_eq!(Envelope::decode(&negative.encode(), 1), Ok(negative));
+        let fallback = Envelope {
+            fallback: true,
+            ..sample(b"kept")
+        };
+        assert_eq!(Envelope::decode(&fallback.encode(), 1), Ok(fallback));
     }
 
     #[test]
@@ -211,13 +232,14 @@ mod tests {
             fn encode_then_decode_round_trips(
                 codec in any::<u8>(),
                 negative in any::<bool>(),
+                fallback in any::<bool>(),
                 fresh_until_ms in any::<u64>(),
                 compute_ms in any::<u32>(),
                 fence in any::<u64>(),
                 shape in any::<u64>(),
                 payload in proptest::collection::vec(any::<u8>(), 0..256),
             ) {
-                let envelope = Envelope { codec, negative, fresh_until_ms, compute_ms, fence, shape, payload: &payload };
+                let envelope = Envelope { codec, negative, fallback, fresh_until_ms, compute_ms, fence, shape, payload: &payload };
                 let bytes = envelope.encode();
                 prop_assert_eq!(bytes.len(), HEADER_LEN + payload.len());
                 prop_assert_eq!(Envelope::decode(&bytes, codec), Ok(envelope.clone()));

@@ -1,0 +1,362 @@
+//! The fail-safe and the soft and hard timeouts on a real redis-server, one test per row of the
+//! table in `docs/fail-safe.md`. The waiter and the throttle tests run real OS processes (the
+//! binary re-executes itself; `STAMPEDE_CHILD` names the role), since a waiter in another process
+//! reaches the fallback only through Redis.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use stampede_guard::{Cache, CallOptions, Computed, Error, Source};
+use support::{eventually, RedisServer, Worker};
+
+const KEY: &str = "2019-05";
+const TTL: Duration = Duration::from_millis(500);
+const NAMESPACE: &str = "reports";
+
+fn main() {
+    let tests: &[(&str, fn())] = &[
+        (
+            "the_computing_caller_gets_the_fallback_at_its_soft_timeout_and_the_value_lands_later",
+            computing_caller_soft_timeout,
+        ),
+        (
+            "a_waiter_in_another_process_gets_the_fallback_at_its_soft_timeout",
+            waiter_in_another_process,
+        ),
+        (
+            "without_a_fallback_the_soft_timeout_does_nothing",
+            no_fallback_no_effect,
+        ),
+        (
+            "the_hard_timeout_frees_the_lock_at_once_and_the_late_value_is_refused",
+            hard_timeout,
+        ),
+        (
+            "a_failing_source_is_called_once_per_throttle_across_processes",
+            throttle_across_processes,
+        ),
+        (
+            "the_near_tier_never_serves_a_kept_value_as_fresh",
+            near_tier_never_serves_a_kept_value,
+        ),
+    ];
+    support::run_child_or_tests("fail_safe", tests, child);
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn fail_safe() -> CallOptions {
+    CallOptions::default()
+        .fail_safe_for(Duration::from_secs(3600))
+        .lease(Duration::from_secs(2))
+}
+
+async fn cache(url: &str, options: CallOptions) -> Cache {
+    Cache::builder()
+        .redis_url(url)
+        .namespace(NAMESPACE)
+        .options(options)
+        .build()
+        .await
+        .expect("a cache")
+}
+
+/// Computes `value` for `KEY`, fresh for `TTL`, and waits until it is past its stale window.
+async fn expired_value(cache: &Cache, value: &str) {
+    let value = value.to_owned();
+    let first = cache
+        .fetch(KEY, TTL, move |_| async move {
+            Ok::<_, String>(Computed::new(value))
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.source, Source::Computed);
+    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+}
+
+/// A call whose computation takes `takes` and returns `value`, or fails with `None`.
+async fn call(
+    cache: &Cache,
+    takes: Duration,
+    value: Option<&str>,
+) -> Result<stampede_guard::Fetched<String>, Error> {
+    let value = value.map(str::to_owned);
+    cache
+        .fetch(KEY, TTL, move |_| async move {
+            tokio::time::sleep(takes).await;
+            value.map(Computed::new).ok_or("the database is down")
+        })
+        .await
+}
+
+fn lock_key() -> String {
+    format!("{NAMESPACE}:{{{KEY}}}_lock")
+}
+
+fn computing_caller_soft_timeout() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let options = fail_safe().soft_timeout(Some(Duration::from_millis(100)));
+        let cache = cache(&server.url(), options).await;
+        expired_value(&cache, "old").await;
+        let start = Instant::now();
+        let fetched = call(&cache, Duration::from_secs(1), Some("new"))
+            .await
+            .unwrap();
+        let took = start.elapsed();
+        assert_eq!(
+            (fetched.value.as_str(), fetched.source),
+            ("old", Source::Fallback)
+        );
+        assert!(
+            took < Duration::from_millis(900),
+            "answered at the soft timeout, not after the computation ({took:?})"
+        );
+        // The computation goes on under its lock and lands.
+        let mut conn = server.conn();
+        assert!(conn.exists::<_, bool>(lock_key()).unwrap(), "still held");
+        let landed = eventually(Duration::from_secs(5), || {
+            !conn.exists::<_, bool>(lock_key()).unwrap()
+        });
+        assert!(landed, "the computation finished and let its lock go");
+        let plain = cache.get::<String>(KEY).await.unwrap();
+        assert_eq!(plain.as_deref(), Some("new"), "the value landed");
+        assert_eq!(cache.stats().soft_timeouts, 1);
+    });
+}
+
+fn waiter_in_another_process() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    runtime().block_on(async {
+        let cache = cache(&server.url(), fail_safe()).await;
+        expired_value(&cache, "old").await;
+    });
+    // Another process takes the lock and computes for 3 s, without a soft timeout.
+    let mut holder = Worker::spawn("slow-holder", &[("STAMPEDE_URL", server.url())]);
+    assert!(
+        eventually(Duration::from_secs(30), || conn
+            .exists::<_, bool>(lock_key())
+            .unwrap()),
+        "the holder took the lock"
+    );
+    // A third process waits on it, with a soft timeout of 200 ms.
+    let mut waiter = Worker::spawn("soft-waiter", &[("STAMPEDE_URL", server.url())]);
+    assert!(waiter.wait_success(), "the waiter failed");
+    let (_, line) = waiter.last("served ").expect("the waiter's answer");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&words[1..3], ["old", "Fallback"], "{line}");
+    let took_ms: u64 = words[3].parse().unwrap();
+    assert!(
+        (200..1500).contains(&took_ms),
+        "served at its soft timeout, not after the holder's 3 s ({took_ms} ms)"
+    );
+    assert!(holder.wait_success(), "the holder failed");
+    let (_, line) = holder.last("served ").expect("the holder's answer");
+    assert!(line.starts_with("served new Computed"), "{line}");
+}
+
+fn no_fallback_no_effect() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let options = fail_safe().soft_timeout(Some(Duration::from_millis(100)));
+        let cache = cache(&server.url(), options).await;
+        let start = Instant::now();
+        let fetched = call(&cache, Duration::from_millis(600), Some("new"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (fetched.value.as_str(), fetched.source),
+            ("new", Source::Computed)
+        );
+        assert!(start.elapsed() >= Duration::from_millis(600));
+        assert_eq!(cache.stats().soft_timeouts, 0);
+    });
+}
+
+fn hard_timeout() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    runtime().block_on(async {
+        let options = CallOptions::default()
+            .lease(Duration::from_secs(30))
+            .max_hold(Some(Duration::from_millis(200)));
+        let cache = cache(&server.url(), options).await;
+        let start = Instant::now();
+        let cut = call(&cache, Duration::from_secs(2), Some("late")).await;
+        let took = start.elapsed();
+        assert!(
+            matches!(&cut, Err(Error::ComputeTimeout { key, .. }) if key == KEY),
+            "{cut:?}"
+        );
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        assert!(
+            !conn.exists::<_, bool>(lock_key()).unwrap(),
+            "the lock is freed at once, not after its 30 s lease"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            cache.get::<String>(KEY).await.unwrap(),
+            None,
+            "no late value"
+        );
+
+        // With a kept value, the hard timeout serves it.
+        let kept = cache.with_options(fail_safe().max_hold(Some(Duration::from_millis(200))));
+        expired_value(&kept, "old").await;
+        let fetched = call(&kept, Duration::from_secs(2), Some("late"))
+            .await
+            .unwrap();
+        assert_eq!(
+            (fetched.value.as_str(), fetched.source),
+            ("old", Source::Fallback)
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let stored: Option<String> = kept.get(KEY).await.unwrap();
+        assert_ne!(
+            stored.as_deref(),
+            Some("late"),
+            "the late value never lands"
+        );
+    });
+}
+
+/// Three processes of 20 callers each ask for the key for 3 s while its source is down; the
+/// throttle is 1 s, so the source is called about once a second in all, and every call is
+/// answered with the kept value.
+fn throttle_across_processes() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    runtime().block_on(async {
+        let cache = cache(&server.url(), fail_safe()).await;
+        expired_value(&cache, "old").await;
+    });
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|_| Worker::spawn("down-source", &[("STAMPEDE_URL", server.url())]))
+        .collect();
+    for worker in &mut workers {
+        assert!(worker.wait_success(), "a worker failed");
+    }
+    let calls: usize = conn.get("source_calls").unwrap();
+    let answered: usize = conn.get("fallbacks").unwrap();
+    assert!(
+        (2..=5).contains(&calls),
+        "{calls} calls of the failing source in 3 s with a 1 s throttle"
+    );
+    assert!(
+        answered > 100,
+        "{answered} calls answered with the fallback"
+    );
+}
+
+fn near_tier_never_serves_a_kept_value() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let cache = Cache::builder()
+            .redis_url(server.url())
+            .namespace(NAMESPACE)
+            .options(fail_safe())
+            .near_cache(stampede_guard::NearCache::new(100))
+            .build()
+            .await
+            .unwrap();
+        expired_value(&cache, "old").await;
+        // A failure writes the throttled copy, which the near tier must not take for fresh.
+        let fetched = call(&cache, Duration::ZERO, None).await.unwrap();
+        assert_eq!(fetched.source, Source::Fallback);
+        for _ in 0..20 {
+            let again = call(&cache, Duration::ZERO, None).await.unwrap();
+            assert_eq!(
+                (again.value.as_str(), again.source),
+                ("old", Source::Fallback)
+            );
+        }
+        assert_eq!(cache.stats().near_hits, 0);
+    });
+}
+
+fn child(role: &str) -> Result<(), String> {
+    let url = std::env::var("STAMPEDE_URL").map_err(|e| e.to_string())?;
+    runtime().block_on(async move {
+        let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        match role {
+            "slow-holder" => {
+                let cache = cache(&url, fail_safe()).await;
+                let fetched = call(&cache, Duration::from_secs(3), Some("new"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!("served {} {:?}", fetched.value, fetched.source);
+                Ok(())
+            }
+            "soft-waiter" => {
+                let options = fail_safe().soft_timeout(Some(Duration::from_millis(200)));
+                let cache = cache(&url, options).await;
+                let start = Instant::now();
+                let fetched = call(&cache, Duration::ZERO, Some("from the waiter"))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!(
+                    "served {} {:?} {}",
+                    fetched.value,
+                    fetched.source,
+                    start.elapsed().as_millis()
+                );
+                Ok(())
+            }
+            "down-source" => {
+                let options = fail_safe().fail_safe_throttle(Duration::from_secs(1));
+                let cache = cache(&url, options).await;
+                let until = Instant::now() + Duration::from_secs(3);
+                let mut callers = Vec::new();
+                for _ in 0..20 {
+                    let (cache, conn) = (cache.clone(), conn.clone());
+                    callers.push(tokio::spawn(async move {
+                        while Instant::now() < until {
+                            let mut source = conn.clone();
+                            let fetched = cache
+                                .fetch(KEY, TTL, move |_| async move {
+                                    let _: () = redis::cmd("INCR")
+                                        .arg("source_calls")
+                                        .query_async(&mut source)
+                                        .await
+                                        .map_err(|e| e.to_string())?;
+                                    Err::<Computed<String>, _>("the database is down".to_owned())
+                                })
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            if (fetched.value.as_str(), fetched.source) != ("old", Source::Fallback)
+                            {
+                                return Err(format!("unexpected answer {fetched:?}"));
+                            }
+                            let _: () = redis::cmd("INCR")
+                                .arg("fallbacks")
+                                .query_async(&mut conn.clone())
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Ok::<(), String>(())
+                    }));
+                }
+                for caller in callers {
+                    caller.await.map_err(|e| e.to_string())??;
+                }
+                let _ = &mut conn;
+                Ok(())
+            }
+            other => Err(format!("unknown role {other}")),
+        }
+    })
+}
