@@ -439,7 +439,9 @@ async fn through_redlock_an_invalidation_outlives_a_long_renewed_computation() {
     let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let values = RedisServer::start();
     let urls: Vec<String> = nodes.iter().map(RedisServer::url).collect();
-    let options = CallOptions::default().lease(Duration::from_millis(100));
+    // Each Redlock node gets a twentieth of the lease to answer: 100 ms left it 10 ms, which a
+    // loaded machine missed (NoQuorum).
+    let options = CallOptions::default().lease(Duration::from_millis(300));
     let split = || async {
         Cache::builder()
             .redis_url(values.url())
@@ -458,8 +460,8 @@ async fn through_redlock_an_invalidation_outlives_a_long_renewed_computation() {
             computing
                 .get_or_compute("k", Duration::from_secs(3600), move || async move {
                     started.notify_one();
-                    // Ten leases, renewed all along.
-                    tokio::time::sleep(Duration::from_millis(1000)).await;
+                    // Six leases and more (the counter keeps two), renewed all along.
+                    tokio::time::sleep(Duration::from_millis(2000)).await;
                     Ok::<_, String>("computed before the invalidation".to_owned())
                 })
                 .await
