@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::store::feed::Feed;
 use crate::store::redis::{near_channels, RedisStore};
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryLimits, MemoryStore, Store};
 use crate::Error;
 
 /// The longest timeout passed on to the Redis client: longer ones (up to `Duration::MAX`) are
@@ -125,7 +125,7 @@ impl ConnectionOptions {
 // TLS settings) costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
-    Memory,
+    Memory(MemoryLimits),
     RedisUrl(String),
     RedisClient(redis::Client),
     /// Seed node URLs of a Redis Cluster.
@@ -136,7 +136,7 @@ impl Backend {
     /// A name for `Debug` output; never the URL, which may carry a password.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
-            Backend::Memory => "memory",
+            Backend::Memory(_) => "memory",
             Backend::RedisUrl(_) | Backend::RedisClient(_) => "redis",
             Backend::RedisCluster(_) => "redis cluster",
         }
@@ -146,7 +146,7 @@ impl Backend {
     /// for it, and calls fail with a backend error until it answers.
     pub(crate) fn open(self, connection: &ConnectionOptions) -> Result<Arc<dyn Store>, Error> {
         let client = match self {
-            Backend::Memory => return Ok(Arc::new(MemoryStore::default())),
+            Backend::Memory(limits) => return Ok(Arc::new(MemoryStore::new(limits))),
             Backend::RedisCluster(seeds) => {
                 let store = RedisStore::connect_cluster(&seeds, connection)
                     .map_err(|e| Error::backend("connect", e))?;
@@ -173,7 +173,7 @@ impl Backend {
         let client = match self {
             Backend::RedisUrl(url) => parse_url(&url)?,
             Backend::RedisClient(client) => client,
-            Backend::Memory | Backend::RedisCluster(_) => {
+            Backend::Memory(_) | Backend::RedisCluster(_) => {
                 return Err(Error::Config(
                     "the near cache needs a single Redis server (redis_url or redis_client); \
                      the embedded store and Redis Cluster do not support it yet"

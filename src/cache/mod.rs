@@ -600,8 +600,12 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        // A near hit needs no span, no timing and none of the machinery below.
-        if let Some(value) = self.near_hit::<T>(key) {
+        // A near hit, or a hit of a value the embedded store holds decoded, needs no span, no
+        // timing and none of the machinery below.
+        if let Some(value) = self
+            .near_hit::<T>(key)
+            .or_else(|| self.memory_hit::<T>(key))
+        {
             self.inner.counters.record(Event::Hit);
             return Ok(Fetched {
                 value,
