@@ -553,6 +553,161 @@ mod tests {
         (fence, value)
     }
 
+    fn bounded(max_entries: u64, max_bytes: u64) -> MemoryStore {
+        MemoryStore::new(
+            MemoryLimits::default()
+                .max_entries(max_entries)
+                .max_bytes(max_bytes),
+        )
+    }
+
+    /// How many of `keys` have a value (each read counts as a read for eviction).
+    async fn held(store: &MemoryStore, keys: &[EntryKeys]) -> usize {
+        let mut n = 0;
+        for k in keys {
+            n += usize::from(store.get(k).await.unwrap().is_some());
+        }
+        n
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const LEASE: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn values_are_bounded_by_count_and_by_bytes() {
+        let by_count = bounded(100, u64::MAX);
+        let by_bytes = bounded(u64::MAX, 50_000);
+        let all: Vec<EntryKeys> = (0..2_000).map(|i| keys(&format!("k{i}"))).collect();
+        let kilobyte = vec![7u8; 1_000];
+        for k in &all {
+            by_count.set(k, b"v".to_vec(), HOUR, LEASE).await.unwrap();
+            by_bytes
+                .set(k, kilobyte.clone(), HOUR, LEASE)
+                .await
+                .unwrap();
+            assert!(by_count.totals.values.load(Ordering::Relaxed) <= 100);
+            assert!(by_bytes.totals.bytes.load(Ordering::Relaxed) <= 50_000);
+        }
+        let counted = held(&by_count, &all).await;
+        assert!((90..=100).contains(&counted), "{counted} values held");
+        // Each weighs its 1,000 bytes, its key (`t:{k123}`) and the bookkeeping.
+        let fit = 50_000 / (1_000 + 9 + entry::OVERHEAD_BYTES) as usize;
+        let weighed = held(&by_bytes, &all).await;
+        assert!(
+            (fit - 5..=fit).contains(&weighed),
+            "{weighed} values of 1 kB held"
+        );
+        // The fencing counter of an evicted value outlives it only as long as the leases need
+        // it; then the sweep hand of later writes reclaims the entry.
+        tokio::time::advance(retention(LEASE) + Duration::from_millis(1)).await;
+        for i in 0..3_000 {
+            let k = keys(&format!("later{i}"));
+            by_count.set(&k, b"v".to_vec(), HOUR, LEASE).await.unwrap();
+        }
+        let evicted_left = by_count
+            .shards
+            .iter()
+            .map(|s| {
+                let shard = lock(s);
+                let first = shard.keys().filter(|k| k.starts_with("t:{k"));
+                first
+                    .filter(|k| shard.entry(k).is_some_and(|e| e.value.is_none()))
+                    .count()
+            })
+            .sum::<usize>();
+        assert_eq!(evicted_left, 0, "entries of evicted values left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_read_again_survives_a_scan_of_keys_read_once() {
+        let store = bounded(100, u64::MAX);
+        let hot = keys("hot");
+        store.set(&hot, b"h".to_vec(), HOUR, LEASE).await.unwrap();
+        for _ in 0..3 {
+            store.get(&hot).await.unwrap();
+        }
+        // Each written and never read again, as a scan through `get_or_compute` does.
+        for i in 0..10_000 {
+            let cold = keys(&format!("cold{i}"));
+            store.set(&cold, b"c".to_vec(), HOUR, LEASE).await.unwrap();
+        }
+        assert_eq!(
+            store.get(&hot).await.unwrap().as_deref(),
+            Some(&b"h"[..]),
+            "the hot key was evicted by the scan"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_never_takes_a_lock_nor_the_fence_of_its_holder() {
+        let store = bounded(10, u64::MAX);
+        let locked = keys("locked");
+        // A value, then a lock taken over it (to replace it), so both are in the entry.
+        store
+            .set(&locked, b"old".to_vec(), HOUR, LEASE)
+            .await
+            .unwrap();
+        let ReadOrLock::Acquired { fence } = store
+            .read_or_lock(&locked, "A", LEASE, false)
+            .await
+            .unwrap()
+        else {
+            panic!("a free lock must be granted");
+        };
+        for i in 0..1_000 {
+            let k = keys(&format!("k{i}"));
+            store.set(&k, b"v".to_vec(), HOUR, LEASE).await.unwrap();
+        }
+        assert!(store.get(&locked).await.unwrap().is_none(), "value evicted");
+        assert!(
+            matches!(
+                store.read_or_lock(&locked, "B", LEASE, true).await.unwrap(),
+                ReadOrLock::Held { .. }
+            ),
+            "the lock is still A's"
+        );
+        // The holder's write is accepted: its fencing counter was kept.
+        let stored = store
+            .store_and_unlock(&locked, "A", fence, value(b"new", HOUR))
+            .await
+            .unwrap();
+        assert_eq!(
+            stored,
+            Stored {
+                written: true,
+                released: true
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_decoded_copy_goes_with_the_bytes_it_was_decoded_from() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        let fresh_until = store.now_ms() + 60_000;
+        store.set(&k, b"v1".to_vec(), HOUR, LEASE).await.unwrap();
+        let Some(Blob::Shared(first)) = store.get(&k).await.unwrap() else {
+            panic!("the memory store shares its bytes");
+        };
+        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until);
+        assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("one"));
+        assert_eq!(store.fresh::<Vec<u8>>("t", "a"), None, "another type");
+        // A write replaces the bytes: the copy goes, and a late offer of the old one is refused.
+        store.set(&k, b"v2".to_vec(), HOUR, LEASE).await.unwrap();
+        assert_eq!(store.fresh::<String>("t", "a"), None);
+        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until);
+        assert_eq!(store.fresh::<String>("t", "a"), None);
+        // Never served at or after its fresh-until.
+        let Some(Blob::Shared(second)) = store.get(&k).await.unwrap() else {
+            panic!("the memory store shares its bytes");
+        };
+        store.keep_decoded(&k, &second, &"two".to_owned(), fresh_until);
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("two"));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(store.fresh::<String>("t", "a"), None);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_fencing_counter_lives_as_long_as_the_value_it_guards() {
         let store = MemoryStore::default();

@@ -208,15 +208,15 @@ impl Shard {
         if at == NIL {
             return Step::Empty;
         }
-        self.unlink(at, totals);
         let slot = self.slot_mut(at);
-        let live = slot.entry.value(now).is_some();
-        if live && slot.freq > 0 {
+        if slot.freq > 0 && slot.entry.value(now).is_some() {
             slot.freq = if from_probation { 0 } else { slot.freq - 1 };
+            self.unlink(at, totals);
             self.push_back(at, Queue::Main, totals);
             return Step::Moved;
         }
         slot.entry.evict(now);
+        // Still queued: settling unqueues it and takes it off the totals.
         self.settle(at, totals);
         Step::Evicted
     }
@@ -346,10 +346,10 @@ impl Shard {
         list.len -= 1;
     }
 
-    /// How many entries (with or without a value) the shard holds.
+    /// The keys of the entries the shard holds (with or without a value).
     #[cfg(test)]
-    pub(super) fn len(&self) -> usize {
-        self.index.len()
+    pub(super) fn keys(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(|k| &**k)
     }
 
     /// The entry of `key`, for tests that look inside.
