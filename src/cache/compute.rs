@@ -143,7 +143,7 @@ impl<C: Codec> Cache<C> {
         if !store.clock_synced() {
             return None;
         }
-        near.get_by_user_key::<T>(&self.inner.namespace, key, store.now_ms())
+        near.get_by_user_key::<T>(&self.inner.namespace, key)
     }
 
     /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch

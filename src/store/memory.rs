@@ -202,15 +202,18 @@ impl MemoryStore {
     /// The shard of a value key. Not the maps' own hash (SipHash, DoS-resistant): keys that an
     /// attacker makes collide here only share a mutex.
     fn shard(&self, value_key: &str) -> &Mutex<Shard> {
-        let mut hash: u64 = 0;
-        for chunk in value_key.as_bytes().chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            hash = (hash.rotate_left(5) ^ u64::from_le_bytes(word))
-                .wrapping_mul(0x517c_c1b7_2722_0a95);
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let bytes = value_key.as_bytes();
+        let mut words = bytes.chunks_exact(8);
+        let mut hash = bytes.len() as u64;
+        for word in &mut words {
+            let word: [u8; 8] = word.try_into().unwrap_or_default();
+            hash = (hash.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
         }
-        let at = (hash >> 32) as usize % SHARDS;
-        &self.shards[at]
+        let mut last = [0u8; 8];
+        last[..words.remainder().len()].copy_from_slice(words.remainder());
+        hash = (hash.rotate_left(5) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+        &self.shards[(hash >> 32) as usize % SHARDS]
     }
 
     /// Runs `op` on the entry of `keys`, atomically; then sweeps a few slots of the shard and
