@@ -131,10 +131,13 @@ impl<C> std::fmt::Debug for Cache<C> {
 }
 
 impl Cache {
-    /// A cache on the embedded in-memory store, with default options and namespace.
+    /// A cache on the embedded in-memory store, with default options, namespace and
+    /// [`MemoryLimits`](crate::MemoryLimits) (other limits:
+    /// [`CacheBuilder::in_memory_with`]).
     ///
     /// The memory store is a real store for one process: TTLs, leases, fencing and wake-ups
-    /// behave as on Redis, but nothing is shared with other processes.
+    /// behave as on Redis, but nothing is shared with other processes. It keeps at most the
+    /// limits' values and bytes, evicting values read once before values read again.
     ///
     /// ```
     /// let cache = stampede_guard::Cache::in_memory();
