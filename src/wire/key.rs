@@ -109,7 +109,7 @@ pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
     out.push_str(namespace);
     out.push_str(":{");
     escape_into(key, out);
-    out.push_str("}");
+    out.push('}');
 }
 
 fn escape_into(key: &str, out: &mut String) {
