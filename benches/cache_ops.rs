@@ -3,7 +3,8 @@
 //! - `hit_path`: `get_or_compute` on a warm key vs raw redis-rs `GET` + bincode decode on the
 //!   same kind of connection (a `ConnectionManager` with the library's timeouts), at 1 and 64
 //!   calls in flight. Throughput ratio = raw time / guarded time (target ≥ 0.9).
-//! - `memory_hit`: the embedded store's hit vs `moka::future::Cache::get` (target ≤ 1.5× moka).
+//! - `memory_hit`: the embedded store's hit vs `moka::future::Cache::get` and
+//!   `moka::sync::Cache::get` of the same value (target ≤ 1.2× moka).
 //! - `near_hit`: `get_or_compute` answered by the near tier (`NearCache`, Redis behind it) vs
 //!   `moka::sync::Cache::get` of the same value (target ≤ 1.5× moka).
 //! - `won_miss`: a cold key each iteration: GET, read-or-lock, compute (0 ms), store-and-unlock.
@@ -258,6 +259,27 @@ fn memory_hit(c: &mut Criterion) {
                 }
                 started.elapsed()
             })
+        },
+    );
+    let moka_sync: moka::sync::Cache<String, String> = moka::sync::Cache::new(1_000);
+    moka_sync.insert(KEY.to_owned(), value());
+    print_ratio(
+        "memory_hit (moka::sync get)",
+        || {
+            rt.block_on(async {
+                let started = Instant::now();
+                for _ in 0..OPS {
+                    warm_hit(&cache).await;
+                }
+                started.elapsed()
+            })
+        },
+        || {
+            let started = Instant::now();
+            for _ in 0..OPS {
+                black_box(moka_sync.get(KEY).expect("the key is warm"));
+            }
+            started.elapsed()
         },
     );
 }

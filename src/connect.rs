@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::store::feed::Feed;
 use crate::store::redis::{near_channels, RedisStore};
-use crate::store::{MemoryStore, Store};
+use crate::store::{MemoryLimits, MemoryStore, Store};
 use crate::Error;
 
 /// The longest timeout passed on to the Redis client: longer ones (up to `Duration::MAX`) are
@@ -127,7 +127,7 @@ impl ConnectionOptions {
 // TLS settings) costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
-    Memory,
+    Memory(MemoryLimits),
     RedisUrl(String),
     RedisClient(redis::Client),
     /// Seed node URLs of a Redis Cluster.
@@ -138,7 +138,7 @@ impl Backend {
     /// A name for `Debug` output; never the URL, which may carry a password.
     pub(crate) fn kind(&self) -> &'static str {
         match self {
-            Backend::Memory => "memory",
+            Backend::Memory(_) => "memory",
             Backend::RedisUrl(_) | Backend::RedisClient(_) => "redis",
             Backend::RedisCluster(_) => "redis cluster",
         }
@@ -158,7 +158,7 @@ impl Backend {
         announce_to: Option<&str>,
     ) -> Result<Arc<dyn Store>, Error> {
         let client = match self {
-            Backend::Memory => return Ok(Arc::new(MemoryStore::default())),
+            Backend::Memory(limits) => return Ok(Arc::new(MemoryStore::new(limits))),
             Backend::RedisCluster(seeds) => {
                 let mut store = RedisStore::connect_cluster(&seeds, connection)
                     .map_err(|e| Error::backend("connect", e))?;
@@ -190,7 +190,7 @@ impl Backend {
     ) -> Result<(Arc<dyn Store>, Feed), Error> {
         let connect = |e| Error::backend("connect", e);
         let client = match self {
-            Backend::Memory => {
+            Backend::Memory(_) => {
                 return Err(Error::Config(
                     "the near cache is a tier in front of Redis (redis_url, redis_client or \
                      redis_cluster); the embedded store already holds its values in memory"

@@ -178,6 +178,7 @@ pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback, FOREVER};
 pub use stats::Stats;
+pub use store::MemoryLimits;
 pub use wire::codec::{Bincode, Codec, CodecError};
 pub use wire::key::MAX_KEY_BYTES;
 

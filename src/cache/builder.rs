@@ -11,7 +11,7 @@ use std::sync::Arc;
 use crate::store::quorum::QuorumStore;
 use crate::store::SplitStore;
 use crate::wire::key::validate_namespace;
-use crate::{CallOptions, Error};
+use crate::{CallOptions, Error, MemoryLimits};
 
 /// Builds a [`Cache`]: backend, namespace, default call options and codec.
 ///
@@ -59,7 +59,7 @@ impl CacheBuilder {
     pub(crate) fn new(namespace: &str) -> Self {
         CacheBuilder {
             namespace: namespace.to_owned(),
-            backend: Backend::Memory,
+            backend: Backend::Memory(MemoryLimits::default()),
             redlock: Vec::new(),
             options: CallOptions::default(),
             connection: ConnectionOptions::default(),
@@ -103,9 +103,28 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
-    /// The embedded in-memory store (the default).
-    pub fn in_memory(mut self) -> Self {
-        self.backend = Backend::Memory;
+    /// The embedded in-memory store (the default), with the default [`MemoryLimits`].
+    pub fn in_memory(self) -> Self {
+        self.in_memory_with(MemoryLimits::default())
+    }
+
+    /// The embedded in-memory store, keeping at most as many values and bytes as `limits` say.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, MemoryLimits};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::builder()
+    ///     .in_memory_with(MemoryLimits::default().max_entries(50_000))
+    ///     .build()
+    ///     .await?;
+    /// # let _ = cache;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn in_memory_with(mut self, limits: MemoryLimits) -> Self {
+        self.backend = Backend::Memory(limits);
         self
     }
 

@@ -18,7 +18,7 @@ use crate::lock::lease::Renewal;
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::options::later_by;
 use crate::stats::Event;
-use crate::store::{Blob, LockStore, ReadOrLock, Stored, Write};
+use crate::store::{Blob, LockStore, ReadOrLock, Store, Stored, Write};
 use crate::wait::flight::{Follower, Role};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
@@ -147,6 +147,7 @@ impl<C: Codec> Cache<C> {
                     match self.sort(entry, &bytes) {
                         Sorted::Serve(entry) => {
                             self.remember_near(ticket, &keys, &entry, bytes.len());
+                            self.keep_decoded(&keys, &bytes, &entry);
                             return self.serve(entry, keys, ttl, f, Source::Hit);
                         }
                         Sorted::Past(kept) => past = Some(kept),
@@ -254,7 +255,7 @@ impl<C: Codec> Cache<C> {
         if !store.clock_synced() {
             return None;
         }
-        near.get_by_user_key::<T>(&self.inner.namespace, key, store.now_ms())
+        near.get_by_user_key::<T>(&self.inner.namespace, key)
     }
 
     /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
@@ -264,6 +265,40 @@ impl<C: Codec> Cache<C> {
             return None;
         }
         self.near_copy::<T>(key).and_then(|entry| entry.value.ok())
+    }
+
+    /// The value of `key` if the embedded store holds it fresh and decoded as a `T`, when a hit
+    /// needs nothing more: no XFetch draw.
+    pub(crate) fn memory_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        let memory = self.inner.store.as_memory()?;
+        memory.fresh::<T>(&self.inner.namespace, key)
+    }
+
+    /// The embedded store keeps a fresh value it handed out decoded, for [`memory_hit`]
+    /// (so only when that path is taken: no XFetch).
+    ///
+    /// [`memory_hit`]: Self::memory_hit
+    fn keep_decoded<T: Clone + Send + Sync + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &Blob,
+        entry: &StoredEntry<T>,
+    ) {
+        let (Some(memory), Blob::Shared(shared), Ok(value)) =
+            (self.inner.store.as_memory(), bytes, &entry.value)
+        else {
+            return;
+        };
+        // A throttled copy is a fallback, never a hit: it is not kept for the hit path.
+        if self.options.early_refresh_beta == 0.0
+            && !entry.throttled
+            && entry.fresh_until_ms > memory.now_ms()
+        {
+            memory.keep_decoded(keys, shared, value, entry.fresh_until_ms);
+        }
     }
 
     /// Serves a stored entry: a remembered failure as its error; a throttled fail-safe copy as

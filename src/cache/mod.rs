@@ -135,10 +135,13 @@ impl<C> std::fmt::Debug for Cache<C> {
 }
 
 impl Cache {
-    /// A cache on the embedded in-memory store, with default options and namespace.
+    /// A cache on the embedded in-memory store, with default options, namespace and
+    /// [`MemoryLimits`](crate::MemoryLimits) (other limits:
+    /// [`CacheBuilder::in_memory_with`]).
     ///
     /// The memory store is a real store for one process: TTLs, leases, fencing and wake-ups
-    /// behave as on Redis, but nothing is shared with other processes.
+    /// behave as on Redis, but nothing is shared with other processes. It keeps at most the
+    /// limits' values and bytes, evicting values read once before values read again.
     ///
     /// ```
     /// let cache = stampede_guard::Cache::in_memory();
@@ -606,8 +609,12 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        // A near hit needs no span, no timing and none of the machinery below.
-        if let Some(value) = self.near_hit::<T>(key) {
+        // A near hit, or a hit of a value the embedded store holds decoded, needs no span, no
+        // timing and none of the machinery below.
+        if let Some(value) = self
+            .near_hit::<T>(key)
+            .or_else(|| self.memory_hit::<T>(key))
+        {
             self.inner.counters.record(Event::Hit);
             return Ok(Fetched {
                 value,
@@ -625,17 +632,29 @@ impl<C: Codec> Cache<C> {
         let ttl = saturate(ttl);
         // tokio's clock, like every other timing here, so paused-time tests see it move.
         let started = tokio::time::Instant::now();
-        let result = self.fetch_entry(key, ttl, f).instrument(span.clone()).await;
-        let outcome = self.count(&result, started.elapsed());
-        span.record("outcome", outcome);
-        if outcome == "waited" {
-            span.record("wait_ms", started.elapsed().as_millis() as u64);
+        // Without a subscriber for it, the span is disabled: then no wrapper is polled, entered
+        // and exited on every poll of the call.
+        let result = if span.is_disabled() {
+            self.fetch_entry(key, ttl, f).await
+        } else {
+            self.fetch_entry(key, ttl, f).instrument(span.clone()).await
+        };
+        let outcome = self.count(&result, started);
+        if !span.is_disabled() {
+            span.record("outcome", outcome);
+            if outcome == "waited" {
+                span.record("wait_ms", started.elapsed().as_millis() as u64);
+            }
         }
         result
     }
 
-    /// Counts a call's outcome and names it for the span.
-    fn count<T>(&self, result: &Result<Fetched<T>, Error>, took: Duration) -> &'static str {
+    /// Counts a call's outcome (a call that `started` then) and names it for the span.
+    fn count<T>(
+        &self,
+        result: &Result<Fetched<T>, Error>,
+        started: tokio::time::Instant,
+    ) -> &'static str {
         let counters = &self.inner.counters;
         let miss = || counters.record(Event::Miss);
         match result {
@@ -654,7 +673,8 @@ impl<C: Codec> Cache<C> {
                 }
                 Source::Waited => {
                     miss();
-                    counters.record(Event::Wait(took));
+                    // Timed only here: a hit does not read the clock again.
+                    counters.record(Event::Wait(started.elapsed()));
                     "waited"
                 }
                 Source::Uncached => {

@@ -193,6 +193,9 @@ struct NearCopy {
     value: Box<dyn Any + Send + Sync>,
     fence: u64,
     fresh_until_ms: u64,
+    /// Its fresh-until on the tier's monotonic clock (nanoseconds since `base`), judged with
+    /// the same clock read as the staleness proof, so a hit reads the clock once.
+    fresh_until_nanos: u64,
     compute_ms: u32,
     /// Its encoded size, which stands for its size in memory (see [`NearCache::max_bytes`]).
     bytes: usize,
@@ -293,16 +296,16 @@ impl NearTier {
         }
     }
 
-    /// A fresh copy of `value_key` as a `T`, if the tier may serve one now (`now_ms` by the
-    /// store's clock, which stamped fresh-until). Counts a near hit or miss.
-    pub(crate) fn get<T: Clone + 'static>(
-        &self,
-        value_key: &str,
-        now_ms: u64,
-    ) -> Option<StoredEntry<T>> {
-        let found = self.live().then(|| self.copies.get(value_key)).flatten();
+    /// A fresh copy of `value_key` as a `T`, if the tier may serve one now. Counts a near hit
+    /// or miss.
+    pub(crate) fn get<T: Clone + 'static>(&self, value_key: &str) -> Option<StoredEntry<T>> {
+        let now = self.nanos(Instant::now());
+        let found = self
+            .live_at(now)
+            .then(|| self.copies.get(value_key))
+            .flatten();
         let served = found.and_then(|copy| {
-            if copy.fresh_until_ms <= now_ms {
+            if copy.fresh_until_nanos <= now {
                 // Past its fresh-until: the normal path decides (stale window, refresh, miss).
                 self.copies.invalidate(value_key);
                 return None;
@@ -335,7 +338,6 @@ impl NearTier {
         &self,
         namespace: &str,
         key: &str,
-        now_ms: u64,
     ) -> Option<StoredEntry<T>> {
         thread_local! {
             static VALUE_KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
@@ -346,15 +348,20 @@ impl NearTier {
         VALUE_KEY.with_borrow_mut(|buffer| {
             buffer.clear();
             value_key_into(namespace, key, buffer);
-            self.get(buffer, now_ms)
+            self.get(buffer)
         })
     }
 
     /// Whether the stream is proven current within `max_staleness`. When the proof has lapsed,
     /// the first caller to notice drops every copy and counts the switch-off.
     fn live(&self) -> bool {
+        self.live_at(self.nanos(Instant::now()))
+    }
+
+    /// [`live`](Self::live) at `now` (nanoseconds since `base`).
+    fn live_at(&self, now: u64) -> bool {
         let until = self.live_until.load(Ordering::Acquire);
-        if self.nanos(Instant::now()) < until {
+        if now < until {
             return true;
         }
         if self.serving.swap(false, Ordering::AcqRel) {
@@ -400,11 +407,17 @@ impl NearTier {
         if fresh_until_ms <= now_ms || !self.valid(ticket) {
             return;
         }
+        // What is left of its freshness by the store's clock, from now on the monotonic one:
+        // a copy is then never served past its fresh-until unless the local monotonic clock
+        // runs slower than the store's (a wall clock stepped forward does not extend it, nor
+        // does stepping it back shorten it).
+        let left = Duration::from_millis(fresh_until_ms - now_ms);
         let copy = Arc::new(NearCopy {
             type_id: TypeId::of::<T>(),
             value: Box::new(value.clone()),
             fence,
             fresh_until_ms,
+            fresh_until_nanos: self.nanos(Instant::now() + left.min(crate::options::FOREVER)),
             compute_ms,
             bytes,
         });
@@ -541,7 +554,7 @@ mod tests {
     }
 
     fn read(tier: &NearTier, key: &str) -> Option<String> {
-        tier.get::<String>(key, NOW).and_then(|e| e.value.ok())
+        tier.get::<String>(key).and_then(|e| e.value.ok())
     }
 
     #[tokio::test(start_paused = true)]
@@ -661,15 +674,14 @@ mod tests {
     async fn never_past_fresh_until_and_never_as_another_type() {
         let (tier, _) = live_tier(&NearCache::new(100));
         put(&tier, KEY, "v", 1);
-        assert!(tier.get::<String>(KEY, FRESH - 1).is_some());
-        assert!(
-            tier.get::<Vec<u8>>(KEY, NOW).is_none(),
-            "another type is a miss"
-        );
-        assert!(
-            tier.get::<String>(KEY, FRESH).is_none(),
-            "fresh-until reached"
-        );
+        assert!(tier.get::<Vec<u8>>(KEY).is_none(), "another type is a miss");
+        // Fresh until FRESH, 60 s after NOW by the store's clock: 60 s from now on the
+        // monotonic one (kept proven meanwhile).
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        tier.proof(1, Instant::now());
+        assert!(tier.get::<String>(KEY).is_some());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(tier.get::<String>(KEY).is_none(), "fresh-until reached");
         // A value already past its fresh-until does not go in.
         let ticket = tier.ticket(KEY).unwrap();
         tier.insert(ticket, KEY, &"v".to_owned(), 1, NOW, 0, 1, NOW);

@@ -108,7 +108,7 @@ impl Lock {
         LockBuilder {
             name: name.into(),
             namespace: crate::options::DEFAULT_NAMESPACE.to_owned(),
-            backend: Backend::Memory,
+            backend: Backend::Memory(crate::MemoryLimits::default()),
             options: CallOptions::default(),
             connection: ConnectionOptions::default(),
         }

@@ -81,6 +81,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Answered<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> ConnectionLike for Answered<C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        // After the first answer there is nothing to watch for: the inner future as it is, not
+        // boxed again (a hit pays one allocation and one poll layer less).
+        if self.first.done.load(Ordering::Relaxed) {
+            return self.conn.req_packed_command(cmd);
+        }
         Box::pin(async move {
             let answer = self.conn.req_packed_command(cmd).await;
             // An error reply is an answer too; a connection that failed is not.

@@ -3,31 +3,156 @@
 //! It keeps the same semantics as the Redis store (TTLs, leases, fencing, wake-ups) so that code
 //! written against it behaves the same on Redis. Time is `tokio::time`, so tests can pause it.
 //!
-//! [`Cache::in_memory`]: crate::Cache::in_memory
+//! # Layout and atomicity
+//! Every key of one entry (value, lock, fencing counter, a leader's last run) lives in one
+//! [`Entry`], found by the entry's value key in one of [`SHARDS`] shards chosen by that key's
+//! hash. Every operation touches one entry, so it is one short critical section of one shard's
+//! mutex, without `.await`: atomic, as a Lua script is in Redis, while operations on other
+//! shards run in parallel.
 //!
-//! Explained in the guide: `docs/how-it-works.md` (the same protocol, in one process).
+//! # Bounds
+//! Values are bounded by count and by bytes ([`MemoryLimits`]); eviction is S3-FIFO, spread over
+//! the shards (see `shard.rs`), and costs a few steps per write, never a sweep. Only values are
+//! evicted: a lock is held until its lease runs out, and a fencing counter lives as long as the
+//! value it guards (after an eviction, as long as the leases need it). Expired parts are dropped
+//! when an operation meets them and by a hand that visits a few slots of the shard per write.
+//!
+//! # The hit path
+//! A value read through `get_or_compute` is also kept decoded next to its bytes (and goes with
+//! them), so a later hit of a fresh value clones the decoded `T` instead of decoding the bytes
+//! again: [`MemoryStore::fresh`].
+//!
+//! [`Cache::in_memory`]: crate::Cache::in_memory
 
-use std::collections::HashMap;
+mod entry;
+mod shard;
+
+use std::any::TypeId;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use self::entry::{deadline, Decoded, Entry, Expiring};
+use self::shard::{Shard, Step, Totals};
 use super::{
     retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
 };
+#[cfg(test)]
 use crate::options::FOREVER;
 use crate::wait::wakeup::{lock, Listener, Wakeups};
-use crate::wire::key::EntryKeys;
+use crate::wire::key::{value_key_into, EntryKeys};
 
-/// Sweep expired entries after this many writes, so memory stays bounded by the live entries.
-const SWEEP_EVERY: u64 = 1024;
+/// How many shards: enough that two threads rarely meet on one on a machine of a few dozen
+/// cores, few enough that eviction's round of the shards stays short.
+const SHARDS: usize = 64;
+
+/// How many slots of its shard a write's sweep hand visits.
+const SWEEP_STEPS: usize = 4;
+
+/// The most eviction steps one operation takes; if the store is still over its bounds (values
+/// read while they waited are moved on, not evicted), the next write goes on.
+const MAX_EVICTION_STEPS: usize = 4 * SHARDS;
+
+/// The embedded store's bounds: how many values and how many bytes of them it keeps. Given to
+/// [`CacheBuilder::in_memory_with`](crate::CacheBuilder::in_memory_with);
+/// [`Cache::in_memory`](crate::Cache::in_memory) uses the defaults.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`max_entries`](Self::max_entries) | 1,000,000 |
+/// | [`max_bytes`](Self::max_bytes) | 256 MiB |
+///
+/// Past either bound, values are evicted, favouring those read more than once over those read
+/// once (a scan of keys read once does not push out the keys read again: S3-FIFO). Locks and
+/// fencing counters are not values: they are never evicted (they expire with their leases), so
+/// a computation's lock holds and its write is fenced as without a bound.
+///
+/// ```
+/// use stampede_guard::{Cache, MemoryLimits};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let limits = MemoryLimits::default().max_entries(10_000).max_bytes(16 << 20);
+/// assert_eq!(limits.get_max_entries(), 10_000);
+/// let cache = Cache::builder().in_memory_with(limits).build().await?;
+/// # let _ = cache;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use]
+pub struct MemoryLimits {
+    pub(crate) max_entries: u64,
+    pub(crate) max_bytes: u64,
+}
+
+impl Default for MemoryLimits {
+    fn default() -> Self {
+        MemoryLimits {
+            max_entries: 1_000_000,
+            max_bytes: 256 << 20,
+        }
+    }
+}
+
+impl MemoryLimits {
+    /// At most this many values (default 1,000,000; at least 1).
+    ///
+    /// ```
+    /// let limits = stampede_guard::MemoryLimits::default().max_entries(0);
+    /// assert_eq!(limits.get_max_entries(), 1);
+    /// ```
+    pub fn max_entries(mut self, max_entries: u64) -> Self {
+        self.max_entries = max_entries.max(1);
+        self
+    }
+
+    /// At most this many bytes of values (default 256 MiB; at least 1), each counted as its
+    /// encoded size (twice once it is also held decoded for fast hits), its key, and 96 bytes of
+    /// bookkeeping. A value larger than this is written and evicted at once.
+    ///
+    /// ```
+    /// let limits = stampede_guard::MemoryLimits::default().max_bytes(1 << 20);
+    /// assert_eq!(limits.get_max_bytes(), 1 << 20);
+    /// ```
+    pub fn max_bytes(mut self, max_bytes: u64) -> Self {
+        self.max_bytes = max_bytes.max(1);
+        self
+    }
+
+    /// The value-count bound in force.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::MemoryLimits::default().get_max_entries(), 1_000_000);
+    /// ```
+    pub fn get_max_entries(&self) -> u64 {
+        self.max_entries
+    }
+
+    /// The byte bound in force.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::MemoryLimits::default().get_max_bytes(), 256 << 20);
+    /// ```
+    pub fn get_max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+}
 
 #[derive(Debug)]
 pub(crate) struct MemoryStore {
-    /// One mutex for all maps: every operation is one short critical section without `.await`,
-    /// which is what makes each operation atomic, as a Lua script is in Redis.
-    state: Mutex<State>,
+    shards: Box<[Mutex<Shard>]>,
+    totals: Totals,
+    limits: MemoryLimits,
+    /// The highest fencing token handed out, so that a re-seeded counter never repeats one even
+    /// when tokio's clock is paused and the wall clock has not moved. Raised under the shard
+    /// lock of the key whose token it is, so that key's next re-seed sees it.
+    high_water: AtomicU64,
+    /// The shard eviction takes its next step in.
+    evict_hand: AtomicUsize,
     wakeups: Arc<Wakeups>,
     /// The wall clock at creation, and the tokio instant it corresponds to: `now_ms` moves with
     /// `tokio::time`, so freshness follows paused time in tests like TTLs do.
@@ -37,155 +162,29 @@ pub(crate) struct MemoryStore {
 
 impl Default for MemoryStore {
     fn default() -> Self {
+        MemoryStore::new(MemoryLimits::default())
+    }
+}
+
+thread_local! {
+    /// The value key of a hit, built here so that a hit allocates nothing for it.
+    static VALUE_KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+impl MemoryStore {
+    pub(crate) fn new(limits: MemoryLimits) -> Self {
         MemoryStore {
-            state: Mutex::default(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            totals: Totals::default(),
+            limits,
+            high_water: AtomicU64::new(0),
+            evict_hand: AtomicUsize::new(0),
             wakeups: Arc::default(),
             epoch_ms: super::system_now_ms(),
             epoch: Instant::now(),
         }
     }
-}
 
-#[derive(Debug, Default)]
-struct State {
-    values: HashMap<String, Expiring<Arc<[u8]>>>,
-    locks: HashMap<String, Expiring<String>>,
-    fences: HashMap<String, Expiring<u64>>,
-    /// A leader's last run: its fence and when it started (the store's clock, ms).
-    runs: HashMap<String, Expiring<(u64, u64)>>,
-    /// The highest fencing token handed out, so that a re-seeded counter never repeats one even
-    /// when tokio's clock is paused and the wall clock has not moved.
-    high_water: u64,
-    writes: u64,
-}
-
-#[derive(Debug)]
-struct Expiring<T> {
-    item: T,
-    /// `None`: no expiry (a duration of [`FOREVER`]), as a Redis key without a TTL.
-    until: Option<Instant>,
-}
-
-impl<T> Expiring<T> {
-    fn live(&self, now: Instant) -> bool {
-        self.until.is_none_or(|until| until > now)
-    }
-}
-
-fn live<'m, T>(map: &'m HashMap<String, Expiring<T>>, key: &str, now: Instant) -> Option<&'m T> {
-    map.get(key).filter(|e| e.live(now)).map(|e| &e.item)
-}
-
-/// When something kept for `d` from `now` expires: never for [`FOREVER`] (the stores' shared
-/// reading of it), so no deadline past the monotonic clock's range is ever computed.
-fn deadline(now: Instant, d: Duration) -> Option<Instant> {
-    (d < FOREVER).then(|| now + d)
-}
-
-/// The later of two expiries, `None` (never) being the latest.
-fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    Some(a?.max(b?))
-}
-
-impl State {
-    /// Bumps the counter and keeps it at least `retention` longer (never shorter than before:
-    /// it may be guarding a value that lives longer).
-    /// `wall_us`: the store's wall clock in microseconds, which seeds a lapsed counter.
-    fn bump_fence(&mut self, key: &str, retention: Duration, now: Instant, wall_us: u64) -> u64 {
-        let retained = deadline(now, retention);
-        let (next, until) = match self.fences.get(key).filter(|e| e.live(now)) {
-            Some(e) => (e.item + 1, later(e.until, retained)),
-            // Seeded from the clock in microseconds, like the Redis script: a counter that lapsed
-            // never hands out a token at or below one handed out before (in memory the
-            // high-water mark makes this certain; on Redis it rests on the server's clock).
-            None => (wall_us.max(self.high_water).saturating_add(1), retained),
-        };
-        self.high_water = self.high_water.max(next);
-        self.fences
-            .insert(key.to_owned(), Expiring { item: next, until });
-        next
-    }
-
-    /// Keeps a live counter at least until `until`: it guards what lives that long (a value).
-    fn keep_fence(&mut self, key: &str, until: Option<Instant>, now: Instant) {
-        if let Some(fence) = self.fences.get_mut(key).filter(|e| e.live(now)) {
-            fence.until = later(fence.until, until);
-        }
-    }
-
-    /// Writes a value for `ttl`, and keeps the fencing counter at least as long.
-    fn put_value(&mut self, keys: &EntryKeys, value: Vec<u8>, ttl: Duration, now: Instant) {
-        let until = deadline(now, ttl);
-        self.values.insert(
-            keys.value.clone(),
-            Expiring {
-                item: Arc::from(value),
-                until,
-            },
-        );
-        self.keep_fence(keys.fence(), until, now);
-    }
-
-    /// Raises the counter to at least `floor`, keeping it at least `retention` longer; with a
-    /// `floor` of 0, only keeps a live counter.
-    fn raise_fence(&mut self, key: &str, floor: u64, retention: Duration, now: Instant) {
-        let kept = self.fences.get(key).filter(|e| e.live(now));
-        let (current, until) = match kept {
-            Some(e) => (e.item, later(e.until, deadline(now, retention))),
-            // As in Redis: raising a missing counter to 0 (only keeping it alive) creates none.
-            None if floor == 0 => return,
-            None => (0, deadline(now, retention)),
-        };
-        self.fences.insert(
-            key.to_owned(),
-            Expiring {
-                item: current.max(floor),
-                until,
-            },
-        );
-        self.high_water = self.high_water.max(floor);
-    }
-
-    /// Carries out a fenced write that was accepted.
-    fn apply(&mut self, keys: &EntryKeys, write: Write, now: Instant) {
-        match write {
-            Write::Value { bytes, ttl } => self.put_value(keys, bytes, ttl, now),
-            Write::Delete => {
-                self.values.remove(&keys.value);
-            }
-            Write::Keep { bytes, at_least } => {
-                // As `set_keeping` in the scripts: the value's life is never shortened, and
-                // the fencing counter is kept as long as the value.
-                let wanted = deadline(now, at_least);
-                let current = self.values.get(&keys.value).filter(|e| e.live(now));
-                let until = match current {
-                    Some(e) => later(e.until, wanted),
-                    None => wanted,
-                };
-                self.values.insert(
-                    keys.value.clone(),
-                    Expiring {
-                        item: Arc::from(bytes),
-                        until,
-                    },
-                );
-                self.keep_fence(keys.fence(), until, now);
-            }
-        }
-    }
-
-    fn wrote(&mut self, now: Instant) {
-        self.writes += 1;
-        if self.writes.is_multiple_of(SWEEP_EVERY) {
-            self.values.retain(|_, e| e.live(now));
-            self.locks.retain(|_, e| e.live(now));
-            self.fences.retain(|_, e| e.live(now));
-            self.runs.retain(|_, e| e.live(now));
-        }
-    }
-}
-
-impl MemoryStore {
     /// The store's wall clock in microseconds at `now`: like `now_ms`, it moves with
     /// `tokio::time`, so a counter re-seeded after paused time passed is seeded later, as on Redis.
     fn wall_us(&self, now: Instant) -> u64 {
@@ -193,9 +192,117 @@ impl MemoryStore {
         self.epoch_ms.saturating_mul(1000).saturating_add(elapsed)
     }
 
-    fn with_state<R>(&self, f: impl FnOnce(&mut State, Instant) -> R) -> R {
+    /// [`Store::now_ms`] at `now`.
+    fn ms_at(&self, now: Instant) -> u64 {
+        let elapsed = u64::try_from(now.saturating_duration_since(self.epoch).as_millis())
+            .unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_add(elapsed)
+    }
+
+    /// The shard of a value key. Not the maps' own hash (SipHash, DoS-resistant): keys that an
+    /// attacker makes collide here only share a mutex.
+    fn shard(&self, value_key: &str) -> &Mutex<Shard> {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let bytes = value_key.as_bytes();
+        let mut words = bytes.chunks_exact(8);
+        let mut hash = bytes.len() as u64;
+        for word in &mut words {
+            let word: [u8; 8] = word.try_into().unwrap_or_default();
+            hash = (hash.rotate_left(5) ^ u64::from_le_bytes(word)).wrapping_mul(K);
+        }
+        let mut last = [0u8; 8];
+        last[..words.remainder().len()].copy_from_slice(words.remainder());
+        hash = (hash.rotate_left(5) ^ u64::from_le_bytes(last)).wrapping_mul(K);
+        &self.shards[(hash >> 32) as usize % SHARDS]
+    }
+
+    /// Runs `op` on the entry of `keys`, atomically; then sweeps a few slots of the shard and
+    /// evicts what the bounds ask for.
+    fn update<R>(&self, keys: &EntryKeys, op: impl FnOnce(&mut Entry, Instant) -> R) -> R {
         let now = Instant::now();
-        f(&mut lock(&self.state), now)
+        let answer = {
+            let mut shard = lock(self.shard(&keys.value));
+            let answer = shard.update(&keys.value, now, &self.totals, |entry| op(entry, now));
+            shard.sweep(SWEEP_STEPS, now, &self.totals);
+            answer
+        };
+        self.enforce_limits(now);
+        answer
+    }
+
+    /// Runs `op` on the entry of `keys` as a read (nothing created or removed).
+    fn read<R>(&self, keys: &EntryKeys, op: impl FnOnce(Option<&Entry>, Instant) -> R) -> R {
+        let now = Instant::now();
+        lock(self.shard(&keys.value)).read(&keys.value, now, |entry| op(entry, now))
+    }
+
+    fn over_limits(&self) -> bool {
+        self.totals.values.load(Ordering::Relaxed) > self.limits.max_entries
+            || self.totals.bytes.load(Ordering::Relaxed) > self.limits.max_bytes
+    }
+
+    /// Evicts, one shard at a time (never two locks held), until the store is within its bounds.
+    /// While a tenth or more of the values are on probation, they go first (S3-FIFO's small
+    /// queue); otherwise the main queues give up their least read.
+    fn enforce_limits(&self, now: Instant) {
+        let mut idle = 0;
+        for _ in 0..MAX_EVICTION_STEPS {
+            if !self.over_limits() || idle >= SHARDS {
+                return;
+            }
+            let values = self.totals.values.load(Ordering::Relaxed);
+            let probation = self.totals.probation.load(Ordering::Relaxed);
+            let from_probation = probation > 0 && probation.saturating_mul(10) >= values;
+            let at = self.evict_hand.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            let step = lock(&self.shards[at]).evict_one(from_probation, now, &self.totals);
+            idle = if step == Step::Empty { idle + 1 } else { 0 };
+        }
+    }
+
+    /// A fresh value of `key` as a `T`, if one is held decoded as a `T`: the hit path of
+    /// `get_or_compute` (without XFetch), which then needs nothing else. `None` sends the call
+    /// down the normal path, which reads the bytes (and keeps them decoded for next time).
+    /// Keys that are not valid are never held: `None`, and the normal path reports them.
+    pub(crate) fn fresh<T: Clone + 'static>(&self, namespace: &str, key: &str) -> Option<T> {
+        if key.is_empty() || key.len() > crate::MAX_KEY_BYTES {
+            return None;
+        }
+        let now = Instant::now();
+        let decoded = VALUE_KEY.with_borrow_mut(|buffer| {
+            buffer.clear();
+            value_key_into(namespace, key, buffer);
+            lock(self.shard(buffer)).read(buffer, now, |entry| entry?.value(now)?.decoded.clone())
+        })?;
+        // The same test as `freshness::judge` without XFetch: fresh strictly before fresh-until.
+        if decoded.fresh_until_ms <= self.ms_at(now) || decoded.type_id != TypeId::of::<T>() {
+            return None;
+        }
+        decoded.value.downcast_ref::<T>().cloned()
+    }
+
+    /// Keeps `value`, decoded from `bytes` (as [`Store::get`] handed them out), next to them,
+    /// if they are still the value of `keys`: a write since the read replaced them, and then
+    /// the decoded value would be of an older value.
+    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &Arc<[u8]>,
+        value: &T,
+        fresh_until_ms: u64,
+    ) {
+        let decoded = Arc::new(Decoded {
+            type_id: TypeId::of::<T>(),
+            value: Box::new(value.clone()),
+            fresh_until_ms,
+        });
+        let now = Instant::now();
+        lock(self.shard(&keys.value)).with_value(&keys.value, now, &self.totals, |held| {
+            if Arc::ptr_eq(&held.bytes, bytes) {
+                held.decoded = Some(decoded);
+            }
+        });
+        // It weighs more now.
+        self.enforce_limits(now);
     }
 }
 
@@ -215,13 +322,13 @@ impl LockStore for MemoryStore {
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        let extended = self.with_state(|s, now| {
-            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
+        let extended = self.update(keys, |e, now| {
+            let ours = e.locked_by(token, now);
             if ours {
-                if let Some(l) = s.locks.get_mut(keys.lock()) {
+                if let Some(l) = e.lock.as_mut() {
                     l.until = deadline(now, lease);
                 }
-                s.keep_fence(keys.fence(), deadline(now, retention(lease)), now);
+                e.lease_fence(retention(lease), now);
             }
             ours
         });
@@ -233,10 +340,10 @@ impl LockStore for MemoryStore {
         keys: &'a EntryKeys,
         token: &'a str,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        let released = self.with_state(|s, now| {
-            let ours = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
+        let released = self.update(keys, |e, now| {
+            let ours = e.locked_by(token, now);
             if ours {
-                s.locks.remove(keys.lock());
+                e.lock = None;
             }
             ours
         });
@@ -257,19 +364,14 @@ impl LockStore for MemoryStore {
         keep: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
         let at = self.now_ms();
-        let recorded = self.with_state(|s, now| {
-            let key = keys.last_run();
-            if live(&s.runs, &key, now).is_some_and(|(newer, _)| *newer > fence) {
+        let recorded = self.update(keys, |e, now| {
+            if e.run(now).is_some_and(|(newer, _)| newer > fence) {
                 return false;
             }
-            s.runs.insert(
-                key,
-                Expiring {
-                    item: (fence, at),
-                    until: deadline(now, keep),
-                },
-            );
-            s.wrote(now);
+            e.run = Some(Expiring {
+                item: (fence, at),
+                until: deadline(now, keep),
+            });
             true
         });
         Box::pin(std::future::ready(Ok(recorded)))
@@ -280,9 +382,9 @@ impl LockStore for MemoryStore {
         keys: &'a EntryKeys,
     ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
         let now_ms = self.now_ms();
-        let since = self.with_state(|s, now| {
-            live(&s.runs, &keys.last_run(), now)
-                .map(|(_, at)| Duration::from_millis(now_ms.saturating_sub(*at)))
+        let since = self.read(keys, |e, now| {
+            e?.run(now)
+                .map(|(_, at)| Duration::from_millis(now_ms.saturating_sub(at)))
         });
         Box::pin(std::future::ready(Ok(since)))
     }
@@ -292,8 +394,8 @@ impl LockStore for MemoryStore {
         keys: &'a EntryKeys,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<u64>> {
-        let fence = self.with_state(|s, now| {
-            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now))
+        let fence = self.update(keys, |e, now| {
+            e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water)
         });
         Box::pin(std::future::ready(Ok(fence)))
     }
@@ -304,8 +406,8 @@ impl LockStore for MemoryStore {
         floor: u64,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        self.with_state(|s, now| {
-            s.raise_fence(keys.fence(), floor, retention(lease), now);
+        self.update(keys, |e, now| {
+            e.raise_fence(floor, retention(lease), now, &self.high_water);
         });
         Box::pin(std::future::ready(Ok(())))
     }
@@ -319,14 +421,12 @@ impl Store for MemoryStore {
         write: Write,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        let written = self.with_state(|s, now| {
-            let current = live(&s.fences, keys.fence(), now).copied().unwrap_or(0);
-            if current > fence {
+        let written = self.update(keys, |e, now| {
+            if e.fence(now).unwrap_or(0) > fence {
                 return false;
             }
-            s.raise_fence(keys.fence(), fence, retention(lease), now);
-            s.apply(keys, write, now);
-            s.wrote(now);
+            e.raise_fence(fence, retention(lease), now, &self.high_water);
+            e.apply(write, now);
             true
         });
         self.wakeups.notify(keys.channel());
@@ -334,8 +434,8 @@ impl Store for MemoryStore {
     }
 
     fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
-        let value = self.with_state(|s, now| {
-            live(&s.values, &keys.value, now).map(|v| Blob::Shared(Arc::clone(v)))
+        let value = self.read(keys, |e, now| {
+            e?.value(now).map(|v| Blob::Shared(Arc::clone(&v.bytes)))
         });
         Box::pin(std::future::ready(Ok(value)))
     }
@@ -347,26 +447,22 @@ impl Store for MemoryStore {
         lease: Duration,
         read_value: bool,
     ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        let answer = self.with_state(|s, now| {
+        let answer = self.update(keys, |e, now| {
             if read_value {
-                if let Some(v) = live(&s.values, &keys.value, now) {
-                    return ReadOrLock::Value(v.to_vec());
+                if let Some(v) = e.value(now) {
+                    return ReadOrLock::Value(v.bytes.to_vec());
                 }
             }
-            if let Some(held) = s.locks.get(keys.lock()).filter(|e| e.live(now)) {
+            if let Some(held) = e.lock(now) {
                 return ReadOrLock::Held {
                     expires_in: held.until.map(|until| until - now),
                 };
             }
-            s.locks.insert(
-                keys.lock().to_owned(),
-                Expiring {
-                    item: token.to_owned(),
-                    until: deadline(now, lease),
-                },
-            );
-            let fence = s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
-            s.wrote(now);
+            e.lock = Some(Expiring {
+                item: token.to_owned(),
+                until: deadline(now, lease),
+            });
+            let fence = e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
             ReadOrLock::Acquired { fence }
         });
         Box::pin(std::future::ready(Ok(answer)))
@@ -379,16 +475,15 @@ impl Store for MemoryStore {
         fence: u64,
         write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
-        let stored = self.with_state(|s, now| {
-            let written = live(&s.fences, keys.fence(), now) == Some(&fence);
+        let stored = self.update(keys, |e, now| {
+            let written = e.fence(now) == Some(fence);
             if written {
-                s.apply(keys, write, now);
+                e.apply(write, now);
             }
-            let released = live(&s.locks, keys.lock(), now).is_some_and(|t| t == token);
+            let released = e.locked_by(token, now);
             if released {
-                s.locks.remove(keys.lock());
+                e.lock = None;
             }
-            s.wrote(now);
             Stored { written, released }
         });
         self.wakeups.notify(keys.channel());
@@ -402,10 +497,9 @@ impl Store for MemoryStore {
         ttl: Duration,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        self.with_state(|s, now| {
-            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
-            s.put_value(keys, value, ttl, now);
-            s.wrote(now);
+        self.update(keys, |e, now| {
+            e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
+            e.put_value(value, ttl, now);
         });
         self.wakeups.notify(keys.channel());
         Box::pin(std::future::ready(Ok(())))
@@ -416,10 +510,9 @@ impl Store for MemoryStore {
         keys: &'a EntryKeys,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        self.with_state(|s, now| {
-            s.bump_fence(keys.fence(), retention(lease), now, self.wall_us(now));
-            s.values.remove(&keys.value);
-            s.wrote(now);
+        self.update(keys, |e, now| {
+            e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
+            e.value = None;
         });
         self.wakeups.notify(keys.channel());
         Box::pin(std::future::ready(Ok(())))
@@ -431,8 +524,11 @@ impl Store for MemoryStore {
     }
 
     fn now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.epoch_ms.saturating_add(elapsed)
+        self.ms_at(Instant::now())
+    }
+
+    fn as_memory(&self) -> Option<&MemoryStore> {
+        Some(self)
     }
 }
 
@@ -453,10 +549,166 @@ mod tests {
 
     /// The counter's expiry and the value's: `None` is none (kept for ever).
     fn expiries(store: &MemoryStore, k: &EntryKeys) -> (Option<Instant>, Option<Instant>) {
-        let s = lock(&store.state);
-        let fence = s.fences.get(k.fence()).map(|e| e.until).unwrap();
-        let value = s.values.get(&k.value).map(|e| e.until).unwrap();
+        let shard = lock(store.shard(&k.value));
+        let entry = shard.entry(&k.value).unwrap();
+        let fence = entry.fence.as_ref().map(|f| f.until).unwrap();
+        let value = entry.value.as_ref().map(|v| v.until).unwrap();
         (fence, value)
+    }
+
+    fn bounded(max_entries: u64, max_bytes: u64) -> MemoryStore {
+        MemoryStore::new(
+            MemoryLimits::default()
+                .max_entries(max_entries)
+                .max_bytes(max_bytes),
+        )
+    }
+
+    /// How many of `keys` have a value (each read counts as a read for eviction).
+    async fn held(store: &MemoryStore, keys: &[EntryKeys]) -> usize {
+        let mut n = 0;
+        for k in keys {
+            n += usize::from(store.get(k).await.unwrap().is_some());
+        }
+        n
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const LEASE: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn values_are_bounded_by_count_and_by_bytes() {
+        let by_count = bounded(100, u64::MAX);
+        let by_bytes = bounded(u64::MAX, 50_000);
+        let all: Vec<EntryKeys> = (0..2_000).map(|i| keys(&format!("k{i}"))).collect();
+        let kilobyte = vec![7u8; 1_000];
+        for k in &all {
+            by_count.set(k, b"v".to_vec(), HOUR, LEASE).await.unwrap();
+            by_bytes
+                .set(k, kilobyte.clone(), HOUR, LEASE)
+                .await
+                .unwrap();
+            assert!(by_count.totals.values.load(Ordering::Relaxed) <= 100);
+            assert!(by_bytes.totals.bytes.load(Ordering::Relaxed) <= 50_000);
+        }
+        let counted = held(&by_count, &all).await;
+        assert!((90..=100).contains(&counted), "{counted} values held");
+        // Each weighs its 1,000 bytes, its key (`t:{k123}`) and the bookkeeping.
+        let fit = 50_000 / (1_000 + 9 + entry::OVERHEAD_BYTES) as usize;
+        let weighed = held(&by_bytes, &all).await;
+        assert!(
+            (fit - 5..=fit).contains(&weighed),
+            "{weighed} values of 1 kB held"
+        );
+        // The fencing counter of an evicted value outlives it only as long as the leases need
+        // it; then the sweep hand of later writes reclaims the entry.
+        tokio::time::advance(retention(LEASE) + Duration::from_millis(1)).await;
+        for i in 0..3_000 {
+            let k = keys(&format!("later{i}"));
+            by_count.set(&k, b"v".to_vec(), HOUR, LEASE).await.unwrap();
+        }
+        let evicted_left = by_count
+            .shards
+            .iter()
+            .map(|s| {
+                let shard = lock(s);
+                let first = shard.keys().filter(|k| k.starts_with("t:{k"));
+                first
+                    .filter(|k| shard.entry(k).is_some_and(|e| e.value.is_none()))
+                    .count()
+            })
+            .sum::<usize>();
+        assert_eq!(evicted_left, 0, "entries of evicted values left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_read_again_survives_a_scan_of_keys_read_once() {
+        let store = bounded(100, u64::MAX);
+        let hot = keys("hot");
+        store.set(&hot, b"h".to_vec(), HOUR, LEASE).await.unwrap();
+        for _ in 0..3 {
+            store.get(&hot).await.unwrap();
+        }
+        // Each written and never read again, as a scan through `get_or_compute` does.
+        for i in 0..10_000 {
+            let cold = keys(&format!("cold{i}"));
+            store.set(&cold, b"c".to_vec(), HOUR, LEASE).await.unwrap();
+        }
+        assert_eq!(
+            store.get(&hot).await.unwrap().as_deref(),
+            Some(&b"h"[..]),
+            "the hot key was evicted by the scan"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_never_takes_a_lock_nor_the_fence_of_its_holder() {
+        let store = bounded(10, u64::MAX);
+        let locked = keys("locked");
+        // A value, then a lock taken over it (to replace it), so both are in the entry.
+        store
+            .set(&locked, b"old".to_vec(), HOUR, LEASE)
+            .await
+            .unwrap();
+        let ReadOrLock::Acquired { fence } = store
+            .read_or_lock(&locked, "A", LEASE, false)
+            .await
+            .unwrap()
+        else {
+            panic!("a free lock must be granted");
+        };
+        for i in 0..1_000 {
+            let k = keys(&format!("k{i}"));
+            store.set(&k, b"v".to_vec(), HOUR, LEASE).await.unwrap();
+        }
+        assert!(store.get(&locked).await.unwrap().is_none(), "value evicted");
+        assert!(
+            matches!(
+                store.read_or_lock(&locked, "B", LEASE, true).await.unwrap(),
+                ReadOrLock::Held { .. }
+            ),
+            "the lock is still A's"
+        );
+        // The holder's write is accepted: its fencing counter was kept.
+        let stored = store
+            .store_and_unlock(&locked, "A", fence, value(b"new", HOUR))
+            .await
+            .unwrap();
+        assert_eq!(
+            stored,
+            Stored {
+                written: true,
+                released: true
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_decoded_copy_goes_with_the_bytes_it_was_decoded_from() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        let fresh_until = store.now_ms() + 60_000;
+        store.set(&k, b"v1".to_vec(), HOUR, LEASE).await.unwrap();
+        let Some(Blob::Shared(first)) = store.get(&k).await.unwrap() else {
+            panic!("the memory store shares its bytes");
+        };
+        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until);
+        assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("one"));
+        assert_eq!(store.fresh::<Vec<u8>>("t", "a"), None, "another type");
+        // A write replaces the bytes: the copy goes, and a late offer of the old one is refused.
+        store.set(&k, b"v2".to_vec(), HOUR, LEASE).await.unwrap();
+        assert_eq!(store.fresh::<String>("t", "a"), None);
+        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until);
+        assert_eq!(store.fresh::<String>("t", "a"), None);
+        // Never served at or after its fresh-until.
+        let Some(Blob::Shared(second)) = store.get(&k).await.unwrap() else {
+            panic!("the memory store shares its bytes");
+        };
+        store.keep_decoded(&k, &second, &"two".to_owned(), fresh_until);
+        tokio::time::advance(Duration::from_millis(59_999)).await;
+        assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("two"));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(store.fresh::<String>("t", "a"), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,6 +20,7 @@ pub(crate) mod redis;
 mod scripts;
 mod split;
 
+pub use memory::MemoryLimits;
 pub(crate) use memory::MemoryStore;
 pub(crate) use split::SplitStore;
 
@@ -317,6 +318,11 @@ pub(crate) trait Store: LockStore {
     /// Whether [`now_ms`](Self::now_ms) is calibrated (or needs no calibration).
     fn clock_synced(&self) -> bool {
         true
+    }
+
+    /// The embedded store itself, whose hit path skips decoding ([`MemoryStore::fresh`]).
+    fn as_memory(&self) -> Option<&MemoryStore> {
+        None
     }
 
     /// Calibrates [`now_ms`](Self::now_ms) once, before the first call that stamps or judges

@@ -107,6 +107,7 @@ fn is_plain(b: u8) -> bool {
 /// Appends the value key `ns:{k}` of `key` to `out`, without checking the key: the near tier's
 /// look-up builds it in a reused buffer, so that a near hit allocates nothing for it.
 pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
+    out.reserve(namespace.len() + key.len() + 3);
     out.push_str(namespace);
     out.push_str(":{");
     escape_into(key, out);
@@ -114,14 +115,24 @@ pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
 }
 
 fn escape_into(key: &str, out: &mut String) {
-    for b in key.bytes() {
-        if is_plain(b) {
-            out.push(b as char);
-        } else {
-            // Writing to a String cannot fail.
-            let _ = write!(out, "%{b:02X}");
-        }
+    // Runs of plain bytes are copied whole: most keys are one run, and every hit builds its key.
+    // A run is ASCII and follows an ASCII byte or a char's last byte, so both of its ends are
+    // char boundaries (`get` cannot miss).
+    if key.bytes().all(is_plain) {
+        out.push_str(key);
+        return;
     }
+    let mut run = 0;
+    for (i, b) in key.bytes().enumerate() {
+        if is_plain(b) {
+            continue;
+        }
+        out.push_str(key.get(run..i).unwrap_or_default());
+        // Writing to a String cannot fail.
+        let _ = write!(out, "%{b:02X}");
+        run = i + 1;
+    }
+    out.push_str(key.get(run..).unwrap_or_default());
 }
 
 #[cfg(test)]
