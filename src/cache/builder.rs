@@ -238,7 +238,7 @@ impl<C: Codec> CacheBuilder<C> {
                     near.heartbeat_period(),
                 )?;
                 let counters = Arc::default();
-                let tier = Arc::new(NearTier::new(&near, Arc::clone(&counters)));
+                let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));
                 let sink: Arc<dyn crate::store::feed::FeedSink> = tier.clone();
                 feed.start(Arc::downgrade(&sink));
                 (store, Some(tier), counters)

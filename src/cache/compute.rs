@@ -136,7 +136,7 @@ impl<C: Codec> Cache<C> {
             .inner
             .near
             .as_ref()
-            .and_then(|near| near.ticket(&keys.value));
+            .and_then(|near| near.ticket(&keys.user));
 
         // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
         // window is not a hit: it goes on to the lock, kept as the fallback.
@@ -196,7 +196,7 @@ impl<C: Codec> Cache<C> {
         {
             near.insert(
                 ticket,
-                &keys.value,
+                &keys.user,
                 value,
                 entry.fence,
                 entry.fresh_until_ms,
@@ -255,7 +255,7 @@ impl<C: Codec> Cache<C> {
         if !store.clock_synced() {
             return None;
         }
-        near.get_by_user_key::<T>(&self.inner.namespace, key)
+        near.get::<T>(key)
     }
 
     /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch

@@ -421,7 +421,7 @@ impl<C: Codec> Cache<C> {
     /// announcement to come back (read-your-writes within the instance).
     fn forget_near(&self, keys: &EntryKeys) {
         if let Some(near) = &self.inner.near {
-            near.forget(&keys.value);
+            near.forget(&keys.user);
         }
     }
 

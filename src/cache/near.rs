@@ -63,7 +63,7 @@ use tokio::time::Instant;
 use crate::cache::compute::StoredEntry;
 use crate::stats::{Counters, Event};
 use crate::store::feed::FeedSink;
-use crate::wire::key::value_key_into;
+use crate::wire::key::user_key_of;
 
 /// The near tier's settings: how many entries and bytes it may hold, and how stale a copy may
 /// be served when the invalidation stream breaks. Given to
@@ -229,6 +229,7 @@ pub(crate) struct NearTier {
     serving: AtomicBool,
     base: Instant,
     max_staleness: Duration,
+    namespace: String,
     counters: Arc<Counters>,
 }
 
@@ -273,7 +274,8 @@ impl Weights {
 const OVERHEAD_BYTES: usize = 64;
 
 impl NearTier {
-    pub(crate) fn new(config: &NearCache, counters: Arc<Counters>) -> Self {
+    /// The near tier of the cache of `namespace`, whose announcements name value keys.
+    pub(crate) fn new(config: &NearCache, namespace: &str, counters: Arc<Counters>) -> Self {
         let weights = Weights::new(config.max_entries, config.max_bytes);
         let copies = moka::sync::Cache::builder()
             .max_capacity(weights.capacity)
@@ -292,22 +294,23 @@ impl NearTier {
             serving: AtomicBool::new(false),
             base: Instant::now(),
             max_staleness: config.max_staleness,
+            namespace: namespace.to_owned(),
             counters,
         }
     }
 
-    /// A fresh copy of `value_key` as a `T`, if the tier may serve one now. Counts a near hit
+    /// A fresh copy of `key` (the user's key) as a `T`, if the tier may serve one now. Counts a near hit
     /// or miss.
-    pub(crate) fn get<T: Clone + 'static>(&self, value_key: &str) -> Option<StoredEntry<T>> {
+    pub(crate) fn get<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
         let now = self.nanos(Instant::now());
         let found = self
             .live_at(now)
-            .then(|| self.copies.get(value_key))
+            .then(|| self.copies.get(key))
             .flatten();
         let served = found.and_then(|copy| {
             if copy.fresh_until_nanos <= now {
                 // Past its fresh-until: the normal path decides (stale window, refresh, miss).
-                self.copies.invalidate(value_key);
+                self.copies.invalidate(key);
                 return None;
             }
             if copy.type_id != TypeId::of::<T>() {
@@ -330,28 +333,6 @@ impl NearTier {
         served
     }
 
-    /// [`get`](Self::get) by the user's key: the value key is built in a buffer of this thread,
-    /// so a hit allocates nothing but the clone of `T`. Keys that are not valid are never in
-    /// the tier (every copy went in under a validated key): `None`, and the caller's own
-    /// validation reports them.
-    pub(crate) fn get_by_user_key<T: Clone + 'static>(
-        &self,
-        namespace: &str,
-        key: &str,
-    ) -> Option<StoredEntry<T>> {
-        thread_local! {
-            static VALUE_KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-        }
-        if key.is_empty() || key.len() > crate::MAX_KEY_BYTES {
-            return None;
-        }
-        VALUE_KEY.with_borrow_mut(|buffer| {
-            buffer.clear();
-            value_key_into(namespace, key, buffer);
-            self.get(buffer)
-        })
-    }
-
     /// Whether the stream is proven current within `max_staleness`. When the proof has lapsed,
     /// the first caller to notice drops every copy and counts the switch-off.
     fn live(&self) -> bool {
@@ -371,9 +352,9 @@ impl NearTier {
         false
     }
 
-    /// A ticket for a read of `value_key` about to be sent, or `None` if no announcement stream
+    /// A ticket for a read of `key` about to be sent, or `None` if no announcement stream
     /// is subscribed (its answer could then miss a later change).
-    pub(crate) fn ticket(&self, value_key: &str) -> Option<Ticket> {
+    pub(crate) fn ticket(&self, key: &str) -> Option<Ticket> {
         if self.connection.load(Ordering::SeqCst) == 0 {
             return None;
         }
@@ -382,7 +363,7 @@ impl NearTier {
         if self.connection.load(Ordering::SeqCst) == 0 {
             return None;
         }
-        let stripe = self.stripe(value_key);
+        let stripe = self.stripe(key);
         Some(Ticket {
             epoch,
             stripe,
@@ -396,7 +377,7 @@ impl NearTier {
     pub(crate) fn insert<T: Clone + Send + Sync + 'static>(
         &self,
         ticket: Ticket,
-        value_key: &str,
+        key: &str,
         value: &T,
         fence: u64,
         fresh_until_ms: u64,
@@ -421,12 +402,12 @@ impl NearTier {
             compute_ms,
             bytes,
         });
-        self.copies.insert(value_key.to_owned(), copy);
+        self.copies.insert(key.to_owned(), copy);
         // After the insert: an announcement that bumped the stripe before this check dropped
         // nothing of ours (we were not in yet), so we drop ourselves; one that bumps it after
         // drops our copy itself.
         if !self.valid(ticket) {
-            self.copies.invalidate(value_key);
+            self.copies.invalidate(key);
         }
     }
 
@@ -435,19 +416,19 @@ impl NearTier {
             && self.stripes[ticket.stripe].load(Ordering::SeqCst) == ticket.generation
     }
 
-    /// This instance changed `value_key` (`set`, `invalidate`): its own copy goes at once, and
+    /// This instance changed `key` (`set`, `invalidate`): its own copy goes at once, and
     /// reads racing the change cannot insert what they read before it.
-    pub(crate) fn forget(&self, value_key: &str) {
-        self.bump(value_key);
-        self.copies.invalidate(value_key);
+    pub(crate) fn forget(&self, key: &str) {
+        self.bump(key);
+        self.copies.invalidate(key);
     }
 
-    fn bump(&self, value_key: &str) {
-        self.stripes[self.stripe(value_key)].fetch_add(1, Ordering::SeqCst);
+    fn bump(&self, key: &str) {
+        self.stripes[self.stripe(key)].fetch_add(1, Ordering::SeqCst);
     }
 
-    fn stripe(&self, value_key: &str) -> usize {
-        (self.hasher.hash_one(value_key) % STRIPES as u64) as usize
+    fn stripe(&self, key: &str) -> usize {
+        (self.hasher.hash_one(key) % STRIPES as u64) as usize
     }
 
     /// Drops every copy; tickets taken before cannot insert.
@@ -493,17 +474,24 @@ impl FeedSink for NearTier {
 
     fn invalidated(&self, value_key: &str, fence: u64) {
         self.counters.record(Event::NearInvalidation);
+        // Copies are held by the user's key. A name that is not a value key of this namespace
+        // (nothing the crate announces) cannot be matched to a copy: drop them all.
+        let Some(key) = user_key_of(&self.namespace, value_key) else {
+            self.drop_all();
+            return;
+        };
+        let key = key.as_ref();
         // Stripe first, then the copy: see `insert`.
-        self.bump(value_key);
+        self.bump(key);
         // The announcement of the very write a copy holds leaves it (an instance hears its
         // own computed writes); anything else is newer and drops it. `set` values carry fence
         // 0, so any announcement drops them.
-        if let Some(copy) = self.copies.get(value_key) {
+        if let Some(copy) = self.copies.get(key) {
             if copy.fence == fence && fence != 0 {
                 return;
             }
         }
-        self.copies.invalidate(value_key);
+        self.copies.invalidate(key);
     }
 
     fn proof(&self, connection: u64, sent: Instant) {
@@ -525,14 +513,16 @@ impl FeedSink for NearTier {
 mod tests {
     use super::*;
 
-    const KEY: &str = "ns:{k}";
+    /// A user's key, and its value key in namespace `ns` (announcements name value keys).
+    const KEY: &str = "k";
+    const VALUE_KEY: &str = "ns:{k}";
     const NOW: u64 = 1_000_000;
     const FRESH: u64 = NOW + 60_000;
 
     /// A tier whose stream is subscribed (connection 1) and proven current now.
     fn live_tier(config: &NearCache) -> (NearTier, Arc<Counters>) {
         let counters = Arc::new(Counters::default());
-        let tier = NearTier::new(config, Arc::clone(&counters));
+        let tier = NearTier::new(config, "ns", Arc::clone(&counters));
         tier.reset(1);
         tier.subscribed(1);
         tier.proof(1, Instant::now());
@@ -563,7 +553,7 @@ mod tests {
         // The read is sent (ticket), the key changes elsewhere (announcement), the read's
         // answer, the value from before the change, comes back and is offered to the tier.
         let ticket = tier.ticket(KEY).unwrap();
-        tier.invalidated(KEY, 9);
+        tier.invalidated(VALUE_KEY, 9);
         tier.insert(ticket, KEY, &"old".to_owned(), 5, FRESH, 0, 3, NOW);
         assert_eq!(read(&tier, KEY), None, "the old value must not be served");
         assert_eq!(counters.snapshot().near_invalidations, 1);
@@ -576,17 +566,17 @@ mod tests {
     async fn an_announcement_drops_older_copies_but_not_the_write_it_announces() {
         let (tier, _) = live_tier(&NearCache::new(100));
         put(&tier, KEY, "v5", 5);
-        tier.invalidated(KEY, 5);
+        tier.invalidated(VALUE_KEY, 5);
         assert_eq!(read(&tier, KEY).as_deref(), Some("v5"), "its own write");
-        tier.invalidated(KEY, 7);
+        tier.invalidated(VALUE_KEY, 7);
         assert_eq!(read(&tier, KEY), None, "a newer write");
         // A `set` value carries fence 0: any announcement drops it.
         put(&tier, KEY, "set", 0);
-        tier.invalidated(KEY, 0);
+        tier.invalidated(VALUE_KEY, 0);
         assert_eq!(read(&tier, KEY), None);
         // Other keys are left alone.
         put(&tier, "ns:{other}", "o", 3);
-        tier.invalidated(KEY, 11);
+        tier.invalidated(VALUE_KEY, 11);
         assert_eq!(read(&tier, "ns:{other}").as_deref(), Some("o"));
     }
 
@@ -604,7 +594,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_ticket_without_a_subscribed_stream_and_a_reset_voids_everything() {
         let counters = Arc::new(Counters::default());
-        let tier = NearTier::new(&NearCache::new(100), Arc::clone(&counters));
+        let tier = NearTier::new(&NearCache::new(100), "ns", Arc::clone(&counters));
         assert_eq!(tier.ticket(KEY), None, "nothing subscribed yet");
         tier.reset(1);
         assert_eq!(tier.ticket(KEY), None, "connecting, not subscribed");

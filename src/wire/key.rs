@@ -10,6 +10,7 @@
 //!
 //! Explained in the guide: `docs/how-it-works.md` (The keys) and `docs/security.md` (namespaces).
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
@@ -114,6 +115,32 @@ pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
     out.push('}');
 }
 
+/// The user's key whose value key in `namespace` is `value_key` (the inverse of
+/// [`value_key_into`]), or `None` if `value_key` is not one of that namespace's value keys: the
+/// near tier holds copies by the user's key and hears of changes by value key.
+pub(crate) fn user_key_of<'v>(namespace: &str, value_key: &'v str) -> Option<Cow<'v, str>> {
+    let escaped = value_key
+        .strip_prefix(namespace)?
+        .strip_prefix(":{")?
+        .strip_suffix('}')?;
+    if !escaped.contains('%') {
+        return Some(Cow::Borrowed(escaped));
+    }
+    let mut bytes = Vec::with_capacity(escaped.len());
+    let mut rest = escaped.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        if b == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(b);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok().map(Cow::Owned)
+}
+
 fn escape_into(key: &str, out: &mut String) {
     // Runs of plain bytes are copied whole: most keys are one run, and every hit builds its key.
     // A run is ASCII and follows an ASCII byte or a char's last byte, so both of its ends are
@@ -170,6 +197,19 @@ mod tests {
     }
 
     #[test]
+    fn value_keys_lead_back_to_user_keys_and_other_names_to_none() {
+        let keys = EntryKeys::new("reports", "2019 05 {x}").unwrap();
+        assert_eq!(
+            user_key_of("reports", &keys.value).as_deref(),
+            Some("2019 05 {x}")
+        );
+        assert_eq!(user_key_of("other", &keys.value), None);
+        assert_eq!(user_key_of("reports", keys.lock()), None);
+        assert_eq!(user_key_of("reports", "reports:{bad%4}"), None);
+        assert_eq!(user_key_of("reports", "reports:{%FF}"), None, "not UTF-8");
+    }
+
+    #[test]
     fn empty_and_oversize_keys_are_refused() {
         assert!(matches!(
             EntryKeys::new("ns", ""),
@@ -193,24 +233,6 @@ mod tests {
     mod properties {
         use super::super::*;
         use proptest::prelude::*;
-
-        /// The inverse of `escape`, to show that nothing is lost.
-        fn unescape(escaped: &str) -> Vec<u8> {
-            let b = escaped.as_bytes();
-            let mut out = Vec::new();
-            let mut i = 0;
-            while i < b.len() {
-                if b[i] == b'%' {
-                    let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
-                    out.push(u8::from_str_radix(hex, 16).unwrap());
-                    i += 3;
-                } else {
-                    out.push(b[i]);
-                    i += 1;
-                }
-            }
-            out
-        }
 
         /// The hash tag Redis Cluster uses: between the first `{` and the first `}` after it.
         fn hash_tag(key: &str) -> Option<&str> {
@@ -268,7 +290,9 @@ mod tests {
                     prop_assert_eq!(hash_tag(k), Some(tag));
                 }
                 prop_assert!(tag.bytes().all(|b| is_plain(b) || b == b'%'));
-                prop_assert_eq!(unescape(tag), key.as_bytes().to_vec());
+                // Nothing is lost: the value key leads back to the user's key.
+                let back = user_key_of(&ns, &keys.value);
+                prop_assert_eq!(back.as_deref(), Some(key.as_str()));
                 prop_assert_eq!(&keys.value, &format!("{prefix}{tag}}}"));
             }
 
