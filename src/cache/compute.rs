@@ -10,6 +10,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use crate::cache::freshness::{judge, unit_draw, Verdict};
+use crate::cache::near::Ticket;
 use crate::lock::lease::Renewal;
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::options::add;
@@ -80,20 +81,7 @@ impl<C: Codec> Cache<C> {
         match self.inner.store.get(&keys).await {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
-                    if let (Some(near), Some(ticket), Ok(value)) =
-                        (&self.inner.near, ticket, &entry.value)
-                    {
-                        near.insert(
-                            ticket,
-                            &keys.value,
-                            value,
-                            entry.fence,
-                            entry.fresh_until_ms,
-                            entry.compute_ms,
-                            bytes.len(),
-                            self.inner.store.now_ms(),
-                        );
-                    }
+                    self.keep_near(ticket, &keys, &entry, bytes.len());
                     return self.serve(entry, keys, ttl, f, Source::Hit);
                 }
             }
@@ -136,13 +124,36 @@ impl<C: Codec> Cache<C> {
 
     /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
     /// is calibrated before any copy goes in, so an uncalibrated one means no copy.
-    fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
         let near = self.inner.near.as_ref()?;
         let store = &self.inner.store;
         if !store.clock_synced() {
             return None;
         }
         near.get_by_user_key::<T>(&self.inner.namespace, key, store.now_ms())
+    }
+
+    /// Puts a value read from the store into the near tier, if there is one and `ticket` (taken
+    /// before the read was sent) proves no announcement of the key came since.
+    pub(crate) fn keep_near<T: Clone + Send + Sync + 'static>(
+        &self,
+        ticket: Option<Ticket>,
+        keys: &EntryKeys,
+        entry: &StoredEntry<T>,
+        size: usize,
+    ) {
+        if let (Some(near), Some(ticket), Ok(value)) = (&self.inner.near, ticket, &entry.value) {
+            near.insert(
+                ticket,
+                &keys.value,
+                value,
+                entry.fence,
+                entry.fresh_until_ms,
+                entry.compute_ms,
+                size,
+                self.inner.store.now_ms(),
+            );
+        }
     }
 
     /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
@@ -156,7 +167,7 @@ impl<C: Codec> Cache<C> {
 
     /// Serves a stored entry: a remembered failure as its error; a value, starting a background
     /// refresh when it is stale or XFetch says so.
-    fn serve<T, E, F, Fut>(
+    pub(crate) fn serve<T, E, F, Fut>(
         &self,
         entry: StoredEntry<T>,
         keys: EntryKeys,
@@ -292,7 +303,7 @@ impl<C: Codec> Cache<C> {
 
     /// A plain read of the value; errors and unreadable bytes count as nothing found (the
     /// read-or-lock that follows reports the former and replaces the latter).
-    async fn look<T: DeserializeOwned + 'static>(
+    pub(crate) async fn look<T: DeserializeOwned + 'static>(
         &self,
         keys: &EntryKeys,
     ) -> Option<StoredEntry<T>> {
@@ -320,35 +331,34 @@ impl<C: Codec> Cache<C> {
     {
         let computing = Instant::now();
         self.inner.counters.record(Event::Compute);
-        let computed = match f(held.lease()).await {
-            Ok(computed) => computed,
-            Err(e) => {
-                let store = self.inner.store.as_ref();
-                let released = match (on_failure, self.options.negative_ttl) {
-                    (OnFailure::Remember, Some(negative_ttl)) => {
-                        let bytes = self.encode_failure::<T, E>(&e, negative_ttl, held.fence());
-                        let write = Write::Value {
-                            bytes,
-                            ttl: negative_ttl,
-                        };
-                        held.store_and_unlock(store, write).await.map(|_| true)
-                    }
-                    (OnFailure::Delete, _) => held
-                        .store_and_unlock(store, Write::Delete)
-                        .await
-                        .map(|stored| stored.released),
-                    (OnFailure::Remember | OnFailure::Release, _) => held.release().await,
-                };
-                if let Err(err) = released {
-                    tracing::warn!(key = %keys.user, error = %err,
-                        "could not free the lock after a failed computation; it frees itself when its lease runs out");
-                }
-                return Err(Error::compute(e));
+        match f(held.lease()).await {
+            Ok(computed) => {
+                self.store_computed(held, keys, ttl, computed, computing.elapsed())
+                    .await
             }
-        };
+            Err(e) => {
+                self.after_failure::<T, E>(held, keys, &e, on_failure).await;
+                Err(Error::compute(e))
+            }
+        }
+    }
+
+    /// The success half of [`compute_and_store`](Self::compute_and_store), per key (a batch
+    /// calls it for each key its computation returned): writes the value if the fencing token
+    /// is still current and lets the lock go; the value is returned either way.
+    pub(crate) async fn store_computed<T>(
+        &self,
+        held: HeldLock,
+        keys: &EntryKeys,
+        ttl: Duration,
+        computed: Computed<T>,
+        took: Duration,
+    ) -> Result<T, Error>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+    {
         let ttl = computed.ttl.unwrap_or(ttl);
-        let bytes = match self.encode_value(&computed.value, ttl, computing.elapsed(), held.fence())
-        {
+        let bytes = match self.encode_value(&computed.value, ttl, took, held.fence()) {
             Ok(bytes) => bytes,
             Err(e) => {
                 let _ = held.release().await;
@@ -370,6 +380,41 @@ impl<C: Codec> Cache<C> {
                 "computed value not written: the backend failed; returning it uncached"),
         }
         Ok(computed.value)
+    }
+
+    /// The failure half of [`compute_and_store`](Self::compute_and_store), per key (a batch
+    /// calls it for each key of a failed computation): remembers the failure, deletes the value
+    /// or just lets the lock go, as `on_failure` says, fenced.
+    pub(crate) async fn after_failure<T, E>(
+        &self,
+        held: HeldLock,
+        keys: &EntryKeys,
+        error: &E,
+        on_failure: OnFailure,
+    ) where
+        T: DeserializeOwned + 'static,
+        E: Display,
+    {
+        let store = self.inner.store.as_ref();
+        let released = match (on_failure, self.options.negative_ttl) {
+            (OnFailure::Remember, Some(negative_ttl)) => {
+                let bytes = self.encode_failure::<T, E>(error, negative_ttl, held.fence());
+                let write = Write::Value {
+                    bytes,
+                    ttl: negative_ttl,
+                };
+                held.store_and_unlock(store, write).await.map(|_| true)
+            }
+            (OnFailure::Delete, _) => held
+                .store_and_unlock(store, Write::Delete)
+                .await
+                .map(|stored| stored.released),
+            (OnFailure::Remember | OnFailure::Release, _) => held.release().await,
+        };
+        if let Err(err) = released {
+            tracing::warn!(key = %keys.user, error = %err,
+                "could not free the lock after a failed computation; it frees itself when its lease runs out");
+        }
     }
 
     /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
@@ -518,7 +563,7 @@ impl<C: Codec> Cache<C> {
 }
 
 /// What an in-process follower reports: the leader's computation is, for it, a wait.
-fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
+pub(crate) fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
     let source = match fetched.source {
         Source::Computed => Source::Waited,
         other => other,

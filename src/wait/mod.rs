@@ -3,5 +3,8 @@
 //! wake-up notifications inside a process (`wakeup.rs`).
 
 pub(crate) mod flight;
+mod join;
 pub(crate) mod waiting;
 pub(crate) mod wakeup;
+
+pub(crate) use join::join_all;
