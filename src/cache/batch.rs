@@ -31,6 +31,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use crate::cache::compute::{waited, OnFailure, StoredEntry};
+use crate::cache::freshness::{judge, Verdict};
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::stats::Event;
 use crate::store::{BoxFuture, LockStore, ReadOrLock};
@@ -134,9 +135,24 @@ impl<C: Codec> Cache<C> {
         for outcome in &settled {
             self.count(outcome, took);
         }
+        // Each outcome moves to the last place that asked for it; earlier duplicates get copies.
+        let mut uses = vec![0usize; settled.len()];
+        for slot in places.iter().flatten() {
+            uses[*slot] += 1;
+        }
+        let mut settled: Vec<Option<Outcome<T>>> = settled.into_iter().map(Some).collect();
         places
             .into_iter()
-            .map(|place| place.and_then(|slot| settled[slot].clone()))
+            .map(|place| {
+                let slot = place?;
+                uses[slot] -= 1;
+                let outcome = if uses[slot] == 0 {
+                    settled[slot].take()
+                } else {
+                    settled[slot].clone()
+                };
+                outcome.unwrap_or_else(|| Err(unsettled()))
+            })
             .collect()
     }
 }
@@ -229,16 +245,31 @@ where
         }
         outcomes
             .into_iter()
-            .map(|outcome| {
-                // Every step settles each of its keys; a gap would be a bug here, not a panic.
-                outcome.unwrap_or_else(|| Err(Error::Config("batch: a key was not settled".into())))
-            })
+            .map(|outcome| outcome.unwrap_or_else(|| Err(unsettled())))
             .collect()
     }
 
     /// Serves a stored entry as a single key's is served: a stale value (or XFetch's early
     /// draw) starts a background refresh of that key, by a call of `f` for it alone.
     fn serve(&self, entry: StoredEntry<T>, keys: &EntryKeys, found: Source) -> Outcome<T> {
+        let cache = self.cache;
+        // A fresh value without XFetch needs none of what `serve` prepares for a refresh (a copy
+        // of the keys, a closure): the verdict is the same `judge`, without a draw.
+        if cache.options.early_refresh_beta <= 0.0 {
+            let now = cache.inner.store.now_ms();
+            if judge(now, entry.fresh_until_ms, entry.compute_ms, 0.0, 1.0) == Verdict::Fresh {
+                return match entry.value {
+                    Ok(value) => Ok(Fetched {
+                        value,
+                        source: found,
+                    }),
+                    Err(message) => Err(Error::RecentFailure {
+                        key: keys.user.clone(),
+                        message,
+                    }),
+                };
+            }
+        }
         let f = Arc::clone(&self.f);
         let key = keys.user.clone();
         let refresh = move |_lease: Lease| async move {
@@ -555,6 +586,12 @@ where
             }
         }
     }
+}
+
+/// Every step settles each of its keys, and each outcome is handed out once per place that
+/// asked for it; a gap would be a bug of this module, reported rather than panicking.
+fn unsettled() -> Error {
+    Error::Config("internal error: a key of a batch was left without an outcome".to_owned())
 }
 
 /// A key the computation left out: its lock goes at once (waking its waiters), nothing is
