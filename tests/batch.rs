@@ -56,17 +56,13 @@ impl Calls {
     }
 }
 
-/// A batch computation that takes `work`, then answers `"<key>:v"` for each key asked.
-fn report(
-    calls: &Calls,
-    work: Duration,
-) -> impl Fn(
-    Vec<String>,
-) -> std::pin::Pin<
+/// What a batch computation of these tests returns.
+type Answer = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<HashMap<String, String>, std::io::Error>> + Send>,
-> + Send
-       + Sync
-       + 'static {
+>;
+
+/// A batch computation that takes `work`, then answers `"<key>:v"` for each key asked.
+fn report(calls: &Calls, work: Duration) -> impl Fn(Vec<String>) -> Answer + Send + Sync + 'static {
     let calls = calls.clone();
     move |keys: Vec<String>| {
         calls.record(&keys);
