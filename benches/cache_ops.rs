@@ -8,6 +8,9 @@
 //! - `near_hit`: `get_or_compute` answered by the near tier (`NearCache`, Redis behind it) vs
 //!   `moka::sync::Cache::get` of the same value (target ≤ 1.5× moka).
 //! - `won_miss`: a cold key each iteration: GET, read-or-lock, compute (0 ms), store-and-unlock.
+//! - `batch_hit`: `get_or_compute_many` of 12 warm months (one `MGET`) vs one single-key hit
+//!   (target: the batch within 1.3× its time) and vs 12 sequential single-key hits (the calls
+//!   the batch replaces).
 //!
 //! The value is the load generator's: a 1024-byte `String`.
 
@@ -357,5 +360,84 @@ fn near_hit(c: &mut Criterion) {
     drop(server);
 }
 
-criterion_group!(benches, hit_path, memory_hit, near_hit);
+/// The year's twelve months, as the batch asks for them.
+fn months() -> Vec<String> {
+    (1..=12).map(|m| format!("2019-{m:02}")).collect()
+}
+
+async fn batch_hit_12(cache: &Cache, months: &[String]) {
+    let values = cache
+        .get_or_compute_many(months, TTL, |_keys| async {
+            Err::<Vec<(String, String)>, _>("the keys are warm: a hit must not compute")
+        })
+        .await;
+    for v in values {
+        black_box(v.expect("a hit"));
+    }
+}
+
+async fn sequential_hits_12(cache: &Cache, months: &[String]) {
+    for month in months {
+        let v: String = cache
+            .get_or_compute(month, TTL, || async {
+                Err::<String, _>("the key is warm: a hit must not compute")
+            })
+            .await
+            .expect("a hit");
+        black_box(v);
+    }
+}
+
+/// The time of 500 calls of `op`, one after another.
+fn timed<Fut: Future<Output = ()>>(rt: &tokio::runtime::Runtime, op: impl Fn() -> Fut) -> Duration {
+    rt.block_on(async {
+        let started = Instant::now();
+        for _ in 0..500 {
+            op().await;
+        }
+        started.elapsed()
+    })
+}
+
+fn batch_hit(c: &mut Criterion) {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let months = months();
+    let cache = rt.block_on(async {
+        let cache = Cache::builder()
+            .redis_url(server.url())
+            .namespace("bench")
+            .build()
+            .await
+            .expect("a cache");
+        for month in months.iter().chain([&KEY.to_owned()]) {
+            cache.set(month, &value(), TTL).await.expect("warm the key");
+        }
+        cache
+    });
+    let mut group = c.benchmark_group("batch_hit");
+    group.bench_function("get_or_compute_many_12", |b| {
+        b.to_async(&rt).iter(|| batch_hit_12(&cache, &months))
+    });
+    group.bench_function("get_or_compute_1", |b| {
+        b.to_async(&rt).iter(|| warm_hit(&cache))
+    });
+    group.bench_function("get_or_compute_12_sequential", |b| {
+        b.to_async(&rt).iter(|| sequential_hits_12(&cache, &months))
+    });
+    group.finish();
+    print_ratio(
+        "batch_hit/12 (one single-key hit)",
+        || timed(&rt, || batch_hit_12(&cache, &months)),
+        || timed(&rt, || warm_hit(&cache)),
+    );
+    print_ratio(
+        "batch_hit/12 (12 sequential single-key hits)",
+        || timed(&rt, || batch_hit_12(&cache, &months)),
+        || timed(&rt, || sequential_hits_12(&cache, &months)),
+    );
+    drop(server);
+}
+
+criterion_group!(benches, hit_path, memory_hit, near_hit, batch_hit);
 criterion_main!(benches);

@@ -1,6 +1,8 @@
 //! An HTTP service: `GET /report/{month}` returns the month's sales report, computed from the
 //! database through the cache. However many requests for a cold month arrive at once, the
-//! database runs its query once; `GET /stats` shows how many queries it ran.
+//! database runs its query once; `GET /report/{year}` returns the year's twelve months through one
+//! batch call (one query for every month missing from the cache); `GET /stats` shows how many
+//! queries the database ran.
 //!
 //! The guide's complete service (`docs/service-example.md` walks through it):
 //! - `GET /report/{month}`: `get_or_compute`, the query computed once fleet-wide;
@@ -19,6 +21,7 @@
 //!   cargo run --example axum_report --features axum                     # PostgreSQL
 //!
 //! curl -i http://127.0.0.1:3000/report/2019-05
+//! curl -i http://127.0.0.1:3000/report/2019
 //! curl http://127.0.0.1:3000/stats
 //! ```
 //!
@@ -217,10 +220,11 @@ async fn write_summary(
 }
 
 /// `GET /report/2019-05`: the month's report, computed once however many requests ask at once.
-async fn report(
-    State(app): State<App>,
-    Path(month): Path<String>,
-) -> Result<Json<MonthlyReport>, AppError> {
+/// `GET /report/2019`: the year's (see [`year`]).
+async fn report(State(app): State<App>, Path(month): Path<String>) -> Result<Response, AppError> {
+    if month.len() == 4 && month.bytes().all(|b| b.is_ascii_digit()) {
+        return Ok(year(app, &month).await?.into_response());
+    }
     if !sales::is_month(&month) {
         return Err(AppError::BadMonth(month));
     }
@@ -232,7 +236,42 @@ async fn report(
             db.monthly_report(&month).await // Result<MonthlyReport, sqlx::Error>
         })
         .await?;
-    Ok(Json(report))
+    Ok(Json(report).into_response())
+}
+
+/// The year's twelve monthly reports through one batch call: months in the cache cost no query,
+/// the others one query for all of them. A month without orders is a report of zero orders.
+async fn year(app: App, year: &str) -> Result<Json<Vec<MonthlyReport>>, AppError> {
+    let months: Vec<String> = (1..=12).map(|m| format!("{year}-{m:02}")).collect();
+    let db = app.db.clone();
+    let reports = app
+        .cache
+        .get_or_compute_many(&months, TTL, move |missing: Vec<String>| {
+            let db = db.clone();
+            async move {
+                let mut found: std::collections::HashMap<String, MonthlyReport> = db
+                    .monthly_reports(&missing)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.month.clone(), r))
+                    .collect();
+                let zero = |month: String| MonthlyReport {
+                    month,
+                    orders: 0,
+                    revenue_cents: 0,
+                    regions: Vec::new(),
+                };
+                Ok::<_, sqlx::Error>(
+                    missing
+                        .into_iter()
+                        .map(|m| (m.clone(), found.remove(&m).unwrap_or_else(|| zero(m))))
+                        .collect::<Vec<_>>(),
+                )
+            }
+        })
+        .await;
+    // All twelve or the first error (each month has its own result, if a handler wants them).
+    Ok(Json(reports.into_iter().collect::<Result<_, _>>()?))
 }
 
 /// `POST /refresh/2019-05`: query the month again now and replace the cached report, for every
@@ -306,7 +345,7 @@ impl IntoResponse for AppError {
         match self {
             AppError::BadMonth(month) => (
                 StatusCode::BAD_REQUEST,
-                format!("not a month: {month:?} (expected YYYY-MM, e.g. 2019-05)"),
+                format!("not a month: {month:?} (expected YYYY-MM, e.g. 2019-05, or a year)"),
             )
                 .into_response(),
             AppError::NoSummaryYet => (

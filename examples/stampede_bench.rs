@@ -43,6 +43,13 @@
 //! soft timeout and hard timeout (`max_hold`), and `--fail-after-secs N` (steady state) makes
 //! every computation fail from second N of the run on (the data source is down). The JSON lines
 //! then carry the flags given and `"fallback_served": n`, the calls answered with a kept value.
+//!
+//! `--batch` (no value): each caller asks for its K keys in one
+//! [`get_or_compute_many`](stampede_guard::Cache::get_or_compute_many) call, in cold rounds and
+//! in steady state. Each call of the batch computation sleeps C once, does one
+//! `INCR bench:computes:<month>` per month it computes and one `INCR bench:batch_calls`
+//! (excluded from `redis_cmds` like the computes' INCRs); the JSON lines then carry
+//! `"batch": true, "batch_calls": n`, and a call's latency is its request's.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -169,12 +176,14 @@ struct Config {
     hard_timeout: Option<Duration>,
     /// In steady state, every computation fails from this far into the run on.
     fail_after: Option<Duration>,
+    /// Each caller asks for its K keys in one `get_or_compute_many` call.
+    batch: bool,
 }
 
 const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB[,redis://HOST:PORT...] \
 [--processes P] [--tasks T] [--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive] \
 [--expiry-mode hard|stale|xfetch] [--steady-secs N] [--think-ms MS] [--near-cache N] \
-[--fail-safe-secs S] [--soft-timeout-ms MS] [--hard-timeout-ms MS] [--fail-after-secs N]";
+[--fail-safe-secs S] [--soft-timeout-ms MS] [--hard-timeout-ms MS] [--fail-after-secs N] [--batch]";
 
 impl Config {
     /// Parses the flags by hand: nine flags do not need a parser crate.
@@ -198,11 +207,17 @@ impl Config {
             soft_timeout: None,
             hard_timeout: None,
             fail_after: None,
+            batch: false,
         };
         let mut args = args;
         while let Some(flag) = args.next() {
             if flag == "--help" || flag == "-h" {
                 return Err(USAGE.into());
+            }
+            // The one flag without a value.
+            if flag == "--batch" {
+                config.batch = true;
+                continue;
             }
             let value = args
                 .next()
@@ -339,6 +354,41 @@ fn month(i: usize) -> String {
 /// The counter that the computation of `month` increments, on db 0.
 fn counter_key(month: &str) -> String {
     format!("bench:computes:{month}")
+}
+
+/// The counter that each call of the batch computation increments (`--batch`), on db 0.
+const BATCH_CALLS_KEY: &str = "bench:batch_calls";
+
+/// Clears the round's counters (on db 0, which FLUSHDB misses when the URL names another db).
+fn clear_counters(
+    counters: &mut dyn redis::ConnectionLike,
+    months: &[String],
+) -> Result<(), BoxError> {
+    for m in months {
+        redis::cmd("DEL").arg(counter_key(m)).exec(&mut *counters)?;
+    }
+    redis::cmd("DEL")
+        .arg(BATCH_CALLS_KEY)
+        .exec(&mut *counters)?;
+    Ok(())
+}
+
+/// The round's counts: computations over every month, and calls of the batch computation.
+fn read_counters(
+    counters: &mut dyn redis::ConnectionLike,
+    months: &[String],
+) -> Result<(u64, u64), BoxError> {
+    let mut computes = 0u64;
+    for m in months {
+        let n: Option<u64> = redis::cmd("GET")
+            .arg(counter_key(m))
+            .query(&mut *counters)?;
+        computes += n.unwrap_or(0);
+    }
+    let batch_calls: Option<u64> = redis::cmd("GET")
+        .arg(BATCH_CALLS_KEY)
+        .query(&mut *counters)?;
+    Ok((computes, batch_calls.unwrap_or(0)))
 }
 
 /// The value of `month`: `(month + "|")` repeated and truncated to `size` bytes.
@@ -516,24 +566,15 @@ fn parent() -> Result<(), BoxError> {
     }
     for round in 0..config.rounds {
         admin.flush()?;
-        // The counters are on db 0, which FLUSHDB above misses when the URL names another db.
-        for m in &months {
-            redis::cmd("DEL").arg(counter_key(m)).exec(&mut *counters)?;
-        }
+        clear_counters(&mut *counters, &months)?;
         let outcome = run_round(&config, &mut admin)?;
         // Commands first: the GETs of the counters below must not be counted.
         let executed = admin.commands_executed()?;
-        let mut computes = 0u64;
-        for m in &months {
-            let n: Option<u64> = redis::cmd("GET")
-                .arg(counter_key(m))
-                .query(&mut *counters)?;
-            computes += n.unwrap_or(0);
-        }
-        let redis_cmds = executed.saturating_sub(computes);
+        let (computes, batch_calls) = read_counters(&mut *counters, &months)?;
+        let redis_cmds = executed.saturating_sub(computes + batch_calls);
         println!(
             "{}",
-            json_line(round, computes, redis_cmds, &config, &outcome)
+            json_line(round, computes, redis_cmds, &config, &outcome, batch_calls)
         );
         std::io::stdout().flush()?;
     }
@@ -549,9 +590,7 @@ fn steady(
     months: &[String],
 ) -> Result<(), BoxError> {
     admin.flush()?;
-    for m in months {
-        redis::cmd("DEL").arg(counter_key(m)).exec(&mut *counters)?;
-    }
+    clear_counters(&mut *counters, months)?;
     eprintln!(
         "stampede_bench: steady state for {seconds:?}, TTL {:?}, {} expiry",
         config.ttl,
@@ -561,13 +600,7 @@ fn steady(
     let outcome = run_round(config, admin)?;
     // Commands first: the GETs of the counters below must not be counted.
     let executed = admin.commands_executed()?;
-    let mut computes = 0u64;
-    for m in months {
-        let n: Option<u64> = redis::cmd("GET")
-            .arg(counter_key(m))
-            .query(&mut *counters)?;
-        computes += n.unwrap_or(0);
-    }
+    let (computes, batch_calls) = read_counters(&mut *counters, months)?;
     let mut calls = outcome.calls.clone();
     calls.sort_unstable();
     // After the warm-up, every window expires each key once.
@@ -586,13 +619,13 @@ fn steady(
         computes as f64 / (config.keys as f64 * windows),
         calls.len(),
         calls.len() as f64 / seconds.as_secs_f64().max(f64::MIN_POSITIVE),
-        executed.saturating_sub(computes),
+        executed.saturating_sub(computes + batch_calls),
         percentile_ms(&calls, 50.0),
         percentile_ms(&calls, 99.0),
         percentile_ms(&calls, 99.9),
         calls.last().map_or(0.0, |us| *us as f64 / 1000.0),
         outcome.errors,
-        extra_fields(config, &outcome),
+        extra_fields(config, &outcome, batch_calls),
     );
     std::io::stdout().flush()?;
     Ok(())
@@ -782,6 +815,7 @@ fn json_line(
     redis_cmds: u64,
     config: &Config,
     outcome: &Outcome,
+    batch_calls: u64,
 ) -> String {
     let mut calls = outcome.calls.clone();
     calls.sort_unstable();
@@ -807,13 +841,14 @@ fn json_line(
         percentile_ms(&reqs, 50.0),
         percentile_ms(&reqs, 99.0),
         max(&reqs),
-        extra_fields(config, outcome),
+        extra_fields(config, outcome, batch_calls),
     )
 }
 
 /// The fields of the options given: `, "near_cache": N` with a near tier; the fail-safe flags
-/// given and `"fallback_served"` with any of them.
-fn extra_fields(config: &Config, outcome: &Outcome) -> String {
+/// given and `"fallback_served"` with any of them; `"batch": true, "batch_calls": n` with
+/// `--batch`.
+fn extra_fields(config: &Config, outcome: &Outcome, batch_calls: u64) -> String {
     let mut fields = String::new();
     if let Some(n) = config.near {
         fields += &format!(r#", "near_cache": {n}"#);
@@ -833,6 +868,9 @@ fn extra_fields(config: &Config, outcome: &Outcome) -> String {
     let fail_safe_flags = [config.soft_timeout, config.hard_timeout, config.fail_after];
     if config.fail_safe.is_some() || fail_safe_flags.iter().any(Option::is_some) {
         fields += &format!(r#", "fallback_served": {}"#, outcome.fallbacks);
+    }
+    if config.batch {
+        fields += &format!(r#", "batch": true, "batch_calls": {batch_calls}"#);
     }
     fields
 }
@@ -967,8 +1005,12 @@ mod worker {
 
         /// The compute's one `INCR bench:computes:<month>`.
         async fn incr(&self, month: &str) -> redis::RedisResult<()> {
+            self.incr_key(&counter_key(month)).await
+        }
+
+        async fn incr_key(&self, key: &str) -> redis::RedisResult<()> {
             let mut incr = redis::cmd("INCR");
-            incr.arg(counter_key(month));
+            incr.arg(key);
             match self.clone() {
                 Counters::Server(mut conn) => incr.exec_async(&mut conn).await,
                 Counters::Cluster(mut conn) => incr.exec_async(&mut conn).await,
@@ -995,6 +1037,12 @@ mod worker {
             let mut order: Vec<usize> = (0..config.keys).collect();
             order.shuffle(&mut rand::rng());
             let started = Instant::now();
+            if config.batch {
+                // The request is the one call: the same sample for both figures (BENCH.md).
+                self.req = Some(self.batch_call(cache, counters, config, order).await);
+                self.finished_at = unix_micros();
+                return;
+            }
             for i in order {
                 self.call(cache, counters, config, &month(i)).await;
             }
@@ -1012,8 +1060,14 @@ mod worker {
         ) {
             let until = Instant::now() + seconds;
             while Instant::now() < until {
-                let i = rand::random_range(0..config.keys);
-                self.call(cache, counters, config, &month(i)).await;
+                if config.batch {
+                    let mut order: Vec<usize> = (0..config.keys).collect();
+                    order.shuffle(&mut rand::rng());
+                    let _ = self.batch_call(cache, counters, config, order).await;
+                } else {
+                    let i = rand::random_range(0..config.keys);
+                    self.call(cache, counters, config, &month(i)).await;
+                }
                 // `sleep(0)` would still wait for the timer's next tick (a millisecond), capping
                 // every caller at ~1,000 calls a second: with no think time, only yield.
                 if config.think.is_zero() {
@@ -1023,6 +1077,42 @@ mod worker {
                 }
             }
             self.finished_at = unix_micros();
+        }
+
+        /// `--batch`: the keys `order` names in one call, timed (µs, returned) and each value
+        /// checked.
+        async fn batch_call(
+            &mut self,
+            cache: &Cache,
+            counters: &Counters,
+            config: &Config,
+            order: Vec<usize>,
+        ) -> u64 {
+            let months: Vec<String> = order.into_iter().map(month).collect();
+            let call = Instant::now();
+            let (conn, work, payload) = (counters.clone(), config.compute, config.payload);
+            let values = cache
+                .get_or_compute_many(&months, config.ttl, move |keys: Vec<String>| {
+                    let conn = conn.clone();
+                    async move { compute_many(keys, &conn, work, payload).await }
+                })
+                .await;
+            let took = call.elapsed().as_micros() as u64;
+            self.calls.push(took);
+            for (month, value) in months.iter().zip(values) {
+                match value {
+                    Ok(v) if v == expected_value(month, config.payload) => {}
+                    Ok(_) => {
+                        eprintln!("stampede_bench: wrong value for {month}");
+                        self.errors += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("stampede_bench: {month}: {e}");
+                        self.errors += 1;
+                    }
+                }
+            }
+            took
         }
 
         /// One call, timed and checked.
@@ -1102,6 +1192,31 @@ mod worker {
             .await
             .map_err(|e| format!("INCR of the compute counter failed: {e}"))?;
         Ok(expected_value(month, payload))
+    }
+
+    /// `--batch`: the slow query for many months at once: sleep C once, count the call with
+    /// one `INCR bench:batch_calls` and each month with its one INCR, return every value.
+    async fn compute_many(
+        months: Vec<String>,
+        counters: &Counters,
+        work: Duration,
+        payload: usize,
+    ) -> Result<Vec<(String, String)>, CallError> {
+        tokio::time::sleep(work).await;
+        counters
+            .incr_key(BATCH_CALLS_KEY)
+            .await
+            .map_err(|e| format!("INCR of the batch counter failed: {e}"))?;
+        let mut values = Vec::with_capacity(months.len());
+        for month in months {
+            counters
+                .incr(&month)
+                .await
+                .map_err(|e| format!("INCR of the compute counter failed: {e}"))?;
+            let value = expected_value(&month, payload);
+            values.push((month, value));
+        }
+        Ok(values)
     }
 
     fn say(line: &str) -> Result<(), BoxError> {

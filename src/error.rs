@@ -114,6 +114,14 @@ pub enum Error {
         /// How many a majority is.
         needed: usize,
     },
+    /// A batch computation ([`Cache::get_or_compute_many`](crate::Cache::get_or_compute_many))
+    /// returned no value for this key, which it was asked for. Nothing was cached for it and its
+    /// lock was freed at once, so the next call computes it again (a missing row is not a value:
+    /// return one, such as an empty report, if "nothing" is the answer to cache).
+    MissingFromBatch {
+        /// The user's key.
+        key: String,
+    },
     /// The lock was no longer held when it was released: its lease ran out (and perhaps another
     /// holder took it). Work done under it may have overlapped with another holder's; the
     /// fencing token is what protects the systems written to.
@@ -273,6 +281,10 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "no quorum during {op}: {reached} Redlock nodes answered, {needed} needed (are the nodes up?)"
+            ),
+            Error::MissingFromBatch { key } => write!(
+                f,
+                "the batch computation returned no value for key {key:?}, which it was asked for"
             ),
             Error::NotHeld { name } => write!(
                 f,

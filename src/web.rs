@@ -10,7 +10,7 @@
 //! | [`Error::ComputeTimeout`] | 503 Service Unavailable, `Retry-After: 1` | the computation hit its hard timeout ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and no fail-safe value was kept; the source is slow now |
 //! | [`Error::Compute`], [`Error::RecentFailure`] | 500 Internal Server Error | the computation (your query) failed, now or a moment ago |
 //! | [`Error::InvalidKey`] | 400 Bad Request | the key, usually built from the request, is empty or too long |
-//! | anything else ([`Error::Encode`], [`Error::ValueTooLarge`], [`Error::Config`], [`Error::NotHeld`]) | 500 Internal Server Error | a bug or a misconfiguration on the server side |
+//! | anything else ([`Error::Encode`], [`Error::ValueTooLarge`], [`Error::Config`], [`Error::NotHeld`], [`Error::MissingFromBatch`]) | 500 Internal Server Error | a bug or a misconfiguration on the server side |
 //!
 //! The body is a short plain-text sentence that reveals nothing of the server: the computation's
 //! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
@@ -88,7 +88,8 @@ pub fn status(error: &Error) -> StatusCode {
         | Error::Encode(_)
         | Error::ValueTooLarge { .. }
         | Error::Config(_)
-        | Error::NotHeld { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        | Error::NotHeld { .. }
+        | Error::MissingFromBatch { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -215,6 +215,38 @@ async fn every_month_is_queried_once_then_served_from_the_cache() {
     }
 }
 
+/// `GET /report/2019`: twenty concurrent requests for the cold year run one query between them
+/// (one batch call each, twelve months per query); a month already cached is left out of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_requests_for_a_cold_year_run_one_query_for_its_twelve_months() {
+    let service = Service::start(&[]);
+    assert_eq!(service.get("/report/2019-05").await.status, 200);
+    let responses = concurrent_gets(&[&service], "/report/2019", 20).await;
+    for response in &responses {
+        assert_eq!(response.status, 200, "{response:?}");
+        assert_eq!(
+            response.body, responses[0].body,
+            "every caller gets the same year"
+        );
+    }
+    let year = responses[0].json();
+    let months = year.as_array().expect("a list of twelve reports");
+    assert_eq!(months.len(), 12);
+    for (i, report) in months.iter().enumerate() {
+        assert_eq!(report["month"], format!("2019-{:02}", i + 1));
+        assert_eq!(report["orders"], 2000, "{report}");
+    }
+    let stats = service.get("/stats").await.json();
+    assert_eq!(
+        stats["queries"], 2,
+        "2019-05 alone, then one query for the year: {stats}"
+    );
+    for i in 1..=12 {
+        let month = format!("2019-{i:02}");
+        assert_eq!(stats["queries_by_month"][&month], 1, "{month}: {stats}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_redis_run_a_cold_months_query_once_between_them() {
     let redis = RedisServer::start();

@@ -389,3 +389,74 @@ async fn a_near_tier_on_a_cluster_stops_when_any_one_master_stops_answering() {
         );
     }
 }
+
+/// Batches on a cluster: 24 months spread over all three masters, 100 callers on four
+/// instances each asking for all of them in one call. Every script is per slot, so each
+/// month is computed once and read back whole; `invalidate_many` reaches every master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_on_a_cluster_lock_per_slot_and_compute_each_key_once() {
+    let cluster = RedisCluster::start();
+    let months: Vec<String> = (0..24).map(month).collect();
+    let masters: HashSet<usize> = months
+        .iter()
+        .map(|m| cluster.master_of(&format!("reports:{{{m}}}")))
+        .collect();
+    assert_eq!(masters.len(), 3, "the months are spread over every master");
+    let mut caches = Vec::new();
+    for _ in 0..4 {
+        caches.push(cache(&cluster, CallOptions::default()).await);
+    }
+    let computes: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut callers = Vec::new();
+    for i in 0..100 {
+        let (cache, computes, calls) = (caches[i % 4].clone(), computes.clone(), calls.clone());
+        let mut asked = months.clone();
+        asked.shuffle(&mut rand::rng());
+        callers.push(tokio::spawn(async move {
+            let got = cache
+                .get_or_compute_many(&asked, TTL, move |keys: Vec<String>| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    let computes = computes.clone();
+                    async move {
+                        for key in &keys {
+                            *computes.lock().unwrap().entry(key.clone()).or_default() += 1;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Ok::<_, String>(
+                            keys.into_iter()
+                                .map(|k| (k.clone(), format!("report {k}")))
+                                .collect::<Vec<_>>(),
+                        )
+                    }
+                })
+                .await;
+            for (key, value) in asked.iter().zip(got) {
+                assert_eq!(value.unwrap(), format!("report {key}"));
+            }
+        }));
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let computes = computes.lock().unwrap().clone();
+    assert_eq!(computes.len(), 24);
+    assert!(computes.values().all(|&n| n == 1), "{computes:?}");
+    assert!(
+        calls.load(Ordering::SeqCst) <= 4,
+        "one call of f per instance at most"
+    );
+
+    // Warm: every value read back in one call (one MGET per slot, sent concurrently).
+    let got = caches[0]
+        .get_or_compute_many(&months, TTL, |_keys| async {
+            Err::<Vec<(String, String)>, _>("must not be called".to_string())
+        })
+        .await;
+    assert!(got.iter().all(Result::is_ok), "{got:?}");
+
+    caches[1].invalidate_many(&months).await.unwrap();
+    for m in &months {
+        assert_eq!(caches[2].get::<String>(m).await.unwrap(), None, "{m}");
+    }
+}

@@ -26,6 +26,14 @@ fn main() {
             "a_killed_holder_is_replaced_after_its_lease",
             a_killed_holder_is_replaced_after_its_lease,
         ),
+        (
+            "batches_in_four_processes_compute_each_month_once",
+            batches_in_four_processes,
+        ),
+        (
+            "a_cancelled_batch_hands_its_keys_to_a_waiter_in_another_process_at_once",
+            a_cancelled_batch_hands_its_keys_over,
+        ),
     ];
     support::run_child_or_tests("processes", tests, child);
 }
@@ -147,6 +155,238 @@ fn a_killed_holder_is_replaced_after_its_lease() {
     }
 }
 
+/// Four processes × 25 callers, each asking for the year in one `get_or_compute_many` call.
+fn batches_in_four_processes() {
+    let server = RedisServer::start();
+    let mut workers: Vec<Worker> = (0..4)
+        .map(|_| Worker::spawn("batch_stampede", &[("STAMPEDE_URL", server.url())]))
+        .collect();
+    let mut conn = server.conn();
+    release_when_ready(&mut conn, workers.len());
+    for worker in &mut workers {
+        assert!(worker.wait_success(), "a worker failed");
+    }
+    for i in 0..12 {
+        let computes: usize = conn.get(format!("computes:{}", month(i))).unwrap();
+        assert_eq!(computes, 1, "month {}", month(i));
+    }
+    let overlaps: Option<usize> = conn.get("overlaps").unwrap();
+    assert_eq!(overlaps, None, "no two computations of one month at once");
+    let calls: usize = conn.get("batch_calls").unwrap();
+    assert!(
+        (1..=4).contains(&calls),
+        "at most one call of f per process: {calls}"
+    );
+}
+
+/// A process's batch is cancelled (its future dropped, the process alive) while `f` runs under
+/// a 30 s lease: a caller in another process waiting for one of its months takes over within
+/// one backoff step of the cancellation, not at the lease.
+fn a_cancelled_batch_hands_its_keys_over() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    let url = || [("STAMPEDE_URL", server.url())];
+    let mut holder = Worker::spawn("batch_holder", &url());
+    assert!(
+        eventually(Duration::from_secs(60), || conn
+            .exists::<_, bool>("batch:started")
+            .unwrap()),
+        "the batch did not start computing"
+    );
+    let mut waiter = Worker::spawn("batch_waiter", &url());
+    assert!(
+        eventually(Duration::from_secs(60), || conn
+            .exists::<_, bool>("waiting")
+            .unwrap()),
+        "the waiter did not start"
+    );
+    // Let the waiter reach its wait.
+    std::thread::sleep(Duration::from_millis(500));
+    let _: () = conn.set("cancel", 1).unwrap();
+    assert!(waiter.wait_success(), "the waiter failed");
+    assert!(holder.wait_success(), "the holder failed");
+    let cancelled: u64 = conn.get("cancelled_ms").unwrap();
+    let done: u64 = conn.get("waiter_done_ms").unwrap();
+    let waited = Duration::from_millis(done.saturating_sub(cancelled));
+    let bound = CallOptions::default().get_backoff().max();
+    assert!(
+        waited < bound,
+        "the waiter took over {waited:?} after the cancellation, over one backoff step ({bound:?})"
+    );
+    let computes: usize = conn.get("computes:2019-05").unwrap();
+    assert_eq!(
+        computes, 1,
+        "computed by the waiter; the cancelled batch wrote nothing"
+    );
+}
+
+/// The batch roles: a stampede of batches, a batch cancelled mid-computation, its waiter.
+async fn batch_child(
+    role: &str,
+    cache: Cache,
+    mut conn: redis::aio::MultiplexedConnection,
+) -> Result<(), String> {
+    let year: Vec<String> = (0..12).map(month).collect();
+    match role {
+        "batch_stampede" => {
+            let _: () = redis::cmd("INCR")
+                .arg("ready")
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            while !redis::cmd("EXISTS")
+                .arg("go")
+                .query_async::<bool>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let mut callers = Vec::new();
+            for _ in 0..25 {
+                let (cache, conn) = (cache.clone(), conn.clone());
+                let mut asked = year.clone();
+                asked.shuffle(&mut rand::rng());
+                callers.push(tokio::spawn(async move {
+                    let values = cache
+                        .get_or_compute_many(
+                            &asked,
+                            Duration::from_secs(300),
+                            move |keys: Vec<String>| {
+                                let mut conn = conn.clone();
+                                async move {
+                                    redis::cmd("INCR")
+                                        .arg("batch_calls")
+                                        .query_async::<()>(&mut conn)
+                                        .await
+                                        .map_err(|e| e.to_string())?;
+                                    for m in &keys {
+                                        let running: i64 = redis::cmd("INCR")
+                                            .arg(format!("probe:{m}"))
+                                            .query_async(&mut conn)
+                                            .await
+                                            .map_err(|e| e.to_string())?;
+                                        if running > 1 {
+                                            redis::cmd("INCR")
+                                                .arg("overlaps")
+                                                .query_async::<()>(&mut conn)
+                                                .await
+                                                .map_err(|e| e.to_string())?;
+                                        }
+                                        redis::cmd("INCR")
+                                            .arg(format!("computes:{m}"))
+                                            .query_async::<()>(&mut conn)
+                                            .await
+                                            .map_err(|e| e.to_string())?;
+                                    }
+                                    tokio::time::sleep(Duration::from_millis(100)).await;
+                                    for m in &keys {
+                                        redis::cmd("DECR")
+                                            .arg(format!("probe:{m}"))
+                                            .query_async::<()>(&mut conn)
+                                            .await
+                                            .map_err(|e| e.to_string())?;
+                                    }
+                                    Ok::<_, String>(
+                                        keys.into_iter()
+                                            .map(|m| (m.clone(), format!("report {m}")))
+                                            .collect::<Vec<_>>(),
+                                    )
+                                }
+                            },
+                        )
+                        .await;
+                    for (key, value) in asked.iter().zip(values) {
+                        let value = value.map_err(|e| format!("{key}: {e}"))?;
+                        if value != format!("report {key}") {
+                            return Err(format!("wrong value {value:?} for {key}"));
+                        }
+                    }
+                    Ok::<(), String>(())
+                }));
+            }
+            for caller in callers {
+                caller.await.map_err(|e| e.to_string())??;
+            }
+            Ok(())
+        }
+        "batch_holder" => {
+            let cache = cache.with_options(CallOptions::default().lease(Duration::from_secs(30)));
+            let signal = conn.clone();
+            let batch = tokio::spawn(async move {
+                cache
+                    .get_or_compute_many(&year, Duration::from_secs(300), move |_keys| {
+                        let mut conn = signal.clone();
+                        async move {
+                            redis::cmd("SET")
+                                .arg("batch:started")
+                                .arg(now_ms())
+                                .query_async::<()>(&mut conn)
+                                .await
+                                .map_err(|e| e.to_string())?;
+                            tokio::time::sleep(Duration::from_secs(120)).await;
+                            Ok::<Vec<(String, String)>, String>(Vec::new())
+                        }
+                    })
+                    .await
+            });
+            while !redis::cmd("EXISTS")
+                .arg("cancel")
+                .query_async::<bool>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let cancelled = now_ms();
+            batch.abort();
+            let _ = batch.await;
+            redis::cmd("SET")
+                .arg("cancelled_ms")
+                .arg(cancelled)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            // Alive a while longer: the locks are freed by the cancellation, not by an exit.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(())
+        }
+        "batch_waiter" => {
+            let cache = cache.with_options(CallOptions::default().lease(Duration::from_secs(30)));
+            redis::cmd("SET")
+                .arg("waiting")
+                .arg(1)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut compute_conn = conn.clone();
+            let value = cache
+                .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
+                    redis::cmd("INCR")
+                        .arg("computes:2019-05")
+                        .query_async::<()>(&mut compute_conn)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok::<_, String>("from the waiter".to_string())
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            redis::cmd("SET")
+                .arg("waiter_done_ms")
+                .arg(now_ms())
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if value == "from the waiter" {
+                Ok(())
+            } else {
+                Err(format!("unexpected value {value:?}"))
+            }
+        }
+        other => Err(format!("unknown role {other}")),
+    }
+}
+
 fn child(role: &str) -> Result<(), String> {
     let url = std::env::var("STAMPEDE_URL").map_err(|e| e.to_string())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -170,6 +410,7 @@ fn child(role: &str) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         match role {
             "stampede" => stampede_worker(cache, conn).await,
+            batch if batch.starts_with("batch_") => batch_child(batch, cache, conn).await,
             "holder" => {
                 cache
                     .get_or_compute("2019-05", Duration::from_secs(300), move || async move {

@@ -358,9 +358,10 @@ fn every_key_a_script_touches_comes_from_keys() {
                 first.starts_with("ARGV[") || first == "channel",
                 "PUBLISH to {first}"
             ),
-            // `fence` and `key` are the helpers' parameters; their callers are checked below.
+            // `fence`, `key`, `value` and `lock` are the helpers' parameters; their callers are
+            // checked below.
             _ => assert!(
-                first.starts_with("KEYS[") || first == "fence" || first == "key",
+                first.starts_with("KEYS[") || ["fence", "key", "value", "lock"].contains(&first),
                 "{command} touches {first}, not a key from KEYS"
             ),
         }
@@ -381,7 +382,8 @@ fn every_key_a_script_touches_comes_from_keys() {
                 defined
                     || arg.starts_with("KEYS[")
                     || arg.starts_with("fence,")
-                    || arg.starts_with("key,"),
+                    || arg.starts_with("key,")
+                    || arg.starts_with("lock,"),
                 "{helper} called with {}",
                 &arg[..20.min(arg.len())]
             );
@@ -392,7 +394,34 @@ fn every_key_a_script_touches_comes_from_keys() {
         helper_calls >= 10,
         "the scan found the helpers' calls ({helper_calls})"
     );
-    // `announce(channel, fence, key)`: the channel from ARGV, the key it names from KEYS.
+    // The per-entry helpers that single-key and batch scripts share: their key parameters from
+    // KEYS (`read_or_lock(value, lock, fence, ...)`, `invalidate(value, fence, ...)`), the rest
+    // (tokens, durations, channels) from ARGV.
+    let mut entry_helper_calls = 0;
+    for (helper, keys) in [("read_or_lock(", 3), ("invalidate(", 2)] {
+        for (at, _) in source.match_indices(helper) {
+            if source[..at].ends_with("function ") {
+                continue;
+            }
+            let args = &source[at + helper.len()..];
+            let args: Vec<&str> = args[..args.find('\n').expect("one line")]
+                .split(',')
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .collect();
+            for (i, arg) in args.iter().enumerate() {
+                let from = if i < keys { "KEYS[" } else { "ARGV[" };
+                assert!(arg.starts_with(from), "{helper} argument {i} is {arg}");
+            }
+            entry_helper_calls += 1;
+        }
+    }
+    assert!(
+        entry_helper_calls >= 4,
+        "the scan found the entry helpers' calls ({entry_helper_calls})"
+    );
+    // `announce(channel, fence, key)`: the channel from ARGV, the key it names from KEYS (or,
+    // inside the `invalidate` helper, its parameters, whose callers are checked above).
     let mut announces = 0;
     for (at, _) in source.match_indices("announce(") {
         if source[..at].ends_with("function ") {
@@ -403,9 +432,16 @@ fn every_key_a_script_touches_comes_from_keys() {
             .split(',')
             .map(str::trim)
             .collect();
-        assert!(args[0].starts_with("ARGV["), "announce on {}", args[0]);
+        assert!(
+            args[0].starts_with("ARGV[") || args[0] == "near_channel",
+            "announce on {}",
+            args[0]
+        );
         let key = args.last().expect("a key").trim_end_matches(')');
-        assert!(key.starts_with("KEYS["), "announce names {key}");
+        assert!(
+            key.starts_with("KEYS[") || key == "value",
+            "announce names {key}"
+        );
         announces += 1;
     }
     assert!(

@@ -32,8 +32,8 @@ fn example() -> PathBuf {
     exe
 }
 
-/// Runs the example against `database_url` (None: its default, SQLite in memory); returns its
-/// two JSON lines, naive then guarded.
+/// Runs the example against `database_url` (None: its default, SQLite in memory); checks its
+/// batch line and returns the other two, naive then guarded.
 fn run(database_url: Option<&str>) -> (Value, Value) {
     let mut command = Command::new(example());
     command.args([
@@ -59,9 +59,16 @@ fn run(database_url: Option<&str>) -> (Value, Value) {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
-    let [naive, guarded] = <[Value; 2]>::try_from(lines).expect("two lines, naive and guarded");
+    let [naive, guarded, batch] =
+        <[Value; 3]>::try_from(lines).expect("three lines, naive, guarded and batch");
     assert_eq!(naive["mode"], "naive");
     assert_eq!(guarded["mode"], "guarded");
+    // The year in one call per caller: one query for the twelve months, the same report of
+    // 2019-05 as the other modes.
+    assert_eq!(batch["mode"], "batch");
+    assert_eq!(batch["months"].as_u64(), Some(12), "{batch}");
+    assert_eq!(batch["queries"].as_u64(), Some(1), "{batch}");
+    assert_eq!(batch["report"], guarded["report"], "{batch}");
     (naive, guarded)
 }
 

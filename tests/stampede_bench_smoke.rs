@@ -142,6 +142,33 @@ fn rounds_with_a_near_cache_still_compute_each_key_once_and_say_so() {
 }
 
 #[test]
+fn batch_rounds_compute_each_key_once_with_at_most_one_batch_call_per_process() {
+    let server = RedisServer::start();
+    let lines = run_with(&server.url(), &["--batch"]);
+    for (round, line) in lines.iter().enumerate() {
+        let mut contract = line.clone();
+        let object = contract.as_object_mut().expect("a JSON object");
+        assert_eq!(
+            object.remove("batch"),
+            Some(serde_json::Value::Bool(true)),
+            "{line}"
+        );
+        let batch_calls = object
+            .remove("batch_calls")
+            .and_then(|n| n.as_u64())
+            .expect("batch_calls");
+        assert_contract_fields(&contract, round);
+        assert_eq!(line["computes"].as_u64(), Some(KEYS as u64), "{line}");
+        assert!(
+            (1..=PROCESSES as u64).contains(&batch_calls),
+            "one batch call per process at most: {line}"
+        );
+        // One call per request: the per-call and per-request figures are the same samples.
+        assert_eq!(line["p99_ms"], line["req_p99_ms"], "{line}");
+    }
+}
+
+#[test]
 fn naive_rounds_run_through_the_same_cache_without_errors() {
     let server = RedisServer::start();
     for (round, line) in run(&server.url(), "naive").iter().enumerate() {

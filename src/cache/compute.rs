@@ -184,7 +184,7 @@ impl<C: Codec> Cache<C> {
 
     /// Puts what a read found into the near tier, if there is one: never a fail-safe copy,
     /// which is a fallback only (a value past its fresh-until the tier refuses by itself).
-    fn remember_near<T: Clone + Send + Sync + 'static>(
+    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(
         &self,
         ticket: Option<Ticket>,
         keys: &EntryKeys,
@@ -249,7 +249,7 @@ impl<C: Codec> Cache<C> {
 
     /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
     /// is calibrated before any copy goes in, so an uncalibrated one means no copy.
-    fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
         let near = self.inner.near.as_ref()?;
         let store = &self.inner.store;
         if !store.clock_synced() {
@@ -303,7 +303,7 @@ impl<C: Codec> Cache<C> {
 
     /// Serves a stored entry: a remembered failure as its error; a throttled fail-safe copy as
     /// the fallback; a value, starting a background refresh when it is stale or XFetch says so.
-    fn serve<T, E, F, Fut>(
+    pub(crate) fn serve<T, E, F, Fut>(
         &self,
         entry: StoredEntry<T>,
         keys: EntryKeys,
@@ -559,7 +559,7 @@ impl<C: Codec> Cache<C> {
 
     /// A plain read of the value; errors and unreadable bytes count as nothing found (the
     /// read-or-lock that follows reports the former and replaces the latter).
-    async fn look<T: DeserializeOwned + 'static>(
+    pub(crate) async fn look<T: DeserializeOwned + 'static>(
         &self,
         keys: &EntryKeys,
     ) -> Option<(StoredEntry<T>, Blob)> {
@@ -616,9 +616,26 @@ impl<C: Codec> Cache<C> {
                 });
             }
         };
+        self.store_computed(held, keys, ttl, computed, computing.elapsed())
+            .await
+    }
+
+    /// The success half of [`compute_and_store`](Self::compute_and_store), per key (a batch
+    /// calls it for each key its computation returned): writes the value if the fencing token
+    /// is still current and lets the lock go; the value is returned either way.
+    pub(crate) async fn store_computed<T>(
+        &self,
+        held: HeldLock,
+        keys: &EntryKeys,
+        ttl: Duration,
+        computed: Computed<T>,
+        took: Duration,
+    ) -> Result<T, Error>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+    {
         let ttl = computed.ttl.unwrap_or(ttl);
-        let bytes = match self.encode_value(&computed.value, ttl, computing.elapsed(), held.fence())
-        {
+        let bytes = match self.encode_value(&computed.value, ttl, took, held.fence()) {
             Ok(bytes) => bytes,
             Err(e) => {
                 let _ = held.release().await;
@@ -645,7 +662,7 @@ impl<C: Codec> Cache<C> {
     /// Lets the lock go after the computation under it failed with `error`, or hit its hard
     /// timeout (`None`), doing with the value it was to replace what `on_failure` says; fenced
     /// by the lock's token, in one step with the release.
-    async fn after_failure<T: DeserializeOwned + 'static, E: Display>(
+    pub(crate) async fn after_failure<T: DeserializeOwned + 'static, E: Display>(
         &self,
         held: HeldLock,
         keys: &EntryKeys,
@@ -832,7 +849,7 @@ impl<C: Codec> Cache<C> {
 }
 
 /// What an in-process follower reports: the leader's computation is, for it, a wait.
-fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
+pub(crate) fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
     let source = match fetched.source {
         Source::Computed => Source::Waited,
         other => other,

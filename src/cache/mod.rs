@@ -1,9 +1,13 @@
 //! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
-//! The machinery behind the family lives in `compute.rs` (the single-key path) and `refresh.rs`
-//! (background refreshes); `freshness.rs` judges stored values, `builder.rs` builds the handle.
+//! The machinery behind the family lives in `compute.rs` (the single-key path), `batch.rs` (many
+//! keys in one call) and `refresh.rs` (background refreshes); `failsafe.rs` decides what a caller
+//! gets when the computation fails or runs long, `freshness.rs` judges stored values, `builder.rs`
+//! builds the handle.
 //!
-//! Explained in the guide: `docs/how-it-works.md` (the protocol) and `docs/guarantees.md` (what each call promises).
+//! Explained in the guide: `docs/how-it-works.md` (the protocol), `docs/guarantees.md` (what each
+//! call promises) and `docs/batch.md` (many keys at once).
 
+mod batch;
 pub(crate) mod builder;
 pub(crate) mod compute;
 pub(crate) mod failsafe;
@@ -11,6 +15,7 @@ pub(crate) mod freshness;
 pub(crate) mod near;
 mod refresh;
 
+use std::collections::HashMap;
 use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
@@ -417,6 +422,51 @@ impl<C: Codec> Cache<C> {
         })
     }
 
+    /// Deletes many values in one request (on Redis Cluster, one per slot, sent concurrently):
+    /// what [`invalidate`](Self::invalidate) does, for each key. Keys may repeat.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for the first empty or over-long key (then nothing is invalidated);
+    /// [`Error::Backend`] when the backend fails, whatever the [`Fallback`](crate::Fallback)
+    /// (some keys may have been invalidated: retry the call, which is harmless).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// cache.set("2019-05", &1u8, Duration::from_secs(60)).await?;
+    /// cache.set("2019-06", &2u8, Duration::from_secs(60)).await?;
+    /// cache.invalidate_many(["2019-05", "2019-06"]).await?;
+    /// assert_eq!(cache.get::<u8>("2019-06").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn invalidate_many<K>(&self, keys: K) -> Result<(), Error>
+    where
+        K: IntoIterator,
+        K::Item: AsRef<str>,
+    {
+        let entries = keys
+            .into_iter()
+            .map(|key| EntryKeys::new(&self.inner.namespace, key.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let refs: Vec<&EntryKeys> = entries.iter().collect();
+        let done = self
+            .inner
+            .store
+            .invalidate_many(&refs, self.options.lease)
+            .await;
+        // Also after a failure: some invalidations may have been applied.
+        for keys in &entries {
+            self.forget_near(keys);
+        }
+        done.map_err(|e| {
+            self.inner.counters.record(Event::BackendError);
+            Error::backend("invalidate", e)
+        })
+    }
+
     /// This instance changed the entry: its own near copy goes now, without waiting for the
     /// announcement to come back (read-your-writes within the instance).
     fn forget_near(&self, keys: &EntryKeys) {
@@ -647,6 +697,179 @@ impl<C: Codec> Cache<C> {
             }
         }
         result
+    }
+
+    /// Returns the values of many keys at once, computing the missing ones with **one** call of
+    /// `f`: the batch form of [`get_or_compute`](Self::get_or_compute), for a chart of twelve
+    /// months on a cold cache answered by one query (`WHERE month = ANY($1)`).
+    ///
+    /// `f` receives the keys this caller must compute (distinct, in the order asked) and returns
+    /// their values as `(key, value)` pairs: a `HashMap`, a `BTreeMap`, a `Vec` of pairs.
+    ///
+    /// The result has one entry per key of `keys`, in the same order (a key asked twice gets its
+    /// value twice, computed once): each key's value or its own error, so one failing key does
+    /// not hide the others. A handler that needs all of them collects it:
+    /// `results.into_iter().collect::<Result<Vec<_>, _>>()?`.
+    ///
+    /// # Round trips
+    /// Keys held in the [near tier](crate::NearCache) cost none. The others are read with one
+    /// `MGET` (on Redis Cluster, one per slot, sent concurrently: Redis refuses a multi-key
+    /// command across slots, even on one node). On a miss, one script call (per slot on a
+    /// cluster) takes the lock of every missing key that is free; the values are then written
+    /// one fenced write per key, sent concurrently.
+    ///
+    /// # Concurrent calls on the same keys
+    /// Every key keeps the rules of [`get_or_compute`](Self::get_or_compute), by itself:
+    /// - a key that a call in this process (single-key or batch) is computing is not computed
+    ///   again: this call waits for that outcome. Two overlapping batches (`01..06` and
+    ///   `04..12`) compute each month once between them;
+    /// - a key whose lock another process holds is waited for (woken when its value lands); if
+    ///   that holder gives up without a value, this call takes the lock and computes the key,
+    ///   with a call of `f` for it alone. So `f` runs once per call in the common case, and once
+    ///   more per key taken over;
+    /// - each key has its own lock, lease (renewed while `f` runs), fencing token and stored
+    ///   value: an invalidation of one key during `f` refuses that key's write only (the
+    ///   caller still gets the value computed).
+    ///
+    /// # Partial results
+    /// A key that `f` leaves out gets [`Error::MissingFromBatch`]: nothing is cached for it, its
+    /// lock is freed at once and its waiters are woken (to try again). An error from `f` fails
+    /// all and only the keys it was computing, as [`Error::Compute`] (the same shared error for
+    /// each), and is remembered per key when [`CallOptions::negative_ttl`] is set. Keys
+    /// returned by `f` that it was not asked for are ignored.
+    ///
+    /// # Cancellation and panics
+    /// If the call is dropped or `f` panics, every lock it holds (or has a request in flight
+    /// for) is released at once, best effort (the lease running out is the backstop), and
+    /// waiting callers, in this process and others, take over. The panic propagates.
+    ///
+    /// # Stale values
+    /// A value served stale (inside [`CallOptions::stale_for`]) or drawn for an early refresh is
+    /// refreshed in the background by a call of `f` for that key alone, as a single key is.
+    ///
+    /// `f` is `Fn` (not `FnOnce`) because of the last three cases; it and its future must be
+    /// `Send + 'static`, as for the background refreshes of [`get_or_compute`](Self::get_or_compute).
+    ///
+    /// ```
+    /// use stampede_guard::Cache;
+    /// use std::collections::HashMap;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let queries = Arc::new(AtomicUsize::new(0));
+    /// let months: Vec<String> = (1..=12).map(|m| format!("2019-{m:02}")).collect();
+    /// let count = queries.clone();
+    /// let totals: Vec<u64> = cache
+    ///     .get_or_compute_many(&months, Duration::from_secs(300), move |missing: Vec<String>| {
+    ///         count.fetch_add(1, Ordering::SeqCst);
+    ///         async move {
+    ///             // One query for every missing month: `WHERE month = ANY($1)`.
+    ///             let rows: HashMap<String, u64> =
+    ///                 missing.into_iter().map(|month| (month, 100)).collect();
+    ///             Ok::<_, std::io::Error>(rows)
+    ///         }
+    ///     })
+    ///     .await
+    ///     .into_iter()
+    ///     .collect::<Result<_, _>>()?;
+    /// assert_eq!(totals, vec![100; 12]);
+    /// assert_eq!(queries.load(Ordering::SeqCst), 1, "one query for the twelve months");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn get_or_compute_many<K, T, E, F, Fut, I>(
+        &self,
+        keys: K,
+        ttl: Duration,
+        f: F,
+    ) -> Vec<Result<T, Error>>
+    where
+        K: IntoIterator,
+        K::Item: AsRef<str>,
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
+        F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<I, E>> + Send + 'static,
+        I: IntoIterator<Item = (String, T)>,
+    {
+        let computed = move |keys: Vec<String>| {
+            let values = f(keys);
+            async move {
+                values.await.map(|values| {
+                    values
+                        .into_iter()
+                        .map(|(key, value)| (key, Computed::new(value)))
+                        .collect::<Vec<_>>()
+                })
+            }
+        };
+        self.fetch_many(keys, ttl, computed)
+            .await
+            .into_iter()
+            .map(|fetched| fetched.map(|fetched| fetched.value))
+            .collect()
+    }
+
+    /// The general form of [`get_or_compute_many`](Self::get_or_compute_many), as
+    /// [`fetch`](Self::fetch) is of [`get_or_compute`](Self::get_or_compute): `f` returns a
+    /// [`Computed`] per key (which may carry its own TTL), and each result says where its value
+    /// came from ([`Source`]).
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, Computed, Source};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// cache.set("2026-10", &10u32, Duration::from_secs(3600)).await?;
+    /// let results = cache
+    ///     .fetch_many(["2026-10", "2026-11"], Duration::from_secs(3600), |missing| async move {
+    ///         // The current month changes: keep it one minute, not the call's hour.
+    ///         let values = missing
+    ///             .into_iter()
+    ///             .map(|month| (month, Computed::new(11u32).ttl(Duration::from_secs(60))));
+    ///         Ok::<_, std::io::Error>(values.collect::<Vec<_>>())
+    ///     })
+    ///     .await;
+    /// let sources: Vec<Source> = results.iter().map(|r| r.as_ref().unwrap().source).collect();
+    /// assert_eq!(sources, vec![Source::Hit, Source::Computed]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn fetch_many<K, T, E, F, Fut, I>(
+        &self,
+        keys: K,
+        ttl: Duration,
+        f: F,
+    ) -> Vec<Result<Fetched<T>, Error>>
+    where
+        K: IntoIterator,
+        K::Item: AsRef<str>,
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
+        F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<I, E>> + Send + 'static,
+        I: IntoIterator<Item = (String, Computed<T>)>,
+    {
+        let asked: Vec<String> = keys.into_iter().map(|k| k.as_ref().to_owned()).collect();
+        let span = tracing::debug_span!("stampede_guard::fetch_many", keys = asked.len());
+        // Erased once here: the batch machinery is not generic over `F`.
+        let f: batch::BatchFn<T, E> = Arc::new(move |keys: Vec<String>| {
+            let values = f(keys);
+            Box::pin(async move {
+                values
+                    .await
+                    .map(|values| values.into_iter().collect::<HashMap<_, _>>())
+            })
+        });
+        self.fetch_many_entries(asked, saturate(ttl), f)
+            .instrument(span)
+            .await
     }
 
     /// Counts a call's outcome (a call that `started` then) and names it for the span.

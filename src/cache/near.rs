@@ -303,10 +303,7 @@ impl NearTier {
     /// or miss.
     pub(crate) fn get<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
         let now = self.nanos(Instant::now());
-        let found = self
-            .live_at(now)
-            .then(|| self.copies.get(key))
-            .flatten();
+        let found = self.live_at(now).then(|| self.copies.get(key)).flatten();
         let served = found.and_then(|copy| {
             if copy.fresh_until_nanos <= now {
                 // Past its fresh-until: the normal path decides (stale window, refresh, miss).

@@ -305,6 +305,62 @@ pub(crate) trait Store: LockStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
+    /// [`get`](Self::get) for many entries: one `MGET` on a single Redis server (on a cluster, one
+    /// per slot, sent concurrently). The answers are in the order of `entries`. The default asks
+    /// one entry after another.
+    fn get_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
+        Box::pin(async move {
+            let mut values = Vec::with_capacity(entries.len());
+            for keys in entries {
+                values.push(self.get(keys).await?);
+            }
+            Ok(values)
+        })
+    }
+
+    /// [`read_or_lock`](Self::read_or_lock) for many entries, each with its own token, by the
+    /// very same rule per entry: one script call on a single Redis server (on a cluster, one per
+    /// slot, sent concurrently). One answer per entry, in order; a failed request fails every
+    /// entry it carried (each may still have been granted: see
+    /// [`StoreError::may_have_been_applied`]). The default asks one entry after another (the
+    /// memory store, whose every step is atomic anyway, and a split store, whose Redlock quorum
+    /// is taken per key).
+    fn read_or_lock_many<'a>(
+        &'a self,
+        entries: &'a [(&'a EntryKeys, &'a str, bool)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
+        Box::pin(async move {
+            let mut answers = Vec::with_capacity(entries.len());
+            for (keys, token, read_value) in entries {
+                answers.push(self.read_or_lock(keys, token, lease, *read_value).await);
+            }
+            answers
+        })
+    }
+
+    /// [`invalidate`](Self::invalidate) for many entries: one script call on a single Redis
+    /// server (on a cluster, one per slot, sent concurrently). Every entry is tried; the first
+    /// failure is reported. The default invalidates one entry after another.
+    fn invalidate_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let mut first_error = None;
+            for keys in entries {
+                if let Err(e) = self.invalidate(keys, lease).await {
+                    first_error.get_or_insert(e);
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        })
+    }
+
     /// Wakes the waiters of `keys` without changing anything (a split store's value side, when
     /// the lock side freed a lock without a value landing).
     fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>>;

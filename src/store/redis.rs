@@ -39,6 +39,9 @@ pub(crate) struct RedisStore<C> {
     /// Where the scripts announce changed entries to near tiers (`"<fence> <value key>"`), or
     /// `""`: a lock's own store (no values), where the scripts publish nothing but wake-ups.
     near_channel: String,
+    /// Redis Cluster: a script may only touch the keys of one slot, so batch scripts are sent
+    /// per slot.
+    per_slot: bool,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -71,6 +74,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             clock: Arc::default(),
             channel_suffix,
             near_channel: String::new(),
+            per_slot: false,
         }
     }
 
@@ -142,12 +146,9 @@ impl RedisStore<LazyCluster> {
         );
         let pubsub = PubSub::new(Subscriber::Cluster(subscriber), wakeups);
         // A cluster has database 0 only.
-        Ok(RedisStore::new(
-            conn,
-            pubsub,
-            &SHARDED_SCRIPTS,
-            String::new(),
-        ))
+        let mut store = RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new());
+        store.per_slot = true;
+        Ok(store)
     }
 }
 
@@ -352,6 +353,26 @@ fn unexpected(what: &'static str, got: &Value) -> StoreError {
     )))
 }
 
+/// One entry's answer of the read-or-lock script (also one element of the batch script's).
+fn read_or_lock_reply(reply: Vec<Value>) -> StoreResult<ReadOrLock> {
+    match reply.as_slice() {
+        [Value::Int(1), Value::BulkString(v)] => Ok(ReadOrLock::Value(v.clone())),
+        [Value::Int(2), fence] => match int(fence) {
+            Some(n) if n > 0 => Ok(ReadOrLock::Acquired { fence: n as u64 }),
+            _ => Err(unexpected("read-or-lock: bad fencing token", fence)),
+        },
+        [Value::Int(3), pttl] => Ok(ReadOrLock::Held {
+            expires_in: int(pttl)
+                .filter(|ms| *ms >= 0)
+                .map(|ms| Duration::from_millis(ms as u64)),
+        }),
+        _ => Err(unexpected(
+            "read-or-lock: unexpected reply",
+            &Value::Array(reply),
+        )),
+    }
+}
+
 fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(n) => Some(*n),
@@ -373,6 +394,27 @@ fn channel_suffix(db: i64) -> String {
 }
 
 impl<C> RedisStore<C> {
+    /// The indices of `entries` grouped for batch scripts: all in one group on a single
+    /// server; one group per slot on a cluster, since a script may only touch one slot's keys
+    /// (the entries of one group share it, and so do their wake-up channels).
+    fn slot_groups<E>(&self, entries: &[E], keys: impl Fn(&E) -> &EntryKeys) -> Vec<Vec<usize>> {
+        if entries.is_empty() {
+            return Vec::new();
+        }
+        if !self.per_slot {
+            return vec![(0..entries.len()).collect()];
+        }
+        let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let slot = redis::cluster_routing::Slot::for_key(&keys(entry).value);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
     /// The entry's wake-up channel on this store's database. It keeps the entry's hash tag, so
     /// sharded pub/sub still routes it to the slot's node.
     fn channel<'k>(&self, keys: &'k EntryKeys) -> std::borrow::Cow<'k, str> {
@@ -577,22 +619,121 @@ where
                 .arg(retention_ms(lease))
                 .invoke_async(&mut conn)
                 .await?;
-            match reply.as_slice() {
-                [Value::Int(1), Value::BulkString(v)] => Ok(ReadOrLock::Value(v.clone())),
-                [Value::Int(2), fence] => match int(fence) {
-                    Some(n) if n > 0 => Ok(ReadOrLock::Acquired { fence: n as u64 }),
-                    _ => Err(unexpected("read-or-lock: bad fencing token", fence)),
-                },
-                [Value::Int(3), pttl] => Ok(ReadOrLock::Held {
-                    expires_in: int(pttl)
-                        .filter(|ms| *ms >= 0)
-                        .map(|ms| Duration::from_millis(ms as u64)),
-                }),
-                _ => Err(unexpected(
-                    "read-or-lock: unexpected reply",
-                    &Value::Array(reply),
-                )),
+            read_or_lock_reply(reply)
+        })
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
+        Box::pin(async move {
+            if entries.is_empty() {
+                return Ok(Vec::new());
             }
+            let mut conn = self.conn.clone();
+            let mut mget = redis::cmd("MGET");
+            for keys in entries {
+                mget.arg(&keys.value);
+            }
+            // MGET answers nil for a key of another Redis type: a miss, as for `get`. On a
+            // cluster the client splits it per slot, sends the parts concurrently and puts the
+            // answers back in order.
+            let values: Vec<Option<Vec<u8>>> = mget.query_async(&mut conn).await?;
+            if values.len() != entries.len() {
+                return Err(unexpected("mget: wrong number of values", &Value::Nil));
+            }
+            Ok(values.into_iter().map(|v| v.map(Blob::Owned)).collect())
+        })
+    }
+
+    fn read_or_lock_many<'a>(
+        &'a self,
+        entries: &'a [(&'a EntryKeys, &'a str, bool)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
+        Box::pin(async move {
+            let groups = self.slot_groups(entries, |(keys, _, _)| keys);
+            let calls = groups.iter().map(|group| async move {
+                let mut invocation = self.scripts.read_or_lock_many.prepare_invoke();
+                invocation.arg(expiry_ms(lease)).arg(retention_ms(lease));
+                for &i in group {
+                    let (keys, token, read_value) = entries[i];
+                    invocation
+                        .key(&keys.value)
+                        .key(keys.lock())
+                        .key(keys.fence())
+                        .arg(token)
+                        .arg(if read_value { "1" } else { "0" });
+                }
+                let mut conn = self.conn.clone();
+                let reply: StoreResult<Vec<Value>> = invocation
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(StoreError::from);
+                match reply {
+                    Ok(replies) if replies.len() == group.len() => replies
+                        .into_iter()
+                        .map(|reply| match reply {
+                            Value::Array(reply) => read_or_lock_reply(reply),
+                            other => Err(unexpected("read-or-lock-many: unexpected reply", &other)),
+                        })
+                        .collect::<Vec<_>>(),
+                    Ok(replies) => {
+                        let e = unexpected(
+                            "read-or-lock-many: wrong number of replies",
+                            &Value::Array(replies),
+                        );
+                        vec![Err(e); group.len()]
+                    }
+                    Err(e) => vec![Err(e); group.len()],
+                }
+            });
+            let answers = crate::wait::join_all(calls.collect()).await;
+            let mut out: Vec<Option<StoreResult<ReadOrLock>>> = vec![None; entries.len()];
+            for (group, answers) in groups.iter().zip(answers) {
+                for (&i, answer) in group.iter().zip(answers) {
+                    out[i] = Some(answer);
+                }
+            }
+            out.into_iter()
+                .map(|answer| {
+                    answer.unwrap_or_else(|| {
+                        Err(unexpected("read-or-lock-many: no reply", &Value::Nil))
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn invalidate_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let groups = self.slot_groups(entries, |keys| keys);
+            let calls = groups.iter().map(|group| async move {
+                let mut invocation = self.scripts.invalidate_many.prepare_invoke();
+                invocation.arg(retention_ms(lease)).arg(&self.near_channel);
+                for &i in group {
+                    let keys = entries[i];
+                    invocation
+                        .key(&keys.value)
+                        .key(keys.fence())
+                        .arg(self.channel(keys).as_ref());
+                }
+                let mut conn = self.conn.clone();
+                invocation
+                    .invoke_async::<i64>(&mut conn)
+                    .await
+                    .map_err(StoreError::from)
+            });
+            let results = crate::wait::join_all(calls.collect()).await;
+            results
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), Err)
         })
     }
 

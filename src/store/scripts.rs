@@ -96,22 +96,44 @@ local function bump_fence(fence, retention_ms)
   keep_at_least(fence, retention_ms)
   return n
 end
+local function read_or_lock(value, lock, fence, token, lease_ms, read_value, retention_ms)
+  if read_value == '1' then
+    local v = redis.pcall('GET', value)
+    if type(v) == 'string' then
+      return {1, v}
+    end
+  end
+  if set_expiring(lock, token, lease_ms, 'NX') then
+    return {2, bump_fence(fence, retention_ms)}
+  end
+  return {3, redis.call('PTTL', lock)}
+end
+local function invalidate(value, fence, retention_ms, channel, near_channel)
+  local n = bump_fence(fence, retention_ms)
+  redis.call('DEL', value)
+  announce(near_channel, string.format('%d', n), value)
+  redis.call('PUBLISH', channel, '')
+end
 "#;
 
 /// KEYS: value, lock, fence. ARGV: token, lease ms, read value (1/0), fence retention ms.
 /// Returns {1, value} | {2, fence} (lock taken) | {3, lock pttl} (held by another).
 /// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
 const READ_OR_LOCK: &str = r"
-if ARGV[3] == '1' then
-  local v = redis.pcall('GET', KEYS[1])
-  if type(v) == 'string' then
-    return {1, v}
-  end
+return read_or_lock(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+";
+
+/// The batch form of [`READ_OR_LOCK`]: the same rule for each entry, in one atomic step.
+/// KEYS: value, lock, fence of entry 1, then of entry 2, ... ARGV: lease ms, fence retention ms,
+/// then token and read value (1/0) of entry 1, of entry 2, ... Returns one reply of
+/// `READ_OR_LOCK` per entry, in order.
+const READ_OR_LOCK_MANY: &str = r"
+local replies = {}
+for i = 0, #KEYS / 3 - 1 do
+  replies[i + 1] = read_or_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
+    ARGV[2 * i + 3], ARGV[1], ARGV[2 * i + 4], ARGV[2])
 end
-if set_expiring(KEYS[2], ARGV[1], ARGV[2], 'NX') then
-  return {2, bump_fence(KEYS[3], ARGV[4])}
-end
-return {3, redis.call('PTTL', KEYS[2])}
+return replies
 ";
 
 /// KEYS: value, lock, fence. ARGV: token, fence, channel, near channel, 'set' | 'keep' | 'del',
@@ -177,10 +199,16 @@ return 1
 /// KEYS: value, fence. ARGV: fence retention ms, channel, near channel. Always announced, even
 /// when no value is there: near copies of a value Redis evicted must go too.
 const INVALIDATE: &str = r"
-local fence = bump_fence(KEYS[2], ARGV[1])
-redis.call('DEL', KEYS[1])
-announce(ARGV[3], string.format('%d', fence), KEYS[1])
-redis.call('PUBLISH', ARGV[2], '')
+invalidate(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
+return 1
+";
+
+/// The batch form of [`INVALIDATE`], each entry as there. KEYS: value, fence of entry 1, of
+/// entry 2, ... ARGV: fence retention ms, near channel, then the wake-up channel of each entry.
+const INVALIDATE_MANY: &str = r"
+for i = 0, #KEYS / 2 - 1 do
+  invalidate(KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[1], ARGV[i + 3], ARGV[2])
+end
 return 1
 ";
 
@@ -261,11 +289,13 @@ return written
 /// stays on the slot's node instead of being broadcast to every node.
 pub(crate) struct Scripts {
     pub read_or_lock: Script,
+    pub read_or_lock_many: Script,
     pub store_and_unlock: Script,
     pub extend: Script,
     pub unlock: Script,
     pub set: Script,
     pub invalidate: Script,
+    pub invalidate_many: Script,
     pub raise_fence: Script,
     pub next_fence: Script,
     pub write_fenced: Script,
@@ -280,11 +310,13 @@ impl Scripts {
             |body: &str| Script::new(&format!("{PRELUDE}{body}").replace("'PUBLISH'", publish));
         Scripts {
             read_or_lock: script(READ_OR_LOCK),
+            read_or_lock_many: script(READ_OR_LOCK_MANY),
             store_and_unlock: script(STORE_AND_UNLOCK),
             extend: script(EXTEND),
             unlock: script(UNLOCK),
             set: script(SET),
             invalidate: script(INVALIDATE),
+            invalidate_many: script(INVALIDATE_MANY),
             raise_fence: script(RAISE_FENCE),
             next_fence: script(NEXT_FENCE),
             write_fenced: script(WRITE_FENCED),

@@ -122,6 +122,15 @@ impl Store for SplitStore {
         self.values.get(keys)
     }
 
+    // Reads in one `MGET` on the value store; locking and invalidating many keys keep the
+    // defaults, one key after another: each needs its own round over the Redlock quorum.
+    fn get_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
+        self.values.get_many(entries)
+    }
+
     fn read_or_lock<'a>(
         &'a self,
         keys: &'a EntryKeys,

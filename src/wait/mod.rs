@@ -5,5 +5,8 @@
 //! Explained in the guide: `docs/how-it-works.md` (waiting and wake-ups).
 
 pub(crate) mod flight;
+mod join;
 pub(crate) mod waiting;
 pub(crate) mod wakeup;
+
+pub(crate) use join::join_all;

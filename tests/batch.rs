@@ -1,0 +1,611 @@
+//! `get_or_compute_many`: the batch path, against real redis-server processes and the memory
+//! store. (Across real OS processes: tests/processes.rs; on Redis Cluster: tests/cluster.rs.)
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stampede_guard::{Cache, CallOptions, Error, Source};
+use support::{Monitor, RedisServer};
+
+const TTL: Duration = Duration::from_secs(300);
+
+fn month(i: usize) -> String {
+    format!("2019-{:02}", i + 1)
+}
+
+fn year() -> Vec<String> {
+    (0..12).map(month).collect()
+}
+
+async fn cache(server: &RedisServer, options: CallOptions) -> Cache {
+    Cache::builder()
+        .redis_url(server.url())
+        .namespace("batch")
+        .options(options)
+        .build()
+        .await
+        .expect("a cache on the test server")
+}
+
+/// Records every call of a batch computation: the keys it was asked for.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<Vec<String>>>>);
+
+impl Calls {
+    fn record(&self, keys: &[String]) {
+        self.0.lock().unwrap().push(keys.to_vec());
+    }
+
+    fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
+    /// How many times each key was computed, over every call.
+    fn per_key(&self) -> HashMap<String, usize> {
+        let mut per_key = HashMap::new();
+        for call in self.0.lock().unwrap().iter() {
+            for key in call {
+                *per_key.entry(key.clone()).or_default() += 1;
+            }
+        }
+        per_key
+    }
+}
+
+/// What a batch computation of these tests returns.
+type Answer = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<HashMap<String, String>, std::io::Error>> + Send>,
+>;
+
+/// A batch computation that takes `work`, then answers `"<key>:v"` for each key asked.
+fn report(calls: &Calls, work: Duration) -> impl Fn(Vec<String>) -> Answer + Send + Sync + 'static {
+    let calls = calls.clone();
+    move |keys: Vec<String>| {
+        calls.record(&keys);
+        Box::pin(async move {
+            tokio::time::sleep(work).await;
+            Ok(keys
+                .into_iter()
+                .map(|k| (k.clone(), format!("{k}:v")))
+                .collect())
+        })
+    }
+}
+
+fn values(results: Vec<Result<String, Error>>) -> Vec<String> {
+    results
+        .into_iter()
+        .map(|r| r.expect("every key has its value"))
+        .collect()
+}
+
+fn expected(keys: &[String]) -> Vec<String> {
+    keys.iter().map(|k| format!("{k}:v")).collect()
+}
+
+#[tokio::test]
+async fn a_warm_batch_is_one_mget_and_a_cold_one_one_lock_script() {
+    let server = RedisServer::start();
+    let cache = cache(&server, CallOptions::default()).await;
+    let calls = Calls::default();
+    // A batch on other keys first: the clock is calibrated and the scripts are loaded, so
+    // neither shows in the counts below.
+    values(
+        cache
+            .get_or_compute_many(["warm-up"], TTL, report(&calls, Duration::ZERO))
+            .await,
+    );
+    calls.0.lock().unwrap().clear();
+
+    let monitor = Monitor::start(&server);
+    let got = cache
+        .get_or_compute_many(year(), TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert_eq!(values(got), expected(&year()));
+    let cold = monitor.commands_until_now(&server);
+    assert_eq!(calls.count(), 1, "one computation for the twelve months");
+    assert_eq!(cold.iter().filter(|c| *c == "MGET").count(), 1, "{cold:?}");
+    let scripts = cold.iter().filter(|c| c.starts_with("EVAL")).count();
+    // One read-or-lock for all twelve, then one fenced write per month (sent concurrently).
+    assert_eq!(scripts, 1 + 12, "{cold:?}");
+
+    let monitor = Monitor::start(&server);
+    let got = cache
+        .get_or_compute_many(year(), TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert_eq!(values(got), expected(&year()));
+    assert_eq!(monitor.commands_until_now(&server), vec!["MGET"]);
+    assert_eq!(calls.count(), 1);
+}
+
+#[tokio::test]
+async fn order_and_duplicates_are_kept_and_a_duplicate_is_computed_once() {
+    let server = RedisServer::start();
+    let cache = cache(&server, CallOptions::default()).await;
+    let calls = Calls::default();
+    cache
+        .set("2019-03", &"2019-03:v".to_string(), TTL)
+        .await
+        .unwrap();
+    let asked: Vec<String> = ["2019-05", "2019-03", "2019-05", "2019-01", "2019-03"]
+        .map(String::from)
+        .to_vec();
+    let got = cache
+        .get_or_compute_many(&asked, TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert_eq!(values(got), expected(&asked));
+    assert_eq!(
+        *calls.0.lock().unwrap(),
+        vec![vec!["2019-05".to_string(), "2019-01".to_string()]],
+        "the missing keys, once each, in the order first asked"
+    );
+}
+
+#[tokio::test]
+async fn invalid_keys_fail_alone() {
+    let cache = Cache::in_memory();
+    let calls = Calls::default();
+    let asked = vec!["2019-01".to_string(), String::new(), "2019-02".to_string()];
+    let got = cache
+        .get_or_compute_many(&asked, TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert!(matches!(got[1], Err(Error::InvalidKey { .. })));
+    assert_eq!(got[0].as_deref().unwrap(), "2019-01:v");
+    assert_eq!(got[2].as_deref().unwrap(), "2019-02:v");
+}
+
+/// Eight `Cache` instances (each with its own connections, as eight processes would have), 25
+/// tasks each, every task asking for the year in one call on a cold cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cold_stampede_of_batches_computes_each_key_once() {
+    let server = RedisServer::start();
+    let calls = Calls::default();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let cache = cache(&server, CallOptions::default()).await;
+        for _ in 0..25 {
+            let (cache, calls) = (cache.clone(), calls.clone());
+            tasks.push(tokio::spawn(async move {
+                let got = cache
+                    .get_or_compute_many(year(), TTL, report(&calls, Duration::from_millis(100)))
+                    .await;
+                assert_eq!(values(got), expected(&year()));
+                cache
+            }));
+        }
+    }
+    for task in tasks {
+        let cache = task.await.unwrap();
+        assert_eq!(cache.in_flight(), 0);
+    }
+    let per_key = calls.per_key();
+    assert_eq!(per_key.len(), 12);
+    assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
+    assert!(
+        calls.count() <= 8,
+        "at most one call of f per instance: {}",
+        calls.count()
+    );
+}
+
+async fn overlapping_batches_compute_each_key_once(cache: Cache) {
+    let calls = Calls::default();
+    let first: Vec<String> = (0..6).map(month).collect();
+    let second: Vec<String> = (3..12).map(month).collect();
+    let single = {
+        let (cache, calls) = (cache.clone(), calls.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_compute("2019-12", TTL, move || async move {
+                    calls.record(&["2019-12".to_string()]);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Ok::<_, std::io::Error>("2019-12:v".to_string())
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let a = {
+        let (cache, calls, first) = (cache.clone(), calls.clone(), first.clone());
+        tokio::spawn(async move {
+            cache
+                .get_or_compute_many(&first, TTL, report(&calls, Duration::from_millis(200)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let b = cache
+        .fetch_many(&second, TTL, {
+            let report = report(&calls, Duration::from_millis(200));
+            move |keys| {
+                let values = report(keys);
+                async move {
+                    values.await.map(|v| {
+                        v.into_iter()
+                            .map(|(k, v)| (k, stampede_guard::Computed::new(v)))
+                            .collect::<Vec<_>>()
+                    })
+                }
+            }
+        })
+        .await;
+    assert_eq!(values(a.await.unwrap()), expected(&first));
+    assert_eq!(single.await.unwrap().unwrap(), "2019-12:v");
+    let sources: Vec<Source> = b.iter().map(|r| r.as_ref().unwrap().source).collect();
+    // 04..06 were the first batch's, 12 the single call's: waited for, not computed.
+    assert_eq!(&sources[..3], &[Source::Waited; 3]);
+    assert_eq!(&sources[3..8], &[Source::Computed; 5]);
+    assert_eq!(sources[8], Source::Waited);
+    let per_key = calls.per_key();
+    assert_eq!(per_key.len(), 12);
+    assert!(per_key.values().all(|&n| n == 1), "{per_key:?}");
+    assert_eq!(
+        calls.0.lock().unwrap()[2],
+        (6..11).map(month).collect::<Vec<_>>(),
+        "the second batch computed only the keys no one else was computing"
+    );
+    assert_eq!(cache.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn overlapping_batches_and_a_single_call_compute_each_key_once_on_redis() {
+    let server = RedisServer::start();
+    overlapping_batches_compute_each_key_once(cache(&server, CallOptions::default()).await).await;
+}
+
+#[tokio::test]
+async fn overlapping_batches_and_a_single_call_compute_each_key_once_in_memory() {
+    overlapping_batches_compute_each_key_once(Cache::in_memory()).await;
+}
+
+/// `f` leaves 2019-02 out: that key alone fails, nothing is cached for it, and its lock is
+/// free at once: a caller of another instance that was waiting for it computes it itself long
+/// before the lease would have run out.
+async fn a_key_left_out_fails_alone_and_frees_its_lock(batcher: Cache, other: Cache) {
+    let options = CallOptions::default().lease(Duration::from_secs(30));
+    let batcher = batcher.with_options(options.clone());
+    let other = other.with_options(options);
+    let batch = tokio::spawn(async move {
+        batcher
+            .get_or_compute_many(["2019-01", "2019-02", "2019-03"], TTL, |keys| async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let values: Vec<(String, u32)> = keys
+                    .into_iter()
+                    .filter(|k| k != "2019-02")
+                    .map(|k| (k, 1))
+                    .collect();
+                Ok::<_, std::io::Error>(values)
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let waiter = other
+        .fetch("2019-02", TTL, |_| async {
+            Ok::<_, std::io::Error>(stampede_guard::Computed::new(2u32))
+        })
+        .await
+        .unwrap();
+    let got = batch.await.unwrap();
+    assert_eq!(*got[0].as_ref().unwrap(), 1);
+    assert!(
+        matches!(&got[1], Err(Error::MissingFromBatch { key }) if key == "2019-02"),
+        "{:?}",
+        got[1]
+    );
+    assert_eq!(*got[2].as_ref().unwrap(), 1);
+    assert_eq!((waiter.value, waiter.source), (2, Source::Computed));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the waiter took over when the key was left out, not at the lease: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(other.get::<u32>("2019-02").await.unwrap(), Some(2));
+}
+
+#[tokio::test]
+async fn a_key_left_out_fails_alone_and_frees_its_lock_on_redis() {
+    let server = RedisServer::start();
+    let a = cache(&server, CallOptions::default()).await;
+    let b = cache(&server, CallOptions::default()).await;
+    a_key_left_out_fails_alone_and_frees_its_lock(a, b).await;
+}
+
+#[tokio::test]
+async fn a_key_left_out_fails_alone_and_frees_its_lock_in_memory() {
+    let cache =
+        Cache::in_memory().with_options(CallOptions::default().lease(Duration::from_secs(30)));
+    let got = cache
+        .get_or_compute_many(["2019-01", "2019-02"], TTL, |keys| async move {
+            let values: Vec<(String, u32)> = keys
+                .into_iter()
+                .filter(|k| k != "2019-02")
+                .map(|k| (k, 1))
+                .collect();
+            Ok::<_, std::io::Error>(values)
+        })
+        .await;
+    assert_eq!(*got[0].as_ref().unwrap(), 1);
+    assert!(
+        matches!(&got[1], Err(Error::MissingFromBatch { .. })),
+        "{:?}",
+        got[1]
+    );
+    // Its lock is free: the next call computes it at once (a lock left held would make it wait
+    // for the 30 s lease).
+    let next = tokio::time::timeout(
+        Duration::from_secs(5),
+        cache.fetch("2019-02", TTL, |_| async {
+            Ok::<_, std::io::Error>(stampede_guard::Computed::new(2u32))
+        }),
+    )
+    .await
+    .expect("not held up by a leftover lock")
+    .unwrap();
+    assert_eq!((next.value, next.source), (2, Source::Computed));
+    assert_eq!(cache.in_flight(), 0);
+}
+
+/// An error from `f` fails the keys it was computing, all with the same shared error, and no
+/// other key: a hit in the same batch is still served.
+#[tokio::test]
+async fn an_error_fails_all_and_only_the_keys_it_was_computing() {
+    let server = RedisServer::start();
+    let cache = cache(&server, CallOptions::default()).await;
+    cache.set("2019-01", &1u32, TTL).await.unwrap();
+    let got = cache
+        .get_or_compute_many(["2019-01", "2019-02", "2019-03"], TTL, |_keys| async {
+            Err::<Vec<(String, u32)>, _>(std::io::Error::other("the database is down"))
+        })
+        .await;
+    assert_eq!(*got[0].as_ref().unwrap(), 1);
+    let (Err(Error::Compute(a)), Err(Error::Compute(b))) = (&got[1], &got[2]) else {
+        panic!("both computed keys fail: {got:?}");
+    };
+    assert!(
+        stampede_guard::ComputeError::ptr_eq(a, b),
+        "one shared error"
+    );
+    assert_eq!(a.to_string(), "the database is down");
+    // Nothing cached, no lock left: the next call computes them.
+    let again = cache
+        .get_or_compute_many(["2019-02", "2019-03"], TTL, |keys| async move {
+            Ok::<_, std::io::Error>(keys.into_iter().map(|k| (k, 7u32)).collect::<Vec<_>>())
+        })
+        .await;
+    assert_eq!(
+        again.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        vec![7, 7]
+    );
+}
+
+#[tokio::test]
+async fn failures_are_remembered_per_key_with_a_negative_ttl() {
+    let server = RedisServer::start();
+    let options = CallOptions::default().negative_ttl(Some(Duration::from_secs(60)));
+    let cache = cache(&server, options).await;
+    cache.set("2019-01", &1u32, TTL).await.unwrap();
+    let got = cache
+        .get_or_compute_many(["2019-01", "2019-02"], TTL, |_keys| async {
+            Err::<Vec<(String, u32)>, _>("no rows".to_string())
+        })
+        .await;
+    assert!(got[1].as_ref().unwrap_err().is_compute());
+    // Remembered for 2019-02 (every caller, any process, gets it without computing); 2019-01
+    // keeps its value.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let again = cache
+        .get_or_compute_many(["2019-01", "2019-02"], TTL, move |keys| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, String>(keys.into_iter().map(|k| (k, 9u32)).collect::<Vec<_>>()) }
+        })
+        .await;
+    assert_eq!(*again[0].as_ref().unwrap(), 1);
+    assert!(
+        matches!(&again[1], Err(Error::RecentFailure { key, message }) if key == "2019-02" && message == "no rows"),
+        "{:?}",
+        again[1]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// An invalidation of one key while `f` runs refuses that key's write only; the caller still
+/// gets every value computed.
+#[tokio::test]
+async fn an_invalidation_during_the_batch_refuses_that_keys_write_only() {
+    let server = RedisServer::start();
+    let cache = cache(&server, CallOptions::default()).await;
+    let invalidator = cache.clone();
+    let got = cache
+        .get_or_compute_many(["2019-01", "2019-02", "2019-03"], TTL, move |keys| {
+            let invalidator = invalidator.clone();
+            async move {
+                invalidator
+                    .invalidate("2019-02")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(keys.into_iter().map(|k| (k, 5u32)).collect::<Vec<_>>())
+            }
+        })
+        .await;
+    assert_eq!(
+        got.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        vec![5, 5, 5]
+    );
+    assert_eq!(cache.get::<u32>("2019-01").await.unwrap(), Some(5));
+    assert_eq!(
+        cache.get::<u32>("2019-02").await.unwrap(),
+        None,
+        "fenced out"
+    );
+    assert_eq!(cache.get::<u32>("2019-03").await.unwrap(), Some(5));
+}
+
+/// A batch dropped while `f` runs frees every lock it took at once: a caller of another
+/// instance waiting for one of its keys takes over within a backoff step, not at the lease.
+async fn a_cancelled_batch_frees_every_lock(batcher: Cache, other: Cache) {
+    let options = CallOptions::default().lease(Duration::from_secs(30));
+    let batcher = batcher.with_options(options.clone());
+    let other = other.with_options(options);
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let signal = entered.clone();
+    let handle = batcher.clone();
+    let batch = tokio::spawn(async move {
+        handle
+            .get_or_compute_many(year(), TTL, move |_keys| {
+                signal.notify_one();
+                async {
+                    std::future::pending::<()>().await;
+                    Ok::<Vec<(String, u32)>, std::io::Error>(Vec::new())
+                }
+            })
+            .await
+    });
+    entered.notified().await;
+    let waiters: Vec<_> = ["2019-04", "2019-11"]
+        .into_iter()
+        .map(|key| {
+            let other = other.clone();
+            tokio::spawn(async move {
+                other
+                    .fetch(key, TTL, |_| async {
+                        Ok::<_, std::io::Error>(stampede_guard::Computed::new(3u32))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cancelled = std::time::Instant::now();
+    batch.abort();
+    assert!(batch.await.unwrap_err().is_cancelled());
+    for waiter in waiters {
+        let fetched = waiter.await.unwrap().unwrap();
+        assert_eq!((fetched.value, fetched.source), (3, Source::Computed));
+    }
+    assert!(
+        cancelled.elapsed() < Duration::from_secs(5),
+        "taken over at once, not at the 30 s lease: {:?}",
+        cancelled.elapsed()
+    );
+    assert_eq!(batcher.in_flight(), 0, "nothing left behind");
+}
+
+#[tokio::test]
+async fn a_cancelled_batch_frees_every_lock_on_redis() {
+    let server = RedisServer::start();
+    let a = cache(&server, CallOptions::default()).await;
+    let b = cache(&server, CallOptions::default()).await;
+    a_cancelled_batch_frees_every_lock(a, b).await;
+}
+
+#[tokio::test]
+async fn a_cancelled_batch_frees_every_lock_in_memory() {
+    // One store, one process: the waiters follow the batch's flights, find them abandoned, and
+    // take the keys over; the locks the batch held must be free by then.
+    let cache = Cache::in_memory();
+    a_cancelled_batch_frees_every_lock(cache.clone(), cache).await;
+}
+
+#[tokio::test]
+async fn a_panic_in_f_frees_every_lock() {
+    let server = RedisServer::start();
+    let cache = cache(
+        &server,
+        CallOptions::default().lease(Duration::from_secs(30)),
+    )
+    .await;
+    let handle = cache.clone();
+    let batch = tokio::spawn(async move {
+        handle
+            .get_or_compute_many(["2019-01", "2019-02"], TTL, |_keys| async {
+                panic!("the query panicked");
+                #[allow(unreachable_code)]
+                Ok::<Vec<(String, u32)>, std::io::Error>(Vec::new())
+            })
+            .await
+    });
+    assert!(batch.await.unwrap_err().is_panic());
+    let other = self::cache(&server, CallOptions::default()).await;
+    let started = std::time::Instant::now();
+    let got = other
+        .get_or_compute_many(["2019-01", "2019-02"], TTL, |keys| async move {
+            Ok::<_, std::io::Error>(keys.into_iter().map(|k| (k, 4u32)).collect::<Vec<_>>())
+        })
+        .await;
+    assert_eq!(
+        got.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        vec![4, 4]
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(cache.in_flight(), 0);
+}
+
+#[tokio::test]
+async fn invalidate_many_is_one_round_trip() {
+    let server = RedisServer::start();
+    let cache = cache(&server, CallOptions::default()).await;
+    for key in year() {
+        cache.set(&key, &1u8, TTL).await.unwrap();
+    }
+    cache.invalidate_many(["warm-up"]).await.unwrap(); // loads the script
+    let monitor = Monitor::start(&server);
+    cache.invalidate_many(year()).await.unwrap();
+    let commands = monitor.commands_until_now(&server);
+    assert_eq!(commands, vec!["EVALSHA"], "{commands:?}");
+    for key in year() {
+        assert_eq!(cache.get::<u8>(&key).await.unwrap(), None);
+    }
+}
+
+#[tokio::test]
+async fn the_near_tier_answers_the_keys_it_holds_without_a_request() {
+    let server = RedisServer::start();
+    let cache = Cache::builder()
+        .redis_url(server.url())
+        .namespace("batch")
+        .near_cache(stampede_guard::NearCache::new(100))
+        .build()
+        .await
+        .unwrap();
+    let calls = Calls::default();
+    values(
+        cache
+            .get_or_compute_many(year(), TTL, report(&calls, Duration::ZERO))
+            .await,
+    );
+    // A computed value goes into the near tier at its next read, once the feed is live.
+    let first: Vec<String> = (0..6).map(month).collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while cache.stats().near_hits < 6 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the near tier never served"
+        );
+        values(
+            cache
+                .get_or_compute_many(&first, TTL, report(&calls, Duration::ZERO))
+                .await,
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = cache.stats().near_hits;
+    let monitor = Monitor::start(&server);
+    let got = cache
+        .get_or_compute_many(year(), TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert_eq!(values(got), expected(&year()));
+    // The six months held near cost nothing; the other six, one MGET.
+    assert_eq!(monitor.commands_until_now(&server), vec!["MGET"]);
+    assert_eq!(cache.stats().near_hits - before, 6);
+    assert_eq!(calls.count(), 1);
+}
