@@ -609,3 +609,31 @@ async fn the_near_tier_answers_the_keys_it_holds_without_a_request() {
     assert_eq!(cache.stats().near_hits - before, 6);
     assert_eq!(calls.count(), 1);
 }
+
+/// Batches for the same keys started at once on several threads: the first to claim the keys
+/// leads all of them and the others follow, so the computation is never split between them
+/// (it once was, when each key was claimed on its own: two database queries for one year).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_batches_for_the_same_keys_call_f_once() {
+    for round in 0..30 {
+        let cache = Cache::in_memory();
+        let calls = Calls::default();
+        let keys: Vec<String> = (0..12).map(|i| format!("{round}-{i}")).collect();
+        let callers: Vec<_> = (0..8)
+            .map(|_| {
+                let (cache, keys) = (cache.clone(), keys.clone());
+                let f = report(&calls, Duration::from_millis(20));
+                tokio::spawn(async move { cache.get_or_compute_many(&keys, TTL, f).await })
+            })
+            .collect();
+        for caller in callers {
+            assert_eq!(values(caller.await.unwrap()), expected(&keys));
+        }
+        assert_eq!(
+            calls.count(),
+            1,
+            "round {round}: {:?}",
+            calls.0.lock().unwrap()
+        );
+    }
+}

@@ -213,12 +213,16 @@ where
         // The misses: lead the keys no one in this process is computing, follow the others.
         let mut led = Vec::new();
         let mut steps: Vec<Step<'_, T>> = Vec::new();
-        for (slot, keys) in distinct.iter().enumerate() {
-            if outcomes[slot].is_some() {
-                continue;
-            }
-            let keys = Arc::clone(keys);
-            match cache.inner.flights.join::<Fetched<T>, E>(&keys.value) {
+        let missing: Vec<usize> = (0..distinct.len())
+            .filter(|&slot| outcomes[slot].is_none())
+            .collect();
+        let roles = cache
+            .inner
+            .flights
+            .join_many::<Fetched<T>, E>(missing.iter().map(|&slot| distinct[slot].value.as_str()));
+        for (slot, role) in missing.into_iter().zip(roles) {
+            let keys = Arc::clone(&distinct[slot]);
+            match role {
                 Role::Lead(leader) => led.push(Led {
                     slot,
                     keys,

@@ -66,7 +66,35 @@ impl Flights {
         T: Clone + Send + Sync + 'static,
         E: Send + Sync + 'static,
     {
+        self.join_in(&mut lock(&self.map), key)
+    }
+
+    /// [`join`](Self::join) for many keys in one step: two batches asking for the same keys at
+    /// once cannot each lead part of them (the second follows them all), so a batch's
+    /// computation is not split between callers that raced.
+    pub(crate) fn join_many<'k, T, E>(
+        &self,
+        keys: impl IntoIterator<Item = &'k str>,
+    ) -> Vec<Role<'_, T, E>>
+    where
+        T: Clone + Send + Sync + 'static,
+        E: Send + Sync + 'static,
+    {
         let mut map = lock(&self.map);
+        keys.into_iter()
+            .map(|key| self.join_in(&mut map, key))
+            .collect()
+    }
+
+    fn join_in<T, E>(
+        &self,
+        map: &mut HashMap<String, Arc<dyn Any + Send + Sync>>,
+        key: &str,
+    ) -> Role<'_, T, E>
+    where
+        T: Clone + Send + Sync + 'static,
+        E: Send + Sync + 'static,
+    {
         if let Some(existing) = map.get(key) {
             return match Arc::clone(existing).downcast::<Slot<T, E>>() {
                 Ok(slot) => Role::Follow(Follower {
