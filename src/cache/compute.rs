@@ -261,10 +261,11 @@ impl<C: Codec> Cache<C> {
     /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
     /// draw (then the copy, fresh, is simply served).
     pub(crate) fn near_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        if self.inner.near.is_none() || self.options.early_refresh_beta > 0.0 {
+        if self.options.early_refresh_beta > 0.0 {
             return None;
         }
-        self.near_copy::<T>(key).and_then(|entry| entry.value.ok())
+        // No clock check: the tier holds no copy before the store's clock is calibrated.
+        self.inner.near.as_ref()?.value::<T>(key)
     }
 
     /// The value of `key` if the embedded store holds it fresh and decoded as a `T`, when a hit

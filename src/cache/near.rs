@@ -299,9 +299,27 @@ impl NearTier {
         }
     }
 
-    /// A fresh copy of `key` (the user's key) as a `T`, if the tier may serve one now. Counts a near hit
-    /// or miss.
+    /// A fresh copy of `key` (the user's key) as a `T`, if the tier may serve one now. Counts a
+    /// near hit or miss.
     pub(crate) fn get<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+        self.find(key, |copy, value: &T| StoredEntry {
+            value: Ok(value.clone()),
+            fresh_until_ms: copy.fresh_until_ms,
+            compute_ms: copy.compute_ms,
+            fence: copy.fence,
+            throttled: false,
+        })
+    }
+
+    /// [`get`](Self::get) for a hit that needs the value only (no XFetch draw): nothing else is
+    /// copied out.
+    pub(crate) fn value<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        self.find(key, |_, value: &T| value.clone())
+    }
+
+    /// `out` of the fresh copy of `key` held as a `T`, if the tier may serve one now. Counts a
+    /// near hit or miss.
+    fn find<T: 'static, R>(&self, key: &str, out: impl FnOnce(&NearCopy, &T) -> R) -> Option<R> {
         let now = self.nanos(Instant::now());
         let found = self.live_at(now).then(|| self.copies.get(key)).flatten();
         let served = found.and_then(|copy| {
@@ -313,14 +331,7 @@ impl NearTier {
             if copy.type_id != TypeId::of::<T>() {
                 return None;
             }
-            let value = copy.value.downcast_ref::<T>()?.clone();
-            Some(StoredEntry {
-                value: Ok(value),
-                fresh_until_ms: copy.fresh_until_ms,
-                compute_ms: copy.compute_ms,
-                fence: copy.fence,
-                throttled: false,
-            })
+            Some(out(&copy, copy.value.downcast_ref::<T>()?))
         });
         self.counters.record(if served.is_some() {
             Event::NearHit
