@@ -637,3 +637,44 @@ async fn racing_batches_for_the_same_keys_call_f_once() {
         );
     }
 }
+
+/// A throttled copy that a failed single-key computation left (the fail-safe) is a fallback for
+/// a batch too, never a hit; and a failed batch does not overwrite that kept value with its
+/// remembered failure.
+#[tokio::test(start_paused = true)]
+async fn a_batch_serves_a_throttled_copy_as_the_fallback_and_keeps_it() {
+    let ttl = Duration::from_secs(60);
+    let cache = Cache::in_memory().with_options(
+        CallOptions::default()
+            .fail_safe_for(Duration::from_secs(3600))
+            .negative_ttl(Some(Duration::from_secs(30))),
+    );
+    cache
+        .get_or_compute("2019-05", ttl, || async { Ok::<_, String>(7u32) })
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(120)).await;
+    // The key is past its TTL: a batch computes it, fails, and must leave the kept value alone.
+    let failed = cache
+        .get_or_compute_many(["2019-05"], ttl, |_keys: Vec<String>| async {
+            Err::<Vec<(String, u32)>, _>("database down".to_owned())
+        })
+        .await;
+    assert!(matches!(failed[0], Err(Error::Compute(_))), "{failed:?}");
+    // A single-key call then fails too and gets the kept value (the throttled copy is written).
+    let single = cache
+        .fetch("2019-05", ttl, |_| async {
+            Err::<stampede_guard::Computed<u32>, _>("database down".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!((single.value, single.source), (7, Source::Fallback));
+    // Within the throttle a batch gets the same copy, as a fallback.
+    let batch = cache
+        .fetch_many(["2019-05"], ttl, |_keys: Vec<String>| async {
+            Err::<Vec<(String, stampede_guard::Computed<u32>)>, _>("not called".to_owned())
+        })
+        .await;
+    let fetched = batch[0].as_ref().expect("the throttled copy");
+    assert_eq!((fetched.value, fetched.source), (7, Source::Fallback));
+}

@@ -257,8 +257,9 @@ where
     fn serve(&self, entry: StoredEntry<T>, keys: &EntryKeys, found: Source) -> Outcome<T> {
         let cache = self.cache;
         // A fresh value without XFetch needs none of what `serve` prepares for a refresh (a copy
-        // of the keys, a closure): the verdict is the same `judge`, without a draw.
-        if cache.options.early_refresh_beta <= 0.0 {
+        // of the keys, a closure): the verdict is the same `judge`, without a draw. A throttled
+        // fail-safe copy is a fallback, not a hit: the single-key `serve` says so.
+        if cache.options.early_refresh_beta <= 0.0 && !entry.throttled {
             let now = cache.inner.store.now_ms();
             if judge(now, entry.fresh_until_ms, entry.compute_ms, 0.0, 1.0) == Verdict::Fresh {
                 return match entry.value {
@@ -555,7 +556,15 @@ where
                     .iter()
                     .zip(helds)
                     .map(|(led, held)| {
-                        cache.after_failure::<T, E>(held, &led.keys, OnFailure::Remember, Some(&e))
+                        // With the fail-safe on, a value past its stale window may still be in
+                        // the store as the single-key callers' fallback: remembering the failure
+                        // would overwrite it, so the lock is only let go.
+                        let on_failure = if cache.options.fail_safe() {
+                            OnFailure::Release
+                        } else {
+                            OnFailure::Remember
+                        };
+                        cache.after_failure::<T, E>(held, &led.keys, on_failure, Some(&e))
                     })
                     .collect();
                 join_all(failures).await;

@@ -193,7 +193,8 @@ impl<C: Codec> CacheBuilder<C> {
     /// [`redis_client`](Self::redis_client)), whose locks may be taken through a
     /// [`redlock`](Self::redlock), or a [cluster](Self::redis_cluster). It costs one more
     /// connection per cache (per master on a cluster, each proven current on its own). Every
-    /// instance announces its changes, with or without a near tier. Writes made outside the
+    /// instance of this version announces its changes, with or without a near tier (instances
+    /// of earlier versions, still running during a rolling upgrade, do not). Writes made outside the
     /// crate (`redis-cli SET`) are not announced: a copy of the value they replaced is served at
     /// most until its fresh-until.
     ///

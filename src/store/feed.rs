@@ -177,10 +177,13 @@ impl Feed {
             .set_response_timeout(Some(self.connection.response_timeout))
     }
 
-    /// The servers to listen to now: the server, or the cluster's masters.
-    async fn servers(&self) -> redis::RedisResult<Vec<redis::Client>> {
+    /// The servers to listen to now: the server, or the cluster's masters, with the list of
+    /// masters (`host`, `port`) they were made from.
+    async fn servers(
+        &self,
+    ) -> redis::RedisResult<(Vec<redis::Client>, Option<Vec<(String, u16)>>)> {
         match &self.source {
-            Source::Server(client) => Ok(vec![client.clone()]),
+            Source::Server(client) => Ok((vec![client.clone()], None)),
             Source::Cluster(seeds) => {
                 let mut last_error = None;
                 for seed in seeds {
@@ -189,13 +192,14 @@ impl Feed {
                             .get_multiplexed_async_connection_with_config(&self.config())
                             .await?;
                         let masters = masters(&mut conn).await?;
-                        masters
+                        let clients = masters
                             .iter()
                             .map(|(host, port)| on(seed, host, *port))
-                            .collect::<redis::RedisResult<Vec<_>>>()
+                            .collect::<redis::RedisResult<Vec<_>>>()?;
+                        Ok::<_, redis::RedisError>((clients, Some(masters)))
                     };
                     match found.await {
-                        Ok(clients) => return Ok(clients),
+                        Ok(found) => return Ok(found),
                         Err(e) => last_error = Some(e),
                     }
                 }
@@ -215,7 +219,7 @@ impl Feed {
         sink: &Weak<dyn FeedSink>,
         warned: &mut bool,
     ) -> redis::RedisResult<()> {
-        let servers = self.servers().await?;
+        let (servers, masters) = self.servers().await?;
         let proofs = Arc::new(Proofs::new(servers.len()));
         let mut conns = Vec::with_capacity(servers.len());
         for (index, server) in servers.iter().enumerate() {
@@ -239,10 +243,10 @@ impl Feed {
                 .await?;
             conns.push(conn);
         }
-        let masters = match self.source {
-            Source::Server(_) => None,
-            Source::Cluster(_) => Some(masters(&mut conns[0]).await?),
-        };
+        // Every master must agree on the set we listen to (the seed's view may have been stale).
+        if !self.agree(masters.as_deref(), &mut conns).await? {
+            return Ok(());
+        }
         match sink.upgrade() {
             Some(sink) => sink.subscribed(number),
             None => return Ok(()),
@@ -259,13 +263,14 @@ impl Feed {
             }
             let sent = Instant::now();
             // A master this feed does not listen to (a replica promoted while the old master
-            // lives on, a master added) would write unheard: start again with the new set.
-            // Checked before the heartbeats, so no proof of this round outlives a change seen.
-            if let Some(masters) = &masters {
-                if masters != &self::masters(&mut conns[0]).await? {
-                    tracing::debug!("near-tier feed: the cluster's masters changed; reconnecting");
-                    return Ok(());
+            // lives on, a master added) would write unheard: start again with the new set, and
+            // drop every copy now. Checked before the heartbeats, so no proof of this round
+            // outlives a change seen.
+            if !self.agree(masters.as_deref(), &mut conns).await? {
+                if let Some(sink) = sink.upgrade() {
+                    sink.lost(number);
                 }
+                return Ok(());
             }
             let nanos = u64::try_from(sent.duration_since(base).as_nanos()).unwrap_or(u64::MAX);
             for (index, conn) in conns.iter_mut().enumerate() {
@@ -276,6 +281,28 @@ impl Feed {
                     .await?;
             }
         }
+    }
+}
+
+impl Feed {
+    /// Whether every connection's node (each a master of a cluster) names exactly `masters` as
+    /// the cluster's masters; always for a single server (`None`). Asking every node, not one,
+    /// means a node that lags behind a failover (or sits in a minority partition) is noticed.
+    async fn agree(
+        &self,
+        masters: Option<&[(String, u16)]>,
+        conns: &mut [redis::aio::MultiplexedConnection],
+    ) -> redis::RedisResult<bool> {
+        let Some(expected) = masters else {
+            return Ok(true);
+        };
+        for conn in conns.iter_mut() {
+            if self::masters(conn).await? != expected {
+                tracing::debug!("near-tier feed: the cluster's masters changed; reconnecting");
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 

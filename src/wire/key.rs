@@ -130,8 +130,10 @@ pub(crate) fn user_key_of<'v>(namespace: &str, value_key: &'v str) -> Option<Cow
     let mut rest = escaped.as_bytes();
     while let Some((&b, tail)) = rest.split_first() {
         if b == b'%' {
-            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
-            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = tail
+                .get(..2)
+                .filter(|h| h.iter().all(u8::is_ascii_hexdigit))?;
+            bytes.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             rest = &tail[2..];
         } else {
             bytes.push(b);
@@ -206,6 +208,11 @@ mod tests {
         assert_eq!(user_key_of("other", &keys.value), None);
         assert_eq!(user_key_of("reports", keys.lock()), None);
         assert_eq!(user_key_of("reports", "reports:{bad%4}"), None);
+        assert_eq!(
+            user_key_of("reports", "reports:{%+1}"),
+            None,
+            "a sign is no hex digit"
+        );
         assert_eq!(user_key_of("reports", "reports:{%FF}"), None, "not UTF-8");
     }
 

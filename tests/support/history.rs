@@ -597,8 +597,9 @@ fn stale_near_reads(h: &History) -> Vec<String> {
         });
         // A computed write into an empty key is not announced: no copy can exist of a value
         // that is not there, unless Redis emptied the key by evicting it, which nobody
-        // announces. So once an eviction came after the value, only the changes that are
-        // always announced still count: a `set` and an invalidation.
+        // announces. So after an eviction the first computed write (the fill) is excused; a
+        // later one replaces a value that is there, and is announced like every other change.
+        let mut fill_excused = evicted;
         let mut newer = None;
         for c in &by_key[key][at + 1..] {
             let computed = c
@@ -606,7 +607,11 @@ fn stale_near_reads(h: &History) -> Vec<String> {
                 .as_deref()
                 .and_then(parse_value)
                 .is_some_and(|p| p.computed);
-            if !(evicted && computed) && c.at_us.saturating_add(bound) < call.start_us {
+            if fill_excused && computed {
+                fill_excused = false;
+                continue;
+            }
+            if c.at_us.saturating_add(bound) < call.start_us {
                 newer = Some(c);
                 break;
             }
