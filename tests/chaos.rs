@@ -1630,12 +1630,14 @@ fn checker_holds_near_reads_to_max_staleness() {
     let mut h = read_at(50_000);
     h.value_evictions.push((30_000, "k0".into()));
     assert_eq!(rules(&check(&h)), HashSet::from(['f']));
-    // Only the fill is excused: a second computed write replaces a value that is there, so it
-    // is announced, and a copy older than it is stale.
+    // Every computed write after the eviction is excused (the key may have been evicted and
+    // filled again), but an invalidation after it is not.
     let mut h = read_at(90_000);
     h.changes.remove(1);
     h.changes.push(change(60_000, Some(value("k0", 13, "b"))));
     h.value_evictions.push((30_000, "k0".into()));
+    assert_eq!(check(&h), vec![]);
+    h.changes.push(change(65_000, None));
     assert_eq!(rules(&check(&h)), HashSet::from(['f']));
     // A value the server never took (the caller's own computation, refused) is not a copy.
     let mut h = read_at(50_000);
