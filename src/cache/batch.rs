@@ -34,7 +34,7 @@ use crate::cache::compute::{waited, OnFailure, StoredEntry};
 use crate::cache::freshness::{judge, Verdict};
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::stats::Event;
-use crate::store::{BoxFuture, LockStore, ReadOrLock};
+use crate::store::{BoxFuture, ReadOrLock};
 use crate::wait::flight::{Follower, Leader, Role};
 use crate::wait::join_all;
 use crate::wait::waiting::{Waiter, Wake};
@@ -328,16 +328,7 @@ where
     async fn lead(&self, led: Vec<Led<'a, T, E>>) -> Settled<T> {
         let cache = self.cache;
         let store = &cache.inner.store;
-        let mut acquiring: Vec<Acquiring> = led
-            .iter()
-            .map(|l| {
-                Acquiring::new(
-                    Arc::clone(store) as Arc<dyn LockStore>,
-                    Arc::clone(&l.keys),
-                    cache.renewal(),
-                )
-            })
-            .collect();
+        let mut acquiring: Vec<Acquiring> = led.iter().map(|l| cache.acquiring(&l.keys)).collect();
         let tokens: Vec<Arc<str>> = acquiring.iter().map(Acquiring::token).collect();
         // Every guard is armed before the request goes out: a call dropped while it is in
         // flight frees whatever it was granted.
@@ -431,11 +422,7 @@ where
                     Err(e) => return vec![led.settle(Err(e))],
                 }
             }
-            let mut acquiring = Acquiring::new(
-                Arc::clone(store) as Arc<dyn LockStore>,
-                Arc::clone(&keys),
-                cache.renewal(),
-            );
+            let mut acquiring = cache.acquiring(&keys);
             let token = acquiring.token();
             let asked = acquiring.sending();
             let answer = store

@@ -374,11 +374,7 @@ impl<C: Codec> Cache<C> {
     {
         let store = &self.inner.store;
         let options = &self.options;
-        let mut acquiring = Acquiring::new(
-            Arc::clone(store) as Arc<dyn LockStore>,
-            Arc::clone(keys),
-            self.renewal(),
-        );
+        let mut acquiring = self.acquiring(keys);
         let token = acquiring.token();
         let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
         let mut found = Source::Hit;
@@ -710,12 +706,18 @@ impl<C: Codec> Cache<C> {
         }
     }
 
-    /// How this cache's locks are renewed: the handle's options, counted in its stats.
-    pub(crate) fn renewal(&self) -> Renewal {
-        Renewal {
+    /// The guard of a lock request for `keys` on this cache's store, armed before it is sent;
+    /// its lease is renewed as the handle's options say, counted in its stats.
+    pub(crate) fn acquiring(&self, keys: &Arc<EntryKeys>) -> Acquiring {
+        let renewal = Renewal {
             counters: Some(Arc::clone(&self.inner.counters)),
             ..self.options.renewal()
-        }
+        };
+        Acquiring::new(
+            Arc::clone(&self.inner.store) as Arc<dyn LockStore>,
+            Arc::clone(keys),
+            renewal,
+        )
     }
 
     /// The backend failed during `op`: fail, or compute without the cache, as configured.

@@ -17,8 +17,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use crate::cache::compute::OnFailure;
-use crate::lock::lease::Acquiring;
-use crate::store::{LockStore, ReadOrLock};
+use crate::store::ReadOrLock;
 use crate::wait::wakeup::lock;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
@@ -105,11 +104,7 @@ impl<C: Codec> Cache<C> {
             let keys = Arc::new(keys);
             let store = &cache.inner.store;
             let options = &cache.options;
-            let mut acquiring = Acquiring::new(
-                Arc::clone(store) as Arc<dyn LockStore>,
-                Arc::clone(&keys),
-                cache.renewal(),
-            );
+            let mut acquiring = cache.acquiring(&keys);
             let token = acquiring.token();
             let asked = acquiring.sending();
             let answer = store
