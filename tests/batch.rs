@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stampede_guard::{Cache, CallOptions, Error, Source};
+use stampede_guard::{Cache, CallOptions, Error, Lease, Source};
 use support::{Monitor, RedisServer};
 
 const TTL: Duration = Duration::from_secs(300);
@@ -221,8 +221,8 @@ async fn overlapping_batches_compute_each_key_once(cache: Cache) {
     let b = cache
         .fetch_many(&second, TTL, {
             let report = report(&calls, Duration::from_millis(200));
-            move |keys| {
-                let values = report(keys);
+            move |keys: Vec<(String, Lease)>| {
+                let values = report(keys.into_iter().map(|(key, _lease)| key).collect());
                 async move {
                     values.await.map(|v| {
                         v.into_iter()
@@ -638,11 +638,11 @@ async fn racing_batches_for_the_same_keys_call_f_once() {
     }
 }
 
-/// A throttled copy that a failed single-key computation left (the fail-safe) is a fallback for
-/// a batch too, never a hit; and a failed batch does not overwrite that kept value with its
-/// remembered failure.
+/// The fail-safe per key: a batch that fails over a kept value answers with it as the fallback
+/// (never a hit) and leaves a throttled copy, not its remembered failure; within the throttle
+/// a single-key call and a batch both get that copy without calling their computations.
 #[tokio::test(start_paused = true)]
-async fn a_batch_serves_a_throttled_copy_as_the_fallback_and_keeps_it() {
+async fn a_failed_batch_serves_the_kept_value_and_leaves_a_throttled_copy() {
     let ttl = Duration::from_secs(60);
     let cache = Cache::in_memory().with_options(
         CallOptions::default()
@@ -654,27 +654,41 @@ async fn a_batch_serves_a_throttled_copy_as_the_fallback_and_keeps_it() {
         .await
         .unwrap();
     tokio::time::advance(Duration::from_secs(120)).await;
-    // The key is past its TTL: a batch computes it, fails, and must leave the kept value alone.
+    // Past its TTL: the batch computes 2019-05 and 2019-06 (never cached), and fails.
     let failed = cache
-        .get_or_compute_many(["2019-05"], ttl, |_keys: Vec<String>| async {
-            Err::<Vec<(String, u32)>, _>("database down".to_owned())
-        })
+        .fetch_many(
+            ["2019-05", "2019-06"],
+            ttl,
+            |_keys: Vec<(String, Lease)>| async {
+                Err::<Vec<(String, stampede_guard::Computed<u32>)>, _>("database down".to_owned())
+            },
+        )
         .await;
-    assert!(matches!(failed[0], Err(Error::Compute(_))), "{failed:?}");
-    // A single-key call then fails too and gets the kept value (the throttled copy is written).
+    let kept = failed[0].as_ref().expect("the kept value");
+    assert_eq!((kept.value, kept.source), (7, Source::Fallback));
+    assert!(matches!(failed[1], Err(Error::Compute(_))), "{failed:?}");
+    // Within the throttle a single-key call gets the copy without computing.
     let single = cache
         .fetch("2019-05", ttl, |_| async {
-            Err::<stampede_guard::Computed<u32>, _>("database down".to_owned())
+            Err::<stampede_guard::Computed<u32>, _>("must not be called".to_owned())
         })
         .await
         .unwrap();
     assert_eq!((single.value, single.source), (7, Source::Fallback));
-    // Within the throttle a batch gets the same copy, as a fallback.
+    // And a batch gets the same copy, as a fallback.
     let batch = cache
-        .fetch_many(["2019-05"], ttl, |_keys: Vec<String>| async {
+        .fetch_many(["2019-05"], ttl, |_keys: Vec<(String, Lease)>| async {
             Err::<Vec<(String, stampede_guard::Computed<u32>)>, _>("not called".to_owned())
         })
         .await;
     let fetched = batch[0].as_ref().expect("the throttled copy");
     assert_eq!((fetched.value, fetched.source), (7, Source::Fallback));
+    // 2019-06 had no value to keep: its failure is remembered (the negative TTL).
+    let remembered = cache
+        .get_or_compute("2019-06", ttl, || async { Ok::<_, String>(1u32) })
+        .await;
+    assert!(
+        matches!(remembered, Err(Error::RecentFailure { .. })),
+        "{remembered:?}"
+    );
 }

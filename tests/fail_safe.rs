@@ -7,8 +7,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use std::sync::{Arc, Mutex};
+
 use redis::Commands;
-use stampede_guard::{Cache, CallOptions, Computed, Error, Source};
+use stampede_guard::{Cache, CallOptions, Computed, Error, Fetched, Lease, Source};
 use support::{eventually, RedisServer, Worker};
 
 const KEY: &str = "2019-05";
@@ -40,6 +42,22 @@ fn main() {
         (
             "the_near_tier_never_serves_a_kept_value_as_fresh",
             near_tier_never_serves_a_kept_value,
+        ),
+        (
+            "a_batch_over_expired_values_locks_them_in_one_script_and_calls_f_once",
+            batch_over_expired_values,
+        ),
+        (
+            "a_batch_answers_with_its_fallbacks_at_the_soft_timeout_and_the_values_land_later",
+            batch_soft_timeout,
+        ),
+        (
+            "the_hard_timeout_of_a_batch_frees_its_locks_and_serves_the_kept_values",
+            batch_hard_timeout,
+        ),
+        (
+            "a_batch_waiting_on_another_process_gets_the_fallback_at_its_soft_timeout",
+            batch_waiter_in_another_process,
         ),
     ];
     support::run_child_or_tests("fail_safe", tests, child);
@@ -281,6 +299,215 @@ fn near_tier_never_serves_a_kept_value() {
         }
         assert_eq!(cache.stats().near_hits, 0);
     });
+}
+
+/// The months of the batch tests: one value each, past its stale window when `expired`.
+const MONTHS: [&str; 3] = ["2019-01", "2019-02", "2019-03"];
+
+fn lock_of(key: &str) -> String {
+    format!("{NAMESPACE}:{{{key}}}_lock")
+}
+
+/// Computes `value` for each of `keys`, fresh for `TTL`, and waits until they are past their
+/// stale window.
+async fn expired_values(cache: &Cache, keys: &[&str], value: &str) {
+    for key in keys {
+        let value = value.to_owned();
+        cache
+            .fetch(key, TTL, move |_| async move {
+                Ok::<_, String>(Computed::new(value))
+            })
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+}
+
+/// The keys each call of a batch computation was asked for, in order.
+type Asked = Arc<Mutex<Vec<Vec<String>>>>;
+
+/// A batch call whose computation records its keys, takes `takes`, and returns `value` for
+/// each key (or fails with `None`).
+async fn batch_call(
+    cache: &Cache,
+    keys: &[&str],
+    takes: Duration,
+    value: Option<&str>,
+    asked: &Asked,
+) -> Vec<Result<Fetched<String>, Error>> {
+    let (value, asked) = (value.map(str::to_owned), Arc::clone(asked));
+    cache
+        .fetch_many(keys, TTL, move |missing: Vec<(String, Lease)>| {
+            let (value, asked) = (value.clone(), Arc::clone(&asked));
+            async move {
+                let names: Vec<String> = missing.into_iter().map(|(key, _)| key).collect();
+                asked.lock().unwrap().push(names.clone());
+                tokio::time::sleep(takes).await;
+                let value = value.ok_or("the database is down")?;
+                let values = names
+                    .into_iter()
+                    .map(|key| (key, Computed::new(value.clone())));
+                Ok::<_, &str>(values.collect::<Vec<_>>())
+            }
+        })
+        .await
+}
+
+/// What a batch answered, as `(value, source)` per key, or the error's kind.
+fn answers(results: &[Result<Fetched<String>, Error>]) -> Vec<String> {
+    results
+        .iter()
+        .map(|result| match result {
+            Ok(fetched) => format!("{} {:?}", fetched.value, fetched.source),
+            Err(Error::ComputeTimeout { .. }) => "ComputeTimeout".to_owned(),
+            Err(Error::Compute(_)) => "Compute".to_owned(),
+            Err(e) => format!("{e:?}"),
+        })
+        .collect()
+}
+
+/// Values past their stale window are replaced by one lock script and one call of `f` for all
+/// of them (the lock is taken over each, without reading it again), not one call per key.
+fn batch_over_expired_values() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let cache = cache(&server.url(), fail_safe()).await;
+        expired_values(&cache, &MONTHS, "old").await;
+        let asked = Asked::default();
+        let results = batch_call(&cache, &MONTHS, Duration::ZERO, Some("new"), &asked).await;
+        assert_eq!(answers(&results), vec!["new Computed"; 3]);
+        assert_eq!(
+            *asked.lock().unwrap(),
+            vec![MONTHS.map(str::to_owned).to_vec()],
+            "one call of f for the three expired months"
+        );
+    });
+}
+
+/// With a fallback for every key, the batch answers at its soft timeout while its computation
+/// goes on under its locks and lands; a batch with a key that has no fallback waits for it.
+fn batch_soft_timeout() {
+    let server = RedisServer::start();
+    runtime().block_on(async {
+        let options = fail_safe().soft_timeout(Some(Duration::from_millis(100)));
+        let cache = cache(&server.url(), options).await;
+        expired_values(&cache, &MONTHS[..2], "old").await;
+        let asked = Asked::default();
+        let start = Instant::now();
+        let results = batch_call(
+            &cache,
+            &MONTHS[..2],
+            Duration::from_secs(1),
+            Some("new"),
+            &asked,
+        )
+        .await;
+        let took = start.elapsed();
+        assert_eq!(answers(&results), vec!["old Fallback"; 2]);
+        assert!(
+            took < Duration::from_millis(900),
+            "answered at the soft timeout, not after the computation ({took:?})"
+        );
+        let mut conn = server.conn();
+        assert!(
+            conn.exists::<_, bool>(lock_of(MONTHS[0])).unwrap(),
+            "still held"
+        );
+        let landed = eventually(Duration::from_secs(5), || {
+            !conn.exists::<_, bool>(lock_of(MONTHS[0])).unwrap()
+                && !conn.exists::<_, bool>(lock_of(MONTHS[1])).unwrap()
+        });
+        assert!(landed, "the computation finished and let its locks go");
+        for month in &MONTHS[..2] {
+            let plain = cache.get::<String>(month).await.unwrap();
+            assert_eq!(plain.as_deref(), Some("new"), "the value of {month} landed");
+        }
+        assert_eq!(cache.stats().soft_timeouts, 2);
+        assert_eq!(asked.lock().unwrap().len(), 1, "one computation");
+
+        // 2019-03 was never cached: no fallback for it, so the batch waits for its value.
+        tokio::time::sleep(TTL + Duration::from_millis(50)).await;
+        let results = batch_call(
+            &cache,
+            &MONTHS,
+            Duration::from_millis(400),
+            Some("newer"),
+            &asked,
+        )
+        .await;
+        assert_eq!(answers(&results), vec!["newer Computed"; 3]);
+        assert_eq!(cache.stats().soft_timeouts, 2, "no soft timeout this time");
+    });
+}
+
+/// The hard timeout cancels the batch computation and frees every lock at once: a key with a
+/// kept value answers with it, a key without gets the timeout, and no late value lands.
+fn batch_hard_timeout() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    runtime().block_on(async {
+        let options = fail_safe()
+            .lease(Duration::from_secs(30))
+            .max_hold(Some(Duration::from_millis(200)));
+        let cache = cache(&server.url(), options).await;
+        expired_values(&cache, &MONTHS[..1], "old").await;
+        let asked = Asked::default();
+        let start = Instant::now();
+        let keys = &MONTHS[..2];
+        let results = batch_call(&cache, keys, Duration::from_secs(2), Some("late"), &asked).await;
+        let took = start.elapsed();
+        assert_eq!(answers(&results), ["old Fallback", "ComputeTimeout"]);
+        assert!(took < Duration::from_secs(1), "{took:?}");
+        for key in keys {
+            assert!(
+                !conn.exists::<_, bool>(lock_of(key)).unwrap(),
+                "the lock of {key} is freed at once, not after its 30 s lease"
+            );
+        }
+        assert_eq!(cache.stats().hard_timeouts, 2);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for key in keys {
+            let stored = cache.get::<String>(key).await.unwrap();
+            assert_ne!(stored.as_deref(), Some("late"), "no late value for {key}");
+        }
+    });
+}
+
+/// A batch whose key another process is computing answers with the kept value at its soft
+/// timeout, without waiting for the holder.
+fn batch_waiter_in_another_process() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    runtime().block_on(async {
+        let cache = cache(&server.url(), fail_safe()).await;
+        expired_value(&cache, "old").await;
+    });
+    let mut holder = Worker::spawn("slow-holder", &[("STAMPEDE_URL", server.url())]);
+    assert!(
+        eventually(Duration::from_secs(30), || conn
+            .exists::<_, bool>(lock_key())
+            .unwrap()),
+        "the holder took the lock"
+    );
+    runtime().block_on(async {
+        let options = fail_safe().soft_timeout(Some(Duration::from_millis(200)));
+        let cache = cache(&server.url(), options).await;
+        let asked = Asked::default();
+        let start = Instant::now();
+        let results = batch_call(&cache, &[KEY], Duration::ZERO, Some("mine"), &asked).await;
+        let took = start.elapsed();
+        assert_eq!(answers(&results), ["old Fallback"]);
+        assert!(
+            took < Duration::from_millis(1500),
+            "served at its soft timeout, not after the holder's 3 s ({took:?})"
+        );
+        assert!(
+            asked.lock().unwrap().is_empty(),
+            "the holder computes, not the batch"
+        );
+        assert_eq!(cache.stats().soft_timeouts, 1);
+    });
+    assert!(holder.wait_success(), "the holder failed");
 }
 
 fn child(role: &str) -> Result<(), String> {

@@ -10,9 +10,16 @@
 //! 4. one read-or-lock script call (per slot on a cluster) takes the lock of every key led here
 //!    that is free; `f` runs once with exactly the keys locked, and each of its values is stored
 //!    by the same fenced write as a single key's;
-//! 5. keys whose lock another process holds are waited for as a single key is (wake-ups, backoff,
-//!    the wait bound); if the holder goes away without a value, this call takes the lock and
-//!    computes that key itself, with a call of `f` for it alone.
+//! 5. keys whose lock another process holds go through the single-key path's own wait-or-lock
+//!    loop ([`Cache::claim`]: wake-ups, backoff, the wait bound, the fail-safe's budgets); if the
+//!    holder goes away without a value, this call takes the lock and computes that key itself,
+//!    with a call of `f` for it alone.
+//!
+//! The fail-safe, per key: a value read past its stale window is kept as that key's fallback
+//! and the key's lock is taken over it (not read again). If `f` fails or hits its hard timeout,
+//! each key with a fallback answers with it and a throttled copy is written under its lock; the
+//! others get the error. With a soft timeout and a fallback for every key it computes, the call
+//! answers with the fallbacks at the soft timeout while `f` goes on and lands.
 //!
 //! Invariants, as on the single-key path: a key's flight is finished with its outcome as soon as
 //! that outcome is known (not when the whole batch is done); every lock taken is held by a guard
@@ -30,24 +37,26 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use crate::cache::compute::{waited, OnFailure, StoredEntry};
+use crate::cache::compute::{Claim, Detachable, OnFailure, Start, StoredEntry};
+use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::freshness::{judge, Verdict};
 use crate::lock::lease::{Acquiring, HeldLock};
+use crate::options::later_by;
 use crate::stats::Event;
-use crate::store::{BoxFuture, ReadOrLock};
+use crate::store::{Blob, BoxFuture, ReadOrLock};
 use crate::wait::flight::{Follower, Leader, Role};
 use crate::wait::join_all;
-use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
 
 type Outcome<T> = Result<Fetched<T>, Error>;
 
-/// The user's batch computation, type-erased once at the edge: the keys to compute in, their
-/// values out (keyed, so that the order and the completeness of the answer are checked here).
+/// The user's batch computation, type-erased once at the edge: the keys to compute in, each
+/// with the lease it is computed under, their values out (keyed, so that the order and the
+/// completeness of the answer are checked here).
 pub(crate) type BatchFn<T, E> = Arc<
-    dyn Fn(Vec<String>) -> BoxFuture<'static, Result<HashMap<String, Computed<T>>, E>>
+    dyn Fn(Vec<(String, Lease)>) -> BoxFuture<'static, Result<HashMap<String, Computed<T>>, E>>
         + Send
         + Sync,
 >;
@@ -64,13 +73,28 @@ struct Led<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
     keys: Arc<EntryKeys>,
     /// `None` when the key is in flight here with other value or error types (no sharing).
     leader: Option<Leader<'a, Fetched<T>, E>>,
+    /// What the key holds must be replaced (a value past its stale window, or unreadable bytes):
+    /// its lock is taken over it, without reading it again.
+    replace: bool,
+    /// The fail-safe's fallback for this key: the value past its stale window that was read.
+    kept: Option<Kept<T>>,
 }
 
-impl<T, E> Led<'_, T, E>
+impl<'a, T, E> Led<'a, T, E>
 where
     T: Clone + Send + Sync + 'static,
     E: Send + Sync + 'static,
 {
+    fn new(slot: usize, keys: Arc<EntryKeys>, leader: Option<Leader<'a, Fetched<T>, E>>) -> Self {
+        Led {
+            slot,
+            keys,
+            leader,
+            replace: false,
+            kept: None,
+        }
+    }
+
     /// The key's outcome is known: its in-process followers get it now.
     fn settle(self, outcome: Outcome<T>) -> (usize, Outcome<T>) {
         if let Some(leader) = self.leader {
@@ -80,12 +104,12 @@ where
     }
 }
 
-/// Where a key waiting for another process's holder starts.
-enum Start {
-    /// The lock was found held, expiring in this long.
-    Wait(Option<Duration>),
-    /// The bytes under the key do not decode: take the lock over them at once, to replace them.
-    Replace,
+/// A key locked for a batch computation: its lock, and what a failure does with the value the
+/// computation was to replace. Owned, so that the computation can go on in a task of its own.
+struct Locked {
+    keys: Arc<EntryKeys>,
+    held: HeldLock,
+    on_failure: OnFailure,
 }
 
 /// One batch call: the cache, the call's TTL and start, and its computation.
@@ -166,6 +190,8 @@ where
     async fn run(&self, distinct: &[Arc<EntryKeys>]) -> Vec<Outcome<T>> {
         let cache = self.cache;
         let mut outcomes: Vec<Option<Outcome<T>>> = vec![None; distinct.len()];
+        // Keys whose stored value must be replaced, with the fail-safe's fallback if kept.
+        let mut past: Vec<Option<Option<Kept<T>>>> = (0..distinct.len()).map(|_| None).collect();
 
         // The near tier first: no request for the keys it holds.
         for (slot, keys) in distinct.iter().enumerate() {
@@ -194,9 +220,15 @@ where
                     for ((&slot, ticket), bytes) in remote.iter().zip(tickets).zip(values) {
                         let keys = &distinct[slot];
                         let Some(bytes) = bytes else { continue };
-                        if let Some(entry) = cache.servable::<T>(keys, &bytes) {
-                            cache.remember_near(ticket, keys, &entry, bytes.len());
-                            outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
+                        let entry = cache.read_stored::<T>(keys, &bytes);
+                        match entry.map(|entry| cache.sort(entry, &bytes)) {
+                            Some(Sorted::Serve(entry)) => {
+                                cache.remember_near(ticket, keys, &entry, bytes.len());
+                                outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
+                            }
+                            Some(Sorted::Past(kept)) => past[slot] = Some(kept),
+                            // Unreadable bytes: the lock is taken over them, to replace them.
+                            None => past[slot] = Some(None),
                         }
                     }
                 }
@@ -222,21 +254,20 @@ where
             .join_many::<Fetched<T>, E>(missing.iter().map(|&slot| distinct[slot].value.as_str()));
         for (slot, role) in missing.into_iter().zip(roles) {
             let keys = Arc::clone(&distinct[slot]);
-            match role {
-                Role::Lead(leader) => led.push(Led {
-                    slot,
-                    keys,
-                    leader: Some(leader),
-                }),
-                Role::Alone => led.push(Led {
-                    slot,
-                    keys,
-                    leader: None,
-                }),
+            let leader = match role {
+                Role::Lead(leader) => Some(leader),
+                Role::Alone => None,
                 Role::Follow(follower) => {
                     steps.push(Box::pin(self.follow(slot, keys, follower)));
+                    continue;
                 }
+            };
+            let mut l = Led::new(slot, keys, leader);
+            if let Some(kept) = past[slot].take() {
+                l.replace = true;
+                l.kept = kept;
             }
+            led.push(l);
         }
         if !led.is_empty() {
             steps.push(Box::pin(self.lead(led)));
@@ -276,16 +307,19 @@ where
         }
         let f = Arc::clone(&self.f);
         let key = keys.user.clone();
-        let refresh = move |_lease: Lease| async move {
-            let mut values = f(vec![key.clone()]).await.map_err(Refresh::Failed)?;
+        let refresh = move |lease: Lease| async move {
+            let mut values = f(vec![(key.clone(), lease)])
+                .await
+                .map_err(Refresh::Failed)?;
             values.remove(&key).ok_or(Refresh::Missing)
         };
         self.cache
             .serve(entry, keys.clone(), self.ttl, refresh, found)
     }
 
-    /// A key another task of this process computes: its outcome, or, if that task goes away
-    /// without one, this call's own attempt.
+    /// A key another task of this process computes: its outcome (or, at the soft timeout or
+    /// the wait bound, the fail-safe's fallback), or, if that task goes away without one, this
+    /// call's own attempt.
     async fn follow(
         &self,
         slot: usize,
@@ -294,20 +328,8 @@ where
     ) -> Settled<T> {
         let cache = self.cache;
         loop {
-            let remaining = cache
-                .options
-                .wait_timeout
-                .saturating_sub(self.started.elapsed());
-            match tokio::time::timeout(remaining, follower.outcome()).await {
-                Ok(Some(outcome)) => return vec![(slot, outcome.map(waited))],
-                Ok(None) => {}
-                Err(_) => {
-                    let error = Error::WaitTimeout {
-                        key: keys.user.clone(),
-                        waited: self.started.elapsed(),
-                    };
-                    return vec![(slot, Err(error))];
-                }
+            if let Some(outcome) = cache.follow(follower, &keys, self.started).await {
+                return vec![(slot, outcome)];
             }
             // The leader was cancelled or panicked: try to lead.
             let leader = match cache.inner.flights.join::<Fetched<T>, E>(&keys.value) {
@@ -318,8 +340,7 @@ where
                 Role::Lead(leader) => Some(leader),
                 Role::Alone => None,
             };
-            let led = Led { slot, keys, leader };
-            return self.lead(vec![led]).await;
+            return self.lead(vec![Led::new(slot, keys, leader)]).await;
         }
     }
 
@@ -337,7 +358,7 @@ where
             let requests: Vec<(&EntryKeys, &str, bool)> = led
                 .iter()
                 .zip(&tokens)
-                .map(|(l, token)| (&*l.keys, &**token, true))
+                .map(|(l, token)| (&*l.keys, &**token, !l.replace))
                 .collect();
             store
                 .read_or_lock_many(&requests, cache.options.lease)
@@ -346,28 +367,42 @@ where
 
         let mut settled = Vec::new();
         let mut computing = Vec::new();
+        let mut taken_over = Vec::new();
         let mut uncached = Vec::new();
         let mut steps: Vec<Step<'_, T>> = Vec::new();
-        for (((l, mut acquiring), asked), answer) in
+        for (((mut l, mut acquiring), asked), answer) in
             led.into_iter().zip(acquiring).zip(asked).zip(answers)
         {
             match answer {
                 Ok(ReadOrLock::Acquired { fence }) => {
-                    computing.push((l, acquiring.granted(fence, asked)));
+                    let held = acquiring.granted(fence, asked);
+                    if l.replace {
+                        taken_over.push((l, held));
+                    } else {
+                        computing.push((l, held));
+                    }
                 }
                 Ok(ReadOrLock::Value(bytes)) => {
                     acquiring.refused();
-                    match cache.servable::<T>(&l.keys, &bytes) {
-                        Some(entry) => {
+                    let entry = cache.read_stored::<T>(&l.keys, &bytes);
+                    match entry.map(|entry| cache.sort(entry, &bytes)) {
+                        Some(Sorted::Serve(entry)) => {
                             let outcome = self.serve(entry, &l.keys, Source::Hit);
                             settled.push(l.settle(outcome));
                         }
-                        None => steps.push(Box::pin(self.hold_on(l, Start::Replace))),
+                        Some(Sorted::Past(newer)) => {
+                            let kept = newer.or(l.kept.take());
+                            steps.push(Box::pin(self.hold_on(l, Start::Replace(kept))));
+                        }
+                        None => {
+                            let kept = l.kept.take();
+                            steps.push(Box::pin(self.hold_on(l, Start::Replace(kept))));
+                        }
                     }
                 }
                 Ok(ReadOrLock::Held { expires_in }) => {
                     acquiring.refused();
-                    steps.push(Box::pin(self.hold_on(l, Start::Wait(expires_in))));
+                    steps.push(Box::pin(self.hold_on(l, Start::Held(expires_in))));
                 }
                 Err(e) => {
                     // The request may have been granted anyway: the guard frees it as it goes.
@@ -386,6 +421,11 @@ where
                 }
             }
         }
+        if !taken_over.is_empty() {
+            let (served, locked) = self.look_again(taken_over).await;
+            settled.extend(served);
+            computing.extend(locked);
+        }
         if !computing.is_empty() {
             steps.push(Box::pin(self.compute(computing)));
         }
@@ -398,175 +438,163 @@ where
         settled
     }
 
-    /// A key whose lock another process holds (or whose bytes must be replaced): the loop of the
-    /// single-key `load`, for this key alone. If the lock comes to this call, `f` computes the
-    /// key alone.
-    async fn hold_on(&self, led: Led<'a, T, E>, start: Start) -> Settled<T> {
-        let cache = self.cache;
-        let store = &cache.inner.store;
-        let options = &cache.options;
-        let keys = Arc::clone(&led.keys);
-        let mut waiter = Waiter::new(store.as_ref(), &keys, options, self.started);
-        let (mut wait_for, mut read_value, mut found) = match start {
-            Start::Wait(expires_in) => (Some(expires_in), true, Source::Waited),
-            Start::Replace => (None, false, Source::Hit),
-        };
-        loop {
-            if let Some(expires_in) = wait_for {
-                match self.wait_turn(&mut waiter, &keys, expires_in).await {
-                    Ok(Some(entry)) => {
-                        let outcome = self.serve(entry, &keys, found);
-                        return vec![led.settle(outcome)];
-                    }
-                    Ok(None) => {}
-                    Err(e) => return vec![led.settle(Err(e))],
-                }
-            }
-            let mut acquiring = cache.acquiring(&keys);
-            let token = acquiring.token();
-            let asked = acquiring.sending();
-            let answer = store
-                .read_or_lock(&keys, &token, options.lease, read_value)
-                .await;
-            match answer {
-                Ok(ReadOrLock::Acquired { fence }) => {
-                    let held = acquiring.granted(fence, asked);
-                    return self.compute(vec![(led, held)]).await;
-                }
-                Ok(ReadOrLock::Value(bytes)) => {
-                    acquiring.refused();
-                    match cache.servable::<T>(&keys, &bytes) {
-                        Some(entry) => {
-                            let outcome = self.serve(entry, &keys, found);
-                            return vec![led.settle(outcome)];
-                        }
-                        None => {
-                            read_value = false;
-                            wait_for = None;
-                        }
-                    }
-                }
-                Ok(ReadOrLock::Held { expires_in }) => {
-                    acquiring.refused();
-                    read_value = true;
-                    found = Source::Waited;
-                    wait_for = Some(expires_in);
-                }
-                Err(e) => {
-                    acquiring.failed(&e);
-                    drop(acquiring);
-                    return match options.on_backend_error {
-                        Fallback::Fail => {
-                            vec![led.settle(Err(Error::backend("read-or-lock", e)))]
-                        }
-                        Fallback::ComputeUncached => {
-                            tracing::warn!(key = %keys.user, error = %e,
-                                "backend unavailable; computing without the cache");
-                            self.compute_uncached(vec![led]).await
-                        }
-                    };
-                }
-            }
-        }
-    }
-
-    /// Waits for the holder of `keys`' lock as the single-key path does: listen, look, wait;
-    /// then look again. A value found, or `None` when it is time to try the lock again.
-    async fn wait_turn(
+    /// Keys whose lock was taken over what they held: a value another caller wrote between the
+    /// read and the lock is served (the lock let go) instead of computing again, as a single
+    /// key's `claim` does, with one read for all of them. The others stay locked, to compute.
+    async fn look_again(
         &self,
-        waiter: &mut Waiter<'_>,
-        keys: &EntryKeys,
-        expires_in: Option<Duration>,
-    ) -> Result<Option<StoredEntry<T>>, Error> {
-        if waiter.wait(expires_in).await? == Wake::Subscribed {
-            // Listening now: a value that landed before is read here, a later one wakes us.
-            if let Some(entry) = self.look(keys).await {
-                return Ok(Some(entry));
+        taken_over: Vec<(Led<'a, T, E>, HeldLock)>,
+    ) -> (Settled<T>, Vec<(Led<'a, T, E>, HeldLock)>) {
+        let cache = self.cache;
+        let entries: Vec<&EntryKeys> = taken_over.iter().map(|(l, _)| &*l.keys).collect();
+        // A failed read finds nothing: the keys are computed, as they would have been.
+        let found: Vec<Option<Blob>> = cache
+            .inner
+            .store
+            .get_many(&entries)
+            .await
+            .unwrap_or_default();
+        let mut found = found.into_iter();
+        let mut settled = Vec::new();
+        let mut locked = Vec::new();
+        for (l, held) in taken_over {
+            let newer = found.next().flatten().and_then(|bytes| {
+                let entry = cache.read_stored::<T>(&l.keys, &bytes)?;
+                match cache.sort(entry, &bytes) {
+                    Sorted::Serve(entry) => Some(entry),
+                    Sorted::Past(_) => None,
+                }
+            });
+            match newer {
+                Some(entry) => {
+                    drop(held.release().await);
+                    let outcome = self.serve(entry, &l.keys, Source::Hit);
+                    settled.push(l.settle(outcome));
+                }
+                None => locked.push((l, held)),
             }
-            waiter.wait(expires_in).await?;
         }
-        // After a wait a plain GET looks first: the value has usually landed.
-        Ok(self.look(keys).await)
+        (settled, locked)
     }
 
-    /// A value of `keys` that may be served now, read with a plain GET.
-    async fn look(&self, keys: &EntryKeys) -> Option<StoredEntry<T>> {
-        let (_, bytes) = self.cache.look::<T>(keys).await?;
-        self.cache.servable(keys, &bytes)
+    /// A key whose lock another process holds (or whose bytes must be replaced): the single-key
+    /// path's wait-or-lock loop for this key alone (wake-ups, backoff, the wait bound, the
+    /// fail-safe's budgets). If the lock comes to this call, `f` computes the key alone.
+    async fn hold_on(&self, led: Led<'a, T, E>, start: Start<T>) -> Settled<T> {
+        let cache = self.cache;
+        let keys = Arc::clone(&led.keys);
+        let outcome = match cache.claim::<T>(&keys, self.started, start).await {
+            Claim::Found(entry, found) => self.serve(entry, &keys, found),
+            Claim::Locked(held, kept) => {
+                let led = Led { kept, ..led };
+                return self.compute(vec![(led, held)]).await;
+            }
+            Claim::Fallback(value) => Ok(cache.serve_fallback(value)),
+            Claim::Failed(e) => Err(e),
+            Claim::Backend(e) => match cache.options.on_backend_error {
+                Fallback::Fail => Err(Error::backend("read-or-lock", e)),
+                Fallback::ComputeUncached => {
+                    tracing::warn!(key = %keys.user, error = %e,
+                        "backend unavailable; computing without the cache");
+                    return self.compute_uncached(vec![led]).await;
+                }
+            },
+        };
+        vec![led.settle(outcome)]
     }
 
-    /// Runs `f` once for the keys locked here, then stores each value it returned by the
-    /// single-key path's fenced write; a key it left out fails alone (its lock freed at once,
-    /// nothing cached), and its error fails all and only these keys (remembered per key when a
-    /// negative TTL is set).
+    /// Runs `f` once for the keys locked here and stores each value it returned by the
+    /// single-key path's fenced write (see [`run_locked`]); a key with a fail-safe fallback
+    /// answers with it when the computation fails or hits its hard timeout.
+    ///
+    /// With a soft timeout and a fallback for every key, the computation runs in a task of its
+    /// own: at the soft timeout the call answers with the fallbacks while the computation goes
+    /// on under its locks and heartbeats and lands as usual (aborted if the call goes away
+    /// before, as a single key's). A batch with a key that has no fallback waits for it.
     async fn compute(&self, locked: Vec<(Led<'a, T, E>, HeldLock)>) -> Settled<T> {
         let cache = self.cache;
-        let names: Vec<String> = locked.iter().map(|(l, _)| l.keys.user.clone()).collect();
-        for _ in &locked {
-            cache.inner.counters.record(Event::Compute);
+        let mut leds = Vec::with_capacity(locked.len());
+        let mut fallbacks = Vec::with_capacity(locked.len());
+        let mut work = Vec::with_capacity(locked.len());
+        for (mut led, held) in locked {
+            let kept = led.kept.take();
+            let on_failure = match &kept {
+                Some(kept) => OnFailure::Throttle(kept.bytes.clone()),
+                None => OnFailure::Remember,
+            };
+            work.push(Locked {
+                keys: Arc::clone(&led.keys),
+                held,
+                on_failure,
+            });
+            fallbacks.push(kept);
+            leds.push(led);
         }
-        let computing = Instant::now();
-        let answer = (self.f)(names).await;
-        let took = computing.elapsed();
-        match answer {
-            Ok(mut values) => {
-                let stores: Vec<_> = locked
-                    .into_iter()
-                    .map(|(led, held)| {
-                        let computed = values.remove(&led.keys.user);
-                        async move {
-                            let outcome = match computed {
-                                Some(computed) => cache
-                                    .store_computed(held, &led.keys, self.ttl, computed, took)
-                                    .await
-                                    .map(|value| Fetched {
-                                        value,
-                                        source: Source::Computed,
-                                    }),
-                                None => Err(missing(held, &led.keys).await),
-                            };
-                            led.settle(outcome)
+        let run = run_locked(cache.clone(), Arc::clone(&self.f), self.ttl, work);
+        let soft = cache
+            .soft_deadline(self.started)
+            .filter(|_| fallbacks.iter().all(Option::is_some));
+        let results = match soft {
+            None => Some(run.await),
+            Some(soft) => {
+                let mut task = Detachable::spawn(run);
+                tokio::select! {
+                    joined = &mut task.handle => match joined {
+                        Ok(results) => Some(results),
+                        Err(e) => match e.try_into_panic() {
+                            // A panic in `f` reaches its caller, as when it runs inline.
+                            Ok(panic) => std::panic::resume_unwind(panic),
+                            // Cancelled by the runtime shutting down.
+                            Err(_) => None,
+                        },
+                    },
+                    () = tokio::time::sleep_until(soft) => {
+                        task.detach();
+                        for _ in &leds {
+                            cache.inner.counters.record(Event::SoftTimeout);
                         }
-                    })
-                    .collect();
-                if !values.is_empty() {
-                    tracing::debug!(
-                        extra = values.len(),
-                        "the batch computation returned keys it was not asked for; ignored"
-                    );
+                        tracing::debug!(keys = leds.len(),
+                            "soft timeout: serving the fail-safe values while the batch computation goes on");
+                        None
+                    }
                 }
-                join_all(stores).await
             }
-            Err(e) => {
-                let (leds, helds): (Vec<_>, Vec<_>) = locked.into_iter().unzip();
-                let failures = leds
-                    .iter()
-                    .zip(helds)
-                    .map(|(led, held)| {
-                        // With the fail-safe on, a value past its stale window may still be in
-                        // the store as the single-key callers' fallback: remembering the failure
-                        // would overwrite it, so the lock is only let go.
-                        let on_failure = if cache.options.fail_safe() {
-                            OnFailure::Release
-                        } else {
-                            OnFailure::Remember
-                        };
-                        cache.after_failure::<T, E>(held, &led.keys, on_failure, Some(&e))
+        };
+        let Some(results) = results else {
+            // Every key has its fallback here.
+            return leds
+                .into_iter()
+                .zip(fallbacks)
+                .map(|(led, kept)| {
+                    let outcome = kept
+                        .map(|kept| cache.serve_fallback(kept.value))
+                        .ok_or_else(unsettled);
+                    led.settle(outcome)
+                })
+                .collect();
+        };
+        leds.into_iter()
+            .zip(results)
+            .zip(fallbacks)
+            .map(|((led, result), kept)| {
+                let outcome = result
+                    .map(|value| Fetched {
+                        value,
+                        source: Source::Computed,
                     })
-                    .collect();
-                join_all(failures).await;
-                let error = Error::compute(e);
-                leds.into_iter()
-                    .map(|led| led.settle(Err(error.clone())))
-                    .collect()
-            }
-        }
+                    .or_else(|e| cache.fall_back(e, kept, &led.keys));
+                led.settle(outcome)
+            })
+            .collect()
     }
 
     /// The backend failed and the fallback is to compute without the cache: one call of `f`
     /// for these keys, nothing stored.
     async fn compute_uncached(&self, leds: Vec<Led<'a, T, E>>) -> Settled<T> {
-        let names: Vec<String> = leds.iter().map(|l| l.keys.user.clone()).collect();
+        let names: Vec<(String, Lease)> = leds
+            .iter()
+            .map(|l| (l.keys.user.clone(), Lease::unlocked()))
+            .collect();
         match (self.f)(names).await {
             Ok(mut values) => leds
                 .into_iter()
@@ -589,6 +617,102 @@ where
                     .map(|led| led.settle(Err(error.clone())))
                     .collect()
             }
+        }
+    }
+}
+
+/// Runs `f` once for the `locked` keys, each with its lease, under the hard timeout
+/// ([`max_hold`](crate::CallOptions::max_hold)), then stores each value it returned by the
+/// single-key path's fenced write; one result per key, in order. A key `f` left out fails alone
+/// (its lock freed at once, nothing cached); an error from `f` fails all these keys, and each
+/// key's failure is handled as its [`OnFailure`] says (a throttled copy of its fallback, or the
+/// failure remembered when a negative TTL is set); the hard timeout is never remembered.
+async fn run_locked<C, T, E>(
+    cache: Cache<C>,
+    f: BatchFn<T, E>,
+    ttl: Duration,
+    locked: Vec<Locked>,
+) -> Vec<Result<T, Error>>
+where
+    C: Codec,
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    E: Display + Debug + Send + Sync + 'static,
+{
+    let names: Vec<(String, Lease)> = locked
+        .iter()
+        .map(|l| (l.keys.user.clone(), l.held.lease()))
+        .collect();
+    for _ in &locked {
+        cache.inner.counters.record(Event::Compute);
+    }
+    let computing = Instant::now();
+    let run = f(names);
+    let ran = match cache.options.max_hold {
+        Some(hold) => tokio::time::timeout_at(later_by(computing, hold), run)
+            .await
+            .ok(),
+        None => Some(run.await),
+    };
+    let took = computing.elapsed();
+    let cache = &cache;
+    match ran {
+        Some(Ok(mut values)) => {
+            let stores: Vec<_> = locked
+                .into_iter()
+                .map(|l| {
+                    let computed = values.remove(&l.keys.user);
+                    async move {
+                        match computed {
+                            Some(computed) => {
+                                cache
+                                    .store_computed(l.held, &l.keys, ttl, computed, took)
+                                    .await
+                            }
+                            None => Err(missing(l.held, &l.keys).await),
+                        }
+                    }
+                })
+                .collect();
+            if !values.is_empty() {
+                tracing::debug!(
+                    extra = values.len(),
+                    "the batch computation returned keys it was not asked for; ignored"
+                );
+            }
+            join_all(stores).await
+        }
+        Some(Err(e)) => {
+            let count = locked.len();
+            let failed = &e;
+            let failures = locked
+                .into_iter()
+                .map(|l| async move {
+                    cache
+                        .after_failure::<T, E>(l.held, &l.keys, l.on_failure, Some(failed))
+                        .await;
+                })
+                .collect::<Vec<_>>();
+            join_all(failures).await;
+            let error = Error::compute(e);
+            (0..count).map(|_| Err(error.clone())).collect()
+        }
+        None => {
+            tracing::warn!(keys = locked.len(), after = ?took,
+                "hard timeout: the batch computation is cancelled and its locks freed");
+            let failures = locked
+                .into_iter()
+                .map(|l| async move {
+                    cache.inner.counters.record(Event::HardTimeout);
+                    cache
+                        .after_failure::<T, E>(l.held, &l.keys, l.on_failure, None)
+                        .await;
+                    Err(Error::ComputeTimeout {
+                        key: l.keys.user.clone(),
+                        after: took,
+                    })
+                })
+                .collect::<Vec<_>>();
+            join_all(failures).await
         }
     }
 }

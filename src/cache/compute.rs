@@ -18,7 +18,7 @@ use crate::lock::lease::Renewal;
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::options::later_by;
 use crate::stats::Event;
-use crate::store::{Blob, LockStore, ReadOrLock, Store, Stored, Write};
+use crate::store::{Blob, LockStore, ReadOrLock, Store, StoreError, Stored, Write};
 use crate::wait::flight::{Follower, Role};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
@@ -53,6 +53,31 @@ pub(crate) struct StoredEntry<T> {
     pub throttled: bool,
 }
 
+/// Where the wait-or-lock loop of a key starts ([`Cache::claim`]).
+pub(crate) enum Start<T> {
+    /// Nothing read says otherwise: read the value or take the lock.
+    Read,
+    /// What the key holds must be replaced: a value past its stale window (with its fallback,
+    /// if the fail-safe keeps one) or bytes that do not decode. The lock is taken over it.
+    Replace(Option<Kept<T>>),
+    /// The lock was found held, expiring in this long: wait for its holder first.
+    Held(Option<Duration>),
+}
+
+/// How the wait-or-lock loop of a key ended.
+pub(crate) enum Claim<T> {
+    /// A value to serve (fresh, stale, or a throttled fail-safe copy), found as the source says.
+    Found(StoredEntry<T>, Source),
+    /// The lock is this caller's: compute, with the fallback kept if there is one.
+    Locked(HeldLock, Option<Kept<T>>),
+    /// The budget (soft timeout or wait bound) ran out; the fail-safe's fallback answers.
+    Fallback(T),
+    /// The wait bound ran out with no fallback.
+    Failed(Error),
+    /// The read-or-lock request failed: the call's [`Fallback`] decides.
+    Backend(StoreError),
+}
+
 /// Why a wait was cut short.
 enum Cut {
     /// The soft timeout: look for the fallback.
@@ -80,20 +105,20 @@ async fn wait_within(
 /// A spawned computation owned by its caller: aborted when the caller goes away (its lock is
 /// then freed by the lock's own drop guard), unless detached at the caller's soft timeout, after
 /// which it runs to the end (or to its hard timeout) on its own.
-struct Detachable<R> {
-    handle: tokio::task::JoinHandle<R>,
+pub(crate) struct Detachable<R> {
+    pub(crate) handle: tokio::task::JoinHandle<R>,
     detached: bool,
 }
 
 impl<R: Send + 'static> Detachable<R> {
-    fn spawn(work: impl Future<Output = R> + Send + 'static) -> Self {
+    pub(crate) fn spawn(work: impl Future<Output = R> + Send + 'static) -> Self {
         Detachable {
             handle: tokio::spawn(work),
             detached: false,
         }
     }
 
-    fn detach(&mut self) {
+    pub(crate) fn detach(&mut self) {
         self.detached = true;
     }
 }
@@ -140,7 +165,7 @@ impl<C: Codec> Cache<C> {
 
         // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
         // window is not a hit: it goes on to the lock, kept as the fallback.
-        let mut past = None;
+        let mut start = Start::Read;
         match self.inner.store.get(&keys).await {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
@@ -150,7 +175,7 @@ impl<C: Codec> Cache<C> {
                             self.keep_decoded(&keys, &bytes, &entry);
                             return self.serve(entry, keys, ttl, f, Source::Hit);
                         }
-                        Sorted::Past(kept) => past = Some(kept),
+                        Sorted::Past(kept) => start = Start::Replace(kept),
                     }
                 }
             }
@@ -175,7 +200,7 @@ impl<C: Codec> Cache<C> {
                 },
             }
         };
-        let outcome = self.load(&keys, ttl, started, f, past).await;
+        let outcome = self.load(&keys, ttl, started, f, start).await;
         if let Some(leader) = leader {
             leader.finish(&outcome);
         }
@@ -210,7 +235,7 @@ impl<C: Codec> Cache<C> {
     /// Waits for this process's leader of the key: its outcome, or `None` if it went away
     /// without one. Bounded by the wait bound, and with the fail-safe by the soft timeout, when
     /// the key is read again for a fallback.
-    async fn follow<T>(
+    pub(crate) async fn follow<T>(
         &self,
         follower: Follower<Fetched<T>>,
         keys: &EntryKeys,
@@ -356,15 +381,15 @@ impl<C: Codec> Cache<C> {
     }
 
     /// The distributed part: read the value or take the lock; compute under it, or wait for the
-    /// holder and read again. `past` is set when the hit path read a value past its stale window
-    /// (holding its fallback, if kept): the lock is then taken over it.
+    /// holder and read again. `start` says what the call has seen already (a value past its
+    /// stale window, with its fallback if kept, or the lock held).
     async fn load<T, E, F, Fut>(
         &self,
         keys: &Arc<EntryKeys>,
         ttl: Duration,
         started: Instant,
         f: F,
-        past: Option<Option<Kept<T>>>,
+        start: Start<T>,
     ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
@@ -372,28 +397,92 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        match self.claim::<T>(keys, started, start).await {
+            Claim::Found(entry, found) => self.serve(entry, (**keys).clone(), ttl, f, found),
+            Claim::Locked(held, kept) => {
+                self.compute_within(held, keys, ttl, f, kept, started).await
+            }
+            Claim::Fallback(value) => Ok(self.serve_fallback(value)),
+            Claim::Failed(e) => Err(e),
+            Claim::Backend(e) => self.without_cache("read-or-lock", e, keys, f).await,
+        }
+    }
+
+    /// The wait-or-lock loop of one key, shared by the single-key path and a batch's keys that
+    /// another process holds: read the value or take the lock; when the lock is held, wait for
+    /// its holder (woken when the value lands) and look again, until a value is found, the lock
+    /// is this caller's, or the budget runs out (then the fail-safe's fallback, if kept).
+    pub(crate) async fn claim<T>(
+        &self,
+        keys: &Arc<EntryKeys>,
+        started: Instant,
+        start: Start<T>,
+    ) -> Claim<T>
+    where
+        T: DeserializeOwned + 'static,
+    {
         let store = &self.inner.store;
         let options = &self.options;
         let mut acquiring = self.acquiring(keys);
         let token = acquiring.token();
         let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
-        let mut found = Source::Hit;
         // Cleared after bytes that do not decode, or a value past its stale window: then the
         // lock is taken over them, to replace them.
-        let mut read_value = past.is_none();
-        let mut kept = past.flatten();
+        let (mut read_value, mut kept, mut wait_for) = match start {
+            Start::Read => (true, None, None),
+            Start::Replace(kept) => (false, kept, None),
+            Start::Held(expires_in) => (true, None, Some(expires_in)),
+        };
+        let mut found = if wait_for.is_some() {
+            Source::Waited
+        } else {
+            Source::Hit
+        };
         // After a wait, a plain GET looks first: the value has usually landed, and a GET is cheaper
         // for the server than the read-or-lock script.
         let mut look_first = false;
         // The fail-safe's budget for waiting on another caller's computation; spent once.
         let mut soft = self.soft_deadline(started);
         loop {
+            if let Some(expires_in) = wait_for.take() {
+                let mut woke = wait_within(&mut waiter, expires_in, soft).await;
+                if matches!(woke, Ok(Wake::Subscribed)) {
+                    // Listening now: a value that landed before is read here, a later one
+                    // wakes us. The lock was just seen held, so wait rather than retry it.
+                    if let Some((entry, bytes)) = self.look(keys).await {
+                        match self.sort(entry, &bytes) {
+                            Sorted::Serve(entry) => return Claim::Found(entry, found),
+                            Sorted::Past(newer) => kept = newer.or(kept),
+                        }
+                    }
+                    woke = wait_within(&mut waiter, expires_in, soft).await;
+                }
+                if let Err(cut) = woke {
+                    // The soft timeout or the wait bound: read the key again, for a value
+                    // that landed or the fallback kept in the store (this one, or the
+                    // throttled copy a failed computation elsewhere left).
+                    match self.look_again::<T>(keys).await {
+                        Some(Ok(entry)) => return Claim::Found(entry, found),
+                        Some(Err(kept)) => {
+                            if matches!(cut, Cut::Budget) {
+                                self.inner.counters.record(Event::SoftTimeout);
+                            }
+                            return Claim::Fallback(kept.value);
+                        }
+                        None => {}
+                    }
+                    match cut {
+                        // No fallback: the soft timeout does nothing.
+                        Cut::Budget => soft = None,
+                        Cut::Bound(e) => return Claim::Failed(e),
+                    }
+                }
+                look_first = true;
+            }
             if look_first {
                 if let Some((entry, bytes)) = self.look(keys).await {
                     match self.sort(entry, &bytes) {
-                        Sorted::Serve(entry) => {
-                            return self.serve(entry, (**keys).clone(), ttl, f, found)
-                        }
+                        Sorted::Serve(entry) => return Claim::Found(entry, found),
                         Sorted::Past(newer) => {
                             read_value = false;
                             kept = newer.or(kept);
@@ -408,10 +497,9 @@ impl<C: Codec> Cache<C> {
             {
                 Ok(answer) => answer,
                 Err(e) => {
-                    // The request may have been granted anyway: free it before computing uncached.
+                    // The request may have been granted anyway: the guard frees it as it goes.
                     acquiring.failed(&e);
-                    drop(acquiring);
-                    return self.without_cache("read-or-lock", e, keys, f).await;
+                    return Claim::Backend(e);
                 }
             };
             if !matches!(answer, ReadOrLock::Acquired { .. }) {
@@ -421,9 +509,7 @@ impl<C: Codec> Cache<C> {
                 ReadOrLock::Value(bytes) => {
                     if let Some(entry) = self.read_stored::<T>(keys, &bytes) {
                         match self.sort(entry, &bytes) {
-                            Sorted::Serve(entry) => {
-                                return self.serve(entry, (**keys).clone(), ttl, f, found)
-                            }
+                            Sorted::Serve(entry) => return Claim::Found(entry, found),
                             Sorted::Past(newer) => kept = newer.or(kept),
                         }
                     }
@@ -438,51 +524,15 @@ impl<C: Codec> Cache<C> {
                         // of computing again.
                         if let Some(Ok(entry)) = self.look_again::<T>(keys).await {
                             drop(held.release().await);
-                            return self.serve(entry, (**keys).clone(), ttl, f, found);
+                            return Claim::Found(entry, found);
                         }
                     }
-                    return self.compute_within(held, keys, ttl, f, kept, started).await;
+                    return Claim::Locked(held, kept);
                 }
                 ReadOrLock::Held { expires_in } => {
                     read_value = true;
                     found = Source::Waited;
-                    let mut woke = wait_within(&mut waiter, expires_in, soft).await;
-                    if matches!(woke, Ok(Wake::Subscribed)) {
-                        // Listening now: a value that landed before is read here, a later one
-                        // wakes us. The lock was just seen held, so wait rather than retry it.
-                        if let Some((entry, bytes)) = self.look(keys).await {
-                            match self.sort(entry, &bytes) {
-                                Sorted::Serve(entry) => {
-                                    return self.serve(entry, (**keys).clone(), ttl, f, found)
-                                }
-                                Sorted::Past(newer) => kept = newer.or(kept),
-                            }
-                        }
-                        woke = wait_within(&mut waiter, expires_in, soft).await;
-                    }
-                    if let Err(cut) = woke {
-                        // The soft timeout or the wait bound: read the key again, for a value
-                        // that landed or the fallback kept in the store (this one, or the
-                        // throttled copy a failed computation elsewhere left).
-                        match self.look_again::<T>(keys).await {
-                            Some(Ok(entry)) => {
-                                return self.serve(entry, (**keys).clone(), ttl, f, found)
-                            }
-                            Some(Err(kept)) => {
-                                if matches!(cut, Cut::Budget) {
-                                    self.inner.counters.record(Event::SoftTimeout);
-                                }
-                                return Ok(self.serve_fallback(kept.value));
-                            }
-                            None => {}
-                        }
-                        match cut {
-                            // No fallback: the soft timeout does nothing.
-                            Cut::Budget => soft = None,
-                            Cut::Bound(e) => return Err(e),
-                        }
-                    }
-                    look_first = true;
+                    wait_for = Some(expires_in);
                 }
             }
         }

@@ -141,20 +141,6 @@ impl<C: Codec> Cache<C> {
         }
     }
 
-    /// The stored `bytes` of `keys` as an entry that may be served now (fresh, in its stale
-    /// window, or a throttled copy), or `None`: unreadable, or past its stale window (to be
-    /// computed again). The batch's reading; it keeps no fallback.
-    pub(crate) fn servable<T: DeserializeOwned + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &[u8],
-    ) -> Option<StoredEntry<T>> {
-        match self.sort(self.read_stored::<T>(keys, bytes)?, bytes) {
-            Sorted::Serve(entry) => Some(entry),
-            Sorted::Past(_) => None,
-        }
-    }
-
     /// Reads the key again once a waiter's budget ran out (its soft timeout, or its wait bound):
     /// a value that landed meanwhile (`Ok(Some(entry))`, to serve), or the fallback kept in the
     /// store (`Err(kept)`), or nothing.

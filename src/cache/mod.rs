@@ -796,8 +796,8 @@ impl<C: Codec> Cache<C> {
         Fut: Future<Output = Result<I, E>> + Send + 'static,
         I: IntoIterator<Item = (String, T)>,
     {
-        let computed = move |keys: Vec<String>| {
-            let values = f(keys);
+        let computed = move |keys: Vec<(String, Lease)>| {
+            let values = f(keys.into_iter().map(|(key, _lease)| key).collect());
             async move {
                 values.await.map(|values| {
                     values
@@ -815,9 +815,10 @@ impl<C: Codec> Cache<C> {
     }
 
     /// The general form of [`get_or_compute_many`](Self::get_or_compute_many), as
-    /// [`fetch`](Self::fetch) is of [`get_or_compute`](Self::get_or_compute): `f` returns a
-    /// [`Computed`] per key (which may carry its own TTL), and each result says where its value
-    /// came from ([`Source`]).
+    /// [`fetch`](Self::fetch) is of [`get_or_compute`](Self::get_or_compute): `f` receives each
+    /// key with the [`Lease`] it is computed under (its own fencing token and lost-lease signal,
+    /// as a single key's), returns a [`Computed`] per key (which may carry its own TTL), and
+    /// each result says where its value came from ([`Source`]).
     ///
     /// ```
     /// use stampede_guard::{Cache, Computed, Source};
@@ -829,10 +830,11 @@ impl<C: Codec> Cache<C> {
     /// cache.set("2026-10", &10u32, Duration::from_secs(3600)).await?;
     /// let results = cache
     ///     .fetch_many(["2026-10", "2026-11"], Duration::from_secs(3600), |missing| async move {
+    ///         // Each key comes with its lease: pass its fencing token to what you write to.
     ///         // The current month changes: keep it one minute, not the call's hour.
-    ///         let values = missing
-    ///             .into_iter()
-    ///             .map(|month| (month, Computed::new(11u32).ttl(Duration::from_secs(60))));
+    ///         let values = missing.into_iter().map(|(month, _lease)| {
+    ///             (month, Computed::new(11u32).ttl(Duration::from_secs(60)))
+    ///         });
     ///         Ok::<_, std::io::Error>(values.collect::<Vec<_>>())
     ///     })
     ///     .await;
@@ -852,14 +854,14 @@ impl<C: Codec> Cache<C> {
         K::Item: AsRef<str>,
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         E: Display + Debug + Send + Sync + 'static,
-        F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
+        F: Fn(Vec<(String, Lease)>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<I, E>> + Send + 'static,
         I: IntoIterator<Item = (String, Computed<T>)>,
     {
         let asked: Vec<String> = keys.into_iter().map(|k| k.as_ref().to_owned()).collect();
         let span = tracing::debug_span!("stampede_guard::fetch_many", keys = asked.len());
         // Erased once here: the batch machinery is not generic over `F`.
-        let f: batch::BatchFn<T, E> = Arc::new(move |keys: Vec<String>| {
+        let f: batch::BatchFn<T, E> = Arc::new(move |keys: Vec<(String, Lease)>| {
             let values = f(keys);
             Box::pin(async move {
                 values
