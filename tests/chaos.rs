@@ -1,7 +1,9 @@
 //! Fault injection with a history checker.
 //!
 //! A controller starts worker processes (this binary, re-executed) that loop over
-//! `get_or_compute_with_lease`, `invalidate`, `set`, a `Lock` and a `Leader` on a few hot keys,
+//! `get_or_compute_with_lease`, `fetch_many` (batches of two or three keys, each computed under
+//! its own lease and logged as a call of its own), `invalidate`, `set`, a `Lock` and a `Leader`
+//! on a few hot keys,
 //! all through loopback TCP proxies (two: slots 0-1 and 2-3, so a proxy fault can partition one
 //! side from the other) to one real redis-server. Driven by a seeded RNG, one *round*
 //! at a time (a pause of 20–100 ms, then at most one new fault), it SIGKILLs workers (and starts
@@ -30,7 +32,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampede_guard::leader::{JobContext, Leader, Role};
-use stampede_guard::{Cache, CallOptions, Error, NearCache};
+use stampede_guard::{Cache, CallOptions, Computed, Error, Lease, NearCache};
 use support::history::{
     self, check, BumpCause, Call, Change, Compute, Ending, History, Outcome, Pause, Section,
     ServerEvent, Violation, Write,
@@ -971,6 +973,7 @@ fn kind(e: &Error) -> &'static str {
         Error::Config(_) => "Config",
         Error::RecentFailure { .. } => "RecentFailure",
         Error::NotHeld { .. } => "NotHeld",
+        Error::MissingFromBatch { .. } => "MissingFromBatch",
         _ => "Other",
     }
 }
@@ -1120,6 +1123,7 @@ async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
         let op = match dice {
             0..8 => "invalidate",
             8..12 => "set",
+            12..30 => "batch",
             _ => "get_or_compute",
         };
         let compute_ms = match rng.random_range(0..100) {
@@ -1130,6 +1134,12 @@ async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
         };
         let fail = rng.random_range(0..100) < 5;
         let ttl = Duration::from_millis(rng.random_range(200..2000));
+        // A batch asks for two or three keys, drawn with repetition (a key asked twice is
+        // computed once); now and then its computation leaves one out.
+        let batch: Vec<String> = (0..rng.random_range(2..=3))
+            .map(|_| format!("k{}", rng.random_range(0..CACHE_KEYS)))
+            .collect();
+        let leave_out = (rng.random_range(0..100) < 5).then(|| batch[0].clone());
         let permit = Arc::clone(&permits)
             .acquire_owned()
             .await
@@ -1137,7 +1147,10 @@ async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
         let ctx = Arc::clone(&ctx);
         tokio::spawn(async move {
             let _permit = permit;
-            one_call(&ctx, op, key, compute_ms, fail, ttl).await;
+            match op {
+                "batch" => batch_call(&ctx, batch, compute_ms, fail, leave_out, ttl).await,
+                _ => one_call(&ctx, op, key, compute_ms, fail, ttl).await,
+            }
         });
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
     }
@@ -1206,6 +1219,61 @@ async fn one_call(
         "end {id} {op} {key} {start} {} {outcome}",
         now_us()
     ));
+}
+
+/// One `fetch_many` call, logged as one call per key asked (each with its own id, all with the
+/// batch's start and end), so that every rule of the checker applies per key. The computation
+/// logs one computation per key it returns, with that key's own fencing token.
+async fn batch_call(
+    ctx: &Arc<Ctx>,
+    keys: Vec<String>,
+    compute_ms: u64,
+    fail: bool,
+    leave_out: Option<String>,
+    ttl: Duration,
+) {
+    let ids: Vec<u64> = keys.iter().map(|_| ctx.next_id()).collect();
+    let start = now_us();
+    for (id, key) in ids.iter().zip(&keys) {
+        ctx.log.event(format!("begin {id} batch {key} {start}"));
+    }
+    let inner = Arc::clone(ctx);
+    let got = ctx
+        .cache
+        .fetch_many(&keys, ttl, move |locked: Vec<(String, Lease)>| {
+            let (ctx, leave_out) = (Arc::clone(&inner), leave_out.clone());
+            async move {
+                let began = now_us();
+                tokio::time::sleep(Duration::from_millis(compute_ms)).await;
+                if fail {
+                    return Err("planned failure".to_string());
+                }
+                let mut values = Vec::new();
+                for (key, lease) in locked {
+                    if leave_out.as_ref() == Some(&key) {
+                        continue;
+                    }
+                    let token = lease.fencing_token().unwrap_or(0);
+                    let value = format!("V|{key}|{token}|{}|{}", ctx.instance, ctx.next_id());
+                    ctx.log.event(format!(
+                        "compute {key} {token} {began} {} {value}",
+                        now_us()
+                    ));
+                    values.push((key, Computed::new(value)));
+                }
+                Ok(values)
+            }
+        })
+        .await;
+    let end = now_us();
+    for ((id, key), result) in ids.iter().zip(&keys).zip(got) {
+        let outcome = match result {
+            Ok(fetched) => format!("ok {}", fetched.value),
+            Err(e) => format!("err {}", kind(&e)),
+        };
+        ctx.log
+            .event(format!("end {id} batch {key} {start} {end} {outcome}"));
+    }
 }
 
 /// Critical sections under a `Lock`: each step checks the lease, then writes to the sink.
@@ -1741,4 +1809,49 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
             ServerEvent::Delete { key: "k0".into() },
         ]
     );
+
+    // A batch's read-or-lock script locks several entries at once, and a batch's invalidation
+    // bumps several: each entry is replayed as its own script (the replay once took the first
+    // key's fence for the second's and reported writes as out of order).
+    let lines: Vec<String> = [
+        r#"5.0 [0 127.0.0.1:1] "evalsha" "def" "6""#,
+        r#"5.1 [0 lua] "GET" "chaos:{k1}""#,
+        r#"5.2 [0 lua] "SET" "chaos:{k1}_lock" "t1" "PX" "400" "NX""#,
+        r#"5.3 [0 lua] "INCR" "chaos:{k1}_fence""#,
+        r#"5.4 [0 lua] "TIME""#,
+        r#"5.5 [0 lua] "SET" "chaos:{k1}_fence" "500" "PX" "800""#,
+        r#"5.6 [0 lua] "GET" "chaos:{k2}""#,
+        r#"5.7 [0 lua] "SET" "chaos:{k2}_lock" "t2" "PX" "400" "NX""#,
+        r#"5.8 [0 lua] "INCR" "chaos:{k2}_fence""#,
+        r#"5.9 [0 lua] "TIME""#,
+        r#"5.91 [0 lua] "SET" "chaos:{k2}_fence" "600" "PX" "800""#,
+        "C",
+        r#"6.1 [0 lua] "INCR" "chaos:{k1}_fence""#,
+        r#"6.2 [0 lua] "DEL" "chaos:{k1}""#,
+        r#"6.3 [0 lua] "INCR" "chaos:{k2}_fence""#,
+        r#"6.4 [0 lua] "DEL" "chaos:{k2}""#,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let (events, changes) = history::replay(NAMESPACE, 0, &lines);
+    let acquired = |key: &str, token| ServerEvent::Acquire {
+        key: key.into(),
+        token,
+    };
+    let invalidated = |key: &str| ServerEvent::Bump {
+        key: key.into(),
+        cause: BumpCause::Invalidate,
+    };
+    assert_eq!(
+        events,
+        vec![
+            ServerEvent::Life(0),
+            acquired("k1", 500),
+            acquired("k2", 600),
+            invalidated("k1"),
+            invalidated("k2"),
+        ]
+    );
+    let changed: Vec<&str> = changes.iter().map(|c| c.key.as_str()).collect();
+    assert_eq!(changed, ["k1", "k2"], "an invalidation changes each key");
 }
