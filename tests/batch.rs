@@ -692,3 +692,78 @@ async fn a_failed_batch_serves_the_kept_value_and_leaves_a_throttled_copy() {
         "{remembered:?}"
     );
 }
+
+/// A stale value in a batch is served as `Source::Stale` and refreshed in the background by a
+/// call of `f` for that key alone, under that key's own lease; a fresh one starts nothing.
+#[tokio::test(start_paused = true)]
+async fn stale_keys_of_a_batch_are_refreshed_one_by_one_under_their_own_leases() {
+    let ttl = Duration::from_secs(60);
+    let cache =
+        Cache::in_memory().with_options(CallOptions::default().stale_for(Duration::from_secs(600)));
+    let asked: Arc<Mutex<Vec<Vec<(String, Option<u64>)>>>> = Arc::default();
+    let f = {
+        let asked = Arc::clone(&asked);
+        move |keys: Vec<(String, Lease)>| {
+            let asked = Arc::clone(&asked);
+            async move {
+                let call: Vec<(String, Option<u64>)> = keys
+                    .iter()
+                    .map(|(key, lease)| (key.clone(), lease.fencing_token()))
+                    .collect();
+                let round = {
+                    let mut asked = asked.lock().unwrap();
+                    asked.push(call);
+                    asked.len()
+                };
+                let values = keys
+                    .into_iter()
+                    .map(|(key, _)| (key, stampede_guard::Computed::new(round)));
+                Ok::<_, String>(values.collect::<Vec<_>>())
+            }
+        }
+    };
+    let first = cache.fetch_many(["a", "b"], ttl, f.clone()).await;
+    assert!(first
+        .iter()
+        .all(|r| r.as_ref().unwrap().source == Source::Computed));
+    tokio::time::advance(Duration::from_secs(120)).await;
+    cache.set("c", &0usize, ttl).await.unwrap();
+    let second = cache.fetch_many(["a", "b", "c"], ttl, f).await;
+    let served: Vec<(usize, Source)> = second
+        .iter()
+        .map(|r| {
+            let fetched = r.as_ref().unwrap();
+            (fetched.value, fetched.source)
+        })
+        .collect();
+    assert_eq!(
+        served,
+        [(1, Source::Stale), (1, Source::Stale), (0, Source::Hit)]
+    );
+    // The refreshes run in the background: one call of `f` per stale key, each alone.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let calls = asked.lock().unwrap().clone();
+    assert_eq!(calls.len(), 3, "{calls:?}");
+    let mut refreshed: Vec<&str> = calls[1..].iter().map(|c| c[0].0.as_str()).collect();
+    refreshed.sort();
+    assert_eq!(refreshed, ["a", "b"]);
+    for call in &calls {
+        assert!(
+            call.iter().all(|(_, token)| token.is_some()),
+            "every key is computed under its lease: {calls:?}"
+        );
+    }
+    assert!(calls[1..].iter().all(|c| c.len() == 1));
+    let now: Vec<usize> = cache
+        .get_or_compute_many(["a", "b"], ttl, |_keys: Vec<String>| async {
+            Err::<Vec<(String, usize)>, _>("not called".to_owned())
+        })
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert!(
+        now.iter().all(|&v| v > 1),
+        "the refreshed values landed: {now:?}"
+    );
+}

@@ -37,9 +37,8 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use crate::cache::compute::{Claim, Detachable, OnFailure, Start, StoredEntry};
+use crate::cache::compute::{Claim, Detachable, Judged, OnFailure, Start, StoredEntry};
 use crate::cache::failsafe::{Kept, Sorted};
-use crate::cache::freshness::{judge, Verdict};
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::options::later_by;
 use crate::stats::Event;
@@ -284,27 +283,13 @@ where
     }
 
     /// Serves a stored entry as a single key's is served: a stale value (or XFetch's early
-    /// draw) starts a background refresh of that key, by a call of `f` for it alone.
+    /// draw) starts a background refresh of that key, by a call of `f` for it alone. The
+    /// refresh's closure is only built then: a fresh hit prepares nothing.
     fn serve(&self, entry: StoredEntry<T>, keys: &EntryKeys, found: Source) -> Outcome<T> {
-        let cache = self.cache;
-        // A fresh value without XFetch needs none of what `serve` prepares for a refresh (a copy
-        // of the keys, a closure): the verdict is the same `judge`, without a draw. A throttled
-        // fail-safe copy is a fallback, not a hit: the single-key `serve` says so.
-        if cache.options.early_refresh_beta <= 0.0 && !entry.throttled {
-            let now = cache.inner.store.now_ms();
-            if judge(now, entry.fresh_until_ms, entry.compute_ms, 0.0, 1.0) == Verdict::Fresh {
-                return match entry.value {
-                    Ok(value) => Ok(Fetched {
-                        value,
-                        source: found,
-                    }),
-                    Err(message) => Err(Error::RecentFailure {
-                        key: keys.user.clone(),
-                        message,
-                    }),
-                };
-            }
-        }
+        let (served, fence) = match self.cache.judge_entry(entry, &keys.user, found) {
+            Judged::Served(outcome) => return outcome,
+            Judged::Refresh(served, fence) => (served, fence),
+        };
         let f = Arc::clone(&self.f);
         let key = keys.user.clone();
         let refresh = move |lease: Lease| async move {
@@ -314,7 +299,8 @@ where
             values.remove(&key).ok_or(Refresh::Missing)
         };
         self.cache
-            .serve(entry, keys.clone(), self.ttl, refresh, found)
+            .refresh_in_background(keys.clone(), self.ttl, refresh, fence);
+        Ok(served)
     }
 
     /// A key another task of this process computes: its outcome (or, at the soft timeout or

@@ -53,6 +53,14 @@ pub(crate) struct StoredEntry<T> {
     pub throttled: bool,
 }
 
+/// How a stored entry is served ([`Cache::judge_entry`]).
+pub(crate) enum Judged<T> {
+    /// As it is.
+    Served(Result<Fetched<T>, Error>),
+    /// With a background refresh of the entry written under this fence.
+    Refresh(Fetched<T>, u64),
+}
+
 /// Where the wait-or-lock loop of a key starts ([`Cache::claim`]).
 pub(crate) enum Start<T> {
     /// Nothing read says otherwise: read the value or take the lock.
@@ -343,18 +351,37 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        match self.judge_entry(entry, &keys.user, fresh) {
+            Judged::Served(outcome) => outcome,
+            Judged::Refresh(served, fence) => {
+                self.refresh_in_background(keys, ttl, f, fence);
+                Ok(served)
+            }
+        }
+    }
+
+    /// What serving `entry` (found as `fresh` says) takes, decided before anything is prepared
+    /// for a refresh, so that every path (a single key's, each key of a batch) decides alike:
+    /// a remembered failure, a throttled fail-safe copy and a value neither stale nor drawn by
+    /// XFetch are served as they are; any other value is served with a background refresh.
+    pub(crate) fn judge_entry<T>(
+        &self,
+        entry: StoredEntry<T>,
+        key: &str,
+        fresh: Source,
+    ) -> Judged<T> {
         let value = match entry.value {
             Ok(value) => value,
             Err(message) => {
-                return Err(Error::RecentFailure {
-                    key: keys.user,
+                return Judged::Served(Err(Error::RecentFailure {
+                    key: key.to_owned(),
                     message,
-                })
+                }))
             }
         };
         if entry.throttled {
             // Sorted for serving, so within its throttle: the source failed a moment ago.
-            return Ok(self.serve_fallback(value));
+            return Judged::Served(Ok(self.serve_fallback(value)));
         }
         let beta = self.options.early_refresh_beta;
         // Draw only when XFetch is on: the hit path stays free of the random number generator.
@@ -366,18 +393,12 @@ impl<C: Codec> Cache<C> {
             beta,
             draw,
         );
-        let source = match verdict {
-            Verdict::Fresh => fresh,
-            Verdict::RefreshEarly => {
-                self.refresh_in_background(keys, ttl, f, entry.fence);
-                fresh
-            }
-            Verdict::Stale => {
-                self.refresh_in_background(keys, ttl, f, entry.fence);
-                Source::Stale
-            }
-        };
-        Ok(Fetched { value, source })
+        let served = |source| Fetched { value, source };
+        match verdict {
+            Verdict::Fresh => Judged::Served(Ok(served(fresh))),
+            Verdict::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
+            Verdict::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+        }
     }
 
     /// The distributed part: read the value or take the lock; compute under it, or wait for the
