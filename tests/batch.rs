@@ -700,7 +700,9 @@ async fn stale_keys_of_a_batch_are_refreshed_one_by_one_under_their_own_leases()
     let ttl = Duration::from_secs(60);
     let cache =
         Cache::in_memory().with_options(CallOptions::default().stale_for(Duration::from_secs(600)));
-    let asked: Arc<Mutex<Vec<Vec<(String, Option<u64>)>>>> = Arc::default();
+    // Each call of `f`: its keys with their fencing tokens.
+    type Asked = Arc<Mutex<Vec<Vec<(String, Option<u64>)>>>>;
+    let asked = Asked::default();
     let f = {
         let asked = Arc::clone(&asked);
         move |keys: Vec<(String, Lease)>| {
