@@ -52,7 +52,8 @@ pub struct Stats {
     pub hits: u64,
     /// Calls that found no usable value and went on to lock, compute or wait.
     pub misses: u64,
-    /// Computations run by this process (foreground and background refreshes).
+    /// Computations run by this process (foreground and background refreshes); a batch's
+    /// computation counts once per key it computes.
     pub computes: u64,
     /// Calls that waited for another caller's computation and got its value.
     pub waits: u64,
@@ -76,10 +77,10 @@ pub struct Stats {
     /// a kept value served because the computation failed, timed out, or is throttled.
     pub fallback_served: u64,
     /// Calls that reached their [`soft_timeout`](crate::CallOptions::soft_timeout) with a
-    /// fallback at hand (also counted in `fallback_served`).
+    /// fallback at hand (also counted in `fallback_served`); each key of a batch counts.
     pub soft_timeouts: u64,
     /// Computations of this process cancelled by their hard timeout
-    /// ([`max_hold`](crate::CallOptions::max_hold)).
+    /// ([`max_hold`](crate::CallOptions::max_hold)), once per key they were computing.
     pub hard_timeouts: u64,
     /// Calls answered from the near tier ([`NearCache`](crate::NearCache)), without Redis.
     /// Also counted in `hits`.

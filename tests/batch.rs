@@ -667,22 +667,32 @@ async fn a_failed_batch_serves_the_kept_value_and_leaves_a_throttled_copy() {
     let kept = failed[0].as_ref().expect("the kept value");
     assert_eq!((kept.value, kept.source), (7, Source::Fallback));
     assert!(matches!(failed[1], Err(Error::Compute(_))), "{failed:?}");
-    // Within the throttle a single-key call gets the copy without computing.
+    // Within the throttle a single-key call gets the copy without computing (its source would
+    // answer 99: only a throttled copy in the store keeps it from being called).
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
     let single = cache
-        .fetch("2019-05", ttl, |_| async {
-            Err::<stampede_guard::Computed<u32>, _>("must not be called".to_owned())
+        .fetch("2019-05", ttl, move |_| async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(stampede_guard::Computed::new(99u32))
         })
         .await
         .unwrap();
     assert_eq!((single.value, single.source), (7, Source::Fallback));
     // And a batch gets the same copy, as a fallback.
+    let counted = Arc::clone(&calls);
     let batch = cache
-        .fetch_many(["2019-05"], ttl, |_keys: Vec<(String, Lease)>| async {
-            Err::<Vec<(String, stampede_guard::Computed<u32>)>, _>("not called".to_owned())
+        .get_or_compute_many(["2019-05"], ttl, move |keys: Vec<String>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, String>(keys.into_iter().map(|k| (k, 99u32)).collect::<Vec<_>>()) }
         })
         .await;
-    let fetched = batch[0].as_ref().expect("the throttled copy");
-    assert_eq!((fetched.value, fetched.source), (7, Source::Fallback));
+    assert_eq!(batch[0].as_ref().ok(), Some(&7));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "the source is spared within the throttle"
+    );
     // 2019-06 had no value to keep: its failure is remembered (the negative TTL).
     let remembered = cache
         .get_or_compute("2019-06", ttl, || async { Ok::<_, String>(1u32) })
@@ -768,4 +778,47 @@ async fn stale_keys_of_a_batch_are_refreshed_one_by_one_under_their_own_leases()
         now.iter().all(|&v| v > 1),
         "the refreshed values landed: {now:?}"
     );
+}
+
+/// A key the batch's computation leaves out is no answer for a single-key caller that joined
+/// its flight: that caller computes the key with its own computation.
+#[tokio::test(start_paused = true)]
+async fn a_caller_following_a_key_the_batch_left_out_computes_it_itself() {
+    let cache = Cache::in_memory();
+    let batch = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_compute_many(
+                    ["2019-05", "2019-06"],
+                    TTL,
+                    |keys: Vec<String>| async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let values = keys
+                            .into_iter()
+                            .filter(|k| k != "2019-05")
+                            .map(|k| (k, 6u32));
+                        Ok::<_, String>(values.collect::<Vec<_>>())
+                    },
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let single = cache
+        .get_or_compute("2019-05", TTL, move || async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(5u32)
+        })
+        .await;
+    let batch = batch.await.unwrap();
+    assert!(
+        matches!(&batch[0], Err(Error::MissingFromBatch { key }) if key == "2019-05"),
+        "{batch:?}"
+    );
+    assert_eq!(batch[1].as_ref().ok(), Some(&6));
+    assert_eq!(single.ok(), Some(5), "the follower computed the key itself");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }

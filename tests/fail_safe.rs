@@ -59,6 +59,10 @@ fn main() {
             "a_batch_waiting_on_another_process_gets_the_fallback_at_its_soft_timeout",
             batch_waiter_in_another_process,
         ),
+        (
+            "an_invalidation_while_waiting_takes_the_fallback_away",
+            invalidation_takes_the_fallback_away,
+        ),
     ];
     support::run_child_or_tests("fail_safe", tests, child);
 }
@@ -465,6 +469,15 @@ fn batch_hard_timeout() {
             );
         }
         assert_eq!(cache.stats().hard_timeouts, 2);
+        // Within the throttle the kept key is answered by its throttled copy: only the key
+        // without a fallback is computed.
+        let again = batch_call(&cache, keys, Duration::ZERO, Some("now"), &asked).await;
+        assert_eq!(answers(&again), ["old Fallback", "now Computed"]);
+        assert_eq!(
+            asked.lock().unwrap().last(),
+            Some(&vec![MONTHS[1].to_owned()])
+        );
+        cache.invalidate(MONTHS[1]).await.unwrap();
         tokio::time::sleep(Duration::from_secs(2)).await;
         for key in keys {
             let stored = cache.get::<String>(key).await.unwrap();
@@ -508,6 +521,53 @@ fn batch_waiter_in_another_process() {
         assert_eq!(cache.stats().soft_timeouts, 1);
     });
     assert!(holder.wait_success(), "the holder failed");
+}
+
+/// A value invalidated while a caller waited for the lock is no fallback: when the caller then
+/// computes and fails, it gets the error (a single key and a batch alike), and no throttled copy
+/// brings the invalidated value back.
+fn invalidation_takes_the_fallback_away() {
+    let server = RedisServer::start();
+    let mut conn = server.conn();
+    runtime().block_on(async {
+        let cache = cache(&server.url(), fail_safe()).await;
+        for batch in [false, true] {
+            expired_value(&cache, "old").await;
+            // Another process holds the lock for 400 ms; the value is invalidated meanwhile.
+            let _: () = redis::cmd("SET")
+                .arg(lock_key())
+                .arg("another-process")
+                .arg("PX")
+                .arg(400)
+                .query(&mut conn)
+                .unwrap();
+            let caller = {
+                let cache = cache.clone();
+                tokio::spawn(async move {
+                    if batch {
+                        let asked = Asked::default();
+                        let mut results =
+                            batch_call(&cache, &[KEY], Duration::ZERO, None, &asked).await;
+                        results.remove(0)
+                    } else {
+                        call(&cache, Duration::ZERO, None).await
+                    }
+                })
+            };
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            cache.invalidate(KEY).await.unwrap();
+            let outcome = caller.await.unwrap();
+            assert!(
+                matches!(outcome, Err(Error::Compute(_))),
+                "batch {batch}: the invalidated value must not come back: {outcome:?}"
+            );
+            assert_eq!(
+                cache.get::<String>(KEY).await.unwrap(),
+                None,
+                "batch {batch}"
+            );
+        }
+    });
 }
 
 fn child(role: &str) -> Result<(), String> {

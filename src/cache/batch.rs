@@ -22,10 +22,11 @@
 //! answers with the fallbacks at the soft timeout while `f` goes on and lands.
 //!
 //! Invariants, as on the single-key path: a key's flight is finished with its outcome as soon as
-//! that outcome is known (not when the whole batch is done); every lock taken is held by a guard
-//! from before its request is sent, so dropping the call (or a panic in `f`) frees every lock at
-//! once and hands every led key to the next caller. Nothing here is spawned: the futures of one
-//! call run on its task and go with it.
+//! the step that settles it ends (not when the whole batch is done); every lock taken is held by
+//! a guard from before its request is sent, so dropping the call (or a panic in `f`) frees every
+//! lock at once and hands every led key to the next caller. The futures of one call run on its
+//! task and go with it; the one exception is a computation that outlives its caller's soft
+//! timeout, which runs in a task of its own that is aborted if the call is dropped before.
 
 use std::collections::HashMap;
 use std::fmt::{Debug, Display};
@@ -94,10 +95,14 @@ where
         }
     }
 
-    /// The key's outcome is known: its in-process followers get it now.
+    /// The key's outcome is known: its in-process followers get it now. A key the computation
+    /// left out is no answer for them (a single-key caller, or another batch, has a computation
+    /// of its own): the flight is let go, as when a leader goes away, and one of them computes.
     fn settle(self, outcome: Outcome<T>) -> (usize, Outcome<T>) {
         if let Some(leader) = self.leader {
-            leader.finish(&outcome);
+            if !matches!(outcome, Err(Error::MissingFromBatch { .. })) {
+                leader.finish(&outcome);
+            }
         }
         (self.slot, outcome)
     }
@@ -424,16 +429,18 @@ where
         settled
     }
 
-    /// Keys whose lock was taken over what they held: a value another caller wrote between the
-    /// read and the lock is served (the lock let go) instead of computing again, as a single
-    /// key's `claim` does, with one read for all of them. The others stay locked, to compute.
+    /// Keys whose lock was taken over what they held, read again with one `MGET`, as a single
+    /// key's `claim` does: a value another caller wrote between the read and the lock is served
+    /// (the lock let go) instead of computing again; for the others, the fallback is what the
+    /// key holds now, under the lock (a value invalidated since it was kept is none). They stay
+    /// locked, to compute.
     async fn look_again(
         &self,
         taken_over: Vec<(Led<'a, T, E>, HeldLock)>,
     ) -> (Settled<T>, Vec<(Led<'a, T, E>, HeldLock)>) {
         let cache = self.cache;
         let entries: Vec<&EntryKeys> = taken_over.iter().map(|(l, _)| &*l.keys).collect();
-        // A failed read finds nothing: the keys are computed, as they would have been.
+        // A failed read finds nothing: the keys are computed, without a fallback it cannot vouch for.
         let found: Vec<Option<Blob>> = cache
             .inner
             .store
@@ -441,26 +448,40 @@ where
             .await
             .unwrap_or_default();
         let mut found = found.into_iter();
-        let mut settled = Vec::new();
+        let mut landed = Vec::new();
+        let mut releases = Vec::new();
         let mut locked = Vec::new();
-        for (l, held) in taken_over {
-            let newer = found.next().flatten().and_then(|bytes| {
+        for (mut l, held) in taken_over {
+            let now = found.next().flatten().and_then(|bytes| {
                 let entry = cache.read_stored::<T>(&l.keys, &bytes)?;
-                match cache.sort(entry, &bytes) {
-                    Sorted::Serve(entry) => Some(entry),
-                    Sorted::Past(_) => None,
-                }
+                Some(cache.sort(entry, &bytes))
             });
-            match newer {
-                Some(entry) => {
-                    drop(held.release().await);
-                    let outcome = self.serve(entry, &l.keys, Source::Hit);
-                    settled.push(l.settle(outcome));
+            match now {
+                Some(Sorted::Serve(entry)) => {
+                    releases.push(held.release());
+                    landed.push((l, entry));
                 }
-                None => locked.push((l, held)),
+                Some(Sorted::Past(kept)) => {
+                    l.kept = kept;
+                    locked.push((l, held));
+                }
+                None => {
+                    l.kept = None;
+                    locked.push((l, held));
+                }
             }
         }
-        (settled, locked)
+        // Let go at once, all together (a failed release runs out with its lease), before
+        // serving: a stale value's background refresh needs the lock.
+        join_all(releases).await;
+        let served = landed
+            .into_iter()
+            .map(|(l, entry)| {
+                let outcome = self.serve(entry, &l.keys, Source::Hit);
+                l.settle(outcome)
+            })
+            .collect();
+        (served, locked)
     }
 
     /// A key whose lock another process holds (or whose bytes must be replaced): the single-key
@@ -525,6 +546,8 @@ where
             Some(soft) => {
                 let mut task = Detachable::spawn(run);
                 tokio::select! {
+                    // The values, if they are there at the soft timeout too.
+                    biased;
                     joined = &mut task.handle => match joined {
                         Ok(results) => Some(results),
                         Err(e) => match e.try_into_panic() {

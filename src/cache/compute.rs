@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::freshness::{judge, unit_draw, Verdict};
@@ -121,7 +122,8 @@ pub(crate) struct Detachable<R> {
 impl<R: Send + 'static> Detachable<R> {
     pub(crate) fn spawn(work: impl Future<Output = R> + Send + 'static) -> Self {
         Detachable {
-            handle: tokio::spawn(work),
+            // In the caller's span, which it outlives once detached.
+            handle: tokio::spawn(work.in_current_span()),
             detached: false,
         }
     }
@@ -539,15 +541,25 @@ impl<C: Codec> Cache<C> {
                 }
                 ReadOrLock::Acquired { fence } => {
                     let held = acquiring.granted(fence, asked);
-                    if !read_value {
+                    // The fallback is what the key holds now, under our lock: a value
+                    // invalidated (or set) since it was kept is no fallback, and serving it or
+                    // writing its throttled copy would undo that change.
+                    kept = if read_value {
+                        // The script found no value: what was kept is gone.
+                        None
+                    } else {
                         // Taken over a value past its window (or unreadable bytes): a value
                         // another caller wrote between our read and our lock is served instead
                         // of computing again.
-                        if let Some(Ok(entry)) = self.look_again::<T>(keys).await {
-                            drop(held.release().await);
-                            return Claim::Found(entry, found);
+                        match self.look_again::<T>(keys).await {
+                            Some(Ok(entry)) => {
+                                drop(held.release().await);
+                                return Claim::Found(entry, found);
+                            }
+                            Some(Err(now)) => Some(now),
+                            None => None,
                         }
-                    }
+                    };
                     return Claim::Locked(held, kept);
                 }
                 ReadOrLock::Held { expires_in } => {
@@ -606,6 +618,8 @@ impl<C: Codec> Cache<C> {
                 .await
         });
         tokio::select! {
+            // The value, if it is there at the soft timeout too.
+            biased;
             joined = &mut task.handle => match joined {
                 Ok(outcome) => outcome.map(computed).or_else(|e| self.fall_back(e, Some(kept), keys)),
                 Err(e) => match e.try_into_panic() {
