@@ -680,9 +680,11 @@ impl<C: Codec> Cache<C> {
     ///
     /// [`fetch_beyond_quick_hit`]: Self::fetch_beyond_quick_hit
     fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        let value = self
-            .near_hit::<T>(key)
-            .or_else(|| self.memory_hit::<T>(key))?;
+        // A near hit counts itself (as a hit and a near hit, in one count).
+        if let Some(value) = self.near_hit::<T>(key) {
+            return Some(value);
+        }
+        let value = self.memory_hit::<T>(key)?;
         self.inner.counters.record(Event::Hit);
         Some(value)
     }
