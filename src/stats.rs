@@ -142,6 +142,8 @@ pub(crate) enum Event {
     SoftTimeout,
     HardTimeout,
     NearHit,
+    /// A call answered by the near tier's quick path: a hit and a near hit, counted once.
+    NearHitServed,
     NearMiss,
     NearInvalidation,
     NearSwitchedOff,
@@ -165,6 +167,9 @@ pub(crate) struct Counters {
     soft_timeouts: AtomicU64,
     hard_timeouts: AtomicU64,
     near_hits: AtomicU64,
+    /// Calls answered by the near tier's quick path, in both `hits` and `near_hits` of the
+    /// snapshot: one atomic add on the hottest path instead of two.
+    near_hits_served: AtomicU64,
     near_misses: AtomicU64,
     near_invalidations: AtomicU64,
     near_switched_off: AtomicU64,
@@ -194,6 +199,7 @@ impl Counters {
             Event::SoftTimeout => add(&self.soft_timeouts),
             Event::HardTimeout => add(&self.hard_timeouts),
             Event::NearHit => add(&self.near_hits),
+            Event::NearHitServed => add(&self.near_hits_served),
             Event::NearMiss => add(&self.near_misses),
             Event::NearInvalidation => add(&self.near_invalidations),
             Event::NearSwitchedOff => add(&self.near_switched_off),
@@ -203,8 +209,9 @@ impl Counters {
 
     pub(crate) fn snapshot(&self) -> Stats {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let near_hits_served = get(&self.near_hits_served);
         Stats {
-            hits: get(&self.hits),
+            hits: get(&self.hits) + near_hits_served,
             misses: get(&self.misses),
             computes: get(&self.computes),
             waits: get(&self.waits),
@@ -218,7 +225,7 @@ impl Counters {
             fallback_served: get(&self.fallback_served),
             soft_timeouts: get(&self.soft_timeouts),
             hard_timeouts: get(&self.hard_timeouts),
-            near_hits: get(&self.near_hits),
+            near_hits: get(&self.near_hits) + near_hits_served,
             near_misses: get(&self.near_misses),
             near_invalidations: get(&self.near_invalidations),
             near_switched_off: get(&self.near_switched_off),
@@ -247,6 +254,10 @@ fn emit(event: Event) {
         Event::SoftTimeout => "stampede_guard_soft_timeouts_total",
         Event::HardTimeout => "stampede_guard_hard_timeouts_total",
         Event::NearHit => "stampede_guard_near_hits_total",
+        Event::NearHitServed => {
+            metrics::counter!("stampede_guard_hits_total").increment(1);
+            "stampede_guard_near_hits_total"
+        }
         Event::NearMiss => "stampede_guard_near_misses_total",
         Event::NearInvalidation => "stampede_guard_near_invalidations_total",
         Event::NearSwitchedOff => "stampede_guard_near_switched_off_total",
@@ -260,6 +271,46 @@ fn emit(_: Event) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_near_hit_served_counts_as_a_hit_and_a_near_hit() {
+        let counters = Counters::default();
+        for event in [Event::NearHitServed, Event::NearHit, Event::Hit] {
+            counters.record(event);
+        }
+        let stats = counters.snapshot();
+        assert_eq!((stats.hits, stats.near_hits), (2, 2));
+    }
+
+    /// The metrics see what `Stats` shows: a near hit served is in both totals.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn a_near_hit_served_reaches_both_metrics() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            Counters::default().record(Event::NearHitServed)
+        });
+        let mut counters: Vec<(String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Counter(n) => Some((key.key().name().to_string(), n)),
+                _ => None,
+            })
+            .collect();
+        counters.sort();
+        assert_eq!(
+            counters,
+            [
+                ("stampede_guard_hits_total".to_owned(), 1),
+                ("stampede_guard_near_hits_total".to_owned(), 1)
+            ]
+        );
+    }
 
     #[test]
     fn stats_serialize_every_counter_and_the_wait_time_in_seconds() {

@@ -294,7 +294,8 @@ impl<C: Codec> Cache<C> {
     }
 
     /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
-    /// draw (then the copy, fresh, is simply served).
+    /// draw (then the copy, fresh, is simply served). A hit is counted, as the call's hit and
+    /// a near hit.
     pub(crate) fn near_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
         if self.options.early_refresh_beta > 0.0 {
             return None;

@@ -568,8 +568,12 @@ impl<C: Codec> Cache<C> {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
+        // Here rather than in `fetch`: a hit then builds none of fetch's future.
+        if let Some(value) = self.quick_hit::<T>(key) {
+            return Ok(value);
+        }
         let fetched = self
-            .fetch(
+            .fetch_beyond_quick_hit(
                 key,
                 ttl,
                 move |_| async move { f().await.map(Computed::new) },
@@ -610,8 +614,11 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
+        if let Some(value) = self.quick_hit::<T>(key) {
+            return Ok(value);
+        }
         let fetched = self
-            .fetch(key, ttl, move |lease| async move {
+            .fetch_beyond_quick_hit(key, ttl, move |lease| async move {
                 f(lease).await.map(Computed::new)
             })
             .await?;
@@ -659,18 +666,42 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        // A near hit, or a hit of a value the embedded store holds decoded, needs no span, no
-        // timing and none of the machinery below.
-        if let Some(value) = self
-            .near_hit::<T>(key)
-            .or_else(|| self.memory_hit::<T>(key))
-        {
-            self.inner.counters.record(Event::Hit);
+        if let Some(value) = self.quick_hit::<T>(key) {
             return Ok(Fetched {
                 value,
                 source: Source::Hit,
             });
         }
+        self.fetch_beyond_quick_hit(key, ttl, f).await
+    }
+
+    /// A near hit, or a hit of a value the embedded store holds decoded, counted: it needs no
+    /// span, no timing and none of the machinery of [`fetch_beyond_quick_hit`].
+    ///
+    /// [`fetch_beyond_quick_hit`]: Self::fetch_beyond_quick_hit
+    fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        // A near hit counts itself (as a hit and a near hit, in one count).
+        if let Some(value) = self.near_hit::<T>(key) {
+            return Some(value);
+        }
+        let value = self.memory_hit::<T>(key)?;
+        self.inner.counters.record(Event::Hit);
+        Some(value)
+    }
+
+    /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
+    async fn fetch_beyond_quick_hit<T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        f: F,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
         // One span per call; `outcome` and `wait_ms` are filled in when it ends.
         let span = tracing::debug_span!(
             "stampede_guard::fetch",

@@ -302,7 +302,7 @@ impl NearTier {
     /// A fresh copy of `key` (the user's key) as a `T`, if the tier may serve one now. Counts a
     /// near hit or miss.
     pub(crate) fn get<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
-        self.find(key, |copy, value: &T| StoredEntry {
+        self.find(key, Event::NearHit, |copy, value: &T| StoredEntry {
             value: Ok(value.clone()),
             fresh_until_ms: copy.fresh_until_ms,
             compute_ms: copy.compute_ms,
@@ -312,14 +312,20 @@ impl NearTier {
     }
 
     /// [`get`](Self::get) for a hit that needs the value only (no XFetch draw): nothing else is
-    /// copied out.
+    /// copied out. The value is the call's answer: a hit counts as the call's hit too (one
+    /// count for both, see `Counters`), so the caller counts nothing more.
     pub(crate) fn value<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        self.find(key, |_, value: &T| value.clone())
+        self.find(key, Event::NearHitServed, |_, value: &T| value.clone())
     }
 
-    /// `out` of the fresh copy of `key` held as a `T`, if the tier may serve one now. Counts a
-    /// near hit or miss.
-    fn find<T: 'static, R>(&self, key: &str, out: impl FnOnce(&NearCopy, &T) -> R) -> Option<R> {
+    /// `out` of the fresh copy of `key` held as a `T`, if the tier may serve one now. Counts
+    /// `hit` or a near miss.
+    fn find<T: 'static, R>(
+        &self,
+        key: &str,
+        hit: Event,
+        out: impl FnOnce(&NearCopy, &T) -> R,
+    ) -> Option<R> {
         let now = self.nanos(Instant::now());
         let found = self.live_at(now).then(|| self.copies.get(key)).flatten();
         let served = found.and_then(|copy| {
@@ -334,7 +340,7 @@ impl NearTier {
             Some(out(&copy, copy.value.downcast_ref::<T>()?))
         });
         self.counters.record(if served.is_some() {
-            Event::NearHit
+            hit
         } else {
             Event::NearMiss
         });
