@@ -155,21 +155,27 @@ fn computing_caller_soft_timeout() {
     });
 }
 
-fn waiter_in_another_process() {
-    let server = RedisServer::start();
+/// `KEY` past its stale window ("old"), and another process holding its lock while it computes
+/// "new" for 3 s, without a soft timeout.
+fn expired_and_held_elsewhere(server: &RedisServer) -> Worker {
     let mut conn = server.conn();
     runtime().block_on(async {
         let cache = cache(&server.url(), fail_safe()).await;
         expired_value(&cache, "old").await;
     });
-    // Another process takes the lock and computes for 3 s, without a soft timeout.
-    let mut holder = Worker::spawn("slow-holder", &[("STAMPEDE_URL", server.url())]);
+    let holder = Worker::spawn("slow-holder", &[("STAMPEDE_URL", server.url())]);
     assert!(
         eventually(Duration::from_secs(30), || conn
             .exists::<_, bool>(lock_key())
             .unwrap()),
         "the holder took the lock"
     );
+    holder
+}
+
+fn waiter_in_another_process() {
+    let server = RedisServer::start();
+    let mut holder = expired_and_held_elsewhere(&server);
     // A third process waits on it, with a soft timeout of 200 ms.
     let mut waiter = Worker::spawn("soft-waiter", &[("STAMPEDE_URL", server.url())]);
     assert!(waiter.wait_success(), "the waiter failed");
@@ -490,18 +496,7 @@ fn batch_hard_timeout() {
 /// timeout, without waiting for the holder.
 fn batch_waiter_in_another_process() {
     let server = RedisServer::start();
-    let mut conn = server.conn();
-    runtime().block_on(async {
-        let cache = cache(&server.url(), fail_safe()).await;
-        expired_value(&cache, "old").await;
-    });
-    let mut holder = Worker::spawn("slow-holder", &[("STAMPEDE_URL", server.url())]);
-    assert!(
-        eventually(Duration::from_secs(30), || conn
-            .exists::<_, bool>(lock_key())
-            .unwrap()),
-        "the holder took the lock"
-    );
+    let mut holder = expired_and_held_elsewhere(&server);
     runtime().block_on(async {
         let options = fail_safe().soft_timeout(Some(Duration::from_millis(200)));
         let cache = cache(&server.url(), options).await;
