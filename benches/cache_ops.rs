@@ -134,6 +134,33 @@ fn print_ratio(
     );
 }
 
+/// The calls each side of an in-process interleaved pair makes per batch.
+const OPS: u32 = 100_000;
+
+/// How long `calls` awaited calls of `op` take, one after another, on `rt`.
+fn timed<Fut: Future<Output = ()>>(
+    rt: &tokio::runtime::Runtime,
+    calls: u32,
+    mut op: impl FnMut() -> Fut,
+) -> Duration {
+    rt.block_on(async {
+        let started = Instant::now();
+        for _ in 0..calls {
+            op().await;
+        }
+        started.elapsed()
+    })
+}
+
+/// How long [`OPS`] calls of `op` take, one after another.
+fn time_sync(mut op: impl FnMut()) -> Duration {
+    let started = Instant::now();
+    for _ in 0..OPS {
+        op();
+    }
+    started.elapsed()
+}
+
 fn hit_path(c: &mut Criterion) {
     // Its interleaved ratio below runs outside criterion's own filtering.
     if support::bench_filtered_out("hit_path") {
@@ -251,25 +278,12 @@ fn memory_hit(c: &mut Criterion) {
         })
     });
     group.finish();
-    const OPS: u32 = 100_000;
     print_ratio(
         "memory_hit (moka get)",
+        || timed(&rt, OPS, || warm_hit(&cache)),
         || {
-            rt.block_on(async {
-                let started = Instant::now();
-                for _ in 0..OPS {
-                    warm_hit(&cache).await;
-                }
-                started.elapsed()
-            })
-        },
-        || {
-            rt.block_on(async {
-                let started = Instant::now();
-                for _ in 0..OPS {
-                    black_box(moka.get(KEY).await.expect("the key is warm"));
-                }
-                started.elapsed()
+            timed(&rt, OPS, || async {
+                black_box(moka.get(KEY).await.expect("the key is warm"));
             })
         },
     );
@@ -277,21 +291,11 @@ fn memory_hit(c: &mut Criterion) {
     moka_sync.insert(KEY.to_owned(), value());
     print_ratio(
         "memory_hit (moka::sync get)",
+        || timed(&rt, OPS, || warm_hit(&cache)),
         || {
-            rt.block_on(async {
-                let started = Instant::now();
-                for _ in 0..OPS {
-                    warm_hit(&cache).await;
-                }
-                started.elapsed()
-            })
-        },
-        || {
-            let started = Instant::now();
-            for _ in 0..OPS {
+            time_sync(|| {
                 black_box(moka_sync.get(KEY).expect("the key is warm"));
-            }
-            started.elapsed()
+            })
         },
     );
 }
@@ -334,24 +338,13 @@ fn near_hit(c: &mut Criterion) {
         b.iter(|| black_box(moka.get(KEY).expect("the key is warm")))
     });
     group.finish();
-    const OPS: u32 = 100_000;
     print_ratio(
         "near_hit (moka::sync get)",
+        || timed(&rt, OPS, || warm_hit(&cache)),
         || {
-            rt.block_on(async {
-                let started = Instant::now();
-                for _ in 0..OPS {
-                    warm_hit(&cache).await;
-                }
-                started.elapsed()
-            })
-        },
-        || {
-            let started = Instant::now();
-            for _ in 0..OPS {
+            time_sync(|| {
                 black_box(moka.get(KEY).expect("the key is warm"));
-            }
-            started.elapsed()
+            })
         },
     );
     // The target allows either moka as the baseline; the near tier answers async callers,
@@ -360,22 +353,10 @@ fn near_hit(c: &mut Criterion) {
     rt.block_on(moka_future.insert(KEY.to_owned(), value()));
     print_ratio(
         "near_hit (moka::future get)",
+        || timed(&rt, OPS, || warm_hit(&cache)),
         || {
-            rt.block_on(async {
-                let started = Instant::now();
-                for _ in 0..OPS {
-                    warm_hit(&cache).await;
-                }
-                started.elapsed()
-            })
-        },
-        || {
-            rt.block_on(async {
-                let started = Instant::now();
-                for _ in 0..OPS {
-                    black_box(moka_future.get(KEY).await.expect("the key is warm"));
-                }
-                started.elapsed()
+            timed(&rt, OPS, || async {
+                black_box(moka_future.get(KEY).await.expect("the key is warm"));
             })
         },
     );
@@ -414,16 +395,8 @@ async fn sequential_hits_12(cache: &Cache, months: &[String]) {
     }
 }
 
-/// The time of 500 calls of `op`, one after another.
-fn timed<Fut: Future<Output = ()>>(rt: &tokio::runtime::Runtime, op: impl Fn() -> Fut) -> Duration {
-    rt.block_on(async {
-        let started = Instant::now();
-        for _ in 0..500 {
-            op().await;
-        }
-        started.elapsed()
-    })
-}
+/// The calls each side of a batch pair makes per batch (each is a round trip or twelve).
+const BATCH_OPS: u32 = 500;
 
 fn batch_hit(c: &mut Criterion) {
     // Its interleaved ratios below run outside criterion's own filtering.
@@ -458,13 +431,13 @@ fn batch_hit(c: &mut Criterion) {
     group.finish();
     print_ratio(
         "batch_hit/12 (one single-key hit)",
-        || timed(&rt, || batch_hit_12(&cache, &months)),
-        || timed(&rt, || warm_hit(&cache)),
+        || timed(&rt, BATCH_OPS, || batch_hit_12(&cache, &months)),
+        || timed(&rt, BATCH_OPS, || warm_hit(&cache)),
     );
     print_ratio(
         "batch_hit/12 (12 sequential single-key hits)",
-        || timed(&rt, || batch_hit_12(&cache, &months)),
-        || timed(&rt, || sequential_hits_12(&cache, &months)),
+        || timed(&rt, BATCH_OPS, || batch_hit_12(&cache, &months)),
+        || timed(&rt, BATCH_OPS, || sequential_hits_12(&cache, &months)),
     );
     drop(server);
 }
