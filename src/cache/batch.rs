@@ -15,8 +15,8 @@
 //!    holder goes away without a value, this call takes the lock and computes that key itself,
 //!    with a call of `f` for it alone.
 //!
-//! The fail-safe, per key: a value read past its stale window is kept as that key's fallback
-//! and the key's lock is taken over it (not read again). If `f` fails or hits its hard timeout,
+//! The fail-safe, per key: the key's lock is taken over a value read past its stale window
+//! (not read again), and once locked, what the key holds past its window is its fallback. If `f` fails or hits its hard timeout,
 //! each key with a fallback answers with it and a throttled copy is written under its lock; the
 //! others get the error. With a soft timeout and a fallback for every key it computes, the call
 //! answers with the fallbacks at the soft timeout while `f` goes on and lands.
@@ -76,7 +76,8 @@ struct Led<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
     /// What the key holds must be replaced (a value past its stale window, or unreadable bytes):
     /// its lock is taken over it, without reading it again.
     replace: bool,
-    /// The fail-safe's fallback for this key: the value past its stale window that was read.
+    /// The fail-safe's fallback for this key, once its lock is taken: what the key holds then,
+    /// past its stale window.
     kept: Option<Kept<T>>,
 }
 
@@ -194,8 +195,8 @@ where
     async fn run(&self, distinct: &[Arc<EntryKeys>]) -> Vec<Outcome<T>> {
         let cache = self.cache;
         let mut outcomes: Vec<Option<Outcome<T>>> = vec![None; distinct.len()];
-        // Keys whose stored value must be replaced, with the fail-safe's fallback if kept.
-        let mut past: Vec<Option<Option<Kept<T>>>> = (0..distinct.len()).map(|_| None).collect();
+        // Keys whose stored value must be replaced: their locks are taken over it.
+        let mut replace = vec![false; distinct.len()];
 
         // The near tier first: no request for the keys it holds.
         for (slot, keys) in distinct.iter().enumerate() {
@@ -225,14 +226,13 @@ where
                         let keys = &distinct[slot];
                         let Some(bytes) = bytes else { continue };
                         let entry = cache.read_stored::<T>(keys, &bytes);
-                        match entry.map(|entry| cache.sort(entry, &bytes)) {
+                        match entry.map(|entry| cache.sort(entry)) {
                             Some(Sorted::Serve(entry)) => {
                                 cache.remember_near(ticket, keys, &entry, bytes.len());
                                 outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
                             }
-                            Some(Sorted::Past(kept)) => past[slot] = Some(kept),
-                            // Unreadable bytes: the lock is taken over them, to replace them.
-                            None => past[slot] = Some(None),
+                            // Past its stale window, or unreadable bytes.
+                            Some(Sorted::Past(_)) | None => replace[slot] = true,
                         }
                     }
                 }
@@ -266,12 +266,10 @@ where
                     continue;
                 }
             };
-            let mut l = Led::new(slot, keys, leader);
-            if let Some(kept) = past[slot].take() {
-                l.replace = true;
-                l.kept = kept;
-            }
-            led.push(l);
+            led.push(Led {
+                replace: replace[slot],
+                ..Led::new(slot, keys, leader)
+            });
         }
         if !led.is_empty() {
             steps.push(Box::pin(self.lead(led)));
@@ -361,7 +359,7 @@ where
         let mut taken_over = Vec::new();
         let mut uncached = Vec::new();
         let mut steps: Vec<Step<'_, T>> = Vec::new();
-        for (((mut l, mut acquiring), asked), answer) in
+        for (((l, mut acquiring), asked), answer) in
             led.into_iter().zip(acquiring).zip(asked).zip(answers)
         {
             match answer {
@@ -376,18 +374,13 @@ where
                 Ok(ReadOrLock::Value(bytes)) => {
                     acquiring.refused();
                     let entry = cache.read_stored::<T>(&l.keys, &bytes);
-                    match entry.map(|entry| cache.sort(entry, &bytes)) {
+                    match entry.map(|entry| cache.sort(entry)) {
                         Some(Sorted::Serve(entry)) => {
                             let outcome = self.serve(entry, &l.keys, Source::Hit);
                             settled.push(l.settle(outcome));
                         }
-                        Some(Sorted::Past(newer)) => {
-                            let kept = newer.or(l.kept.take());
-                            steps.push(Box::pin(self.hold_on(l, Start::Replace(kept))));
-                        }
-                        None => {
-                            let kept = l.kept.take();
-                            steps.push(Box::pin(self.hold_on(l, Start::Replace(kept))));
+                        Some(Sorted::Past(_)) | None => {
+                            steps.push(Box::pin(self.hold_on(l, Start::Replace)));
                         }
                     }
                 }
@@ -452,23 +445,21 @@ where
         let mut releases = Vec::new();
         let mut locked = Vec::new();
         for (mut l, held) in taken_over {
-            let now = found.next().flatten().and_then(|bytes| {
-                let entry = cache.read_stored::<T>(&l.keys, &bytes)?;
-                Some(cache.sort(entry, &bytes))
+            let bytes = found.next().flatten();
+            let now = bytes.as_ref().and_then(|bytes| {
+                let entry = cache.read_stored::<T>(&l.keys, bytes)?;
+                Some((cache.sort(entry), bytes))
             });
             match now {
-                Some(Sorted::Serve(entry)) => {
+                Some((Sorted::Serve(entry), _)) => {
                     releases.push(held.release());
                     landed.push((l, entry));
                 }
-                Some(Sorted::Past(kept)) => {
-                    l.kept = kept;
+                Some((Sorted::Past(entry), bytes)) => {
+                    l.kept = cache.keep(entry, bytes);
                     locked.push((l, held));
                 }
-                None => {
-                    l.kept = None;
-                    locked.push((l, held));
-                }
+                None => locked.push((l, held)),
             }
         }
         // Let go at once, all together (a failed release runs out with its lease), before
@@ -487,7 +478,7 @@ where
     /// A key whose lock another process holds (or whose bytes must be replaced): the single-key
     /// path's wait-or-lock loop for this key alone (wake-ups, backoff, the wait bound, the
     /// fail-safe's budgets). If the lock comes to this call, `f` computes the key alone.
-    async fn hold_on(&self, led: Led<'a, T, E>, start: Start<T>) -> Settled<T> {
+    async fn hold_on(&self, led: Led<'a, T, E>, start: Start) -> Settled<T> {
         let cache = self.cache;
         let keys = Arc::clone(&led.keys);
         let outcome = match cache.claim::<T>(&keys, self.started, start).await {

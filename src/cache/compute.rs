@@ -63,12 +63,12 @@ pub(crate) enum Judged<T> {
 }
 
 /// Where the wait-or-lock loop of a key starts ([`Cache::claim`]).
-pub(crate) enum Start<T> {
+pub(crate) enum Start {
     /// Nothing read says otherwise: read the value or take the lock.
     Read,
-    /// What the key holds must be replaced: a value past its stale window (with its fallback,
-    /// if the fail-safe keeps one) or bytes that do not decode. The lock is taken over it.
-    Replace(Option<Kept<T>>),
+    /// What the key holds must be replaced: a value past its stale window or bytes that do not
+    /// decode. The lock is taken over it (the fallback is read once the lock is taken).
+    Replace,
     /// The lock was found held, expiring in this long: wait for its holder first.
     Held(Option<Duration>),
 }
@@ -174,18 +174,18 @@ impl<C: Codec> Cache<C> {
             .and_then(|near| near.ticket(&keys.user));
 
         // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
-        // window is not a hit: it goes on to the lock, kept as the fallback.
+        // window is not a hit: it goes on to the lock, taken over it.
         let mut start = Start::Read;
         match self.inner.store.get(&keys).await {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
-                    match self.sort(entry, &bytes) {
+                    match self.sort(entry) {
                         Sorted::Serve(entry) => {
                             self.remember_near(ticket, &keys, &entry, bytes.len());
                             self.keep_decoded(&keys, &bytes, &entry);
                             return self.serve(entry, keys, ttl, f, Source::Hit);
                         }
-                        Sorted::Past(kept) => start = Start::Replace(kept),
+                        Sorted::Past(_) => start = Start::Replace,
                     }
                 }
             }
@@ -406,14 +406,14 @@ impl<C: Codec> Cache<C> {
 
     /// The distributed part: read the value or take the lock; compute under it, or wait for the
     /// holder and read again. `start` says what the call has seen already (a value past its
-    /// stale window, with its fallback if kept, or the lock held).
+    /// stale window, or the lock held).
     async fn load<T, E, F, Fut>(
         &self,
         keys: &Arc<EntryKeys>,
         ttl: Duration,
         started: Instant,
         f: F,
-        start: Start<T>,
+        start: Start,
     ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
@@ -440,7 +440,7 @@ impl<C: Codec> Cache<C> {
         &self,
         keys: &Arc<EntryKeys>,
         started: Instant,
-        start: Start<T>,
+        start: Start,
     ) -> Claim<T>
     where
         T: DeserializeOwned + 'static,
@@ -452,10 +452,10 @@ impl<C: Codec> Cache<C> {
         let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
         // Cleared after bytes that do not decode, or a value past its stale window: then the
         // lock is taken over them, to replace them.
-        let (mut read_value, mut kept, mut wait_for) = match start {
-            Start::Read => (true, None, None),
-            Start::Replace(kept) => (false, kept, None),
-            Start::Held(expires_in) => (true, None, Some(expires_in)),
+        let (mut read_value, mut wait_for) = match start {
+            Start::Read => (true, None),
+            Start::Replace => (false, None),
+            Start::Held(expires_in) => (true, Some(expires_in)),
         };
         let mut found = if wait_for.is_some() {
             Source::Waited
@@ -473,10 +473,9 @@ impl<C: Codec> Cache<C> {
                 if matches!(woke, Ok(Wake::Subscribed)) {
                     // Listening now: a value that landed before is read here, a later one
                     // wakes us. The lock was just seen held, so wait rather than retry it.
-                    if let Some((entry, bytes)) = self.look(keys).await {
-                        match self.sort(entry, &bytes) {
-                            Sorted::Serve(entry) => return Claim::Found(entry, found),
-                            Sorted::Past(newer) => kept = newer.or(kept),
+                    if let Some(entry) = self.look(keys).await {
+                        if let Sorted::Serve(entry) = self.sort(entry) {
+                            return Claim::Found(entry, found);
                         }
                     }
                     woke = wait_within(&mut waiter, expires_in, soft).await;
@@ -504,13 +503,10 @@ impl<C: Codec> Cache<C> {
                 look_first = true;
             }
             if look_first {
-                if let Some((entry, bytes)) = self.look(keys).await {
-                    match self.sort(entry, &bytes) {
+                if let Some(entry) = self.look(keys).await {
+                    match self.sort(entry) {
                         Sorted::Serve(entry) => return Claim::Found(entry, found),
-                        Sorted::Past(newer) => {
-                            read_value = false;
-                            kept = newer.or(kept);
-                        }
+                        Sorted::Past(_) => read_value = false,
                     }
                 }
             }
@@ -532,9 +528,8 @@ impl<C: Codec> Cache<C> {
             match answer {
                 ReadOrLock::Value(bytes) => {
                     if let Some(entry) = self.read_stored::<T>(keys, &bytes) {
-                        match self.sort(entry, &bytes) {
-                            Sorted::Serve(entry) => return Claim::Found(entry, found),
-                            Sorted::Past(newer) => kept = newer.or(kept),
+                        if let Sorted::Serve(entry) = self.sort(entry) {
+                            return Claim::Found(entry, found);
                         }
                     }
                     read_value = false;
@@ -545,7 +540,7 @@ impl<C: Codec> Cache<C> {
                     // The fallback is what the key holds now, under our lock: a value
                     // invalidated (or set) since it was kept is no fallback, and serving it or
                     // writing its throttled copy would undo that change.
-                    kept = if read_value {
+                    let kept = if read_value {
                         // The script found no value: what was kept is gone.
                         None
                     } else {
@@ -645,9 +640,9 @@ impl<C: Codec> Cache<C> {
     pub(crate) async fn look<T: DeserializeOwned + 'static>(
         &self,
         keys: &EntryKeys,
-    ) -> Option<(StoredEntry<T>, Blob)> {
+    ) -> Option<StoredEntry<T>> {
         match self.inner.store.get(keys).await {
-            Ok(Some(bytes)) => self.read_stored(keys, &bytes).map(|entry| (entry, bytes)),
+            Ok(Some(bytes)) => self.read_stored(keys, &bytes),
             Ok(None) | Err(_) => None,
         }
     }

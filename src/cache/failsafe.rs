@@ -36,8 +36,9 @@ pub(crate) struct Kept<T> {
 pub(crate) enum Sorted<T> {
     /// Serve it ([`Cache::serve`](crate::Cache) decides fresh, stale or throttled fallback).
     Serve(StoredEntry<T>),
-    /// Past its stale window: take the lock over it and compute; the fallback, if any.
-    Past(Option<Kept<T>>),
+    /// Past its stale window: take the lock over it and compute ([`Cache::keep`] makes it the
+    /// fallback, once the lock is taken).
+    Past(StoredEntry<T>),
 }
 
 /// Whether `error` is one the fail-safe answers with the fallback: the computation failed, hit
@@ -133,11 +134,11 @@ impl<C: Codec> Cache<C> {
     }
 
     /// Sorts a stored entry for this caller: serve it (live, or a throttled fallback), or it is
-    /// past its stale window: compute, with its value kept as the fallback if the fail-safe is on.
-    pub(crate) fn sort<T>(&self, entry: StoredEntry<T>, bytes: &[u8]) -> Sorted<T> {
+    /// past its stale window: compute.
+    pub(crate) fn sort<T>(&self, entry: StoredEntry<T>) -> Sorted<T> {
         match self.standing_of(&entry) {
             Standing::Live | Standing::Throttled => Sorted::Serve(entry),
-            Standing::Expired => Sorted::Past(self.keep(entry, bytes)),
+            Standing::Expired => Sorted::Past(entry),
         }
     }
 
@@ -150,9 +151,9 @@ impl<C: Codec> Cache<C> {
     ) -> Option<Result<StoredEntry<T>, Kept<T>>> {
         let bytes = self.inner.store.get(keys).await.ok()??;
         let entry = self.read_stored::<T>(keys, &bytes)?;
-        match self.sort(entry, &bytes) {
+        match self.sort(entry) {
             Sorted::Serve(entry) => Some(Ok(entry)),
-            Sorted::Past(kept) => kept.map(Err),
+            Sorted::Past(entry) => self.keep(entry, &bytes).map(Err),
         }
     }
 }
