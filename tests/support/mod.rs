@@ -446,6 +446,8 @@ pub fn run_tests(binary: &str, tests: &[(&str, fn())]) {
 pub struct Worker {
     pub child: Child,
     lines: std::sync::Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
+    /// The thread collecting `lines`; it ends at the child's end of output.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Worker {
@@ -461,7 +463,7 @@ impl Worker {
         let stdout = child.stdout.take().expect("piped stdout");
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = lines.clone();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for line in std::io::BufReader::new(stdout)
                 .lines()
                 .map_while(Result::ok)
@@ -469,7 +471,11 @@ impl Worker {
                 sink.lock().unwrap().push((Instant::now(), line));
             }
         });
-        Worker { child, lines }
+        Worker {
+            child,
+            lines,
+            reader: Some(reader),
+        }
     }
 
     /// The lines printed so far.
@@ -493,9 +499,15 @@ impl Worker {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    /// Waits for the process to end; true if it exited with success.
+    /// Waits for the process to end; true if it exited with success. Its output is then
+    /// collected whole: the reader is joined, so a line printed just before the exit is in
+    /// `lines` (a test once read the lines before the reader had taken the last one).
     pub fn wait_success(&mut self) -> bool {
-        self.child.wait().map(|s| s.success()).unwrap_or(false)
+        let success = self.child.wait().map(|s| s.success()).unwrap_or(false);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        success
     }
 }
 
