@@ -161,6 +161,7 @@ mod lock;
 mod options;
 mod stats;
 mod store;
+mod time;
 mod wait;
 #[cfg(feature = "axum")]
 pub mod web;
@@ -176,9 +177,10 @@ pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
-pub use options::{Backoff, CallOptions, Fallback, FOREVER};
+pub use options::{Backoff, CallOptions, Fallback};
 pub use stats::Stats;
 pub use store::MemoryLimits;
+pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError};
 pub use wire::key::MAX_KEY_BYTES;
 

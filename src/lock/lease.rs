@@ -19,9 +19,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::options::later_by;
 use crate::stats::{Counters, Event};
 use crate::store::{LockStore, Store, StoreError, StoreResult, Stored, Write};
+use crate::time::later_by;
 use crate::wire::key::EntryKeys;
 
 /// The holder's view of its lease.

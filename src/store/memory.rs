@@ -40,7 +40,7 @@ use super::{
     retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
 };
 #[cfg(test)]
-use crate::options::FOREVER;
+use crate::time::FOREVER;
 use crate::wait::wakeup::{lock, Listener, Wakeups};
 use crate::wire::key::{value_key_into, EntryKeys};
 

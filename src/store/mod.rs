@@ -132,7 +132,7 @@ pub(crate) const FENCE_RETENTION_LEASES: u32 = 2;
 
 /// How long the fencing counter is kept after a bump or a renewal under `lease`.
 pub(crate) fn retention(lease: Duration) -> Duration {
-    crate::options::saturate(lease.saturating_mul(FENCE_RETENTION_LEASES))
+    crate::time::saturate(lease.saturating_mul(FENCE_RETENTION_LEASES))
 }
 
 /// What a fenced write does once the fence allows it.
@@ -399,7 +399,7 @@ pub(crate) fn system_now_ms() -> u64 {
 /// Milliseconds for an expiry argument of a script: at least 1, since Redis refuses `PX 0`, and
 /// 0 for [`FOREVER`](crate::FOREVER), which the scripts read as "no expiry".
 pub(crate) fn expiry_ms(d: Duration) -> u64 {
-    if d >= crate::options::FOREVER {
+    if d >= crate::time::FOREVER {
         return 0;
     }
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)

@@ -105,8 +105,8 @@ impl LockStore for QuorumStore {
                 })
                 .min();
             let valid = |now: Instant| {
-                crate::options::later_by(now, self.clock_drift(lease))
-                    < crate::options::later_by(started, lease)
+                crate::time::later_by(now, self.clock_drift(lease))
+                    < crate::time::later_by(started, lease)
             };
             if fences.len() >= self.quorum() && valid(Instant::now()) {
                 let token_fence = fences.iter().map(|(_, f)| *f).max().unwrap_or(0);
