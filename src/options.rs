@@ -288,15 +288,6 @@ impl CallOptions {
         add(add(ttl, self.stale_for), self.fail_safe_for)
     }
 
-    pub(crate) fn renewal(&self) -> crate::lock::lease::Renewal {
-        crate::lock::lease::Renewal {
-            lease: self.lease,
-            renew: self.renew,
-            max_hold: self.max_hold,
-            counters: None,
-        }
-    }
-
     /// The lease in force.
     pub fn get_lease(&self) -> Duration {
         self.lease

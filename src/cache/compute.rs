@@ -792,7 +792,7 @@ impl<C: Codec> Cache<C> {
     pub(crate) fn acquiring(&self, keys: &Arc<EntryKeys>) -> Acquiring {
         let renewal = Renewal {
             counters: Some(Arc::clone(&self.inner.counters)),
-            ..self.options.renewal()
+            ..Renewal::from(&self.options)
         };
         Acquiring::new(
             Arc::clone(&self.inner.store) as Arc<dyn LockStore>,
