@@ -8,6 +8,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::error::Error;
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
@@ -65,6 +66,22 @@ impl std::fmt::Display for StoreError {
             StoreError::NoQuorum { reached, needed } => {
                 write!(f, "{reached} nodes answered, {needed} needed")
             }
+        }
+    }
+}
+
+/// A store's failure becomes the caller's error here, in the store layer, so that `error.rs`
+/// need not know the stores (it is a leaf every layer imports).
+impl Error {
+    /// The backend failed during `op`: [`Error::Backend`], or [`Error::NoQuorum`] for Redlock.
+    pub(crate) fn backend(op: &'static str, source: StoreError) -> Self {
+        match source {
+            StoreError::Redis(source) => Error::Backend { op, source },
+            StoreError::NoQuorum { reached, needed } => Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            },
         }
     }
 }

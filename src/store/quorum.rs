@@ -14,9 +14,9 @@ use tokio::time::Instant;
 
 use super::{Acquire, BoxFuture, LockStore, Store, StoreError, StoreResult};
 use crate::connect::{Backend, ConnectionOptions};
+use crate::error::Error;
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
-use crate::Error;
 
 /// The lock operations over a majority of independent stores.
 pub(crate) struct QuorumStore {
