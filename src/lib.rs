@@ -181,12 +181,8 @@ pub use options::{Backoff, CallOptions, Fallback};
 pub use stats::Stats;
 pub use store::MemoryLimits;
 pub use time::FOREVER;
-pub use wire::codec::{Bincode, Codec, CodecError};
+pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};
 pub use wire::key::MAX_KEY_BYTES;
-
-/// The largest encoded value accepted (64 MiB); larger ones are refused with
-/// [`Error::ValueTooLarge`] rather than sent to Redis.
-pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Not part of the API: the entry point of the `cargo fuzz` target in `fuzz/`, compiled only
 /// with `--cfg fuzzing` (which `cargo fuzz` passes). The envelope decoder is crate-private, and a
