@@ -161,6 +161,7 @@ mod lock;
 mod options;
 mod stats;
 mod store;
+mod sync;
 mod time;
 mod wait;
 #[cfg(feature = "axum")]

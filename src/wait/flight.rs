@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::error::Error;
-use crate::wait::wakeup::lock;
+use crate::sync::lock;
 
 type Outcome<T> = Result<T, Error>;
 

@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use crate::sync::lock;
+
 /// Channel name → counter bumped on every notification.
 ///
 /// The `std` mutex is right here: it is held only for map look-ups, never across an `.await`.
@@ -114,12 +116,6 @@ impl Drop for Listener {
             f();
         }
     }
-}
-
-/// Locks a mutex whose data stays consistent even if a holder panicked (every critical section
-/// here is a single map operation), so poisoning is ignored rather than propagated.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
