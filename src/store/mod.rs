@@ -8,8 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use self::wakeup::Listener;
 use crate::error::Error;
-use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
 mod clock;
@@ -20,6 +20,7 @@ pub(crate) mod quorum;
 pub(crate) mod redis;
 mod scripts;
 mod split;
+pub(crate) mod wakeup;
 
 pub use memory::MemoryLimits;
 pub(crate) use memory::MemoryStore;

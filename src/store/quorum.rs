@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::{Acquire, BoxFuture, LockStore, Store, StoreError, StoreResult};
 use crate::connect::{Backend, ConnectionOptions};
 use crate::error::Error;
-use crate::wait::wakeup::Listener;
+use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
 /// The lock operations over a majority of independent stores.

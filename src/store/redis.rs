@@ -21,8 +21,8 @@ use super::{
     StoreResult, Stored, Write,
 };
 use crate::connect::ConnectionOptions;
+use crate::store::wakeup::{Listener, Wakeups};
 use crate::sync::lock;
-use crate::wait::wakeup::{Listener, Wakeups};
 use crate::wire::key::EntryKeys;
 
 pub(crate) struct RedisStore<C> {

@@ -5,6 +5,10 @@
 //! is a `watch` receiver over a per-channel counter. That ordering is what makes a lost wake-up
 //! impossible within a process (the backoff covers a lost one between processes).
 //!
+//! It belongs to the store layer because the stores make the notifications (the memory store on
+//! each write, the Redis store from pub/sub messages) and hand out the listeners; the waiters in
+//! `wait/` only consume them, so imports keep pointing down.
+//!
 //! Explained in the guide: `docs/how-it-works.md` (waiting and wake-ups).
 
 use std::collections::HashMap;
