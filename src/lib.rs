@@ -151,9 +151,13 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
-// Five layers, data flowing down once: `cache` (the handle and its call paths) → `lock` (locks,
-// leases, leader election, Redlock) → `wait` (single flight, waiting, wake-ups) → `wire` (keys,
-// envelope, codec) → `store` (the backends). Nothing below `cache` imports from it.
+// Five layers; imports point down only (a child module may use its parent's items):
+// `cache` (the handle and its call paths; `web` beside it) → `lock` (locks, leases, leader
+// election, Redlock) → `wait` (single flight, waiting for a holder, joining futures) → `store`
+// (the backends, `connect` that builds them, and the wake-ups they produce) → `wire` (keys,
+// envelope, codec, shape). Below them the leaves, which every layer may use and which use no
+// layer: `error`, `time`, `sync`, `options` (which uses `time`) and `stats`.
+// One arrow still runs up: `store/redis.rs` borrows `wait::join_all`, which uses nothing itself.
 mod cache;
 mod connect;
 mod error;
