@@ -217,16 +217,9 @@ impl Error {
         }
     }
 
-    pub(crate) fn backend(op: &'static str, source: crate::store::StoreError) -> Self {
-        match source {
-            crate::store::StoreError::Redis(source) => Error::Backend { op, source },
-            crate::store::StoreError::NoQuorum { reached, needed } => Error::NoQuorum {
-                op,
-                reached,
-                needed,
-            },
-        }
-    }
+    // `Error::backend(op, store_error)`, which makes `Backend` or `NoQuorum` of a store's failure,
+    // is defined beside `StoreError` in `store/mod.rs`: the store layer converts its own error,
+    // so this file imports no layer and every layer may import it.
 
     /// The error and its sources on one line (`outer: cause: cause`), for this crate's log lines.
     pub(crate) fn chain(&self) -> impl fmt::Display + '_ {

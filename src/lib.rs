@@ -151,9 +151,13 @@
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 
-// Five layers, data flowing down once: `cache` (the handle and its call paths) → `lock` (locks,
-// leases, leader election, Redlock) → `wait` (single flight, waiting, wake-ups) → `wire` (keys,
-// envelope, codec) → `store` (the backends). Nothing below `cache` imports from it.
+// Five layers; imports point down only (a child module may use its parent's items):
+// `cache` (the handle and its call paths; `web` beside it) → `lock` (locks, leases, leader
+// election, Redlock) → `wait` (single flight, waiting for a holder, joining futures) → `store`
+// (the backends, `connect` that builds them, and the wake-ups they produce) → `wire` (keys,
+// envelope, codec, shape). Below them the leaves, which every layer may use and which use no
+// layer: `error`, `time`, `sync`, `options` (which uses `time`) and `stats`.
+// One arrow still runs up: `store/redis.rs` borrows `wait::join_all`, which uses nothing itself.
 mod cache;
 mod connect;
 mod error;
@@ -161,6 +165,8 @@ mod lock;
 mod options;
 mod stats;
 mod store;
+mod sync;
+mod time;
 mod wait;
 #[cfg(feature = "axum")]
 pub mod web;
@@ -176,15 +182,12 @@ pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
-pub use options::{Backoff, CallOptions, Fallback, FOREVER};
+pub use options::{Backoff, CallOptions, Fallback};
 pub use stats::Stats;
 pub use store::MemoryLimits;
-pub use wire::codec::{Bincode, Codec, CodecError};
+pub use time::FOREVER;
+pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};
 pub use wire::key::MAX_KEY_BYTES;
-
-/// The largest encoded value accepted (64 MiB); larger ones are refused with
-/// [`Error::ValueTooLarge`] rather than sent to Redis.
-pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Not part of the API: the entry point of the `cargo fuzz` target in `fuzz/`, compiled only
 /// with `--cfg fuzzing` (which `cargo fuzz` passes). The envelope decoder is crate-private, and a

@@ -4,54 +4,10 @@
 
 use std::time::Duration;
 
+use crate::time::{add, saturate};
+
 /// The namespace of caches and locks built without one.
 pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
-
-/// The longest duration the crate works with: 100 years. Every duration a user passes (a TTL,
-/// a lease, a wait bound...) may be anything up to [`Duration::MAX`]; it is cut down to
-/// `FOREVER` where it enters, and an expiry of `FOREVER` means *no expiry*: a value cached for
-/// `FOREVER` (or `Duration::MAX`) is written without a TTL on Redis (`PTTL` -1) and never
-/// expires in memory; it stays until it is replaced, invalidated or evicted.
-///
-/// Why 100 years and not what Redis accepts (about 292 million years from now): every store
-/// must represent the same expiries, and a deadline of 100 years from now fits every platform's
-/// monotonic clock, on which leases and waits are counted.
-///
-/// ```
-/// use stampede_guard::{Cache, FOREVER};
-/// use std::time::Duration;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), stampede_guard::Error> {
-/// let cache = Cache::in_memory();
-/// // Past months never change: keep them until invalidated.
-/// let total: u64 = cache
-///     .get_or_compute("2019-05", FOREVER, || async { Ok::<_, std::io::Error>(1234) })
-///     .await?;
-/// let again: u64 = cache
-///     .get_or_compute("2019-05", Duration::MAX, || async { Ok::<_, std::io::Error>(0) })
-///     .await?;
-/// assert_eq!((total, again), (1234, 1234));
-/// # Ok(())
-/// # }
-/// ```
-pub const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
-
-/// A user's duration, taken whole: anything longer than [`FOREVER`] is `FOREVER`.
-pub(crate) fn saturate(d: Duration) -> Duration {
-    d.min(FOREVER)
-}
-
-/// `t + d` on the monotonic clock, for a `d` of any size: at most [`FOREVER`] ahead, which fits
-/// the clock on every platform (where `t + Duration::MAX` would panic).
-pub(crate) fn later_by(t: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
-    t + saturate(d)
-}
-
-/// `a + b`, where either may be [`FOREVER`] (and so is the sum, then).
-pub(crate) fn add(a: Duration, b: Duration) -> Duration {
-    saturate(a.saturating_add(b))
-}
 
 /// How a call behaves: the lock's lease, how long to wait for another caller, how to back off, and
 /// what to do when the backend is down.
@@ -60,7 +16,7 @@ pub(crate) fn add(a: Duration, b: Duration) -> Duration {
 /// [`Cache::with_options`](crate::Cache::with_options) gives a handle with another set for the
 /// calls made through it.
 ///
-/// Every duration may be anything up to [`Duration::MAX`]: it is cut down to [`FOREVER`]
+/// Every duration may be anything up to [`Duration::MAX`]: it is cut down to [`FOREVER`](crate::FOREVER)
 /// (100 years), which means "no expiry" for a lease or a TTL, and "no bound" for a wait.
 ///
 /// | option | default | meaning |
@@ -330,15 +286,6 @@ impl CallOptions {
     /// fail-safe window.
     pub(crate) fn stored_for(&self, ttl: Duration) -> Duration {
         add(add(ttl, self.stale_for), self.fail_safe_for)
-    }
-
-    pub(crate) fn renewal(&self) -> crate::lock::lease::Renewal {
-        crate::lock::lease::Renewal {
-            lease: self.lease,
-            renew: self.renew,
-            max_hold: self.max_hold,
-            counters: None,
-        }
     }
 
     /// The lease in force.

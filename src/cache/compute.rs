@@ -17,9 +17,9 @@ use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::cache::near::Ticket;
 use crate::lock::lease::Renewal;
 use crate::lock::lease::{Acquiring, HeldLock};
-use crate::options::later_by;
 use crate::stats::Event;
 use crate::store::{Blob, LockStore, ReadOrLock, Store, StoreError, Stored, Write};
+use crate::time::later_by;
 use crate::wait::flight::{Follower, Role};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
@@ -792,7 +792,7 @@ impl<C: Codec> Cache<C> {
     pub(crate) fn acquiring(&self, keys: &Arc<EntryKeys>) -> Acquiring {
         let renewal = Renewal {
             counters: Some(Arc::clone(&self.inner.counters)),
-            ..self.options.renewal()
+            ..Renewal::from(&self.options)
         };
         Acquiring::new(
             Arc::clone(&self.inner.store) as Arc<dyn LockStore>,

@@ -17,8 +17,8 @@ use tokio::time::Instant;
 
 use crate::cache::compute::StoredEntry;
 use crate::cache::freshness::{standing, Standing};
-use crate::options::later_by;
 use crate::store::Write;
+use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;

@@ -162,7 +162,7 @@ impl<T> Computed<T> {
     /// Cache this value for `ttl` instead of the call's TTL. Any duration is taken: one of
     /// [`FOREVER`](crate::FOREVER) or more (`Duration::MAX`) means no expiry.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(crate::options::saturate(ttl));
+        self.ttl = Some(crate::time::saturate(ttl));
         self
     }
 }

@@ -412,7 +412,7 @@ impl NearTier {
             value: Box::new(value.clone()),
             fence,
             fresh_until_ms,
-            fresh_until_nanos: self.nanos(Instant::now() + left.min(crate::options::FOREVER)),
+            fresh_until_nanos: self.nanos(Instant::now() + left.min(crate::time::FOREVER)),
             compute_ms,
             bytes,
         });

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::cache::compute::OnFailure;
 use crate::store::ReadOrLock;
-use crate::wait::wakeup::lock;
+use crate::sync::lock;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;

@@ -19,9 +19,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::options::later_by;
+use crate::options::CallOptions;
 use crate::stats::{Counters, Event};
 use crate::store::{LockStore, Store, StoreError, StoreResult, Stored, Write};
+use crate::time::later_by;
 use crate::wire::key::EntryKeys;
 
 /// The holder's view of its lease.
@@ -137,6 +138,19 @@ pub(crate) struct Renewal {
     pub max_hold: Option<Duration>,
     /// Where renewals and losses are counted (a cache's own locks).
     pub counters: Option<Arc<Counters>>,
+}
+
+/// The renewal a call's options ask for, counted nowhere: a cache's own locks add its counters.
+/// Built here rather than in `options.rs`, so the options stay a leaf that knows no lock.
+impl From<&CallOptions> for Renewal {
+    fn from(options: &CallOptions) -> Self {
+        Renewal {
+            lease: options.lease,
+            renew: options.renew,
+            max_hold: options.max_hold,
+            counters: None,
+        }
+    }
 }
 
 /// Owns the renewal task of one held lock; dropping it stops the task and marks the lease lost

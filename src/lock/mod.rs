@@ -21,7 +21,7 @@ pub(crate) mod lease;
 pub(crate) mod redlock;
 
 use crate::connect::{Backend, ConnectionOptions};
-use crate::lock::lease::{Acquiring, HeldLock, Lease};
+use crate::lock::lease::{Acquiring, HeldLock, Lease, Renewal};
 use crate::wire::key::{validate_namespace, EntryKeys};
 
 use crate::store::{Acquire, LockStore};
@@ -225,7 +225,7 @@ impl Lock {
         Acquiring::new(
             Arc::clone(&self.store),
             Arc::clone(&self.keys),
-            self.options.renewal(),
+            Renewal::from(&self.options),
         )
     }
 

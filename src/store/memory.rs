@@ -39,9 +39,10 @@ use self::shard::{Shard, Step, Totals};
 use super::{
     retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
 };
+use crate::store::wakeup::{Listener, Wakeups};
+use crate::sync::lock;
 #[cfg(test)]
-use crate::options::FOREVER;
-use crate::wait::wakeup::{lock, Listener, Wakeups};
+use crate::time::FOREVER;
 use crate::wire::key::{value_key_into, EntryKeys};
 
 /// How many shards: enough that two threads rarely meet on one on a machine of a few dozen

@@ -8,7 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::wait::wakeup::Listener;
+use self::wakeup::Listener;
+use crate::error::Error;
 use crate::wire::key::EntryKeys;
 
 mod clock;
@@ -19,6 +20,7 @@ pub(crate) mod quorum;
 pub(crate) mod redis;
 mod scripts;
 mod split;
+pub(crate) mod wakeup;
 
 pub use memory::MemoryLimits;
 pub(crate) use memory::MemoryStore;
@@ -65,6 +67,22 @@ impl std::fmt::Display for StoreError {
             StoreError::NoQuorum { reached, needed } => {
                 write!(f, "{reached} nodes answered, {needed} needed")
             }
+        }
+    }
+}
+
+/// A store's failure becomes the caller's error here, in the store layer, so that `error.rs`
+/// need not know the stores (it is a leaf every layer imports).
+impl Error {
+    /// The backend failed during `op`: [`Error::Backend`], or [`Error::NoQuorum`] for Redlock.
+    pub(crate) fn backend(op: &'static str, source: StoreError) -> Self {
+        match source {
+            StoreError::Redis(source) => Error::Backend { op, source },
+            StoreError::NoQuorum { reached, needed } => Error::NoQuorum {
+                op,
+                reached,
+                needed,
+            },
         }
     }
 }
@@ -132,7 +150,7 @@ pub(crate) const FENCE_RETENTION_LEASES: u32 = 2;
 
 /// How long the fencing counter is kept after a bump or a renewal under `lease`.
 pub(crate) fn retention(lease: Duration) -> Duration {
-    crate::options::saturate(lease.saturating_mul(FENCE_RETENTION_LEASES))
+    crate::time::saturate(lease.saturating_mul(FENCE_RETENTION_LEASES))
 }
 
 /// What a fenced write does once the fence allows it.
@@ -399,7 +417,7 @@ pub(crate) fn system_now_ms() -> u64 {
 /// Milliseconds for an expiry argument of a script: at least 1, since Redis refuses `PX 0`, and
 /// 0 for [`FOREVER`](crate::FOREVER), which the scripts read as "no expiry".
 pub(crate) fn expiry_ms(d: Duration) -> u64 {
-    if d >= crate::options::FOREVER {
+    if d >= crate::time::FOREVER {
         return 0;
     }
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)

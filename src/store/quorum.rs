@@ -14,9 +14,9 @@ use tokio::time::Instant;
 
 use super::{Acquire, BoxFuture, LockStore, Store, StoreError, StoreResult};
 use crate::connect::{Backend, ConnectionOptions};
-use crate::wait::wakeup::Listener;
+use crate::error::Error;
+use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
-use crate::Error;
 
 /// The lock operations over a majority of independent stores.
 pub(crate) struct QuorumStore {
@@ -105,8 +105,8 @@ impl LockStore for QuorumStore {
                 })
                 .min();
             let valid = |now: Instant| {
-                crate::options::later_by(now, self.clock_drift(lease))
-                    < crate::options::later_by(started, lease)
+                crate::time::later_by(now, self.clock_drift(lease))
+                    < crate::time::later_by(started, lease)
             };
             if fences.len() >= self.quorum() && valid(Instant::now()) {
                 let token_fence = fences.iter().map(|(_, f)| *f).max().unwrap_or(0);

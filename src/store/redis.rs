@@ -21,7 +21,8 @@ use super::{
     StoreResult, Stored, Write,
 };
 use crate::connect::ConnectionOptions;
-use crate::wait::wakeup::{lock, Listener, Wakeups};
+use crate::store::wakeup::{Listener, Wakeups};
+use crate::sync::lock;
 use crate::wire::key::EntryKeys;
 
 pub(crate) struct RedisStore<C> {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write};
-use crate::wait::wakeup::Listener;
+use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
 pub(crate) struct SplitStore {

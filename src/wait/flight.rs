@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::wait::wakeup::lock;
-use crate::Error;
+use crate::error::Error;
+use crate::sync::lock;
 
 type Outcome<T> = Result<T, Error>;
 

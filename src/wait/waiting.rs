@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::store::wakeup::Listener;
 use crate::store::LockStore;
-use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 use crate::{CallOptions, Error};
 

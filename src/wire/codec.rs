@@ -84,9 +84,15 @@ pub trait Codec: Send + Sync + 'static {
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, CodecError>;
 }
 
+/// The largest encoded value accepted (64 MiB); larger ones are refused with
+/// [`Error::ValueTooLarge`](crate::Error::ValueTooLarge) rather than sent to Redis. Decoding is
+/// bounded by it too (see [`Bincode`]), so it lives beside the codec, as
+/// [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) lives beside the key layout.
+pub const MAX_VALUE_BYTES: usize = 64 * 1024 * 1024;
+
 /// The default codec: bincode 2 (standard configuration) through serde.
 ///
-/// Every value within [`MAX_VALUE_BYTES`](crate::MAX_VALUE_BYTES) encoded reads back; decoding
+/// Every value within [`MAX_VALUE_BYTES`] encoded reads back; decoding
 /// refuses to claim more memory than 16 times the bytes it is given (at least 1 MiB), so a corrupt
 /// length prefix in a small value cannot make it reserve a large buffer.
 ///
@@ -134,7 +140,7 @@ impl Codec for Bincode {
             n if n <= MIB => decode_within::<MIB, T>(bytes)?,
             n if n <= 16 * MIB => decode_within::<{ 16 * MIB }, T>(bytes)?,
             n if n <= 128 * MIB => decode_within::<{ 128 * MIB }, T>(bytes)?,
-            _ => decode_within::<{ CLAIM_PER_BYTE * crate::MAX_VALUE_BYTES }, T>(bytes)?,
+            _ => decode_within::<{ CLAIM_PER_BYTE * MAX_VALUE_BYTES }, T>(bytes)?,
         };
         if read != bytes.len() {
             return Err(format!("{} trailing bytes after the value", bytes.len() - read).into());
@@ -146,7 +152,6 @@ impl Codec for Bincode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MAX_VALUE_BYTES;
 
     /// Regression: write-only values. The decoder's limit used to be the encoded-size limit, but
     /// it counts memory, not bytes, so these values were written and then never read.

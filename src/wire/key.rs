@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::sync::OnceLock;
 
-use crate::Error;
+use crate::error::Error;
 
 /// The longest user key accepted, in bytes before escaping.
 pub const MAX_KEY_BYTES: usize = 512;

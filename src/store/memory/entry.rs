@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::options::FOREVER;
 use crate::store::Write;
+use crate::time::FOREVER;
 
 /// What a value counts for in the byte bound besides its bytes and key: the entry's bookkeeping.
 pub(super) const OVERHEAD_BYTES: u64 = 96;

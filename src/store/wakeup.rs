@@ -5,12 +5,18 @@
 //! is a `watch` receiver over a per-channel counter. That ordering is what makes a lost wake-up
 //! impossible within a process (the backoff covers a lost one between processes).
 //!
+//! It belongs to the store layer because the stores make the notifications (the memory store on
+//! each write, the Redis store from pub/sub messages) and hand out the listeners; the waiters in
+//! `wait/` only consume them, so imports keep pointing down.
+//!
 //! Explained in the guide: `docs/how-it-works.md` (waiting and wake-ups).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
+
+use crate::sync::lock;
 
 /// Channel name → counter bumped on every notification.
 ///
@@ -114,12 +120,6 @@ impl Drop for Listener {
             f();
         }
     }
-}
-
-/// Locks a mutex whose data stays consistent even if a holder panicked (every critical section
-/// here is a single map operation), so poisoning is ignored rather than propagated.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
