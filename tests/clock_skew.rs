@@ -65,7 +65,7 @@ fn run_skewed(shift: &str, role: &str, url: &str, key: &str) -> String {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
             "faketime was not found on PATH. This test shifts one process's clock with it: \
              install it (Debian/Ubuntu: `apt-get install faketime`, macOS: `brew install \
-             libfaketime`) or run `.ci/run`, which installs it."
+             libfaketime`) or run `bash .ci/test`, which installs it."
         ),
         Err(e) => panic!("could not run faketime: {e}"),
     };

@@ -22,7 +22,7 @@ pub struct RedisServer {
 
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
 their own Redis servers: install it (Debian/Ubuntu: `apt-get install redis-server`, macOS: \
-`brew install redis`) or run `.ci/run`, which installs it.";
+`brew install redis`) or run `bash .ci/test`, which installs it.";
 
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers PING.
