@@ -15,8 +15,14 @@
 //!
 //! The value is the load generator's: a 1024-byte `String`.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+#[path = "../tests/support"]
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod bench;
+    pub mod server;
+    pub use {bench::*, server::*};
+}
 
 use std::future::Future;
 use std::hint::black_box;

@@ -217,3 +217,124 @@ pub fn __fuzz_read_stored(bytes: &[u8]) {
         let _ = Bincode.decode::<(String, u64, Option<Vec<u8>>)>(envelope.payload);
     }
 }
+
+/// Not part of the API: the crate's own readers of what it stores, for the chaos test's replay
+/// (`tests/chaos/replay.rs`), which rebuilds the server's decisions from the commands it ran.
+/// The envelope and the key layout are crate-private; a copy of their offsets and suffixes in
+/// the test would go on reading an old format after a change (a failed read once silently
+/// became fence 0). Through these, a format change changes the replay with it, and bytes the
+/// crate cannot read are an error the checker reports.
+#[doc(hidden)]
+pub mod __private {
+    use serde::de::DeserializeOwned;
+    use serde::Serialize;
+
+    use crate::wire::envelope::Envelope;
+    use crate::wire::key::{user_key_of, EntryKeys};
+    use crate::wire::shape::fingerprint;
+    use crate::{Bincode, Codec};
+
+    /// A value read back from stored bytes as the cache reads it with the default codec.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Stored<T> {
+        /// The fencing token of the writer (0 for an explicit `set`).
+        pub fence: u64,
+        /// A remembered failure: `value` is then `None` and `failure` holds its message.
+        pub failure: Option<String>,
+        /// A fail-safe copy of a kept value (served only as a fallback).
+        pub fallback: bool,
+        /// The value, when the bytes hold one.
+        pub value: Option<T>,
+    }
+
+    /// Reads `bytes` as the cache reads a value of type `T` written with [`Bincode`]: the
+    /// envelope, then the shape of `T`, then the payload. Any mismatch is an error naming it.
+    pub fn read_stored<T: DeserializeOwned + 'static>(bytes: &[u8]) -> Result<Stored<T>, String> {
+        let envelope = Envelope::decode(bytes, Bincode.id()).map_err(|e| e.to_string())?;
+        if envelope.negative {
+            return Ok(Stored {
+                fence: envelope.fence,
+                failure: Some(String::from_utf8_lossy(envelope.payload).into_owned()),
+                fallback: envelope.fallback,
+                value: None,
+            });
+        }
+        if envelope.shape != fingerprint::<T>() {
+            return Err(format!(
+                "written for another shape of type (fingerprint {:#x}, not {}'s {:#x})",
+                envelope.shape,
+                std::any::type_name::<T>(),
+                fingerprint::<T>()
+            ));
+        }
+        let value = Bincode
+            .decode::<T>(envelope.payload)
+            .map_err(|e| e.to_string())?;
+        Ok(Stored {
+            fence: envelope.fence,
+            failure: None,
+            fallback: envelope.fallback,
+            value: Some(value),
+        })
+    }
+
+    /// The bytes the cache stores for `value` written under `fence` (fresh until
+    /// `fresh_until_ms`), so that a test's hand-made server log holds the real format.
+    pub fn stored_bytes<T: Serialize + DeserializeOwned + 'static>(
+        fence: u64,
+        fresh_until_ms: u64,
+        value: &T,
+    ) -> Result<Vec<u8>, String> {
+        let payload = Bincode.encode(value).map_err(|e| e.to_string())?;
+        Ok(Envelope {
+            codec: Bincode.id(),
+            negative: false,
+            fallback: false,
+            fresh_until_ms,
+            compute_ms: 0,
+            fence,
+            shape: fingerprint::<T>(),
+            payload: &payload,
+        }
+        .encode())
+    }
+
+    /// Which of an entry's Redis keys a key is.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum KeyKind {
+        /// `ns:{k}`: the value envelope.
+        Value,
+        /// The lock key: the owner's token while someone computes.
+        Lock,
+        /// The fencing counter.
+        Fence,
+        /// A leader's last run.
+        LastRun,
+        /// The wake-up channel.
+        Channel,
+    }
+
+    /// The user's key and the kind of `redis_key` if it is one of the keys the cache builds for
+    /// an entry (or a lock) in `namespace`, `None` for any other name.
+    pub fn entry_key(namespace: &str, redis_key: &str) -> Option<(String, KeyKind)> {
+        // The escaped user key never holds '}', nor does a namespace or a suffix: the last one
+        // closes the hash tag, and the value key ends there.
+        let value_key = redis_key.get(..=redis_key.rfind('}')?)?;
+        let user = user_key_of(namespace, value_key)?;
+        let keys = EntryKeys::new(namespace, &user).ok()?;
+        let kind = if redis_key == keys.value {
+            KeyKind::Value
+        } else if redis_key == keys.lock() {
+            KeyKind::Lock
+        } else if redis_key == keys.fence() {
+            KeyKind::Fence
+        } else if redis_key == keys.last_run() {
+            KeyKind::LastRun
+        } else if redis_key == keys.channel() {
+            KeyKind::Channel
+        } else {
+            return None;
+        };
+        Some((user.into_owned(), kind))
+    }
+}

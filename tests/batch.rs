@@ -1,7 +1,14 @@
 //! `get_or_compute_many`: the batch path, against real redis-server processes and the memory
 //! store. (Across real OS processes: tests/processes.rs; on Redis Cluster: tests/cluster.rs.)
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod monitor;
+    pub mod server;
+    pub use {cache::*, monitor::*, server::*};
+}
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stampede_guard::{Cache, CallOptions, Error, Lease, Source};
+use support::cache;
 use support::{Monitor, RedisServer};
 
 const TTL: Duration = Duration::from_secs(300);
@@ -19,16 +27,6 @@ fn month(i: usize) -> String {
 
 fn year() -> Vec<String> {
     (0..12).map(month).collect()
-}
-
-async fn cache(server: &RedisServer, options: CallOptions) -> Cache {
-    Cache::builder()
-        .redis_url(server.url())
-        .namespace("batch")
-        .options(options)
-        .build()
-        .await
-        .expect("a cache on the test server")
 }
 
 /// Records every call of a batch computation: the keys it was asked for.
@@ -90,7 +88,7 @@ fn expected(keys: &[String]) -> Vec<String> {
 #[tokio::test]
 async fn a_warm_batch_is_one_mget_and_a_cold_one_one_lock_script() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "batch", CallOptions::default()).await;
     let calls = Calls::default();
     // A batch on other keys first: the clock is calibrated and the scripts are loaded, so
     // neither shows in the counts below.
@@ -125,7 +123,7 @@ async fn a_warm_batch_is_one_mget_and_a_cold_one_one_lock_script() {
 #[tokio::test]
 async fn order_and_duplicates_are_kept_and_a_duplicate_is_computed_once() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "batch", CallOptions::default()).await;
     let calls = Calls::default();
     cache
         .set("2019-03", &"2019-03:v".to_string(), TTL)
@@ -166,7 +164,7 @@ async fn a_cold_stampede_of_batches_computes_each_key_once() {
     let calls = Calls::default();
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let cache = cache(&server, CallOptions::default()).await;
+        let cache = cache(&server, "batch", CallOptions::default()).await;
         for _ in 0..25 {
             let (cache, calls) = (cache.clone(), calls.clone());
             tasks.push(tokio::spawn(async move {
@@ -254,7 +252,10 @@ async fn overlapping_batches_compute_each_key_once(cache: Cache) {
 #[tokio::test]
 async fn overlapping_batches_and_a_single_call_compute_each_key_once_on_redis() {
     let server = RedisServer::start();
-    overlapping_batches_compute_each_key_once(cache(&server, CallOptions::default()).await).await;
+    overlapping_batches_compute_each_key_once(
+        cache(&server, "batch", CallOptions::default()).await,
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -310,8 +311,8 @@ async fn a_key_left_out_fails_alone_and_frees_its_lock(batcher: Cache, other: Ca
 #[tokio::test]
 async fn a_key_left_out_fails_alone_and_frees_its_lock_on_redis() {
     let server = RedisServer::start();
-    let a = cache(&server, CallOptions::default()).await;
-    let b = cache(&server, CallOptions::default()).await;
+    let a = cache(&server, "batch", CallOptions::default()).await;
+    let b = cache(&server, "batch", CallOptions::default()).await;
     a_key_left_out_fails_alone_and_frees_its_lock(a, b).await;
 }
 
@@ -355,7 +356,7 @@ async fn a_key_left_out_fails_alone_and_frees_its_lock_in_memory() {
 #[tokio::test]
 async fn an_error_fails_all_and_only_the_keys_it_was_computing() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "batch", CallOptions::default()).await;
     cache.set("2019-01", &1u32, TTL).await.unwrap();
     let got = cache
         .get_or_compute_many(["2019-01", "2019-02", "2019-03"], TTL, |_keys| async {
@@ -387,7 +388,7 @@ async fn an_error_fails_all_and_only_the_keys_it_was_computing() {
 async fn failures_are_remembered_per_key_with_a_negative_ttl() {
     let server = RedisServer::start();
     let options = CallOptions::default().negative_ttl(Some(Duration::from_secs(60)));
-    let cache = cache(&server, options).await;
+    let cache = cache(&server, "batch", options).await;
     cache.set("2019-01", &1u32, TTL).await.unwrap();
     let got = cache
         .get_or_compute_many(["2019-01", "2019-02"], TTL, |_keys| async {
@@ -419,7 +420,7 @@ async fn failures_are_remembered_per_key_with_a_negative_ttl() {
 #[tokio::test]
 async fn an_invalidation_during_the_batch_refuses_that_keys_write_only() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "batch", CallOptions::default()).await;
     let invalidator = cache.clone();
     let got = cache
         .get_or_compute_many(["2019-01", "2019-02", "2019-03"], TTL, move |keys| {
@@ -499,8 +500,8 @@ async fn a_cancelled_batch_frees_every_lock(batcher: Cache, other: Cache) {
 #[tokio::test]
 async fn a_cancelled_batch_frees_every_lock_on_redis() {
     let server = RedisServer::start();
-    let a = cache(&server, CallOptions::default()).await;
-    let b = cache(&server, CallOptions::default()).await;
+    let a = cache(&server, "batch", CallOptions::default()).await;
+    let b = cache(&server, "batch", CallOptions::default()).await;
     a_cancelled_batch_frees_every_lock(a, b).await;
 }
 
@@ -517,6 +518,7 @@ async fn a_panic_in_f_frees_every_lock() {
     let server = RedisServer::start();
     let cache = cache(
         &server,
+        "batch",
         CallOptions::default().lease(Duration::from_secs(30)),
     )
     .await;
@@ -531,7 +533,7 @@ async fn a_panic_in_f_frees_every_lock() {
             .await
     });
     assert!(batch.await.unwrap_err().is_panic());
-    let other = self::cache(&server, CallOptions::default()).await;
+    let other = support::cache(&server, "batch", CallOptions::default()).await;
     let started = std::time::Instant::now();
     let got = other
         .get_or_compute_many(["2019-01", "2019-02"], TTL, |keys| async move {
@@ -553,7 +555,7 @@ async fn a_panic_in_f_frees_every_lock() {
 #[tokio::test]
 async fn invalidate_many_is_one_round_trip() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "batch", CallOptions::default()).await;
     for key in year() {
         cache.set(&key, &1u8, TTL).await.unwrap();
     }

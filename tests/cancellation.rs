@@ -5,13 +5,23 @@
 //! A delaying proxy in front of a real redis-server makes the window between "granted on the
 //! server" and "answer received" wide, and the caller is dropped at many points across it.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod poll;
+    pub mod proxy;
+    pub mod runtime;
+    pub mod server;
+    pub use {cache::*, poll::*, runtime::*, server::*};
+}
 
 use std::time::Duration;
 
 use redis::Commands;
-use stampede_guard::{Cache, CallOptions, Lock};
+use stampede_guard::{CallOptions, Lock};
 use support::proxy::{Mode, Proxy};
+use support::{cache, runtime};
 use support::{eventually, RedisServer};
 
 /// Long enough that a lock left to expire could never pass for one that was freed.
@@ -66,24 +76,18 @@ fn with_delaying_proxy(test: impl AsyncFnOnce(&RedisServer, &Proxy)) {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     proxy.set_mode(Mode::Delay(DELAY));
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime for the test")
-        .block_on(test(&server, &proxy));
+    runtime().block_on(test(&server, &proxy));
 }
 
 #[test]
 fn a_caller_dropped_during_lock_acquisition_frees_the_lock() {
     with_delaying_proxy(async |server, proxy| {
-        let cache = Cache::builder()
-            .redis_url(proxy.url())
-            .namespace("cancel")
-            .options(CallOptions::default().lease(LEASE))
-            .build()
-            .await
-            .expect("a cache through the proxy");
+        let cache = cache(
+            proxy.url().as_str(),
+            "cancel",
+            CallOptions::default().lease(LEASE),
+        )
+        .await;
         // Connect (and calibrate the clock) first, so that every drop below falls into a
         // request, not the connection set-up.
         cache

@@ -3,13 +3,22 @@
 //! re-executed under `faketime`, which shifts the wall clock of one process), against one real
 //! redis-server; freshness must follow the server's clock, not theirs.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod clock;
+    pub mod process;
+    pub mod server;
+    pub use {cache::*, clock::*, process::*, server::*};
+}
 
 use std::process::Command;
 use std::time::Duration;
 
-use stampede_guard::{Cache, CallOptions, Source};
-use support::{now_ms, RedisServer};
+use stampede_guard::{CallOptions, Source};
+use support::cache;
+use support::{now_us, RedisServer};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -34,16 +43,9 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// Values are fresh for TTL, then stale (served while refreshed) for ten minutes more, so a value
-/// judged past its freshness shows as `Stale` rather than vanishing.
-async fn cache(url: &str) -> Cache {
-    Cache::builder()
-        .redis_url(url)
-        .namespace("skew")
-        .options(CallOptions::default().stale_for(Duration::from_secs(600)))
-        .build()
-        .await
-        .expect("a cache on the test server")
+/// The options of every cache in this test and in its skewed children.
+fn options() -> CallOptions {
+    CallOptions::default().stale_for(Duration::from_secs(600))
 }
 
 /// Runs a child role of this binary with its wall clock shifted by `shift` (faketime syntax,
@@ -65,7 +67,7 @@ fn run_skewed(shift: &str, role: &str, url: &str, key: &str) -> String {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
             "faketime was not found on PATH. This test shifts one process's clock with it: \
              install it (Debian/Ubuntu: `apt-get install faketime`, macOS: `brew install \
-             libfaketime`) or run `.ci/run`, which installs it."
+             libfaketime`) or run `bash .ci/test`, which installs it."
         ),
         Err(e) => panic!("could not run faketime: {e}"),
     };
@@ -79,7 +81,7 @@ fn run_skewed(shift: &str, role: &str, url: &str, key: &str) -> String {
     let clock: u64 = field(&stdout, "clock_ms")
         .parse()
         .expect("the child's clock");
-    let skew = clock.abs_diff(now_ms());
+    let skew = clock.abs_diff(now_us() / 1000);
     assert!(
         skew > 2 * TTL.as_millis() as u64,
         "faketime did not shift the child's clock ({skew} ms off)"
@@ -97,7 +99,7 @@ fn field<'a>(stdout: &'a str, name: &str) -> &'a str {
 fn a_reader_whose_clock_runs_ahead_still_gets_fresh_hits() {
     let server = RedisServer::start();
     runtime().block_on(async {
-        let cache = cache(&server.url()).await;
+        let cache = cache(&server, "skew", options()).await;
         cache
             .set("2019-05", &"report".to_string(), TTL)
             .await
@@ -112,7 +114,7 @@ fn a_writer_whose_clock_is_behind_writes_fresh_values() {
     let server = RedisServer::start();
     run_skewed("-5m", "writer", &server.url(), "2019-06");
     runtime().block_on(async {
-        let read = cache(&server.url())
+        let read = cache(&server, "skew", options())
             .await
             .fetch("2019-06", TTL, |_| async {
                 Ok::<_, std::io::Error>(stampede_guard::Computed::new("recomputed".to_string()))
@@ -129,9 +131,9 @@ fn a_writer_whose_clock_is_behind_writes_fresh_values() {
 fn child(role: &str) -> Result<(), String> {
     let url = std::env::var("URL").map_err(|e| e.to_string())?;
     let key = std::env::var("KEY").map_err(|e| e.to_string())?;
-    println!("clock_ms {}", now_ms());
+    println!("clock_ms {}", now_us() / 1000);
     runtime().block_on(async {
-        let cache = cache(&url).await;
+        let cache = cache(&url, "skew", options()).await;
         match role {
             "reader" => {
                 let read = cache

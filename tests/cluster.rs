@@ -1,6 +1,15 @@
 //! The cache and the lock on a real Redis Cluster (3 masters, 3 replicas) started by the test.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cluster;
+    pub mod cluster_cache;
+    pub mod poll;
+    pub mod server;
+    pub mod signal;
+    pub use {cluster::*, cluster_cache::*, poll::*, signal::*};
+}
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,22 +18,13 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use stampede_guard::{Backoff, Cache, CallOptions, ConnectionOptions, Error, NearCache};
+use support::cluster_cache;
 use support::{eventually, signal, RedisCluster};
 
 const TTL: Duration = Duration::from_secs(300);
 
 fn month(i: usize) -> String {
     format!("{}-{:02}", 2019 + i / 12, i % 12 + 1)
-}
-
-async fn cache(cluster: &RedisCluster, options: CallOptions) -> Cache {
-    Cache::builder()
-        .redis_cluster(cluster.urls())
-        .namespace("reports")
-        .options(options)
-        .build()
-        .await
-        .expect("a cache on the test cluster")
 }
 
 /// One cluster for the whole binary's tests would couple them; each test starts its own, in
@@ -34,7 +34,7 @@ async fn twelve_months_on_a_cluster_compute_once_each_on_their_own_slots() {
     let cluster = RedisCluster::start();
     let mut caches = Vec::new();
     for _ in 0..4 {
-        caches.push(cache(&cluster, CallOptions::default()).await);
+        caches.push(cluster_cache(&cluster, "reports", CallOptions::default()).await);
     }
     let computes: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     let mut callers = Vec::new();
@@ -83,8 +83,8 @@ async fn waiters_on_a_cluster_are_woken_by_sharded_pubsub() {
             Duration::from_secs(60),
         ))
         .wait_timeout(Duration::from_secs(10));
-    let holder = cache(&cluster, options.clone()).await;
-    let waiter = cache(&cluster, options).await;
+    let holder = cluster_cache(&cluster, "reports", options.clone()).await;
+    let waiter = cluster_cache(&cluster, "reports", options).await;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let holder_task = tokio::spawn(async move {
         holder
@@ -110,7 +110,7 @@ async fn a_killed_master_fails_over_and_calls_recover_without_wrong_values() {
     let options = CallOptions::default()
         .lease(Duration::from_secs(2))
         .wait_timeout(Duration::from_secs(5));
-    let cache = cache(&cluster, options).await;
+    let cache = cluster_cache(&cluster, "reports", options).await;
     let computes = Arc::new(AtomicUsize::new(0));
     let call = |cache: Cache, computes: Arc<AtomicUsize>, m: String| async move {
         let key = m.clone();
@@ -292,7 +292,7 @@ fn months_on_every_master(cluster: &RedisCluster) -> Vec<String> {
 async fn a_near_tier_on_a_cluster_hears_every_master_and_stops_when_one_dies() {
     let mut cluster = RedisCluster::start();
     // The writer has no near tier: it announces its changes all the same.
-    let writer = cache(&cluster, CallOptions::default()).await;
+    let writer = cluster_cache(&cluster, "reports", CallOptions::default()).await;
     let reader = near_reader(&cluster).await;
     let months = months_on_every_master(&cluster);
 
@@ -404,7 +404,7 @@ async fn batches_on_a_cluster_lock_per_slot_and_compute_each_key_once() {
     assert_eq!(masters.len(), 3, "the months are spread over every master");
     let mut caches = Vec::new();
     for _ in 0..4 {
-        caches.push(cache(&cluster, CallOptions::default()).await);
+        caches.push(cluster_cache(&cluster, "reports", CallOptions::default()).await);
     }
     let computes: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
     let calls = Arc::new(AtomicUsize::new(0));

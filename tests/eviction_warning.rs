@@ -2,7 +2,12 @@
 //! silence where it cannot, or where the server does not let us look. Its own test binary: the
 //! tracing subscriber is process-wide, and other tests' servers would warn into it.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod server;
+    pub use server::*;
+}
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;

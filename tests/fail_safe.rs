@@ -3,7 +3,17 @@
 //! binary re-executes itself; `STAMPEDE_CHILD` names the role), since a waiter in another process
 //! reaches the fallback only through Redis.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod poll;
+    pub mod process;
+    pub mod runtime;
+    pub mod server;
+    pub mod worker;
+    pub use {cache::*, poll::*, process::*, runtime::*, server::*, worker::*};
+}
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use redis::Commands;
 use stampede_guard::{Cache, CallOptions, Computed, Error, Fetched, Lease, Source};
+use support::{cache, runtime};
 use support::{eventually, RedisServer, Worker};
 
 const KEY: &str = "2019-05";
@@ -67,28 +78,10 @@ fn main() {
     support::run_child_or_tests("fail_safe", tests, child);
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
 fn fail_safe() -> CallOptions {
     CallOptions::default()
         .fail_safe_for(Duration::from_secs(3600))
         .lease(Duration::from_secs(2))
-}
-
-async fn cache(url: &str, options: CallOptions) -> Cache {
-    Cache::builder()
-        .redis_url(url)
-        .namespace(NAMESPACE)
-        .options(options)
-        .build()
-        .await
-        .expect("a cache")
 }
 
 /// Computes `value` for `KEY`, fresh for `TTL`, and waits until it is past its stale window.
@@ -127,7 +120,7 @@ fn computing_caller_soft_timeout() {
     let server = RedisServer::start();
     runtime().block_on(async {
         let options = fail_safe().soft_timeout(Some(Duration::from_millis(100)));
-        let cache = cache(&server.url(), options).await;
+        let cache = cache(&server, NAMESPACE, options).await;
         expired_value(&cache, "old").await;
         let start = Instant::now();
         let fetched = call(&cache, Duration::from_secs(1), Some("new"))
@@ -160,7 +153,7 @@ fn computing_caller_soft_timeout() {
 fn expired_and_held_elsewhere(server: &RedisServer) -> Worker {
     let mut conn = server.conn();
     runtime().block_on(async {
-        let cache = cache(&server.url(), fail_safe()).await;
+        let cache = cache(server, NAMESPACE, fail_safe()).await;
         expired_value(&cache, "old").await;
     });
     let holder = Worker::spawn("slow-holder", &[("STAMPEDE_URL", server.url())]);
@@ -196,7 +189,7 @@ fn no_fallback_no_effect() {
     let server = RedisServer::start();
     runtime().block_on(async {
         let options = fail_safe().soft_timeout(Some(Duration::from_millis(100)));
-        let cache = cache(&server.url(), options).await;
+        let cache = cache(&server, NAMESPACE, options).await;
         let start = Instant::now();
         let fetched = call(&cache, Duration::from_millis(600), Some("new"))
             .await
@@ -217,7 +210,7 @@ fn hard_timeout() {
         let options = CallOptions::default()
             .lease(Duration::from_secs(30))
             .max_hold(Some(Duration::from_millis(200)));
-        let cache = cache(&server.url(), options).await;
+        let cache = cache(&server, NAMESPACE, options).await;
         let start = Instant::now();
         let cut = call(&cache, Duration::from_secs(2), Some("late")).await;
         let took = start.elapsed();
@@ -264,7 +257,7 @@ fn throttle_across_processes() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     runtime().block_on(async {
-        let cache = cache(&server.url(), fail_safe()).await;
+        let cache = cache(&server, NAMESPACE, fail_safe()).await;
         expired_value(&cache, "old").await;
     });
     let mut workers: Vec<Worker> = (0..3)
@@ -381,7 +374,7 @@ fn answers(results: &[Result<Fetched<String>, Error>]) -> Vec<String> {
 fn batch_over_expired_values() {
     let server = RedisServer::start();
     runtime().block_on(async {
-        let cache = cache(&server.url(), fail_safe()).await;
+        let cache = cache(&server, NAMESPACE, fail_safe()).await;
         expired_values(&cache, &MONTHS, "old").await;
         let asked = Asked::default();
         let results = batch_call(&cache, &MONTHS, Duration::ZERO, Some("new"), &asked).await;
@@ -400,7 +393,7 @@ fn batch_soft_timeout() {
     let server = RedisServer::start();
     runtime().block_on(async {
         let options = fail_safe().soft_timeout(Some(Duration::from_millis(100)));
-        let cache = cache(&server.url(), options).await;
+        let cache = cache(&server, NAMESPACE, options).await;
         expired_values(&cache, &MONTHS[..2], "old").await;
         let asked = Asked::default();
         let start = Instant::now();
@@ -459,7 +452,7 @@ fn batch_hard_timeout() {
         let options = fail_safe()
             .lease(Duration::from_secs(30))
             .max_hold(Some(Duration::from_millis(200)));
-        let cache = cache(&server.url(), options).await;
+        let cache = cache(&server, NAMESPACE, options).await;
         expired_values(&cache, &MONTHS[..1], "old").await;
         let asked = Asked::default();
         let start = Instant::now();
@@ -499,7 +492,7 @@ fn batch_waiter_in_another_process() {
     let mut holder = expired_and_held_elsewhere(&server);
     runtime().block_on(async {
         let options = fail_safe().soft_timeout(Some(Duration::from_millis(200)));
-        let cache = cache(&server.url(), options).await;
+        let cache = cache(&server, NAMESPACE, options).await;
         let asked = Asked::default();
         let start = Instant::now();
         let results = batch_call(&cache, &[KEY], Duration::ZERO, Some("mine"), &asked).await;
@@ -525,7 +518,7 @@ fn invalidation_takes_the_fallback_away() {
     let server = RedisServer::start();
     let mut conn = server.conn();
     runtime().block_on(async {
-        let cache = cache(&server.url(), fail_safe()).await;
+        let cache = cache(&server, NAMESPACE, fail_safe()).await;
         for batch in [false, true] {
             expired_value(&cache, "old").await;
             // Another process holds the lock for 400 ms; the value is invalidated meanwhile.
@@ -575,7 +568,7 @@ fn child(role: &str) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         match role {
             "slow-holder" => {
-                let cache = cache(&url, fail_safe()).await;
+                let cache = cache(&url, NAMESPACE, fail_safe()).await;
                 let fetched = call(&cache, Duration::from_secs(3), Some("new"))
                     .await
                     .map_err(|e| e.to_string())?;
@@ -584,7 +577,7 @@ fn child(role: &str) -> Result<(), String> {
             }
             "soft-waiter" => {
                 let options = fail_safe().soft_timeout(Some(Duration::from_millis(200)));
-                let cache = cache(&url, options).await;
+                let cache = cache(&url, NAMESPACE, options).await;
                 let start = Instant::now();
                 let fetched = call(&cache, Duration::ZERO, Some("from the waiter"))
                     .await
@@ -599,7 +592,7 @@ fn child(role: &str) -> Result<(), String> {
             }
             "down-source" => {
                 let options = fail_safe().fail_safe_throttle(Duration::from_secs(1));
-                let cache = cache(&url, options).await;
+                let cache = cache(&url, NAMESPACE, options).await;
                 let until = Instant::now() + Duration::from_secs(3);
                 let mut callers = Vec::new();
                 for _ in 0..20 {

@@ -2,13 +2,25 @@
 //! lease, a Redis restart, and a graceful hand-over. Every job run appends its record through a
 //! store that checks fencing tokens; the history is then checked for overlap and token order.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod clock;
+    pub mod poll;
+    pub mod process;
+    pub mod runtime;
+    pub mod server;
+    pub mod signal;
+    pub mod worker;
+    pub use {clock::*, poll::*, process::*, runtime::*, server::*, signal::*, worker::*};
+}
 
 use std::time::{Duration, Instant};
 
 use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::{CallOptions, Lock};
-use support::{eventually, now_ms, signal, RedisServer, Worker};
+use support::runtime;
+use support::{eventually, now_us, signal, RedisServer, Worker};
 
 fn main() {
     support::run_child_or_tests(
@@ -254,10 +266,10 @@ fn paused_leader() {
     // Pause the active instance early in a run (its write is due 400 ms in).
     assert!(eventually(Duration::from_secs(10), || {
         let started: Option<u64> = redis::cmd("GET").arg(&marker).query(&mut conn).unwrap();
-        started.is_some_and(|ms| now_ms().saturating_sub(ms) < 100)
+        started.is_some_and(|ms| (now_us() / 1000).saturating_sub(ms) < 100)
     }));
     signal(instances[a].pid(), "STOP");
-    let stopped_ms = now_ms();
+    let stopped_ms = now_us() / 1000;
     let b = 1 - a;
     assert!(
         eventually(Duration::from_secs(10), || instances[b]
@@ -423,7 +435,7 @@ async fn redlock_contender(history_url: &str, me: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     for _ in 0..REDLOCK_ROUNDS {
         let guard = lock.acquire().await.map_err(|e| e.to_string())?;
-        let start = now_ms();
+        let start = now_us() / 1000;
         tokio::time::sleep(Duration::from_millis(20)).await;
         let _: i64 = redis::Script::new(FENCED_APPEND)
             .key("max_token")
@@ -431,7 +443,7 @@ async fn redlock_contender(history_url: &str, me: &str) -> Result<(), String> {
             .arg(me)
             .arg(guard.fencing_token())
             .arg(start)
-            .arg(now_ms())
+            .arg(now_us() / 1000)
             .invoke_async(&mut history)
             .await
             .map_err(|e| e.to_string())?;
@@ -461,11 +473,7 @@ fn instance(role: &str) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .parse()
         .map_err(|e| format!("{e}"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = runtime();
     runtime.block_on(async move {
         let lock = Lock::builder("copy-counters")
             .redis_url(url.as_str())
@@ -517,7 +525,7 @@ async fn run_once(
     me: &str,
     ctx: JobContext,
 ) -> Result<(), String> {
-    let start = now_ms();
+    let start = now_us() / 1000;
     let marker = format!("inrun:{me}");
     let _: () = redis::cmd("SET")
         .arg(&marker)
@@ -534,7 +542,7 @@ async fn run_once(
             .arg(&me)
             .arg(token)
             .arg(start)
-            .arg(now_ms())
+            .arg(now_us() / 1000)
             .invoke_async(&mut writer)
             .await;
     });

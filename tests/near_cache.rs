@@ -2,13 +2,23 @@
 //! across instances, no announcement on a fill, and the staleness bound under faults (a
 //! black-holed or cut connection, a restarted server).
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod monitor;
+    pub mod proxy;
+    pub mod runtime;
+    pub mod server;
+    pub use {cache::*, monitor::*, runtime::*, server::*};
+}
 
 use std::time::Duration;
 
 use redis::Commands;
 use stampede_guard::{Cache, CallOptions, ConnectionOptions, NearCache};
 use support::proxy::{Mode, Proxy};
+use support::{cache, runtime};
 use support::{Monitor, RedisServer};
 
 const TTL: Duration = Duration::from_secs(300);
@@ -164,12 +174,7 @@ async fn a_fill_of_an_empty_key_is_not_announced_a_replacing_write_is() {
     announced_writes(&server, &a).await;
     // An instance without a near tier announces the same writes.
     let server = RedisServer::start();
-    let plain = Cache::builder()
-        .redis_url(server.url())
-        .namespace("near")
-        .build()
-        .await
-        .unwrap();
+    let plain = cache(&server, "near", CallOptions::default()).await;
     announced_writes(&server, &plain).await;
 }
 
@@ -205,12 +210,7 @@ async fn announced_writes(server: &RedisServer, a: &Cache) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_by_an_instance_without_a_near_tier_reach_the_near_tiers() {
     let server = RedisServer::start();
-    let plain = Cache::builder()
-        .redis_url(server.url())
-        .namespace("near")
-        .build()
-        .await
-        .unwrap();
+    let plain = cache(&server, "near", CallOptions::default()).await;
     let b = near_cache(server.url()).await;
     changes_reach(&plain, &b).await;
 }
@@ -266,12 +266,7 @@ async fn changes_reach(a: &Cache, b: &Cache) {
 fn with_proxy(test: impl AsyncFnOnce(&mut RedisServer, &Proxy)) {
     let mut server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime for the test")
-        .block_on(test(&mut server, &proxy));
+    runtime().block_on(test(&mut server, &proxy));
 }
 
 #[test]

@@ -1,14 +1,25 @@
 //! Real OS processes sharing one real redis-server. The binary re-executes itself as the workers
 //! (`STAMPEDE_CHILD` names the role), so it has its own `main` and prints a libtest-like summary.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod clock;
+    pub mod poll;
+    pub mod process;
+    pub mod runtime;
+    pub mod server;
+    pub mod worker;
+    pub use {clock::*, poll::*, process::*, runtime::*, server::*, worker::*};
+}
 
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use redis::Commands;
 use stampede_guard::{Cache, CallOptions};
-use support::{eventually, now_ms, RedisServer, Worker};
+use support::runtime;
+use support::{eventually, now_us, RedisServer, Worker};
 
 const LEASE: Duration = Duration::from_secs(1);
 
@@ -125,7 +136,7 @@ fn a_killed_holder_is_replaced_after_its_lease() {
     );
     // Let the waiters reach their wait, and the holder renew its lease a few times.
     std::thread::sleep(LEASE * 2);
-    let killed_at = now_ms();
+    let killed_at = now_us() / 1000;
     holder.child.kill().expect("SIGKILL the holder");
     let _ = holder.child.wait();
     for waiter in &mut waiters {
@@ -320,7 +331,7 @@ async fn batch_child(
                         async move {
                             redis::cmd("SET")
                                 .arg("batch:started")
-                                .arg(now_ms())
+                                .arg(now_us() / 1000)
                                 .query_async::<()>(&mut conn)
                                 .await
                                 .map_err(|e| e.to_string())?;
@@ -338,7 +349,7 @@ async fn batch_child(
             {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
-            let cancelled = now_ms();
+            let cancelled = now_us() / 1000;
             batch.abort();
             let _ = batch.await;
             redis::cmd("SET")
@@ -373,7 +384,7 @@ async fn batch_child(
                 .map_err(|e| e.to_string())?;
             redis::cmd("SET")
                 .arg("waiter_done_ms")
-                .arg(now_ms())
+                .arg(now_us() / 1000)
                 .query_async::<()>(&mut conn)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -389,11 +400,7 @@ async fn batch_child(
 
 fn child(role: &str) -> Result<(), String> {
     let url = std::env::var("STAMPEDE_URL").map_err(|e| e.to_string())?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = runtime();
     runtime.block_on(async move {
         let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
         let mut conn = client
@@ -421,7 +428,7 @@ fn child(role: &str) -> Result<(), String> {
                             .map_err(|e| e.to_string())?;
                         let _: () = redis::cmd("SET")
                             .arg("holder:started")
-                            .arg(now_ms())
+                            .arg(now_us() / 1000)
                             .query_async(&mut conn)
                             .await
                             .map_err(|e| e.to_string())?;
@@ -443,7 +450,7 @@ fn child(role: &str) -> Result<(), String> {
                     .get_or_compute("2019-05", Duration::from_secs(300), move || async move {
                         let _: () = redis::cmd("RPUSH")
                             .arg("takeover_started_ms")
-                            .arg(now_ms())
+                            .arg(now_us() / 1000)
                             .query_async(&mut compute_conn)
                             .await
                             .map_err(|e| e.to_string())?;
@@ -458,7 +465,7 @@ fn child(role: &str) -> Result<(), String> {
                     .map_err(|e| e.to_string())?;
                 let _: () = redis::cmd("RPUSH")
                     .arg("waiter_done_ms")
-                    .arg(now_ms())
+                    .arg(now_us() / 1000)
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| e.to_string())?;

@@ -1,7 +1,13 @@
 //! The protocol at its edges, on both stores: durations up to `Duration::MAX` ("forever"), the
 //! fencing counter's lifetime, a failed refresh's fenced delete, and wake-ups scoped by database.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod server;
+    pub use {cache::*, server::*};
+}
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,20 +15,11 @@ use std::time::Duration;
 
 use redis::Commands;
 use stampede_guard::{Backoff, Cache, CallOptions, Computed, Source};
+use support::cache;
 use support::RedisServer;
 
 const SECOND: Duration = Duration::from_secs(1);
 const NS: &str = "edges";
-
-async fn redis_cache(url: String, options: CallOptions) -> Cache {
-    Cache::builder()
-        .redis_url(url)
-        .namespace(NS)
-        .options(options)
-        .build()
-        .await
-        .expect("a cache on the test server")
-}
 
 /// Lets spawned tasks run and paused time move on.
 async fn settle(d: Duration) {
@@ -149,7 +146,7 @@ async fn every_call_option_accepts_duration_max_in_memory() {
 #[tokio::test]
 async fn a_ttl_of_duration_max_caches_forever_on_redis() {
     let server = RedisServer::start();
-    let cache = redis_cache(server.url(), CallOptions::default()).await;
+    let cache = cache(&server, NS, CallOptions::default()).await;
     let runs = Runs::default();
     assert_eq!(
         runs.fetch(&cache, "k", Duration::MAX).await,
@@ -174,7 +171,7 @@ async fn a_ttl_of_duration_max_caches_forever_on_redis() {
 async fn every_call_option_accepts_duration_max_on_redis() {
     let server = RedisServer::start();
     for (name, options) in options_at_max() {
-        let cache = redis_cache(server.url(), options).await;
+        let cache = cache(&server, NS, options).await;
         let runs = Runs::default();
         for ttl in [SECOND * 60, Duration::MAX] {
             let key = format!("{name}-{}", ttl.as_secs());
@@ -223,9 +220,9 @@ async fn the_fencing_counter_outlives_many_leases_while_its_value_lives_on_redis
     let server = RedisServer::start();
     let lease = Duration::from_millis(50);
     let options = CallOptions::default().lease(lease).renew(false);
-    let cache = redis_cache(server.url(), options.clone()).await;
+    let cache = cache(&server, NS, options.clone()).await;
     // Another process: a cache of its own, so not a follower of this one's computation.
-    let other = redis_cache(server.url(), options).await;
+    let other = support::cache(&server, NS, options).await;
     // A computation that outlives its lease: its token is old by the time it writes.
     let late = {
         let cache = cache.clone();
@@ -326,8 +323,8 @@ async fn a_failed_refresh_keeps_a_newer_value_on_redis() {
     let options = CallOptions::default()
         .stale_for(Duration::from_secs(600))
         .serve_stale_on_error(false);
-    let cache = redis_cache(server.url(), options).await;
-    let writer = redis_cache(server.url(), CallOptions::default()).await;
+    let cache = cache(&server, NS, options).await;
+    let writer = support::cache(&server, NS, CallOptions::default()).await;
     a_failed_refresh_keeps_a_newer_value(cache, writer).await;
 }
 
@@ -341,8 +338,8 @@ async fn wake_ups_do_not_cross_databases() {
     let options = CallOptions::default()
         .backoff(Backoff::new(SECOND * 60, SECOND * 60))
         .lease(SECOND * 60);
-    let zero = redis_cache(url(0), options.clone()).await;
-    let one = redis_cache(url(1), options).await;
+    let zero = cache(&url(0), NS, options.clone()).await;
+    let one = cache(&url(1), NS, options).await;
 
     // Every channel that is published on, seen by a raw pattern subscriber.
     let client = redis::Client::open(server.url()).unwrap();

@@ -1,6 +1,14 @@
 //! `get_or_compute` against real redis-server processes started by the tests.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod monitor;
+    pub mod poll;
+    pub mod server;
+    pub use {cache::*, monitor::*, poll::*, server::*};
+}
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,26 +18,17 @@ use std::time::Duration;
 use rand::seq::SliceRandom;
 use redis::Commands;
 use stampede_guard::{Backoff, Cache, CallOptions, Error, Fallback};
+use support::cache;
 use support::{eventually, RedisServer};
 
 const TTL: Duration = Duration::from_secs(300);
-
-async fn cache(server: &RedisServer, options: CallOptions) -> Cache {
-    Cache::builder()
-        .redis_url(server.url())
-        .namespace("reports")
-        .options(options)
-        .build()
-        .await
-        .expect("a cache on the test server")
-}
 
 /// Eight `Cache` instances on one server, each with its own connections, as eight processes
 /// would have.
 async fn eight_caches(server: &RedisServer) -> Vec<Cache> {
     let mut caches = Vec::new();
     for _ in 0..8 {
-        caches.push(cache(server, CallOptions::default()).await);
+        caches.push(cache(server, "reports", CallOptions::default()).await);
     }
     caches
 }
@@ -153,7 +152,7 @@ async fn twelve_months_by_a_hundred_callers_compute_twelve_times() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hit_is_one_round_trip_and_a_won_miss_three() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "reports", CallOptions::default()).await;
     // Warm up: connect, and load the scripts (a server's first EVALSHA answers NOSCRIPT).
     let _: u32 = cache
         .get_or_compute("warm-up", TTL, move || async move { Ok::<_, String>(0) })
@@ -191,6 +190,7 @@ async fn a_failing_computation_frees_the_lock_and_caches_nothing() {
     let server = RedisServer::start();
     let cache = cache(
         &server,
+        "reports",
         CallOptions::default().lease(Duration::from_secs(60)),
     )
     .await;
@@ -224,7 +224,7 @@ async fn a_failing_computation_frees_the_lock_and_caches_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_reaches_every_waiting_caller_in_the_process() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "reports", CallOptions::default()).await;
     let computes = Arc::new(AtomicUsize::new(0));
     let mut callers = Vec::new();
     for _ in 0..20 {
@@ -267,8 +267,8 @@ async fn holder_with_waiter(
     let options = CallOptions::default()
         .lease(Duration::from_secs(60))
         .wait_timeout(Duration::from_secs(20));
-    let holder = cache(server, options.clone()).await;
-    let other = cache(server, options).await;
+    let holder = cache(server, "reports", options.clone()).await;
+    let other = cache(server, "reports", options).await;
     let holder_task = {
         let holder = holder.clone();
         tokio::spawn(async move {
@@ -333,6 +333,7 @@ async fn in_process_followers_take_over_from_an_aborted_leader() {
     let server = RedisServer::start();
     let cache = cache(
         &server,
+        "reports",
         CallOptions::default().lease(Duration::from_secs(60)),
     )
     .await;
@@ -362,7 +363,7 @@ async fn in_process_followers_take_over_from_an_aborted_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalidation_during_a_computation_refuses_its_write() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "reports", CallOptions::default()).await;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
     let computing = {
@@ -407,8 +408,8 @@ async fn a_holder_that_lost_its_lease_does_not_overwrite_the_new_owner() {
     let short = CallOptions::default()
         .lease(Duration::from_millis(300))
         .renew(false);
-    let slow = cache(&server, short.clone()).await;
-    let fast = cache(&server, short).await;
+    let slow = cache(&server, "reports", short.clone()).await;
+    let fast = cache(&server, "reports", short).await;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
     let slow_task = tokio::spawn(async move {
@@ -452,11 +453,11 @@ async fn waiters_are_woken_by_the_notification_not_the_backoff() {
             Duration::from_secs(60),
         ))
         .wait_timeout(Duration::from_secs(10));
-    let holder = cache(&server, options.clone()).await;
+    let holder = cache(&server, "reports", options.clone()).await;
     let waiters: Vec<Cache> = {
         let mut v = Vec::new();
         for _ in 0..4 {
-            v.push(cache(&server, options.clone()).await);
+            v.push(cache(&server, "reports", options.clone()).await);
         }
         v
     };
@@ -494,8 +495,8 @@ async fn a_wait_beyond_the_bound_is_a_typed_timeout() {
     let options = CallOptions::default()
         .lease(Duration::from_secs(60))
         .wait_timeout(Duration::from_millis(300));
-    let holder = cache(&server, options.clone()).await;
-    let waiter = cache(&server, options).await;
+    let holder = cache(&server, "reports", options.clone()).await;
+    let waiter = cache(&server, "reports", options).await;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let holder_task = tokio::spawn(async move {
         holder
@@ -519,7 +520,7 @@ async fn a_wait_beyond_the_bound_is_a_typed_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_bytes_and_foreign_types_are_a_miss_and_get_replaced() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "reports", CallOptions::default()).await;
     let mut admin = server.conn();
     let value_key = "reports:{2019-05}";
 
@@ -574,7 +575,7 @@ async fn unreadable_bytes_and_foreign_types_are_a_miss_and_get_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_keys_stay_apart_and_keep_one_hash_tag() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "reports", CallOptions::default()).await;
     let keys = [
         "a{b}",
         "a%7Bb%7D",
@@ -614,7 +615,7 @@ async fn odd_keys_stay_apart_and_keep_one_hash_tag() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_mebibyte_value_round_trips() {
     let server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "reports", CallOptions::default()).await;
     let big: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
     let expected = big.clone();
     let v = cache
@@ -628,7 +629,7 @@ async fn a_one_mebibyte_value_round_trips() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
     let mut server = RedisServer::start();
-    let cache = cache(&server, CallOptions::default()).await;
+    let cache = cache(&server, "reports", CallOptions::default()).await;
     let v = cache
         .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(1u32) })
         .await
@@ -671,13 +672,7 @@ async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
         ))
         .wait_timeout(Duration::from_secs(10));
     let holder = cache.with_options(options.clone());
-    let other = Cache::builder()
-        .redis_url(server.url())
-        .namespace("reports")
-        .options(options)
-        .build()
-        .await
-        .unwrap();
+    let other = support::cache(&server, "reports", options).await;
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let holder_task = tokio::spawn(async move {
         holder
@@ -700,7 +695,7 @@ async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_is_a_typed_error_or_the_configured_fallback() {
     let mut server = RedisServer::start();
-    let failing = cache(&server, CallOptions::default()).await;
+    let failing = cache(&server, "reports", CallOptions::default()).await;
     let computing =
         failing.with_options(CallOptions::default().on_backend_error(Fallback::ComputeUncached));
     server.kill();
@@ -750,13 +745,8 @@ async fn redis_down_is_a_typed_error_or_the_configured_fallback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn caches_with_other_namespaces_do_not_share() {
     let server = RedisServer::start();
-    let a = cache(&server, CallOptions::default()).await;
-    let b = Cache::builder()
-        .redis_url(server.url())
-        .namespace("other")
-        .build()
-        .await
-        .unwrap();
+    let a = cache(&server, "reports", CallOptions::default()).await;
+    let b = cache(&server, "other", CallOptions::default()).await;
     a.set("k", &1u8, TTL).await.unwrap();
     assert_eq!(b.get::<u8>("k").await.unwrap(), None);
 }

@@ -3,7 +3,13 @@
 //! error and log line, scripts that touch only the keys they are given, and the size limits.
 //! (TLS is in `tests/tls.rs`, built with `--features tls`.)
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cache;
+    pub mod server;
+    pub use {cache::*, server::*};
+}
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -21,16 +27,6 @@ fn requirepass_server() -> RedisServer {
         &["--requirepass".into(), PASSWORD.into()],
         &format!(":{PASSWORD}@"),
     )
-}
-
-async fn cache_at(url: &str, namespace: &str, options: CallOptions) -> Cache {
-    Cache::builder()
-        .redis_url(url)
-        .namespace(namespace)
-        .options(options)
-        .build()
-        .await
-        .expect("a cache (connected on first use)")
 }
 
 fn quick() -> CallOptions {
@@ -53,7 +49,7 @@ fn everything_about<E: std::error::Error>(e: &E) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requirepass_works_and_a_missing_or_wrong_password_is_a_typed_error() {
     let server = requirepass_server();
-    let cache = cache_at(&server.url(), "reports", quick()).await;
+    let cache = support::cache(&server.url(), "reports", quick()).await;
     let value: String = cache
         .get_or_compute("2019-05", TTL, || async { Ok::<_, String>("ok".into()) })
         .await
@@ -69,7 +65,7 @@ async fn requirepass_works_and_a_missing_or_wrong_password_is_a_typed_error() {
     let anonymous = format!("redis://127.0.0.1:{}/0", server.port());
     let wrong = format!("redis://:{WRONG_PASSWORD}@127.0.0.1:{}/0", server.port());
     for url in [anonymous, wrong] {
-        let cache = cache_at(&url, "reports", quick()).await;
+        let cache = support::cache(&url, "reports", quick()).await;
         let result = cache
             .get_or_compute("2019-06", TTL, || async {
                 Ok::<String, String>("no".into())
@@ -101,8 +97,8 @@ async fn an_acl_user_works_and_its_key_patterns_confine_the_cache_to_its_namespa
         &format!("alice:{PASSWORD}@"),
     );
     let url = server.url();
-    let holder = cache_at(&url, "reports", quick()).await;
-    let waiter = cache_at(&url, "reports", quick()).await;
+    let holder = support::cache(&url, "reports", quick()).await;
+    let waiter = support::cache(&url, "reports", quick()).await;
     let computing = tokio::spawn(async move {
         holder
             .get_or_compute("2019-05", TTL, || async {
@@ -131,7 +127,7 @@ async fn an_acl_user_works_and_its_key_patterns_confine_the_cache_to_its_namespa
     guard.release().await.unwrap();
 
     // The same login in another namespace is refused by the server: the patterns are real.
-    let outside = cache_at(&url, "other", quick()).await;
+    let outside = support::cache(&url, "other", quick()).await;
     let refused = outside
         .get_or_compute("2019-05", TTL, || async {
             Ok::<String, String>("x".into())
@@ -190,7 +186,7 @@ async fn passwords_never_show_in_debug_display_errors_or_logs() {
 
     // Errors: a wrong password, an unreachable server, a URL that does not parse.
     for url in [&wrong, &unreachable] {
-        let cache = cache_at(url, "reports", quick()).await;
+        let cache = support::cache(url, "reports", quick()).await;
         let e = cache
             .get_or_compute("k", TTL, || async { Ok::<_, String>(1u8) })
             .await
@@ -209,7 +205,7 @@ async fn passwords_never_show_in_debug_display_errors_or_logs() {
     seen.push(everything_about(&e));
 
     // Logs: the fallback and the leader's standby loop log the backend's errors.
-    let fallback = cache_at(
+    let fallback = support::cache(
         &wrong,
         "reports",
         quick().on_backend_error(Fallback::ComputeUncached),
@@ -250,7 +246,7 @@ async fn passwords_never_show_in_debug_display_errors_or_logs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversize_keys_and_values_are_refused_on_redis_at_the_documented_limits() {
     let server = RedisServer::start();
-    let cache = cache_at(&server.url(), "reports", quick()).await;
+    let cache = support::cache(&server.url(), "reports", quick()).await;
     let mut conn = server.conn();
 
     // Keys: MAX_KEY_BYTES bytes of two-byte characters work (escaped to three times as many);

@@ -2,7 +2,14 @@
 //! three others (`CacheBuilder::redlock`): taking the lock there is not one step with reading the
 //! value, so the protocol has to make up for it.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod proxy;
+    pub mod runtime;
+    pub mod server;
+    pub use {runtime::*, server::*};
+}
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,6 +17,7 @@ use std::time::Duration;
 
 use stampede_guard::{Backoff, Cache, CallOptions};
 use support::proxy::{Mode, Proxy};
+use support::runtime;
 use support::RedisServer;
 
 fn servers(n: usize) -> Vec<RedisServer> {
@@ -31,14 +39,6 @@ async fn split_cache(values: &RedisServer, lock_urls: Vec<String>, options: Call
         .build()
         .await
         .expect("a cache with Redlock locks")
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime for the test")
 }
 
 /// B reads the value (a miss: A is computing), then asks the lock nodes; its request is held in

@@ -5,7 +5,14 @@
 //! `cargo test` builds the examples next to the test binaries (`target/<profile>/examples/`), so
 //! the generator is found there; a run that did not build it fails and says how to build it.
 
-mod support;
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod cluster;
+    pub mod poll;
+    pub mod server;
+    pub use {cluster::*, server::*};
+}
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -349,7 +349,7 @@ proptest! {
 // seeds from its own clock), so answers compare them as "re-seeded" or "previous + n".
 
 #[allow(unreachable_pub, missing_debug_implementations)]
-#[path = "../../tests/support/mod.rs"]
+#[path = "../../tests/support/server.rs"]
 mod support;
 
 const SHORT_MS: u64 = 150;

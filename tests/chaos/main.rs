@@ -12,16 +12,33 @@
 //! `maxmemory` with an evicting policy, switched on and off with `CONFIG SET`, and filler data
 //! so that it really evicts). The workers of even slots run a near tier (`max_staleness` 200 ms,
 //! written first in their history), the others none. Every call, computation and critical
-//! section goes into a history that the faults cannot corrupt (see `support::history`), which
-//! is then checked.
+//! section goes into a history that the faults cannot corrupt (`history.rs`), which is then
+//! checked (`checker.rs`, the rules; `replay.rs` reads the server's side back).
 //!
 //! `cargo test --test chaos` runs a short seeded version (400 rounds);
 //! `STAMPEDE_CHAOS_ROUNDS=10000 cargo test --release --test chaos` the long one;
 //! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule.
 
-mod support;
+#[path = "../support"]
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod clock;
+    pub mod poll;
+    pub mod process;
+    pub mod proxy;
+    pub mod runtime;
+    pub mod server;
+    pub mod signal;
+    pub mod worker;
+    pub use {clock::*, poll::*, process::*, runtime::*, server::*, signal::*, worker::*};
+}
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod checker;
+mod history;
+mod replay;
+
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufWriter, Write as _};
 use std::path::{Path, PathBuf};
@@ -29,15 +46,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use checker::check;
+use history::{Call, Compute, Ending, History, Outcome, Pause, Section, ServerEvent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::{Cache, CallOptions, Computed, Error, Lease, NearCache};
-use support::history::{
-    self, check, BumpCause, Call, Change, Compute, Ending, History, Outcome, Pause, Section,
-    ServerEvent, Violation, Write,
-};
 use support::proxy::{Mode, Proxy};
+use support::runtime;
 use support::{now_us, signal, RedisServer, Worker};
 
 const NAMESPACE: &str = "chaos";
@@ -53,38 +69,12 @@ const NEAR_STALENESS: Duration = Duration::from_millis(200);
 const CALL_BOUND: Duration = Duration::from_secs(3 + 1 + 4 * 7);
 
 fn main() {
-    if let Ok(role) = std::env::var("STAMPEDE_CHILD") {
-        let code = match worker(&role) {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("chaos worker failed: {e}");
-                1
-            }
-        };
-        std::process::exit(code);
-    }
-    support::run_tests(
-        "chaos",
-        &[
-            (
-                "checker_passes_a_good_history",
-                checker_passes_a_good_history,
-            ),
-            (
-                "checker_detects_each_violation_once",
-                checker_detects_each_violation_once,
-            ),
-            (
-                "checker_holds_near_reads_to_max_staleness",
-                checker_holds_near_reads_to_max_staleness,
-            ),
-            (
-                "monitor_replay_rebuilds_the_servers_decisions",
-                monitor_replay_rebuilds_the_servers_decisions,
-            ),
-            ("chaos_run_has_no_violation", chaos_run),
-        ],
-    );
+    let tests: Vec<(&str, fn())> = [checker::TESTS, replay::TESTS]
+        .concat()
+        .into_iter()
+        .chain([("chaos_run_has_no_violation", chaos_run as fn())])
+        .collect();
+    support::run_child_or_tests("chaos", &tests, worker);
 }
 
 // =============================================================================================
@@ -300,11 +290,11 @@ impl EvictionWatch {
                         return;
                     }
                     let key: String = msg.get_payload().unwrap_or_default();
-                    if let Some(lock) = history::lock_name(NAMESPACE, &key) {
+                    if let Some(lock) = replay::lock_name(NAMESPACE, &key) {
                         sink.lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push((now_us(), lock));
-                    } else if let Some(entry) = history::value_name(NAMESPACE, &key) {
+                    } else if let Some(entry) = replay::value_name(NAMESPACE, &key) {
                         value_sink
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
@@ -715,7 +705,7 @@ fn chaos_run() {
             .lines()
             .map_while(Result::ok)
             .collect();
-        let (events, changes) = history::replay(NAMESPACE, n as u32, &lines);
+        let (events, changes) = replay::replay(NAMESPACE, n as u32, &lines);
         h.server.extend(events);
         h.changes.extend(changes);
     }
@@ -1028,11 +1018,7 @@ fn worker(role: &str) -> Result<(), String> {
         var("CHAOS_INSTANCE")?,
     );
     let seed: u64 = var("CHAOS_SEED")?.parse().map_err(|e| format!("{e}"))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let runtime = runtime();
     runtime.block_on(async move {
         let file = OpenOptions::new()
             .create(true)
@@ -1361,497 +1347,4 @@ async fn leader_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
         }
     };
     leader.run(job, shutdown).await.map_err(|e| e.to_string())
-}
-
-// =============================================================================================
-// The checker, tested on hand-made histories.
-
-fn value(key: &str, token: u64, instance: &str) -> String {
-    format!("V|{key}|{token}|{instance}|1")
-}
-
-fn write(key: &str, token: u64, instance: &str) -> ServerEvent {
-    ServerEvent::Write(Write {
-        key: key.into(),
-        computed: true,
-        token,
-        fence: token,
-        counter: Some(token),
-        value: value(key, token, instance),
-    })
-}
-
-fn good_history() -> History {
-    let call = |instance: &str, id, start_us, end_us, outcome| Call {
-        instance: instance.into(),
-        id,
-        op: "get_or_compute".into(),
-        key: "k0".into(),
-        start_us,
-        end_us: Some(end_us),
-        outcome,
-    };
-    let section = |instance: &str, token, asked_us, start_us, end_us| Section {
-        instance: instance.into(),
-        id: token,
-        lock: "L0".into(),
-        token,
-        asked_us,
-        start_us,
-        end_us,
-        writes: 2,
-        accepted: 2,
-    };
-    let ending = |instance: &str| Ending {
-        instance: instance.into(),
-        killed: false,
-        clean_exit: true,
-        in_flight: Some(0),
-    };
-    History {
-        calls: vec![
-            call("a", 1, 1_000, 30_000, Outcome::Value(value("k0", 10, "a"))),
-            // b waited for a's value, which the server accepted.
-            call("b", 1, 2_000, 31_000, Outcome::Value(value("k0", 10, "a"))),
-            call("b", 2, 40_000, 60_000, Outcome::Error("WaitTimeout".into())),
-        ],
-        computes: vec![
-            Compute {
-                instance: "a".into(),
-                key: "k0".into(),
-                token: 10,
-                start_us: 5_000,
-                end_us: 25_000,
-                value: value("k0", 10, "a"),
-            },
-            Compute {
-                instance: "b".into(),
-                key: "k0".into(),
-                token: 12,
-                start_us: 45_000,
-                end_us: 55_000,
-                value: value("k0", 12, "b"),
-            },
-        ],
-        sections: vec![
-            section("a", 5, 100, 200, 900),
-            section("b", 6, 150, 1_000, 2_000),
-        ],
-        server: vec![
-            ServerEvent::Life(0),
-            ServerEvent::Acquire {
-                key: "L0".into(),
-                token: 5,
-            },
-            ServerEvent::Acquire {
-                key: "k0".into(),
-                token: 10,
-            },
-            ServerEvent::Acquire {
-                key: "L0".into(),
-                token: 6,
-            },
-            write("k0", 10, "a"),
-            ServerEvent::Bump {
-                key: "k0".into(),
-                cause: BumpCause::Invalidate,
-            },
-            ServerEvent::Acquire {
-                key: "k0".into(),
-                token: 12,
-            },
-            write("k0", 12, "b"),
-        ],
-        restarts_us: vec![],
-        lock_evictions: vec![],
-        pauses: vec![],
-        endings: vec![ending("a"), ending("b")],
-        locks_after_run: vec![("chaos:{L0}_lock".into(), 350)],
-        locks_after_lease: vec![],
-        lease_ms: 400,
-        call_bound_us: 40_000,
-        // b runs a near tier with a bound of 10 ms; the changes are the writes and the
-        // invalidation above, with the times the server ran them.
-        near_instances: HashMap::from([("b".to_string(), 10_000)]),
-        changes: vec![
-            change(25_000, Some(value("k0", 10, "a"))),
-            change(35_000, None),
-            change(55_000, Some(value("k0", 12, "b"))),
-        ],
-        value_evictions: vec![],
-    }
-}
-
-fn change(at_us: u64, value: Option<String>) -> Change {
-    Change {
-        key: "k0".into(),
-        at_us,
-        value,
-    }
-}
-
-fn rules(violations: &[Violation]) -> HashSet<char> {
-    violations.iter().map(|v| v.rule).collect()
-}
-
-fn checker_passes_a_good_history() {
-    let violations = check(&good_history());
-    assert!(violations.is_empty(), "{violations:?}");
-}
-
-fn checker_detects_each_violation_once() {
-    type Breaker = fn(&mut History);
-    let cases: &[(&str, char, Breaker)] = &[
-        ("two accepted computations overlap", 'a', |h| {
-            h.computes[1].start_us = 20_000;
-        }),
-        ("two accepted lock sections overlap", 'a', |h| {
-            h.sections[1].start_us = 800;
-        }),
-        ("a fenced delete accepted after an invalidation", 'c', |h| {
-            h.server.push(ServerEvent::Bump {
-                key: "k0".into(),
-                cause: BumpCause::Invalidate,
-            });
-            h.server.push(ServerEvent::Delete { key: "k0".into() });
-        }),
-        ("a lower token accepted after a higher one", 'b', |h| {
-            h.server.push(ServerEvent::Acquire {
-                key: "k0".into(),
-                token: 13,
-            });
-            let ServerEvent::Write(w) = write("k0", 11, "a") else {
-                unreachable!()
-            };
-            h.server.push(ServerEvent::Write(Write {
-                counter: Some(13),
-                ..w
-            }));
-        }),
-        ("a lock asked after a grant gets a lower token", 'b', |h| {
-            h.sections[1].asked_us = 950;
-            h.sections[1].token = 4;
-        }),
-        ("a write accepted after an invalidation", 'c', |h| {
-            h.server.insert(
-                7,
-                ServerEvent::Bump {
-                    key: "k0".into(),
-                    cause: BumpCause::Invalidate,
-                },
-            );
-        }),
-        ("a call never ended", 'd', |h| {
-            h.calls[2].end_us = None;
-        }),
-        ("a call took longer than its bound", 'd', |h| {
-            h.calls[2].end_us = Some(90_000);
-        }),
-        ("a call returned a value never accepted", 'd', |h| {
-            h.calls[1].outcome = Outcome::Value(value("k0", 11, "a"));
-        }),
-        (
-            "a call returned its own process's value that was never computed",
-            'd',
-            |h| {
-                h.calls[0].outcome = Outcome::Value(value("k0", 11, "a"));
-            },
-        ),
-        ("a call returned another key's value", 'd', |h| {
-            h.calls[0].outcome = Outcome::Value(value("k1", 10, "a"));
-        }),
-        ("a call failed with an unexpected error", 'd', |h| {
-            h.calls[2].outcome = Outcome::Error("InvalidKey".into());
-        }),
-        ("an in-process entry was left", 'e', |h| {
-            h.endings[0].in_flight = Some(1);
-        }),
-        ("a lock key without expiry", 'e', |h| {
-            h.locks_after_run[0].1 = -1;
-        }),
-        ("a lock key outlived its lease", 'e', |h| {
-            h.locks_after_lease.push("chaos:{L0}_lock".into());
-        }),
-    ];
-    for (what, rule, breaker) in cases {
-        let mut h = good_history();
-        breaker(&mut h);
-        let found = check(&h);
-        assert_eq!(
-            rules(&found),
-            HashSet::from([*rule]),
-            "{what}: expected exactly rule ({rule}), got {found:?}"
-        );
-    }
-    // What the rules excuse: a pause is not counted against a call's bound, an unfinished call
-    // of a killed process is not a hang, and lock sections on both sides of a server restart may
-    // overlap (the restart lost the lock; the fencing token still orders their writes).
-    let mut h = good_history();
-    h.calls[2].end_us = Some(90_000);
-    h.pauses.push(Pause {
-        instance: "b".into(),
-        from_us: 45_000,
-        to_us: 85_000,
-    });
-    h.calls[0].end_us = None;
-    h.endings[0].killed = true;
-    h.sections[1].start_us = 800;
-    h.restarts_us.push(500);
-    assert_eq!(check(&h), vec![]);
-    // A restart while the earlier acquisition was in flight (granted by the server that then
-    // died, so the lock was gone before its holder started) excuses the overlap as well; a
-    // restart before it was even requested does not. (Found by a 10,000-round run.)
-    let mut h = good_history();
-    h.sections[1].start_us = 800;
-    h.restarts_us.push(150);
-    assert_eq!(check(&h), vec![]);
-    let mut h = good_history();
-    h.sections[1].start_us = 800;
-    h.restarts_us.push(50);
-    assert_eq!(rules(&check(&h)), HashSet::from(['a']));
-    // Memory pressure: an eviction of the lock's own key between the earlier request and the
-    // later grant excuses the overlap, also when its notification is seen a little after that
-    // grant (another connection). An eviction of another lock's key, one before the earlier
-    // request, or one seen more than two leases after the later grant does not.
-    for (evicted, seen_us, excused) in [
-        ("L0", 500, true),
-        ("L0", 800 + 800_000, true),
-        ("L1", 500, false),
-        ("L0", 50, false),
-        ("L0", 800 + 800_001, false),
-    ] {
-        let mut h = good_history();
-        h.sections[1].start_us = 800;
-        h.lock_evictions.push((seen_us, evicted.into()));
-        let found = check(&h);
-        if excused {
-            assert_eq!(found, vec![], "{evicted} evicted at {seen_us}");
-        } else {
-            assert_eq!(
-                rules(&found),
-                HashSet::from(['a']),
-                "{evicted} evicted at {seen_us}: {found:?}"
-            );
-        }
-    }
-    // The later section may belong to the earlier grant (a leader whose first run came late):
-    // asked at 60, its key evicted at 80, before the other holder even asked. Excused; an
-    // eviction before both requests is not. (Found by a 2,500-round run.)
-    for (seen_us, excused) in [(80, true), (40, false)] {
-        let mut h = good_history();
-        h.sections[1].start_us = 800;
-        h.sections[1].asked_us = 60;
-        h.lock_evictions.push((seen_us, "L0".into()));
-        assert_eq!(check(&h).is_empty(), excused, "evicted at {seen_us}");
-    }
-}
-
-/// Rule (f) on hand-made histories: b (near tier, bound 10 ms) gets k0's value of token 10
-/// after the invalidation the server ran at 35 ms.
-fn checker_holds_near_reads_to_max_staleness() {
-    let read_at = |start_us: u64| {
-        let mut h = good_history();
-        h.calls.push(Call {
-            instance: "b".into(),
-            id: 3,
-            op: "get_or_compute".into(),
-            key: "k0".into(),
-            start_us,
-            end_us: Some(start_us + 100),
-            outcome: Outcome::Value(value("k0", 10, "a")),
-        });
-        h
-    };
-    // Within the bound (the invalidation ran 5 ms before the call, or at its very bound).
-    assert_eq!(check(&read_at(40_000)), vec![]);
-    assert_eq!(check(&read_at(45_000)), vec![]);
-    // Beyond it: one violation, of rule (f) only.
-    let found = check(&read_at(45_001));
-    assert_eq!(found.len(), 1, "{found:?}");
-    assert_eq!(rules(&found), HashSet::from(['f']));
-    // Also older than the next write: still one violation for the call.
-    assert_eq!(check(&read_at(70_000)).len(), 1);
-    // The same value returned to a, which runs no near tier, came from Redis: not judged.
-    let mut h = read_at(50_000);
-    h.calls[3].instance = "a".into();
-    assert_eq!(check(&h), vec![]);
-    // Every instance announces, so the change counts whoever asked for it: a value older than
-    // a write the server ran long enough before the call is stale too.
-    let mut h = read_at(70_000);
-    h.changes.remove(1);
-    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
-    // Redis evicted the value after it was written: the computed write that filled the key is
-    // excused, also when the eviction's notification is seen up to two leases after the call
-    // began; an eviction before the write (of an earlier value) or seen later than that is not,
-    // and no eviction excuses a near tier's invalidation.
-    for (seen_us, excused) in [
-        (30_000, true),
-        (70_000 + 800_000, true),
-        (20_000, false),
-        (70_000 + 800_001, false),
-    ] {
-        let mut h = read_at(70_000);
-        h.changes.remove(1);
-        h.value_evictions.push((seen_us, "k0".into()));
-        assert_eq!(check(&h).is_empty(), excused, "evicted at {seen_us}");
-    }
-    let mut h = read_at(50_000);
-    h.value_evictions.push((30_000, "k0".into()));
-    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
-    // Every computed write after the eviction is excused (the key may have been evicted and
-    // filled again), but an invalidation after it is not.
-    let mut h = read_at(90_000);
-    h.changes.remove(1);
-    h.changes.push(change(60_000, Some(value("k0", 13, "b"))));
-    h.value_evictions.push((30_000, "k0".into()));
-    assert_eq!(check(&h), vec![]);
-    h.changes.push(change(65_000, None));
-    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
-    // A value the server never took (the caller's own computation, refused) is not a copy.
-    let mut h = read_at(50_000);
-    h.changes.remove(0);
-    assert_eq!(check(&h), vec![]);
-}
-
-fn monitor_replay_rebuilds_the_servers_decisions() {
-    let envelope = |fence: u64, text: &str| {
-        let mut bytes = b"SG\x02\x01\x00".to_vec();
-        bytes.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
-        bytes.extend_from_slice(&7u32.to_be_bytes());
-        bytes.extend_from_slice(&fence.to_be_bytes());
-        bytes.extend_from_slice(&0x5eedu64.to_be_bytes());
-        bytes.push(text.len() as u8);
-        bytes.extend_from_slice(text.as_bytes());
-        bytes
-            .iter()
-            .map(|b| {
-                if b.is_ascii_graphic() && *b != b'"' && *b != b'\\' {
-                    (*b as char).to_string()
-                } else {
-                    format!("\\x{b:02x}")
-                }
-            })
-            .collect::<String>()
-    };
-    let v = value("k0", 101, "w0.1");
-    let lines: Vec<String> = [
-        r#"1.0 [0 127.0.0.1:1] "evalsha" "abc" "3""#.to_string(),
-        r#"1.1 [0 lua] "GET" "chaos:{k0}""#.into(),
-        r#"1.2 [0 lua] "SET" "chaos:{k0}_lock" "tok" "NX" "PX" "400""#.into(),
-        r#"1.3 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
-        r#"1.4 [0 lua] "TIME""#.into(),
-        r#"1.5 [0 lua] "SET" "chaos:{k0}_fence" "100""#.into(),
-        r#"1.6 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
-        r#"1.7 [0 lua] "PEXPIRE" "chaos:{k0}_fence" "800""#.into(),
-        "C".into(),
-        r#"2.1 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
-        format!(
-            r#"2.2 [0 lua] "SET" "chaos:{{k0}}" "{}" "PX" "900""#,
-            envelope(101, &v)
-        ),
-        r#"2.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
-        "C".into(),
-        r#"3.1 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
-        r#"3.2 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
-        r#"3.3 [0 lua] "DEL" "chaos:{k0}""#.into(),
-        "C".into(),
-        // A failed refresh's fenced delete: no bump, the value and the lock go.
-        r#"4.1 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
-        r#"4.2 [0 lua] "DEL" "chaos:{k0}""#.into(),
-        r#"4.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
-        r#"4.4 [0 lua] "DEL" "chaos:{k0}_lock""#.into(),
-    ]
-    .to_vec();
-    let (events, changes) = history::replay(NAMESPACE, 0, &lines);
-    assert_eq!(events, history::replay_monitor(NAMESPACE, 0, &lines));
-    // The changes of the value: the computed write, the invalidation, the fenced delete; an
-    // acquisition is none.
-    assert_eq!(
-        changes,
-        vec![
-            Change {
-                key: "k0".into(),
-                at_us: 2_100_000,
-                value: Some(v.clone()),
-            },
-            Change {
-                key: "k0".into(),
-                at_us: 3_100_000,
-                value: None,
-            },
-            Change {
-                key: "k0".into(),
-                at_us: 4_100_000,
-                value: None,
-            },
-        ]
-    );
-    assert_eq!(
-        events,
-        vec![
-            ServerEvent::Life(0),
-            ServerEvent::Acquire {
-                key: "k0".into(),
-                token: 101
-            },
-            ServerEvent::Write(Write {
-                key: "k0".into(),
-                computed: true,
-                token: 101,
-                fence: 101,
-                counter: Some(101),
-                value: v,
-            }),
-            ServerEvent::Bump {
-                key: "k0".into(),
-                cause: BumpCause::Invalidate
-            },
-            ServerEvent::Delete { key: "k0".into() },
-        ]
-    );
-
-    // A batch's read-or-lock script locks several entries at once, and a batch's invalidation
-    // bumps several: each entry is replayed as its own script (the replay once took the first
-    // key's fence for the second's and reported writes as out of order).
-    let lines: Vec<String> = [
-        r#"5.0 [0 127.0.0.1:1] "evalsha" "def" "6""#,
-        r#"5.1 [0 lua] "GET" "chaos:{k1}""#,
-        r#"5.2 [0 lua] "SET" "chaos:{k1}_lock" "t1" "PX" "400" "NX""#,
-        r#"5.3 [0 lua] "INCR" "chaos:{k1}_fence""#,
-        r#"5.4 [0 lua] "TIME""#,
-        r#"5.5 [0 lua] "SET" "chaos:{k1}_fence" "500" "PX" "800""#,
-        r#"5.6 [0 lua] "GET" "chaos:{k2}""#,
-        r#"5.7 [0 lua] "SET" "chaos:{k2}_lock" "t2" "PX" "400" "NX""#,
-        r#"5.8 [0 lua] "INCR" "chaos:{k2}_fence""#,
-        r#"5.9 [0 lua] "TIME""#,
-        r#"5.91 [0 lua] "SET" "chaos:{k2}_fence" "600" "PX" "800""#,
-        "C",
-        r#"6.1 [0 lua] "INCR" "chaos:{k1}_fence""#,
-        r#"6.2 [0 lua] "DEL" "chaos:{k1}""#,
-        r#"6.3 [0 lua] "INCR" "chaos:{k2}_fence""#,
-        r#"6.4 [0 lua] "DEL" "chaos:{k2}""#,
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    let (events, changes) = history::replay(NAMESPACE, 0, &lines);
-    let acquired = |key: &str, token| ServerEvent::Acquire {
-        key: key.into(),
-        token,
-    };
-    let invalidated = |key: &str| ServerEvent::Bump {
-        key: key.into(),
-        cause: BumpCause::Invalidate,
-    };
-    assert_eq!(
-        events,
-        vec![
-            ServerEvent::Life(0),
-            acquired("k1", 500),
-            acquired("k2", 600),
-            invalidated("k1"),
-            invalidated("k2"),
-        ]
-    );
-    let changed: Vec<&str> = changes.iter().map(|c| c.key.as_str()).collect();
-    assert_eq!(changed, ["k1", "k2"], "an invalidation changes each key");
 }

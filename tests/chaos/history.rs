@@ -1,0 +1,215 @@
+//! The history of a chaos run: what the workers, the server and the controller recorded, in
+//! the form the checker (`checker.rs`) judges.
+//!
+//! Where each part comes from, and why the faults cannot corrupt it:
+//! - worker events (calls, computations, critical sections) are appended by each worker process to
+//!   its own file, one line per event, written with one `write` each before the worker goes on:
+//!   a SIGKILL loses at most the event it was about to write, never an earlier one;
+//! - what the cache server *accepted* is read from the server itself: `redis-cli monitor` on the
+//!   server's own port (not through the faulty proxy) prints every command a script runs, in the
+//!   order the server ran them; `replay.rs` turns that into acquisitions, fence bumps and
+//!   value writes, replaying the fencing counter from its seed;
+//! - what the lock holders' writes achieved is decided by a fenced sink on a second redis-server
+//!   that no fault touches, which refuses a token lower than the highest it has seen;
+//! - the controller's own record: restarts, pauses, kills, the lock keys left after the run, and
+//!   the lock keys the server evicted under memory pressure (keyspace notifications on
+//!   `__keyevent@0__:evicted`, read on the server's own port).
+//!
+//!
+//! The rules it is judged by: `checker.rs`.
+
+use std::collections::HashMap;
+
+/// A call of the cache API made by a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub instance: String,
+    pub id: u64,
+    pub op: String,
+    pub key: String,
+    pub start_us: u64,
+    /// `None`: no end was recorded (the process was killed, or the call hung).
+    pub end_us: Option<u64>,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Pending,
+    /// `get_or_compute` returned this value.
+    Value(String),
+    /// `invalidate` / `set` succeeded.
+    Done,
+    /// A typed error, by kind (`Backend`, `WaitTimeout`, `Compute`...).
+    Error(String),
+}
+
+/// A computation run under the cache's lock (`get_or_compute_with_lease`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compute {
+    pub instance: String,
+    pub key: String,
+    pub token: u64,
+    pub start_us: u64,
+    pub end_us: u64,
+    pub value: String,
+}
+
+/// A critical section under a [`Lock`] or as the active [`Leader`]: from the acquisition to the
+/// last moment the holder checked and found its lease valid.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Section {
+    pub instance: String,
+    pub id: u64,
+    pub lock: String,
+    pub token: u64,
+    /// Just before the acquisition was requested.
+    pub asked_us: u64,
+    /// Just after it was granted.
+    pub start_us: u64,
+    /// Read just before the last check of the lease that found it valid.
+    pub end_us: u64,
+    /// Writes sent to the sink, and how many it accepted (from the sink's own log).
+    pub writes: u32,
+    pub accepted: u32,
+}
+
+/// What the cache server did, in its order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServerEvent {
+    /// A new, empty server (a restart).
+    Life(u32),
+    /// A lock was taken and the fencing counter bumped to `token`.
+    Acquire { key: String, token: u64 },
+    /// The counter was bumped by an invalidation or a `set`.
+    Bump { key: String, cause: BumpCause },
+    /// A value was written.
+    Write(Write),
+    /// The value was deleted without a bump: a failed refresh's fenced delete, which the server
+    /// accepts only while the counter is still the refresh's own token.
+    Delete { key: String },
+    /// A value was written that the crate's own reader refused (`reason`): its fence and value
+    /// are unknown, so the checker reports it instead of judging it.
+    Unreadable { key: String, reason: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BumpCause {
+    Invalidate,
+    Set,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Write {
+    pub key: String,
+    /// Written by a computation's store-and-unlock (true) or by `set` (false).
+    pub computed: bool,
+    /// The token the computation put into its value (0 for `set`).
+    pub token: u64,
+    /// The fence in the value's envelope.
+    pub fence: u64,
+    /// The fencing counter at the moment of the write, replayed from the server's commands.
+    pub counter: Option<u64>,
+    pub value: String,
+}
+
+/// A pause of a worker by SIGSTOP, until SIGCONT.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pause {
+    pub instance: String,
+    pub from_us: u64,
+    pub to_us: u64,
+}
+
+/// How a worker process ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ending {
+    pub instance: String,
+    /// SIGKILLed by the controller: its unfinished calls are excused.
+    pub killed: bool,
+    /// Exited by itself with success after the stop request.
+    pub clean_exit: bool,
+    /// `Cache::in_flight()` reported as its last act (`None` if it never reported).
+    pub in_flight: Option<usize>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub calls: Vec<Call>,
+    pub computes: Vec<Compute>,
+    pub sections: Vec<Section>,
+    pub server: Vec<ServerEvent>,
+    /// When redis-server was killed for a restart (the locks it held are gone from then on).
+    pub restarts_us: Vec<u64>,
+    /// Lock keys the server evicted under memory pressure: when the notification was seen (µs)
+    /// and the lock's name.
+    pub lock_evictions: Vec<(u64, String)>,
+    pub pauses: Vec<Pause>,
+    pub endings: Vec<Ending>,
+    /// Lock keys found right after the run, with their PTTL in ms.
+    pub locks_after_run: Vec<(String, i64)>,
+    /// Lock keys found one lease later.
+    pub locks_after_lease: Vec<String>,
+    pub lease_ms: u64,
+    /// The longest a call may take, pauses not counted.
+    pub call_bound_us: u64,
+    /// The instances that ran a near tier, with its `max_staleness` in µs.
+    pub near_instances: HashMap<String, u64>,
+    /// Every change of a value key the server ran, in its order, with its time.
+    pub changes: Vec<Change>,
+    /// Value keys the server evicted under memory pressure: when the notification was seen (µs)
+    /// and the entry's name.
+    pub value_evictions: Vec<(u64, String)>,
+}
+
+/// One change of an entry's value, as the server ran it: one script's `set`, `invalidate`,
+/// computed write or fenced delete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub key: String,
+    /// The server's clock when it ran the script (the MONITOR timestamp, µs since the epoch:
+    /// the same wall clock the workers read on this machine).
+    pub at_us: u64,
+    /// The value it wrote (`None`: it deleted the value).
+    pub value: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub rule: char,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "({}) {}", self.rule, self.detail)
+    }
+}
+
+/// A value as the workers write it: `V|key|token|instance|seq` (computed) or `S|key|instance|seq`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValueParts {
+    pub computed: bool,
+    pub key: String,
+    pub token: u64,
+    pub instance: String,
+}
+
+pub fn parse_value(value: &str) -> Option<ValueParts> {
+    let f: Vec<&str> = value.split('|').collect();
+    match f.as_slice() {
+        ["V", key, token, instance, _seq] => Some(ValueParts {
+            computed: true,
+            key: key.to_string(),
+            token: token.parse().ok()?,
+            instance: instance.to_string(),
+        }),
+        ["S", key, instance, _seq] => Some(ValueParts {
+            computed: false,
+            key: key.to_string(),
+            token: 0,
+            instance: instance.to_string(),
+        }),
+        _ => None,
+    }
+}

@@ -1,0 +1,428 @@
+//! Reading the cache server's MONITOR output back into the server's side of the history
+//! ([`ServerEvent`]s and [`Change`]s): which script acquired, bumped, deleted or wrote what,
+//! replaying the fencing counters from their seeds. Keys and stored values are read through the
+//! crate's own decoder (`stampede_guard::__private`), so that a change of the format changes
+//! the replay with it; bytes it refuses are an [`ServerEvent::Unreadable`] write.
+
+use std::collections::HashMap;
+
+use stampede_guard::__private::{entry_key, read_stored, stored_bytes, KeyKind};
+
+use crate::history::{parse_value, BumpCause, Change, ServerEvent, Write};
+use crate::NAMESPACE;
+
+/// The replay's tests, run by the binary's `main` (the chaos test has its own harness).
+pub const TESTS: &[(&str, fn())] = &[(
+    "monitor_replay_rebuilds_the_servers_decisions",
+    monitor_replay_rebuilds_the_servers_decisions,
+)];
+
+/// Splits one MONITOR line (`1700000000.123456 [0 lua] "SET" "k" "v\x01"`) into its source and
+/// its arguments (unescaped bytes).
+pub fn parse_monitor_line(line: &str) -> Option<(bool, Vec<Vec<u8>>)> {
+    let open = line.find('[')?;
+    let close = open + line[open..].find(']')?;
+    let lua = line[open..close].ends_with(" lua");
+    let mut args = Vec::new();
+    let bytes = &line.as_bytes()[close + 1..];
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] != b'"' {
+            i += 1;
+            continue;
+        }
+        i += 1;
+        let mut arg = Vec::new();
+        while i < bytes.len() && bytes[i] != b'"' {
+            if bytes[i] == b'\\' && i + 1 < bytes.len() {
+                let e = bytes[i + 1];
+                i += 2;
+                match e {
+                    b'n' => arg.push(b'\n'),
+                    b'r' => arg.push(b'\r'),
+                    b't' => arg.push(b'\t'),
+                    b'a' => arg.push(7),
+                    b'b' => arg.push(8),
+                    b'x' if i + 1 < bytes.len() => {
+                        let hex = std::str::from_utf8(&bytes[i..i + 2]).ok()?;
+                        arg.push(u8::from_str_radix(hex, 16).ok()?);
+                        i += 2;
+                    }
+                    other => arg.push(other),
+                }
+            } else {
+                arg.push(bytes[i]);
+                i += 1;
+            }
+        }
+        i += 1;
+        args.push(arg);
+    }
+    Some((lua, args))
+}
+
+/// The entry (its user key) and the kind of `key` if it is one of the keys the cache builds in
+/// `namespace`, read by the crate's own key layout (`stampede_guard::__private`).
+fn entry_of(namespace: &str, key: &[u8]) -> Option<(String, KeyKind)> {
+    entry_key(namespace, std::str::from_utf8(key).ok()?)
+}
+
+/// The entry's name if `key` is the value key of an entry in `namespace` (`ns:{name}`).
+pub fn value_name(namespace: &str, key: &str) -> Option<String> {
+    match entry_key(namespace, key)? {
+        (name, KeyKind::Value) => Some(name),
+        _ => None,
+    }
+}
+
+/// The lock's name if `key` is the lock key of an entry in `namespace` (`ns:{name}_lock`).
+pub fn lock_name(namespace: &str, key: &str) -> Option<String> {
+    match entry_key(namespace, key)? {
+        (name, KeyKind::Lock) => Some(name),
+        _ => None,
+    }
+}
+
+/// The envelope's fence and the value (a `String`) of stored value bytes, read as the cache
+/// reads them; an error says why the crate refuses them.
+fn decode_value(bytes: &[u8]) -> Result<(u64, String), String> {
+    let stored = read_stored::<String>(bytes)?;
+    match (stored.value, stored.failure) {
+        (Some(value), _) => Ok((stored.fence, value)),
+        (None, failure) => Err(format!("a remembered failure, not a value: {failure:?}")),
+    }
+}
+
+/// Replays one server life's MONITOR lines: the fencing counters from their seeds, and every
+/// acquisition, bump and write that the scripts performed. Script commands (`[0 lua]`) of one
+/// script are contiguous and follow the client's EVALSHA line, so client lines separate scripts.
+pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<ServerEvent> {
+    replay(namespace, life, lines).0
+}
+
+/// [`replay_monitor`], and the changes of values with their times for rule (f). The log marks
+/// each client line with a `C`.
+pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>, Vec<Change>) {
+    let mut events = vec![ServerEvent::Life(life)];
+    let mut changes = Vec::new();
+    let mut counters: HashMap<String, u64> = HashMap::new();
+    let mut script: Vec<Vec<Vec<u8>>> = Vec::new();
+    // When the current script ran.
+    let mut script_at = 0u64;
+    let mut flush = |script: &mut Vec<Vec<Vec<u8>>>,
+                     at_us: u64,
+                     events: &mut Vec<ServerEvent>,
+                     changes: &mut Vec<Change>| {
+        // A batch's script (a read-or-lock or an invalidation of many keys) works on several
+        // entries, each as a single key's script would: each entry's commands are replayed as
+        // a script of their own, in the order the entries first appear.
+        let mut entries: Vec<(String, Vec<Vec<Vec<u8>>>)> = Vec::new();
+        for args in script.drain(..) {
+            let Some((entry, _)) = args.get(1).and_then(|key| entry_of(namespace, key)) else {
+                continue;
+            };
+            match entries.iter_mut().find(|(e, _)| *e == entry) {
+                Some((_, commands)) => commands.push(args),
+                None => entries.push((entry, vec![args])),
+            }
+        }
+        for (_, commands) in entries {
+            replay_script(namespace, &mut counters, commands, at_us, events, changes);
+        }
+    };
+    for line in lines {
+        // Anything but a script command (a client's command, or the `C` that stands for one)
+        // ends the script before it.
+        match parse_monitor_line(line) {
+            Some((true, args)) => {
+                if script.is_empty() {
+                    script_at = monitor_time_us(line).unwrap_or(0);
+                }
+                script.push(args);
+            }
+            _ => flush(&mut script, script_at, &mut events, &mut changes),
+        }
+    }
+    flush(&mut script, script_at, &mut events, &mut changes);
+    (events, changes)
+}
+
+/// Replays the commands one script ran on one entry: an acquisition, a bump (invalidation or
+/// `set`), a fenced delete, a write, and the change of value it made.
+fn replay_script(
+    namespace: &str,
+    counters: &mut HashMap<String, u64>,
+    script: Vec<Vec<Vec<u8>>>,
+    at_us: u64,
+    events: &mut Vec<ServerEvent>,
+    changes: &mut Vec<Change>,
+) {
+    let mut bumped: Option<(String, u64)> = None;
+    let mut locked = false;
+    let mut deleted: Option<String> = None;
+    let mut written: Option<(String, Vec<u8>)> = None;
+    for args in script {
+        let [cmd, key, rest @ ..] = args.as_slice() else {
+            continue;
+        };
+        let Some((entry, part)) = entry_of(namespace, key) else {
+            continue;
+        };
+        match (cmd.to_ascii_uppercase().as_slice(), part) {
+            (b"SET", KeyKind::Fence) => {
+                // A counter that INCR just created (1) is seeded from the clock right after,
+                // in the same script: the seed is the number that bump handed out.
+                let seed = rest
+                    .first()
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(|v| v.parse().ok())
+                    .expect("a numeric fence seed");
+                if bumped.as_ref().is_some_and(|(k, _)| *k == entry) {
+                    bumped = Some((entry.clone(), seed));
+                }
+                counters.insert(entry, seed);
+            }
+            (b"INCR", KeyKind::Fence) => {
+                // A counter the replay has not seen (or that lapsed) starts at 1, as in Redis.
+                let n = counters.entry(entry.clone()).or_insert(0);
+                *n += 1;
+                bumped = Some((entry, *n));
+            }
+            (b"SET", KeyKind::Lock) => locked = true,
+            (b"DEL", KeyKind::Value) => deleted = Some(entry),
+            (b"SET", KeyKind::Value) => {
+                written = Some((entry, rest.first().cloned().unwrap_or_default()))
+            }
+            _ => {}
+        }
+    }
+    let changed = match (&bumped, &deleted, &written) {
+        (_, _, Some((key, _))) => Some(key.clone()),
+        (Some((key, _)), _, _) if !locked => Some(key.clone()),
+        (None, Some(key), None) => Some(key.clone()),
+        _ => None,
+    };
+    if let Some((key, n)) = bumped {
+        if locked {
+            events.push(ServerEvent::Acquire { key, token: n });
+        } else if deleted.is_some() {
+            events.push(ServerEvent::Bump {
+                key,
+                cause: BumpCause::Invalidate,
+            });
+        } else {
+            events.push(ServerEvent::Bump {
+                key,
+                cause: BumpCause::Set,
+            });
+        }
+    } else if let Some(key) = deleted {
+        // A delete without a bump: the fenced delete of a failed refresh.
+        events.push(ServerEvent::Delete { key });
+    }
+    if let Some((key, bytes)) = written {
+        let (fence, value) = match decode_value(&bytes) {
+            Ok(read) => read,
+            Err(reason) => {
+                // Not judged as a write (its fence is unknown): the checker reports it.
+                changes.push(Change {
+                    key: key.clone(),
+                    at_us,
+                    value: None,
+                });
+                events.push(ServerEvent::Unreadable { key, reason });
+                return;
+            }
+        };
+        changes.push(Change {
+            key: key.clone(),
+            at_us,
+            value: Some(value.clone()),
+        });
+        let parts = parse_value(&value);
+        events.push(ServerEvent::Write(Write {
+            counter: counters.get(&key).copied(),
+            // Judged by what was written, not by the script's shape, so that a script that
+            // skipped its fence check is still held to the rules of a computed write.
+            computed: parts.as_ref().is_none_or(|p| p.computed),
+            token: parts.map(|p| p.token).unwrap_or(0),
+            key,
+            fence,
+            value,
+        }));
+    } else if let Some(key) = changed {
+        changes.push(Change {
+            key,
+            at_us,
+            value: None,
+        });
+    }
+}
+
+/// The timestamp that starts a MONITOR line (`1700000000.123456 ...`), in µs.
+fn monitor_time_us(line: &str) -> Option<u64> {
+    let (secs, micros) = line.split(' ').next()?.split_once('.')?;
+    let micros = format!("{micros:0<6}");
+    Some(secs.parse::<u64>().ok()? * 1_000_000 + micros.get(..6)?.parse::<u64>().ok()?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests, on hand-made MONITOR logs.
+
+/// Hand-made MONITOR logs: single-key scripts, a batch's scripts, and a value the crate cannot
+/// read.
+fn monitor_replay_rebuilds_the_servers_decisions() {
+    // A value as the cache stores it, escaped as MONITOR prints it.
+    let envelope = |fence: u64, text: &str| {
+        let value = text.to_owned();
+        stored_bytes(fence, 1_700_000_000_000, &value)
+            .expect("a String encodes")
+            .iter()
+            .map(|b| {
+                if b.is_ascii_graphic() && *b != b'"' && *b != b'\\' {
+                    (*b as char).to_string()
+                } else {
+                    format!("\\x{b:02x}")
+                }
+            })
+            .collect::<String>()
+    };
+    let v = "V|k0|101|w0.1|1".to_string();
+    let lines: Vec<String> = [
+        r#"1.0 [0 127.0.0.1:1] "evalsha" "abc" "3""#.to_string(),
+        r#"1.1 [0 lua] "GET" "chaos:{k0}""#.into(),
+        r#"1.2 [0 lua] "SET" "chaos:{k0}_lock" "tok" "NX" "PX" "400""#.into(),
+        r#"1.3 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
+        r#"1.4 [0 lua] "TIME""#.into(),
+        r#"1.5 [0 lua] "SET" "chaos:{k0}_fence" "100""#.into(),
+        r#"1.6 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
+        r#"1.7 [0 lua] "PEXPIRE" "chaos:{k0}_fence" "800""#.into(),
+        "C".into(),
+        r#"2.1 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
+        format!(
+            r#"2.2 [0 lua] "SET" "chaos:{{k0}}" "{}" "PX" "900""#,
+            envelope(101, &v)
+        ),
+        r#"2.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
+        "C".into(),
+        r#"3.1 [0 lua] "EXISTS" "chaos:{k0}_fence""#.into(),
+        r#"3.2 [0 lua] "INCR" "chaos:{k0}_fence""#.into(),
+        r#"3.3 [0 lua] "DEL" "chaos:{k0}""#.into(),
+        "C".into(),
+        // A failed refresh's fenced delete: no bump, the value and the lock go.
+        r#"4.1 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
+        r#"4.2 [0 lua] "DEL" "chaos:{k0}""#.into(),
+        r#"4.3 [0 lua] "GET" "chaos:{k0}_lock""#.into(),
+        r#"4.4 [0 lua] "DEL" "chaos:{k0}_lock""#.into(),
+    ]
+    .to_vec();
+    let (events, changes) = replay(NAMESPACE, 0, &lines);
+    assert_eq!(events, replay_monitor(NAMESPACE, 0, &lines));
+    // The changes of the value: the computed write, the invalidation, the fenced delete; an
+    // acquisition is none.
+    assert_eq!(
+        changes,
+        vec![
+            Change {
+                key: "k0".into(),
+                at_us: 2_100_000,
+                value: Some(v.clone()),
+            },
+            Change {
+                key: "k0".into(),
+                at_us: 3_100_000,
+                value: None,
+            },
+            Change {
+                key: "k0".into(),
+                at_us: 4_100_000,
+                value: None,
+            },
+        ]
+    );
+    assert_eq!(
+        events,
+        vec![
+            ServerEvent::Life(0),
+            ServerEvent::Acquire {
+                key: "k0".into(),
+                token: 101
+            },
+            ServerEvent::Write(Write {
+                key: "k0".into(),
+                computed: true,
+                token: 101,
+                fence: 101,
+                counter: Some(101),
+                value: v,
+            }),
+            ServerEvent::Bump {
+                key: "k0".into(),
+                cause: BumpCause::Invalidate
+            },
+            ServerEvent::Delete { key: "k0".into() },
+        ]
+    );
+
+    // A batch's read-or-lock script locks several entries at once, and a batch's invalidation
+    // bumps several: each entry is replayed as its own script (the replay once took the first
+    // key's fence for the second's and reported writes as out of order).
+    let lines: Vec<String> = [
+        r#"5.0 [0 127.0.0.1:1] "evalsha" "def" "6""#,
+        r#"5.1 [0 lua] "GET" "chaos:{k1}""#,
+        r#"5.2 [0 lua] "SET" "chaos:{k1}_lock" "t1" "PX" "400" "NX""#,
+        r#"5.3 [0 lua] "INCR" "chaos:{k1}_fence""#,
+        r#"5.4 [0 lua] "TIME""#,
+        r#"5.5 [0 lua] "SET" "chaos:{k1}_fence" "500" "PX" "800""#,
+        r#"5.6 [0 lua] "GET" "chaos:{k2}""#,
+        r#"5.7 [0 lua] "SET" "chaos:{k2}_lock" "t2" "PX" "400" "NX""#,
+        r#"5.8 [0 lua] "INCR" "chaos:{k2}_fence""#,
+        r#"5.9 [0 lua] "TIME""#,
+        r#"5.91 [0 lua] "SET" "chaos:{k2}_fence" "600" "PX" "800""#,
+        "C",
+        r#"6.1 [0 lua] "INCR" "chaos:{k1}_fence""#,
+        r#"6.2 [0 lua] "DEL" "chaos:{k1}""#,
+        r#"6.3 [0 lua] "INCR" "chaos:{k2}_fence""#,
+        r#"6.4 [0 lua] "DEL" "chaos:{k2}""#,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let (events, changes) = replay(NAMESPACE, 0, &lines);
+    let acquired = |key: &str, token| ServerEvent::Acquire {
+        key: key.into(),
+        token,
+    };
+    let invalidated = |key: &str| ServerEvent::Bump {
+        key: key.into(),
+        cause: BumpCause::Invalidate,
+    };
+    assert_eq!(
+        events,
+        vec![
+            ServerEvent::Life(0),
+            acquired("k1", 500),
+            acquired("k2", 600),
+            invalidated("k1"),
+            invalidated("k2"),
+        ]
+    );
+    let changed: Vec<&str> = changes.iter().map(|c| c.key.as_str()).collect();
+    assert_eq!(changed, ["k1", "k2"], "an invalidation changes each key");
+
+    // Bytes the crate refuses (here the previous format version) are reported, not read as
+    // fence 0: the write becomes an unreadable event and its change a value nobody can name.
+    let lines: Vec<String> = [
+        r#"7.0 [0 127.0.0.1:1] "evalsha" "abc" "3""#,
+        r#"7.1 [0 lua] "GET" "chaos:{k0}_fence""#,
+        r#"7.2 [0 lua] "SET" "chaos:{k0}" "SG\x01\x01\x00" "PX" "900""#,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let (events, changes) = replay(NAMESPACE, 0, &lines);
+    assert!(
+        matches!(&events[..], [ServerEvent::Life(0), ServerEvent::Unreadable { key, .. }] if key == "k0"),
+        "{events:?}"
+    );
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].value, None);
+}

@@ -1,0 +1,11 @@
+//! For the benches with their own `main`.
+
+/// For a bench with its own `main` (`harness = false`): whether the filters `cargo bench` was
+/// given leave out the bench called `name` (with filters, only the benches they name run).
+pub fn bench_filtered_out(name: &str) -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str()))
+}

@@ -1,0 +1,123 @@
+//! A Redis Cluster on loopback ports. Needs `server` and `poll` declared beside it.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::poll::eventually;
+use super::server::{RedisServer, INSTALL_HINT};
+
+/// A Redis Cluster of 3 masters and 3 replicas on loopback ports, with a short node timeout so
+/// that a killed master's replica is promoted within a few seconds.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let args: Vec<String> = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+            // A replica may always take over, however long ago it last heard from its master:
+            // the test kills masters of freshly created clusters.
+            "--cluster-replica-validity-factor",
+            "0",
+            "--repl-diskless-sync-delay",
+            "0",
+        ]
+        .map(String::from)
+        .to_vec();
+        // Started in parallel: each waits for its own PING.
+        let nodes: Vec<RedisServer> = std::thread::scope(|s| {
+            let starting: Vec<_> = (0..6)
+                .map(|_| s.spawn(|| RedisServer::start_with(&args, "")))
+                .collect();
+            starting
+                .into_iter()
+                .map(|h| h.join().expect("a cluster node"))
+                .collect()
+        });
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("redis-cli: {e}. {INSTALL_HINT}"));
+        assert!(created.success(), "redis-cli --cluster create failed");
+        let cluster = RedisCluster { nodes };
+        assert!(
+            eventually(Duration::from_secs(30), || cluster.is_healthy()),
+            "the cluster did not become healthy"
+        );
+        cluster
+    }
+
+    /// Every live node reports `cluster_state:ok` with all slots served.
+    pub fn is_healthy(&self) -> bool {
+        self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
+            let Ok(client) = redis::Client::open(n.url()) else {
+                return false;
+            };
+            let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500))
+            else {
+                return false;
+            };
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut conn)
+                .unwrap_or_default();
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        })
+    }
+
+    /// Seed URLs for a cluster client.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port()))
+            .collect()
+    }
+
+    /// The node serving `key`'s slot as master.
+    pub fn master_of(&self, key: &str) -> usize {
+        let mut conn = self.nodes[0].conn();
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(key)
+            .query(&mut conn)
+            .unwrap();
+        let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+        for range in slots {
+            let redis::Value::Array(fields) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(lo)),
+                Some(redis::Value::Int(hi)),
+                Some(redis::Value::Array(master)),
+            ) = (fields.first(), fields.get(1), fields.get(2))
+            else {
+                continue;
+            };
+            if (*lo..=*hi).contains(&i64::from(slot)) {
+                if let Some(redis::Value::Int(port)) = master.get(1) {
+                    return self
+                        .nodes
+                        .iter()
+                        .position(|n| i64::from(n.port()) == *port)
+                        .expect("a node of this cluster");
+                }
+            }
+        }
+        panic!("no master serves slot {slot}");
+    }
+}
