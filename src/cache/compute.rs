@@ -12,6 +12,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::cache::near::Ticket;
@@ -23,10 +24,8 @@ use crate::store::{Blob, LockStore, ReadOrLock, Store, StoreError, Stored, Write
 use crate::wait::flight::{Follower, Role};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
-use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
-use crate::wire::shape;
-use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source, MAX_VALUE_BYTES};
+use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
 
 /// What a computation that fails does with the lock and the value it was to replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,17 +40,6 @@ pub(crate) enum OnFailure {
     /// Delete the current value, fenced, and let the lock go, in one step: only if nobody wrote,
     /// set or invalidated since the lock was taken, so a newer value is never deleted.
     Delete,
-}
-
-/// A stored entry, decoded: a value, or a remembered failure's message.
-pub(crate) struct StoredEntry<T> {
-    pub value: Result<T, String>,
-    pub fresh_until_ms: u64,
-    pub compute_ms: u32,
-    /// The fencing token of the write, to tell whether it was replaced since it was read.
-    pub fence: u64,
-    /// A fail-safe copy, throttled until `fresh_until_ms`: a fallback only.
-    pub throttled: bool,
 }
 
 /// How a stored entry is served ([`Cache::judge_entry`]).
@@ -828,107 +816,6 @@ impl<C: Codec> Cache<C> {
                 }
             }
         }
-    }
-
-    /// The stored bytes of a value fresh for `ttl` from now, marked with the shape of `T`.
-    pub(crate) fn encode_value<T: Serialize + DeserializeOwned + 'static>(
-        &self,
-        value: &T,
-        ttl: Duration,
-        compute: Duration,
-        fence: u64,
-    ) -> Result<Vec<u8>, Error> {
-        let codec = &self.inner.codec;
-        let payload = codec
-            .encode(value)
-            .map_err(|e| Error::Encode(Arc::from(e)))?;
-        if payload.len() > MAX_VALUE_BYTES {
-            return Err(Error::ValueTooLarge {
-                size: payload.len(),
-                limit: MAX_VALUE_BYTES,
-            });
-        }
-        Ok(Envelope {
-            codec: codec.id(),
-            negative: false,
-            fallback: false,
-            fresh_until_ms: self.fresh_until(ttl),
-            compute_ms: u32::try_from(compute.as_millis()).unwrap_or(u32::MAX),
-            fence,
-            shape: shape::fingerprint::<T>(),
-            payload: &payload,
-        }
-        .encode())
-    }
-
-    /// The stored bytes of a remembered failure: its message, for `ttl`. It is marked with the
-    /// shape of `T` like a value, so that a caller of another type recomputes rather than
-    /// take another type's failure for its own.
-    fn encode_failure<T: DeserializeOwned + 'static, E: Display>(
-        &self,
-        error: &E,
-        ttl: Duration,
-        fence: u64,
-    ) -> Vec<u8> {
-        let message = error.to_string();
-        Envelope {
-            codec: self.inner.codec.id(),
-            negative: true,
-            fallback: false,
-            fresh_until_ms: self.fresh_until(ttl),
-            compute_ms: 0,
-            fence,
-            shape: shape::fingerprint::<T>(),
-            payload: message.as_bytes(),
-        }
-        .encode()
-    }
-
-    fn fresh_until(&self, ttl: Duration) -> u64 {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        self.inner.store.now_ms().saturating_add(ttl_ms)
-    }
-
-    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
-    /// value written for another shape of `T` (another deploy's version of the type): decoding
-    /// it could succeed and give garbage (bincode is positional).
-    pub(crate) fn read_stored<T: DeserializeOwned + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &[u8],
-    ) -> Option<StoredEntry<T>> {
-        let codec = &self.inner.codec;
-        let envelope = match Envelope::decode(bytes, codec.id()) {
-            Ok(envelope) => envelope,
-            Err(foreign) => {
-                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
-                return None;
-            }
-        };
-        // A compare of two numbers: the shape of `T` was traced on its first use, not here.
-        if envelope.shape != shape::fingerprint::<T>() {
-            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
-                "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
-            return None;
-        }
-        let value = if envelope.negative {
-            Err(String::from_utf8_lossy(envelope.payload).into_owned())
-        } else {
-            match codec.decode(envelope.payload) {
-                Ok(value) => Ok(value),
-                Err(e) => {
-                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
-                    return None;
-                }
-            }
-        };
-        Some(StoredEntry {
-            value,
-            fresh_until_ms: envelope.fresh_until_ms,
-            compute_ms: envelope.compute_ms,
-            fence: envelope.fence,
-            throttled: envelope.fallback,
-        })
     }
 }
 

@@ -4,7 +4,6 @@
 //! - where a stored entry stands for this caller ([`Cache::standing_of`]): live, a throttled
 //!   fallback, or past its stale window (then kept as a [`Kept`] fallback);
 //! - when a caller's soft timeout falls ([`Cache::soft_deadline`]);
-//! - what a failed or timed-out computation writes ([`Cache::throttled_copy`]);
 //! - which errors the fallback answers ([`falls_back`]) and how it is served
 //!   ([`Cache::serve_fallback`]).
 //!
@@ -15,12 +14,10 @@
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::cache::compute::StoredEntry;
+use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{standing, Standing};
 use crate::options::later_by;
-use crate::store::Write;
 use crate::wire::codec::Codec;
-use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
 use crate::{Cache, Error, Fetched, Source};
 
@@ -85,27 +82,6 @@ impl<C: Codec> Cache<C> {
         self.options
             .soft_timeout
             .map(|budget| later_by(started, budget))
-    }
-
-    /// What a computation under `fence` that failed or timed out writes in place of the value
-    /// it was to replace (`kept`, its stored bytes): the same payload marked as a fail-safe copy,
-    /// served as the fallback until the throttle ends and kept at least that long. `None` if the
-    /// bytes are no longer ours to read (they were, when kept).
-    pub(crate) fn throttled_copy(&self, kept: &[u8], fence: u64) -> Option<Write> {
-        let envelope = Envelope::decode(kept, self.inner.codec.id()).ok()?;
-        let throttle = self.options.fail_safe_throttle;
-        let throttle_ms = u64::try_from(throttle.as_millis()).unwrap_or(u64::MAX);
-        let bytes = Envelope {
-            fallback: true,
-            fresh_until_ms: self.inner.store.now_ms().saturating_add(throttle_ms),
-            fence,
-            ..envelope
-        }
-        .encode();
-        Some(Write::Keep {
-            bytes,
-            at_least: throttle,
-        })
     }
 
     /// Serves a kept value as the fallback (counted with the call's outcome, in `fetch`).

@@ -10,6 +10,7 @@
 mod batch;
 pub(crate) mod builder;
 pub(crate) mod compute;
+pub(crate) mod entry;
 pub(crate) mod failsafe;
 pub(crate) mod freshness;
 pub(crate) mod near;
