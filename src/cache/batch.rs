@@ -38,7 +38,8 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use crate::cache::compute::{Claim, Detachable, Judged, OnFailure, Start};
+use crate::cache::claim::{Claim, Start};
+use crate::cache::compute::{Detachable, Judged, OnFailure};
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
 use crate::lock::lease::{Acquiring, HeldLock};

@@ -12,17 +12,16 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::cache::claim::{Claim, Start};
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::cache::near::Ticket;
-use crate::lock::lease::Renewal;
-use crate::lock::lease::{Acquiring, HeldLock};
+use crate::lock::lease::HeldLock;
 use crate::options::later_by;
 use crate::stats::Event;
-use crate::store::{Blob, LockStore, ReadOrLock, Store, StoreError, Stored, Write};
+use crate::store::{Blob, Store, Stored, Write};
 use crate::wait::flight::{Follower, Role};
-use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
@@ -48,55 +47,6 @@ pub(crate) enum Judged<T> {
     Served(Result<Fetched<T>, Error>),
     /// With a background refresh of the entry written under this fence.
     Refresh(Fetched<T>, u64),
-}
-
-/// Where the wait-or-lock loop of a key starts ([`Cache::claim`]).
-pub(crate) enum Start {
-    /// Nothing read says otherwise: read the value or take the lock.
-    Read,
-    /// What the key holds must be replaced: a value past its stale window or bytes that do not
-    /// decode. The lock is taken over it (the fallback is read once the lock is taken).
-    Replace,
-    /// The lock was found held, expiring in this long: wait for its holder first.
-    Held(Option<Duration>),
-}
-
-/// How the wait-or-lock loop of a key ended.
-pub(crate) enum Claim<T> {
-    /// A value to serve (fresh, stale, or a throttled fail-safe copy), found as the source says.
-    Found(StoredEntry<T>, Source),
-    /// The lock is this caller's: compute, with the fallback kept if there is one.
-    Locked(HeldLock, Option<Kept<T>>),
-    /// The budget (soft timeout or wait bound) ran out; the fail-safe's fallback answers.
-    Fallback(T),
-    /// The wait bound ran out with no fallback.
-    Failed(Error),
-    /// The read-or-lock request failed: the call's [`Fallback`] decides.
-    Backend(StoreError),
-}
-
-/// Why a wait was cut short.
-enum Cut {
-    /// The soft timeout: look for the fallback.
-    Budget,
-    /// The wait bound ([`Error::WaitTimeout`]): look for the fallback, else this error.
-    Bound(Error),
-}
-
-/// Waits as [`Waiter::wait`] does, cut at the soft timeout `soft` if there is one.
-async fn wait_within(
-    waiter: &mut Waiter<'_>,
-    expires_in: Option<Duration>,
-    soft: Option<Instant>,
-) -> Result<Wake, Cut> {
-    let wait = waiter.wait(expires_in);
-    match soft {
-        Some(soft) => match tokio::time::timeout_at(soft, wait).await {
-            Ok(woke) => woke.map_err(Cut::Bound),
-            Err(_) => Err(Cut::Budget),
-        },
-        None => wait.await.map_err(Cut::Bound),
-    }
 }
 
 /// A spawned computation owned by its caller: aborted when the caller goes away (its lock is
@@ -420,141 +370,6 @@ impl<C: Codec> Cache<C> {
         }
     }
 
-    /// The wait-or-lock loop of one key, shared by the single-key path and a batch's keys that
-    /// another process holds: read the value or take the lock; when the lock is held, wait for
-    /// its holder (woken when the value lands) and look again, until a value is found, the lock
-    /// is this caller's, or the budget runs out (then the fail-safe's fallback, if kept).
-    pub(crate) async fn claim<T>(
-        &self,
-        keys: &Arc<EntryKeys>,
-        started: Instant,
-        start: Start,
-    ) -> Claim<T>
-    where
-        T: DeserializeOwned + 'static,
-    {
-        let store = &self.inner.store;
-        let options = &self.options;
-        let mut acquiring = self.acquiring(keys);
-        let token = acquiring.token();
-        let mut waiter = Waiter::new(store.as_ref(), keys, options, started);
-        // Cleared after bytes that do not decode, or a value past its stale window: then the
-        // lock is taken over them, to replace them.
-        let (mut read_value, mut wait_for) = match start {
-            Start::Read => (true, None),
-            Start::Replace => (false, None),
-            Start::Held(expires_in) => (true, Some(expires_in)),
-        };
-        let mut found = if wait_for.is_some() {
-            Source::Waited
-        } else {
-            Source::Hit
-        };
-        // After a wait, a plain GET looks first: the value has usually landed, and a GET is cheaper
-        // for the server than the read-or-lock script.
-        let mut look_first = false;
-        // The fail-safe's budget for waiting on another caller's computation; spent once.
-        let mut soft = self.soft_deadline(started);
-        loop {
-            if let Some(expires_in) = wait_for.take() {
-                let mut woke = wait_within(&mut waiter, expires_in, soft).await;
-                if matches!(woke, Ok(Wake::Subscribed)) {
-                    // Listening now: a value that landed before is read here, a later one
-                    // wakes us. The lock was just seen held, so wait rather than retry it.
-                    if let Some(entry) = self.look(keys).await {
-                        if let Sorted::Serve(entry) = self.sort(entry) {
-                            return Claim::Found(entry, found);
-                        }
-                    }
-                    woke = wait_within(&mut waiter, expires_in, soft).await;
-                }
-                if let Err(cut) = woke {
-                    // The soft timeout or the wait bound: read the key again, for a value
-                    // that landed or the fallback kept in the store (this one, or the
-                    // throttled copy a failed computation elsewhere left).
-                    match self.look_again::<T>(keys).await {
-                        Some(Ok(entry)) => return Claim::Found(entry, found),
-                        Some(Err(kept)) => {
-                            if matches!(cut, Cut::Budget) {
-                                self.inner.counters.record(Event::SoftTimeout);
-                            }
-                            return Claim::Fallback(kept.value);
-                        }
-                        None => {}
-                    }
-                    match cut {
-                        // No fallback: the soft timeout does nothing.
-                        Cut::Budget => soft = None,
-                        Cut::Bound(e) => return Claim::Failed(e),
-                    }
-                }
-                look_first = true;
-            }
-            if look_first {
-                if let Some(entry) = self.look(keys).await {
-                    match self.sort(entry) {
-                        Sorted::Serve(entry) => return Claim::Found(entry, found),
-                        Sorted::Past(_) => read_value = false,
-                    }
-                }
-            }
-            let asked = acquiring.sending();
-            let answer = match store
-                .read_or_lock(keys, &token, options.lease, read_value)
-                .await
-            {
-                Ok(answer) => answer,
-                Err(e) => {
-                    // The request may have been granted anyway: the guard frees it as it goes.
-                    acquiring.failed(&e);
-                    return Claim::Backend(e);
-                }
-            };
-            if !matches!(answer, ReadOrLock::Acquired { .. }) {
-                acquiring.refused();
-            }
-            match answer {
-                ReadOrLock::Value(bytes) => {
-                    if let Some(entry) = self.read_stored::<T>(keys, &bytes) {
-                        if let Sorted::Serve(entry) = self.sort(entry) {
-                            return Claim::Found(entry, found);
-                        }
-                    }
-                    read_value = false;
-                    look_first = false;
-                }
-                ReadOrLock::Acquired { fence } => {
-                    let held = acquiring.granted(fence, asked);
-                    // The fallback is what the key holds now, under our lock: a value
-                    // invalidated (or set) since it was kept is no fallback, and serving it or
-                    // writing its throttled copy would undo that change.
-                    let kept = if read_value {
-                        // The script found no value: what was kept is gone.
-                        None
-                    } else {
-                        // Taken over a value past its window (or unreadable bytes): a value
-                        // another caller wrote between our read and our lock is served instead
-                        // of computing again.
-                        match self.look_again::<T>(keys).await {
-                            Some(Ok(entry)) => {
-                                drop(held.release().await);
-                                return Claim::Found(entry, found);
-                            }
-                            Some(Err(now)) => Some(now),
-                            None => None,
-                        }
-                    };
-                    return Claim::Locked(held, kept);
-                }
-                ReadOrLock::Held { expires_in } => {
-                    read_value = true;
-                    found = Source::Waited;
-                    wait_for = Some(expires_in);
-                }
-            }
-        }
-    }
-
     /// Computes under `held`, as the caller that took the lock, and answers with the value or,
     /// with the fail-safe, the fallback `kept` when the computation fails or hits its hard
     /// timeout. With a fallback and a soft timeout, the computation runs in a task of its own:
@@ -620,18 +435,6 @@ impl<C: Codec> Cache<C> {
                     "soft timeout: serving the fail-safe value while the computation goes on");
                 Ok(self.serve_fallback(kept.value))
             }
-        }
-    }
-
-    /// A plain read of the value; errors and unreadable bytes count as nothing found (the
-    /// read-or-lock that follows reports the former and replaces the latter).
-    pub(crate) async fn look<T: DeserializeOwned + 'static>(
-        &self,
-        keys: &EntryKeys,
-    ) -> Option<StoredEntry<T>> {
-        match self.inner.store.get(keys).await {
-            Ok(Some(bytes)) => self.read_stored(keys, &bytes),
-            Ok(None) | Err(_) => None,
         }
     }
 
@@ -773,20 +576,6 @@ impl<C: Codec> Cache<C> {
         if !store.clock_synced() {
             store.sync_clock().await;
         }
-    }
-
-    /// The guard of a lock request for `keys` on this cache's store, armed before it is sent;
-    /// its lease is renewed as the handle's options say, counted in its stats.
-    pub(crate) fn acquiring(&self, keys: &Arc<EntryKeys>) -> Acquiring {
-        let renewal = Renewal {
-            counters: Some(Arc::clone(&self.inner.counters)),
-            ..self.options.renewal()
-        };
-        Acquiring::new(
-            Arc::clone(&self.inner.store) as Arc<dyn LockStore>,
-            Arc::clone(keys),
-            renewal,
-        )
     }
 
     /// The backend failed during `op`: fail, or compute without the cache, as configured.

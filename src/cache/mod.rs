@@ -9,6 +9,7 @@
 
 mod batch;
 pub(crate) mod builder;
+pub(crate) mod claim;
 pub(crate) mod compute;
 pub(crate) mod entry;
 pub(crate) mod failsafe;
