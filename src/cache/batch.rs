@@ -39,7 +39,8 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use crate::cache::claim::{Claim, Start};
-use crate::cache::compute::{Detachable, Judged, OnFailure};
+use crate::cache::compute::{Detachable, OnFailure};
+use crate::cache::serve::Judged;
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
 use crate::lock::lease::{Acquiring, HeldLock};

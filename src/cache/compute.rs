@@ -1,5 +1,6 @@
-//! The machinery behind the `get_or_compute` family: the hit path, the in-process single flight,
-//! read-or-lock and waiting, computing under the lock, and encoding what is stored.
+//! Computing under the lock: the caller that took a key's lock runs the computation (inline, or
+//! in a task it can leave at its soft timeout), writes the value fenced by its token and lets the
+//! lock go; a failure or a hard timeout is handled as the call's [`OnFailure`] says.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
 
@@ -12,19 +13,14 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::cache::claim::{Claim, Start};
-use crate::cache::entry::StoredEntry;
-use crate::cache::failsafe::{Kept, Sorted};
-use crate::cache::freshness::{judge, unit_draw, Verdict};
-use crate::cache::near::Ticket;
+use crate::cache::failsafe::Kept;
 use crate::lock::lease::HeldLock;
 use crate::options::later_by;
 use crate::stats::Event;
-use crate::store::{Blob, Store, Stored, Write};
-use crate::wait::flight::{Follower, Role};
+use crate::store::{Stored, Write};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
+use crate::{Cache, Computed, Error, Fetched, Lease, Source};
 
 /// What a computation that fails does with the lock and the value it was to replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,14 +35,6 @@ pub(crate) enum OnFailure {
     /// Delete the current value, fenced, and let the lock go, in one step: only if nobody wrote,
     /// set or invalidated since the lock was taken, so a newer value is never deleted.
     Delete,
-}
-
-/// How a stored entry is served ([`Cache::judge_entry`]).
-pub(crate) enum Judged<T> {
-    /// As it is.
-    Served(Result<Fetched<T>, Error>),
-    /// With a background refresh of the entry written under this fence.
-    Refresh(Fetched<T>, u64),
 }
 
 /// A spawned computation owned by its caller: aborted when the caller goes away (its lock is
@@ -80,303 +68,13 @@ impl<R> Drop for Detachable<R> {
 }
 
 impl<C: Codec> Cache<C> {
-    pub(crate) async fn fetch_entry<T, E, F, Fut>(
-        &self,
-        key: &str,
-        ttl: Duration,
-        f: F,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
-        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
-        if self.options.early_refresh_beta > 0.0 {
-            if let Some(entry) = self.near_copy::<T>(key) {
-                let keys = EntryKeys::new(&self.inner.namespace, key)?;
-                return self.serve(entry, keys, ttl, f, Source::Hit);
-            }
-        }
-
-        let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        self.clock_ready().await;
-
-        // Otherwise a ticket is taken before the read, for its answer to go into the near tier.
-        let ticket = self
-            .inner
-            .near
-            .as_ref()
-            .and_then(|near| near.ticket(&keys.user));
-
-        // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
-        // window is not a hit: it goes on to the lock, taken over it.
-        let mut start = Start::Read;
-        match self.inner.store.get(&keys).await {
-            Ok(Some(bytes)) => {
-                if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
-                    match self.sort(entry) {
-                        Sorted::Serve(entry) => {
-                            self.remember_near(ticket, &keys, &entry, bytes.len());
-                            self.keep_decoded(&keys, &bytes, &entry);
-                            return self.serve(entry, keys, ttl, f, Source::Hit);
-                        }
-                        Sorted::Past(_) => start = Start::Replace,
-                    }
-                }
-            }
-            Ok(None) => {}
-            Err(e) if self.options.on_backend_error == Fallback::Fail => {
-                return Err(Error::backend("get", e));
-            }
-            // The fallback applies in `load`, under the single flight.
-            Err(_) => {}
-        }
-
-        let started = Instant::now();
-        let keys = Arc::new(keys);
-        let leader = loop {
-            match self.inner.flights.join::<Fetched<T>, E>(&keys.value) {
-                Role::Lead(leader) => break Some(leader),
-                Role::Alone => break None,
-                Role::Follow(follower) => match self.follow(follower, &keys, started).await {
-                    Some(outcome) => return outcome,
-                    // The leader was cancelled or panicked: try to lead.
-                    None => continue,
-                },
-            }
-        };
-        let outcome = self.load(&keys, ttl, started, f, start).await;
-        if let Some(leader) = leader {
-            leader.finish(&outcome);
-        }
-        outcome
-    }
-
-    /// Puts what a read found into the near tier, if there is one: never a fail-safe copy,
-    /// which is a fallback only (a value past its fresh-until the tier refuses by itself).
-    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(
-        &self,
-        ticket: Option<Ticket>,
-        keys: &EntryKeys,
-        entry: &StoredEntry<T>,
-        len: usize,
-    ) {
-        if let (Some(near), Some(ticket), Ok(value), false) =
-            (&self.inner.near, ticket, &entry.value, entry.throttled)
-        {
-            near.insert(
-                ticket,
-                &keys.user,
-                value,
-                entry.fence,
-                entry.fresh_until_ms,
-                entry.compute_ms,
-                len,
-                self.inner.store.now_ms(),
-            );
-        }
-    }
-
-    /// Waits for this process's leader of the key: its outcome, or `None` if it went away
-    /// without one. Bounded by the wait bound, and with the fail-safe by the soft timeout, when
-    /// the key is read again for a fallback.
-    pub(crate) async fn follow<T>(
-        &self,
-        follower: Follower<Fetched<T>>,
-        keys: &EntryKeys,
-        started: Instant,
-    ) -> Option<Result<Fetched<T>, Error>>
-    where
-        T: DeserializeOwned + Clone + Send + Sync + 'static,
-    {
-        let bound = later_by(started, self.options.wait_timeout);
-        let outcome = follower.outcome();
-        tokio::pin!(outcome);
-        if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
-            if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
-                return outcome.map(|outcome| outcome.map(waited));
-            }
-            if let Some(Err(kept)) = self.look_again::<T>(keys).await {
-                self.inner.counters.record(Event::SoftTimeout);
-                return Some(Ok(self.serve_fallback(kept.value)));
-            }
-        }
-        match tokio::time::timeout_at(bound, outcome).await {
-            Ok(outcome) => outcome.map(|outcome| outcome.map(waited)),
-            Err(_) => {
-                let error = Error::WaitTimeout {
-                    key: keys.user.clone(),
-                    waited: started.elapsed(),
-                };
-                let kept = match self.look_again::<T>(keys).await {
-                    Some(Err(kept)) => Some(kept),
-                    _ => None,
-                };
-                Some(self.fall_back(error, kept, keys))
-            }
-        }
-    }
-
-    /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
-    /// is calibrated before any copy goes in, so an uncalibrated one means no copy.
-    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
-        let near = self.inner.near.as_ref()?;
-        let store = &self.inner.store;
-        if !store.clock_synced() {
-            return None;
-        }
-        near.get::<T>(key)
-    }
-
-    /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
-    /// draw (then the copy, fresh, is simply served). A hit is counted, as the call's hit and
-    /// a near hit.
-    pub(crate) fn near_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        if self.options.early_refresh_beta > 0.0 {
-            return None;
-        }
-        // No clock check: the tier holds no copy before the store's clock is calibrated.
-        self.inner.near.as_ref()?.value::<T>(key)
-    }
-
-    /// The value of `key` if the embedded store holds it fresh and decoded as a `T`, when a hit
-    /// needs nothing more: no XFetch draw.
-    pub(crate) fn memory_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        if self.options.early_refresh_beta > 0.0 {
-            return None;
-        }
-        let memory = self.inner.store.as_memory()?;
-        memory.fresh::<T>(&self.inner.namespace, key)
-    }
-
-    /// The embedded store keeps a fresh value it handed out decoded, for [`memory_hit`]
-    /// (so only when that path is taken: no XFetch).
-    ///
-    /// [`memory_hit`]: Self::memory_hit
-    fn keep_decoded<T: Clone + Send + Sync + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &Blob,
-        entry: &StoredEntry<T>,
-    ) {
-        let (Some(memory), Blob::Shared(shared), Ok(value)) =
-            (self.inner.store.as_memory(), bytes, &entry.value)
-        else {
-            return;
-        };
-        // A throttled copy is a fallback, never a hit: it is not kept for the hit path.
-        if self.options.early_refresh_beta == 0.0
-            && !entry.throttled
-            && entry.fresh_until_ms > memory.now_ms()
-        {
-            memory.keep_decoded(keys, shared, value, entry.fresh_until_ms);
-        }
-    }
-
-    /// Serves a stored entry: a remembered failure as its error; a throttled fail-safe copy as
-    /// the fallback; a value, starting a background refresh when it is stale or XFetch says so.
-    pub(crate) fn serve<T, E, F, Fut>(
-        &self,
-        entry: StoredEntry<T>,
-        keys: EntryKeys,
-        ttl: Duration,
-        f: F,
-        fresh: Source,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        match self.judge_entry(entry, &keys.user, fresh) {
-            Judged::Served(outcome) => outcome,
-            Judged::Refresh(served, fence) => {
-                self.refresh_in_background(keys, ttl, f, fence);
-                Ok(served)
-            }
-        }
-    }
-
-    /// What serving `entry` (found as `fresh` says) takes, decided before anything is prepared
-    /// for a refresh, so that every path (a single key's, each key of a batch) decides alike:
-    /// a remembered failure, a throttled fail-safe copy and a value neither stale nor drawn by
-    /// XFetch are served as they are; any other value is served with a background refresh.
-    pub(crate) fn judge_entry<T>(
-        &self,
-        entry: StoredEntry<T>,
-        key: &str,
-        fresh: Source,
-    ) -> Judged<T> {
-        let value = match entry.value {
-            Ok(value) => value,
-            Err(message) => {
-                return Judged::Served(Err(Error::RecentFailure {
-                    key: key.to_owned(),
-                    message,
-                }))
-            }
-        };
-        if entry.throttled {
-            // Sorted for serving, so within its throttle: the source failed a moment ago.
-            return Judged::Served(Ok(self.serve_fallback(value)));
-        }
-        let beta = self.options.early_refresh_beta;
-        // Draw only when XFetch is on: the hit path stays free of the random number generator.
-        let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
-        let verdict = judge(
-            self.inner.store.now_ms(),
-            entry.fresh_until_ms,
-            entry.compute_ms,
-            beta,
-            draw,
-        );
-        let served = |source| Fetched { value, source };
-        match verdict {
-            Verdict::Fresh => Judged::Served(Ok(served(fresh))),
-            Verdict::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
-            Verdict::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
-        }
-    }
-
-    /// The distributed part: read the value or take the lock; compute under it, or wait for the
-    /// holder and read again. `start` says what the call has seen already (a value past its
-    /// stale window, or the lock held).
-    async fn load<T, E, F, Fut>(
-        &self,
-        keys: &Arc<EntryKeys>,
-        ttl: Duration,
-        started: Instant,
-        f: F,
-        start: Start,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        match self.claim::<T>(keys, started, start).await {
-            Claim::Found(entry, found) => self.serve(entry, (**keys).clone(), ttl, f, found),
-            Claim::Locked(held, kept) => {
-                self.compute_within(held, keys, ttl, f, kept, started).await
-            }
-            Claim::Fallback(value) => Ok(self.serve_fallback(value)),
-            Claim::Failed(e) => Err(e),
-            Claim::Backend(e) => self.without_cache("read-or-lock", e, keys, f).await,
-        }
-    }
-
     /// Computes under `held`, as the caller that took the lock, and answers with the value or,
     /// with the fail-safe, the fallback `kept` when the computation fails or hits its hard
     /// timeout. With a fallback and a soft timeout, the computation runs in a task of its own:
     /// at the soft timeout the caller answers with the fallback while the computation goes on
     /// under its lock and heartbeat and lands as usual. That task is aborted if the caller goes
     /// away before (a dropped call frees its lock, as an inline computation does).
-    async fn compute_within<T, E, F, Fut>(
+    pub(crate) async fn compute_within<T, E, F, Fut>(
         &self,
         held: HeldLock,
         keys: &Arc<EntryKeys>,
@@ -568,51 +266,4 @@ impl<C: Codec> Cache<C> {
                 "could not free the lock after a failed computation; it frees itself when its lease runs out");
         }
     }
-
-    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
-    /// (once per cache; after that, an atomic load).
-    pub(crate) async fn clock_ready(&self) {
-        let store = &self.inner.store;
-        if !store.clock_synced() {
-            store.sync_clock().await;
-        }
-    }
-
-    /// The backend failed during `op`: fail, or compute without the cache, as configured.
-    async fn without_cache<T, E, F, Fut>(
-        &self,
-        op: &'static str,
-        error: crate::store::StoreError,
-        keys: &EntryKeys,
-        f: F,
-    ) -> Result<Fetched<T>, Error>
-    where
-        E: Display + Debug + Send + Sync + 'static,
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<Computed<T>, E>>,
-    {
-        match self.options.on_backend_error {
-            Fallback::Fail => Err(Error::backend(op, error)),
-            Fallback::ComputeUncached => {
-                tracing::warn!(key = %keys.user, op, error = %error,
-                    "backend unavailable; computing without the cache");
-                match f(Lease::unlocked()).await {
-                    Ok(computed) => Ok(Fetched {
-                        value: computed.value,
-                        source: Source::Uncached,
-                    }),
-                    Err(e) => Err(Error::compute(e)),
-                }
-            }
-        }
-    }
-}
-
-/// What an in-process follower reports: the leader's computation is, for it, a wait.
-pub(crate) fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
-    let source = match fetched.source {
-        Source::Computed => Source::Waited,
-        other => other,
-    };
-    Fetched { source, ..fetched }
 }

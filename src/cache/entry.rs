@@ -35,6 +35,15 @@ pub(crate) struct StoredEntry<T> {
 }
 
 impl<C: Codec> Cache<C> {
+    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
+    /// (once per cache; after that, an atomic load).
+    pub(crate) async fn clock_ready(&self) {
+        let store = &self.inner.store;
+        if !store.clock_synced() {
+            store.sync_clock().await;
+        }
+    }
+
     /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
     /// value written for another shape of `T` (another deploy's version of the type): decoding
     /// it could succeed and give garbage (bincode is positional).

@@ -1,8 +1,11 @@
 //! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
-//! The machinery behind the family lives in `compute.rs` (the single-key path), `batch.rs` (many
-//! keys in one call) and `refresh.rs` (background refreshes); `failsafe.rs` decides what a caller
-//! gets when the computation fails or runs long, `freshness.rs` judges stored values, `builder.rs`
-//! builds the handle.
+//! The machinery behind the family, one concept per file: `fetch.rs` (the single-key path),
+//! `hit.rs` (the near tier's and the embedded store's hits), `entry.rs` (the stored entry: read,
+//! encode, fresh-until), `claim.rs` (the wait-or-lock loop), `compute.rs` (computing under the
+//! lock), `serve.rs` (serving a stored entry), `uncached.rs` (the backend-down fallback),
+//! `batch.rs` (many keys in one call) and `refresh.rs` (background refreshes); `failsafe.rs`
+//! decides what a caller gets when the computation fails or runs long, `freshness.rs` judges
+//! stored values, `builder.rs` builds the handle.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol), `docs/guarantees.md` (what each
 //! call promises) and `docs/batch.md` (many keys at once).
@@ -12,10 +15,14 @@ pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod compute;
 pub(crate) mod entry;
+mod fetch;
 pub(crate) mod failsafe;
 pub(crate) mod freshness;
+mod hit;
 pub(crate) mod near;
 mod refresh;
+pub(crate) mod serve;
+mod uncached;
 
 use std::collections::HashMap;
 use std::fmt::{Debug, Display};

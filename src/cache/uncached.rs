@@ -1,0 +1,41 @@
+//! When the backend fails before a key is read or locked: fail, or compute without the cache
+//! ([`Fallback::ComputeUncached`]), as the call's options say.
+
+use std::fmt::{Debug, Display};
+use std::future::Future;
+
+use crate::store::StoreError;
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
+
+impl<C: Codec> Cache<C> {
+    /// The backend failed during `op`: fail, or compute without the cache, as configured.
+    pub(crate) async fn without_cache<T, E, F, Fut>(
+        &self,
+        op: &'static str,
+        error: StoreError,
+        keys: &EntryKeys,
+        f: F,
+    ) -> Result<Fetched<T>, Error>
+    where
+        E: Display + Debug + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = Result<Computed<T>, E>>,
+    {
+        match self.options.on_backend_error {
+            Fallback::Fail => Err(Error::backend(op, error)),
+            Fallback::ComputeUncached => {
+                tracing::warn!(key = %keys.user, op, error = %error,
+                    "backend unavailable; computing without the cache");
+                match f(Lease::unlocked()).await {
+                    Ok(computed) => Ok(Fetched {
+                        value: computed.value,
+                        source: Source::Uncached,
+                    }),
+                    Err(e) => Err(Error::compute(e)),
+                }
+            }
+        }
+    }
+}
