@@ -40,9 +40,9 @@ use tokio::time::Instant;
 
 use crate::cache::claim::{Claim, Start};
 use crate::cache::compute::{Detachable, OnFailure};
-use crate::cache::serve::Judged;
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
+use crate::cache::serve::Judged;
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::options::later_by;
 use crate::stats::Event;

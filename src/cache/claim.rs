@@ -213,7 +213,10 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
     /// landed or the fallback kept in the store (this one, or the throttled copy a failed
     /// computation elsewhere left). Without one, the soft timeout is spent and does nothing,
     /// and the wait bound is the call's error.
-    async fn after_cut<T: DeserializeOwned + 'static>(&mut self, cut: Cut) -> ControlFlow<Claim<T>> {
+    async fn after_cut<T: DeserializeOwned + 'static>(
+        &mut self,
+        cut: Cut,
+    ) -> ControlFlow<Claim<T>> {
         match self.cache.look_again::<T>(self.keys).await {
             Some(Ok(entry)) => return Break(Claim::Found(entry, self.found)),
             Some(Err(kept)) => {
@@ -291,7 +294,11 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
     /// The lock is ours (`fence`, asked at `asked`). The fallback is what the key holds now,
     /// under our lock: a value invalidated (or set) since it was kept is no fallback, and
     /// serving it or writing its throttled copy would undo that change.
-    async fn take_lock<T: DeserializeOwned + 'static>(self, fence: u64, asked: Instant) -> Claim<T> {
+    async fn take_lock<T: DeserializeOwned + 'static>(
+        self,
+        fence: u64,
+        asked: Instant,
+    ) -> Claim<T> {
         let held = self.acquiring.granted(fence, asked);
         if self.read_value {
             // The script found no value: nothing is kept.
@@ -315,6 +322,178 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
         match self.cache.inner.store.get(self.keys).await {
             Ok(Some(bytes)) => self.cache.read_stored(self.keys, &bytes),
             Ok(None) | Err(_) => None,
+        }
+    }
+}
+
+/// The loop's decisions, one per test, on the memory store under paused time (the store runs
+/// on tokio's clock, so leases, waits and budgets elapse as the test advances it).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{CallOptions, Computed};
+
+    /// A memory cache whose calls use `options`.
+    fn cache(options: CallOptions) -> Cache {
+        Cache::in_memory().with_options(options)
+    }
+
+    /// The keys of `key` in `cache`'s namespace.
+    fn keys(cache: &Cache, key: &str) -> Arc<EntryKeys> {
+        Arc::new(EntryKeys::new(cache.namespace(), key).unwrap())
+    }
+
+    /// Takes the lock of `keys` as another process would: no guard, no renewal, so it frees
+    /// itself when `lease` runs out.
+    async fn hold_elsewhere(cache: &Cache, keys: &EntryKeys, lease: Duration) {
+        let answer = cache
+            .inner
+            .store
+            .read_or_lock(keys, "elsewhere", lease, false);
+        assert!(matches!(answer.await.unwrap(), ReadOrLock::Acquired { .. }));
+    }
+
+    /// The fail-safe on (an hour), nothing else changed.
+    fn fail_safe() -> CallOptions {
+        CallOptions::default().fail_safe_for(Duration::from_secs(3600))
+    }
+
+    /// Writes `value` fresh for a second, then lets it expire (the fail-safe keeps it stored).
+    async fn expired_value(cache: &Cache, key: &str, value: u64) {
+        cache
+            .set(key, &value, Duration::from_secs(1))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    /// Claims `keys` from the start, for a call starting now.
+    async fn claim(cache: &Cache, keys: &Arc<EntryKeys>) -> Claim<u64> {
+        cache.claim::<u64>(keys, Instant::now(), Start::Read).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_lock_makes_the_claim_wait_then_find_the_value() {
+        let cache = cache(CallOptions::default());
+        let keys = keys(&cache, "k");
+        let Claim::Locked(held, None) = claim(&cache, &keys).await else {
+            panic!("the first caller takes the lock, with nothing kept");
+        };
+        let waiter = tokio::spawn({
+            let (cache, keys) = (cache.clone(), Arc::clone(&keys));
+            async move { claim(&cache, &keys).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiter.is_finished(), "the waiter waits for the holder");
+        let computed = Computed::new(7u64);
+        let stored = cache.store_computed(
+            held,
+            &keys,
+            Duration::from_secs(60),
+            computed,
+            Duration::ZERO,
+        );
+        assert_eq!(stored.await.unwrap(), 7);
+        match waiter.await.unwrap() {
+            Claim::Found(entry, Source::Waited) => assert_eq!(entry.value, Ok(7)),
+            _ => panic!("the waiter finds the holder's value, as a wait"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_lock_lets_the_waiter_take_it() {
+        let cache = cache(CallOptions::default().lease(Duration::from_secs(1)));
+        let keys = keys(&cache, "k");
+        hold_elsewhere(&cache, &keys, Duration::from_secs(1)).await;
+        let started = Instant::now();
+        let Claim::Locked(_held, None) = claim(&cache, &keys).await else {
+            panic!("the waiter takes the lock once its holder's lease runs out");
+        };
+        assert!(
+            started.elapsed() >= Duration::from_secs(1),
+            "not before the lease ran out"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_past_its_stale_window_is_taken_over_and_kept_as_the_fallback() {
+        let cache = cache(fail_safe());
+        let keys = keys(&cache, "k");
+        expired_value(&cache, "k", 5).await;
+        match claim(&cache, &keys).await {
+            Claim::Locked(_held, Some(kept)) => assert_eq!(kept.value, 5),
+            _ => panic!("the lock is taken over the expired value, which is kept"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_soft_timeout_answers_with_the_fallback() {
+        let cache = cache(fail_safe().soft_timeout(Some(Duration::from_millis(100))));
+        let keys = keys(&cache, "k");
+        expired_value(&cache, "k", 5).await;
+        hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
+        let started = Instant::now();
+        let Claim::Fallback(5) = claim(&cache, &keys).await else {
+            panic!("the fallback answers at the soft timeout");
+        };
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "at the soft timeout"
+        );
+        assert_eq!(cache.stats().soft_timeouts, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_fallback_the_soft_timeout_does_nothing() {
+        let options = fail_safe()
+            .soft_timeout(Some(Duration::from_millis(100)))
+            .wait_timeout(Duration::from_secs(2));
+        let cache = cache(options);
+        let keys = keys(&cache, "k");
+        hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
+        let started = Instant::now();
+        let Claim::Failed(Error::WaitTimeout { .. }) = claim(&cache, &keys).await else {
+            panic!("the wait bound ends the wait, with its error");
+        };
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "the soft timeout did not end it"
+        );
+        assert_eq!(cache.stats().soft_timeouts, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_bound_answers_with_the_fallback() {
+        let cache = cache(fail_safe().wait_timeout(Duration::from_secs(2)));
+        let keys = keys(&cache, "k");
+        expired_value(&cache, "k", 5).await;
+        hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
+        let started = Instant::now();
+        let Claim::Fallback(5) = claim(&cache, &keys).await else {
+            panic!("the fallback answers at the wait bound");
+        };
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "at the wait bound"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_invalidation_while_waiting_takes_the_fallback_away() {
+        let cache = cache(fail_safe().wait_timeout(Duration::from_secs(2)));
+        let keys = keys(&cache, "k");
+        expired_value(&cache, "k", 5).await;
+        hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
+        let waiter = tokio::spawn({
+            let (cache, keys) = (cache.clone(), Arc::clone(&keys));
+            async move { claim(&cache, &keys).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cache.invalidate("k").await.unwrap();
+        match waiter.await.unwrap() {
+            Claim::Failed(Error::WaitTimeout { .. }) => {}
+            Claim::Fallback(_) => panic!("the invalidated value was served as the fallback"),
+            _ => panic!("the wait bound ends the wait, with its error"),
         }
     }
 }
