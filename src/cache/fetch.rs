@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::cache::claim::{Claim, Start};
 use crate::cache::failsafe::Sorted;
-use crate::options::later_by;
+use crate::options::{later_by, saturate};
 use crate::stats::Event;
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
@@ -22,6 +23,106 @@ use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
 
 impl<C: Codec> Cache<C> {
+    /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
+    pub(crate) async fn fetch_beyond_quick_hit<T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        f: F,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        E: Display + Debug + Send + Sync + 'static,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        // One span per call; `outcome` and `wait_ms` are filled in when it ends.
+        let span = tracing::debug_span!(
+            "stampede_guard::fetch",
+            key,
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty
+        );
+        // Taken whole, once, here: every TTL below is at most FOREVER.
+        let ttl = saturate(ttl);
+        // tokio's clock, like every other timing here, so paused-time tests see it move.
+        let started = tokio::time::Instant::now();
+        // Without a subscriber for it, the span is disabled: then no wrapper is polled, entered
+        // and exited on every poll of the call.
+        let result = if span.is_disabled() {
+            self.fetch_entry(key, ttl, f).await
+        } else {
+            self.fetch_entry(key, ttl, f).instrument(span.clone()).await
+        };
+        let outcome = self.count(&result, started);
+        if !span.is_disabled() {
+            span.record("outcome", outcome);
+            if outcome == "waited" {
+                span.record("wait_ms", started.elapsed().as_millis() as u64);
+            }
+        }
+        result
+    }
+
+    /// Counts a call's outcome (a call that `started` then) and names it for the span.
+    pub(crate) fn count<T>(
+        &self,
+        result: &Result<Fetched<T>, Error>,
+        started: tokio::time::Instant,
+    ) -> &'static str {
+        let counters = &self.inner.counters;
+        let miss = || counters.record(Event::Miss);
+        match result {
+            Ok(fetched) => match fetched.source {
+                Source::Hit => {
+                    counters.record(Event::Hit);
+                    "hit"
+                }
+                Source::Stale => {
+                    counters.record(Event::Stale);
+                    "stale"
+                }
+                Source::Computed => {
+                    miss();
+                    "miss-computed"
+                }
+                Source::Waited => {
+                    miss();
+                    // Timed only here: a hit does not read the clock again.
+                    counters.record(Event::Wait(started.elapsed()));
+                    "waited"
+                }
+                Source::Uncached => {
+                    miss();
+                    counters.record(Event::Uncached);
+                    "fallback"
+                }
+                Source::Fallback => {
+                    counters.record(Event::Fallback);
+                    "fail-safe"
+                }
+            },
+            Err(Error::ComputeTimeout { .. }) => {
+                miss();
+                "hard-timeout"
+            }
+            Err(Error::WaitTimeout { .. }) => {
+                miss();
+                counters.record(Event::WaitTimeout);
+                "wait-timeout"
+            }
+            Err(e) if e.is_backend() => {
+                counters.record(Event::BackendError);
+                "backend-error"
+            }
+            Err(Error::RecentFailure { .. }) => "recent-failure",
+            Err(_) => {
+                miss();
+                "error"
+            }
+        }
+    }
+
     /// The single-key path after the quick hits (`fetch`'s near and memory hits): a near copy
     /// when XFetch is on, else one GET; on a miss, the in-process single flight, then [`load`].
     ///

@@ -3,12 +3,35 @@
 
 use crate::cache::entry::StoredEntry;
 use crate::cache::near::Ticket;
+use crate::stats::Event;
 use crate::store::{Blob, Store};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::Cache;
 
 impl<C: Codec> Cache<C> {
+    /// A near hit, or a hit of a value the embedded store holds decoded, counted: it needs no
+    /// span, no timing and none of the machinery of [`fetch_beyond_quick_hit`].
+    ///
+    /// [`fetch_beyond_quick_hit`]: Self::fetch_beyond_quick_hit
+    pub(crate) fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        // A near hit counts itself (as a hit and a near hit, in one count).
+        if let Some(value) = self.near_hit::<T>(key) {
+            return Some(value);
+        }
+        let value = self.memory_hit::<T>(key)?;
+        self.inner.counters.record(Event::Hit);
+        Some(value)
+    }
+
+    /// This instance changed the entry: its own near copy goes now, without waiting for the
+    /// announcement to come back (read-your-writes within the instance).
+    pub(crate) fn forget_near(&self, keys: &EntryKeys) {
+        if let Some(near) = &self.inner.near {
+            near.forget(&keys.user);
+        }
+    }
+
     /// Puts what a read found into the near tier, if there is one: never a fail-safe copy,
     /// which is a fallback only (a value past its fresh-until the tier refuses by itself).
     pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(

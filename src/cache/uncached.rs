@@ -4,12 +4,34 @@
 use std::fmt::{Debug, Display};
 use std::future::Future;
 
+use crate::stats::Event;
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
 
 impl<C: Codec> Cache<C> {
+    /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
+    /// with [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached), logged and answered
+    /// as what a cache may always do (`instead`: forget a value, or never have had it).
+    pub(crate) fn fail_open(
+        &self,
+        op: &'static str,
+        keys: &EntryKeys,
+        error: StoreError,
+        instead: &'static str,
+    ) -> Result<(), Error> {
+        self.inner.counters.record(Event::BackendError);
+        match self.options.on_backend_error {
+            Fallback::Fail => Err(Error::backend(op, error)),
+            Fallback::ComputeUncached => {
+                tracing::warn!(key = %keys.user, op, error = %error,
+                    "backend unavailable; {instead}");
+                Ok(())
+            }
+        }
+    }
+
     /// The backend failed during `op`: fail, or compute without the cache, as configured.
     pub(crate) async fn without_cache<T, E, F, Fut>(
         &self,
