@@ -13,6 +13,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::cache::bounds::ComputeFailure;
 use crate::cache::failsafe::Kept;
 use crate::lock::lease::HeldLock;
 use crate::options::later_by;
@@ -85,7 +86,7 @@ impl<C: Codec> Cache<C> {
     ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -150,7 +151,7 @@ impl<C: Codec> Cache<C> {
     ) -> Result<T, Error>
     where
         T: Serialize + DeserializeOwned + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {

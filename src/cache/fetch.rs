@@ -4,15 +4,15 @@
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
 
-use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{de::DeserializeOwned, Serialize};
+use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::claim::{Claim, Start};
 use crate::cache::failsafe::Sorted;
 use crate::options::{later_by, saturate};
@@ -31,8 +31,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<Fetched<T>, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -134,8 +134,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<Fetched<T>, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -254,8 +254,8 @@ impl<C: Codec> Cache<C> {
         start: Start,
     ) -> Result<Fetched<T>, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {

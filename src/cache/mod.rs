@@ -11,6 +11,7 @@
 //! call promises) and `docs/batch.md` (many keys at once).
 
 mod batch;
+pub(crate) mod bounds;
 pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod compute;
@@ -25,7 +26,6 @@ pub(crate) mod serve;
 mod uncached;
 
 use std::collections::HashMap;
-use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +33,7 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
+use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::freshness::Standing;
 use crate::cache::near::NearTier;
 use crate::cache::refresh::Refreshes;
@@ -49,7 +50,8 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, 
 /// for it at the same time.
 ///
 /// `Cache` is a cheap handle (an `Arc` inside): clone it into every task. Values are any
-/// `T: Serialize + DeserializeOwned + Clone`, encoded by the codec `C` ([`Bincode`] by default).
+/// `T: Serialize + DeserializeOwned + Clone` ([`CacheValue`](crate::CacheValue)), encoded by the
+/// codec `C` ([`Bincode`] by default).
 ///
 /// Two backends:
 /// - [`Cache::in_memory`]: the embedded store, for one process. No server, same semantics.
@@ -543,8 +545,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<T, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -589,8 +591,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<T, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -641,8 +643,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<Fetched<T>, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -746,8 +748,8 @@ impl<C: Codec> Cache<C> {
     where
         K: IntoIterator,
         K::Item: AsRef<str>,
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<I, E>> + Send + 'static,
         I: IntoIterator<Item = (String, T)>,
@@ -808,8 +810,8 @@ impl<C: Codec> Cache<C> {
     where
         K: IntoIterator,
         K::Item: AsRef<str>,
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: Fn(Vec<(String, Lease)>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<I, E>> + Send + 'static,
         I: IntoIterator<Item = (String, Computed<T>)>,

@@ -2,12 +2,12 @@
 //! fallback, a value as it is or with a background refresh (stale, or drawn early by XFetch).
 //! Decided in one place so the single-key path and each key of a batch decide alike.
 
-use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::cache::bounds::ComputeFailure;
 use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::wire::codec::Codec;
@@ -35,7 +35,7 @@ impl<C: Codec> Cache<C> {
     ) -> Result<Fetched<T>, Error>
     where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {

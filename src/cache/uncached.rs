@@ -1,9 +1,9 @@
 //! When the backend fails before a key is read or locked: fail, or compute without the cache
 //! ([`Fallback::ComputeUncached`]), as the call's options say.
 
-use std::fmt::{Debug, Display};
 use std::future::Future;
 
+use crate::cache::bounds::ComputeFailure;
 use crate::stats::Event;
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
@@ -41,7 +41,7 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<Fetched<T>, Error>
     where
-        E: Display + Debug + Send + Sync + 'static,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
