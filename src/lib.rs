@@ -172,6 +172,7 @@ mod wait;
 pub mod web;
 mod wire;
 
+pub use cache::bounds::{CacheValue, ComputeFailure};
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::near::NearCache;

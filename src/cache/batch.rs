@@ -38,8 +38,11 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use crate::cache::compute::{Claim, Detachable, Judged, OnFailure, Start, StoredEntry};
+use crate::cache::claim::{Claim, Start};
+use crate::cache::compute::{Detachable, OnFailure};
+use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
+use crate::cache::serve::Judged;
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::stats::Event;
 use crate::store::{Blob, BoxFuture, ReadOrLock};

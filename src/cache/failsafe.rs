@@ -4,7 +4,6 @@
 //! - where a stored entry stands for this caller ([`Cache::standing_of`]): live, a throttled
 //!   fallback, or past its stale window (then kept as a [`Kept`] fallback);
 //! - when a caller's soft timeout falls ([`Cache::soft_deadline`]);
-//! - what a failed or timed-out computation writes ([`Cache::throttled_copy`]);
 //! - which errors the fallback answers ([`falls_back`]) and how it is served
 //!   ([`Cache::serve_fallback`]).
 //!
@@ -15,12 +14,10 @@
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::cache::compute::StoredEntry;
+use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{standing, Standing};
-use crate::store::Write;
 use crate::time::later_by;
 use crate::wire::codec::Codec;
-use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
 use crate::{Cache, Error, Fetched, Source};
 
@@ -87,27 +84,6 @@ impl<C: Codec> Cache<C> {
             .map(|budget| later_by(started, budget))
     }
 
-    /// What a computation under `fence` that failed or timed out writes in place of the value
-    /// it was to replace (`kept`, its stored bytes): the same payload marked as a fail-safe copy,
-    /// served as the fallback until the throttle ends and kept at least that long. `None` if the
-    /// bytes are no longer ours to read (they were, when kept).
-    pub(crate) fn throttled_copy(&self, kept: &[u8], fence: u64) -> Option<Write> {
-        let envelope = Envelope::decode(kept, self.inner.codec.id()).ok()?;
-        let throttle = self.options.fail_safe_throttle;
-        let throttle_ms = u64::try_from(throttle.as_millis()).unwrap_or(u64::MAX);
-        let bytes = Envelope {
-            fallback: true,
-            fresh_until_ms: self.inner.store.now_ms().saturating_add(throttle_ms),
-            fence,
-            ..envelope
-        }
-        .encode();
-        Some(Write::Keep {
-            bytes,
-            at_least: throttle,
-        })
-    }
-
     /// Serves a kept value as the fallback (counted with the call's outcome, in `fetch`).
     pub(crate) fn serve_fallback<T>(&self, value: T) -> Fetched<T> {
         Fetched {
@@ -155,5 +131,142 @@ impl<C: Codec> Cache<C> {
             Sorted::Serve(entry) => Some(Ok(entry)),
             Sorted::Past(entry) => self.keep(entry, &bytes).map(Err),
         }
+    }
+}
+
+/// The fail-safe's decisions, each on a memory cache under paused time (its clock is tokio's).
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::Write;
+    use crate::CallOptions;
+
+    /// A memory cache whose calls use `options`.
+    fn cache(options: CallOptions) -> Cache {
+        Cache::in_memory().with_options(options)
+    }
+
+    /// The fail-safe on (an hour), with a stale window of ten seconds.
+    fn fail_safe() -> CallOptions {
+        CallOptions::default()
+            .fail_safe_for(Duration::from_secs(3600))
+            .stale_for(Duration::from_secs(10))
+    }
+
+    /// A value of 5 fresh until `fresh_until_ms` (store clock); a fail-safe copy if `throttled`.
+    fn entry(fresh_until_ms: u64, throttled: bool) -> StoredEntry<u64> {
+        StoredEntry {
+            value: Ok(5),
+            fresh_until_ms,
+            compute_ms: 0,
+            fence: 1,
+            throttled,
+        }
+    }
+
+    /// Whether `cache` sorts `entry` for serving.
+    fn served(cache: &Cache, entry: StoredEntry<u64>) -> bool {
+        matches!(cache.sort(entry), Sorted::Serve(_))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_is_served_through_its_stale_window_and_replaced_after() {
+        let cache = cache(fail_safe());
+        let now = cache.inner.store.now_ms();
+        assert!(served(&cache, entry(now + 1, false)), "fresh");
+        assert!(
+            served(&cache, entry(now - 9_000, false)),
+            "stale, within its window"
+        );
+        assert!(
+            !served(&cache, entry(now - 11_000, false)),
+            "past its stale window"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_copy_is_served_until_its_throttle_ends() {
+        let cache = cache(fail_safe());
+        let now = cache.inner.store.now_ms();
+        assert!(served(&cache, entry(now + 1, true)), "within its throttle");
+        assert!(
+            !served(&cache, entry(now - 1, true)),
+            "its throttle over: no stale window"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_value_is_kept_and_only_with_the_fail_safe_on() {
+        let bytes = [1u8, 2, 3];
+        let kept = cache(fail_safe()).keep(entry(0, false), &bytes).unwrap();
+        assert_eq!((kept.value, kept.bytes), (5, bytes.to_vec()));
+        let failure = StoredEntry::<u64> {
+            value: Err("down".into()),
+            ..entry(0, false)
+        };
+        assert!(cache(fail_safe()).keep(failure, &bytes).is_none());
+        assert!(cache(CallOptions::default())
+            .keep(entry(0, false), &bytes)
+            .is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_soft_timeout_counts_only_with_the_fail_safe_on() {
+        let soft = Some(Duration::from_millis(100));
+        let started = Instant::now();
+        let on = cache(fail_safe().soft_timeout(soft));
+        assert_eq!(
+            on.soft_deadline(started),
+            Some(started + Duration::from_millis(100))
+        );
+        let off = cache(CallOptions::default().soft_timeout(soft));
+        assert_eq!(off.soft_deadline(started), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_fallback_answers_a_failure_or_a_time_out_but_not_a_caller_bug() {
+        let cache = cache(fail_safe());
+        let keys = EntryKeys::new(cache.namespace(), "k").unwrap();
+        let kept = || {
+            Some(Kept {
+                value: 5u64,
+                bytes: Vec::new(),
+            })
+        };
+        let failed = || Error::compute(std::io::Error::other("down"));
+        let answer = cache.fall_back(failed(), kept(), &keys).unwrap();
+        assert_eq!((answer.value, answer.source), (5, Source::Fallback));
+        let timed_out = Error::WaitTimeout {
+            key: "k".into(),
+            waited: Duration::from_secs(1),
+        };
+        assert!(cache.fall_back(timed_out, kept(), &keys).is_ok());
+        let bug = Error::Config("bad".into());
+        assert!(matches!(
+            cache.fall_back(bug, kept(), &keys),
+            Err(Error::Config(_))
+        ));
+        assert!(matches!(
+            cache.fall_back(failed(), None::<Kept<u64>>, &keys),
+            Err(Error::Compute(_))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_copy_is_the_kept_value_fenced_and_fresh_for_the_throttle() {
+        let cache = cache(fail_safe().fail_safe_throttle(Duration::from_secs(5)));
+        let keys = EntryKeys::new(cache.namespace(), "k").unwrap();
+        let kept = cache
+            .encode_value(&5u64, Duration::from_secs(1), Duration::ZERO, 3)
+            .unwrap();
+        let Some(Write::Keep { bytes, at_least }) = cache.throttled_copy(&kept, 9) else {
+            panic!("a copy to keep");
+        };
+        assert_eq!(at_least, Duration::from_secs(5));
+        let copy = cache.read_stored::<u64>(&keys, &bytes).unwrap();
+        assert_eq!((copy.value, copy.fence, copy.throttled), (Ok(5), 9, true));
+        assert_eq!(copy.fresh_until_ms, cache.inner.store.now_ms() + 5_000);
     }
 }

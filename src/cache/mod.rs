@@ -1,22 +1,31 @@
 //! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
-//! The machinery behind the family lives in `compute.rs` (the single-key path), `batch.rs` (many
-//! keys in one call) and `refresh.rs` (background refreshes); `failsafe.rs` decides what a caller
-//! gets when the computation fails or runs long, `freshness.rs` judges stored values, `builder.rs`
-//! builds the handle.
+//! The machinery behind the family, one concept per file: `fetch.rs` (the single-key path),
+//! `hit.rs` (the near tier's and the embedded store's hits), `entry.rs` (the stored entry: read,
+//! encode, fresh-until), `claim.rs` (the wait-or-lock loop), `compute.rs` (computing under the
+//! lock), `serve.rs` (serving a stored entry), `uncached.rs` (the backend-down fallback),
+//! `batch.rs` (many keys in one call) and `refresh.rs` (background refreshes); `failsafe.rs`
+//! decides what a caller gets when the computation fails or runs long, `freshness.rs` judges
+//! stored values, `builder.rs` builds the handle.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol), `docs/guarantees.md` (what each
 //! call promises) and `docs/batch.md` (many keys at once).
 
 mod batch;
+pub(crate) mod bounds;
 pub(crate) mod builder;
+pub(crate) mod claim;
 pub(crate) mod compute;
+pub(crate) mod entry;
 pub(crate) mod failsafe;
+mod fetch;
 pub(crate) mod freshness;
+mod hit;
 pub(crate) mod near;
 mod refresh;
+pub(crate) mod serve;
+mod uncached;
 
 use std::collections::HashMap;
-use std::fmt::{Debug, Display};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,24 +33,26 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
+use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::freshness::Standing;
 use crate::cache::near::NearTier;
 use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
-use crate::stats::{Counters, Event};
-use crate::store::{MemoryStore, Store, StoreError};
 use crate::time::saturate;
+use crate::stats::{Counters, Event};
+use crate::store::{MemoryStore, Store};
 use crate::wait::flight::Flights;
 use crate::wire::codec::{Bincode, Codec};
 use crate::wire::key::EntryKeys;
-use crate::{CacheBuilder, CallOptions, Computed, Error, Fallback, Fetched, Lease, Source, Stats};
+use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats};
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
 /// for it at the same time.
 ///
 /// `Cache` is a cheap handle (an `Arc` inside): clone it into every task. Values are any
-/// `T: Serialize + DeserializeOwned + Clone`, encoded by the codec `C` ([`Bincode`] by default).
+/// `T: Serialize + DeserializeOwned + Clone` ([`CacheValue`](crate::CacheValue)), encoded by the
+/// codec `C` ([`Bincode`] by default).
 ///
 /// Two backends:
 /// - [`Cache::in_memory`]: the embedded store, for one process. No server, same semantics.
@@ -468,35 +479,6 @@ impl<C: Codec> Cache<C> {
         })
     }
 
-    /// This instance changed the entry: its own near copy goes now, without waiting for the
-    /// announcement to come back (read-your-writes within the instance).
-    fn forget_near(&self, keys: &EntryKeys) {
-        if let Some(near) = &self.inner.near {
-            near.forget(&keys.user);
-        }
-    }
-
-    /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
-    /// with [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached), logged and answered
-    /// as what a cache may always do (`instead`: forget a value, or never have had it).
-    fn fail_open(
-        &self,
-        op: &'static str,
-        keys: &EntryKeys,
-        error: StoreError,
-        instead: &'static str,
-    ) -> Result<(), Error> {
-        self.inner.counters.record(Event::BackendError);
-        match self.options.on_backend_error {
-            Fallback::Fail => Err(Error::backend(op, error)),
-            Fallback::ComputeUncached => {
-                tracing::warn!(key = %keys.user, op, error = %error,
-                    "backend unavailable; {instead}");
-                Ok(())
-            }
-        }
-    }
-
     /// Returns the value under `key`, or computes it with `f`, caches it for `ttl` and returns it.
     ///
     /// # Concurrent calls on the same key
@@ -564,8 +546,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<T, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -610,8 +592,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<T, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
@@ -662,8 +644,8 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<Fetched<T>, Error>
     where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
@@ -674,61 +656,6 @@ impl<C: Codec> Cache<C> {
             });
         }
         self.fetch_beyond_quick_hit(key, ttl, f).await
-    }
-
-    /// A near hit, or a hit of a value the embedded store holds decoded, counted: it needs no
-    /// span, no timing and none of the machinery of [`fetch_beyond_quick_hit`].
-    ///
-    /// [`fetch_beyond_quick_hit`]: Self::fetch_beyond_quick_hit
-    fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        // A near hit counts itself (as a hit and a near hit, in one count).
-        if let Some(value) = self.near_hit::<T>(key) {
-            return Some(value);
-        }
-        let value = self.memory_hit::<T>(key)?;
-        self.inner.counters.record(Event::Hit);
-        Some(value)
-    }
-
-    /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
-    async fn fetch_beyond_quick_hit<T, E, F, Fut>(
-        &self,
-        key: &str,
-        ttl: Duration,
-        f: F,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        // One span per call; `outcome` and `wait_ms` are filled in when it ends.
-        let span = tracing::debug_span!(
-            "stampede_guard::fetch",
-            key,
-            outcome = tracing::field::Empty,
-            wait_ms = tracing::field::Empty
-        );
-        // Taken whole, once, here: every TTL below is at most FOREVER.
-        let ttl = saturate(ttl);
-        // tokio's clock, like every other timing here, so paused-time tests see it move.
-        let started = tokio::time::Instant::now();
-        // Without a subscriber for it, the span is disabled: then no wrapper is polled, entered
-        // and exited on every poll of the call.
-        let result = if span.is_disabled() {
-            self.fetch_entry(key, ttl, f).await
-        } else {
-            self.fetch_entry(key, ttl, f).instrument(span.clone()).await
-        };
-        let outcome = self.count(&result, started);
-        if !span.is_disabled() {
-            span.record("outcome", outcome);
-            if outcome == "waited" {
-                span.record("wait_ms", started.elapsed().as_millis() as u64);
-            }
-        }
-        result
     }
 
     /// Returns the values of many keys at once, computing the missing ones with **one** call of
@@ -822,8 +749,8 @@ impl<C: Codec> Cache<C> {
     where
         K: IntoIterator,
         K::Item: AsRef<str>,
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: Fn(Vec<String>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<I, E>> + Send + 'static,
         I: IntoIterator<Item = (String, T)>,
@@ -884,8 +811,8 @@ impl<C: Codec> Cache<C> {
     where
         K: IntoIterator,
         K::Item: AsRef<str>,
-        T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
         F: Fn(Vec<(String, Lease)>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<I, E>> + Send + 'static,
         I: IntoIterator<Item = (String, Computed<T>)>,
@@ -904,64 +831,5 @@ impl<C: Codec> Cache<C> {
         self.fetch_many_entries(asked, saturate(ttl), f)
             .instrument(span)
             .await
-    }
-
-    /// Counts a call's outcome (a call that `started` then) and names it for the span.
-    fn count<T>(
-        &self,
-        result: &Result<Fetched<T>, Error>,
-        started: tokio::time::Instant,
-    ) -> &'static str {
-        let counters = &self.inner.counters;
-        let miss = || counters.record(Event::Miss);
-        match result {
-            Ok(fetched) => match fetched.source {
-                Source::Hit => {
-                    counters.record(Event::Hit);
-                    "hit"
-                }
-                Source::Stale => {
-                    counters.record(Event::Stale);
-                    "stale"
-                }
-                Source::Computed => {
-                    miss();
-                    "miss-computed"
-                }
-                Source::Waited => {
-                    miss();
-                    // Timed only here: a hit does not read the clock again.
-                    counters.record(Event::Wait(started.elapsed()));
-                    "waited"
-                }
-                Source::Uncached => {
-                    miss();
-                    counters.record(Event::Uncached);
-                    "fallback"
-                }
-                Source::Fallback => {
-                    counters.record(Event::Fallback);
-                    "fail-safe"
-                }
-            },
-            Err(Error::ComputeTimeout { .. }) => {
-                miss();
-                "hard-timeout"
-            }
-            Err(Error::WaitTimeout { .. }) => {
-                miss();
-                counters.record(Event::WaitTimeout);
-                "wait-timeout"
-            }
-            Err(e) if e.is_backend() => {
-                counters.record(Event::BackendError);
-                "backend-error"
-            }
-            Err(Error::RecentFailure { .. }) => "recent-failure",
-            Err(_) => {
-                miss();
-                "error"
-            }
-        }
     }
 }

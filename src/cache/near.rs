@@ -60,7 +60,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::cache::compute::StoredEntry;
+use crate::cache::entry::StoredEntry;
 use crate::stats::{Counters, Event};
 use crate::store::feed::FeedSink;
 use crate::wire::key::user_key_of;

@@ -8,7 +8,7 @@
 //! Explained in the guide: `docs/freshness.md`.
 
 use std::collections::HashMap;
-use std::fmt::{Debug, Display};
+use std::fmt::Debug;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
+use crate::cache::bounds::ComputeFailure;
 use crate::cache::compute::OnFailure;
 use crate::store::ReadOrLock;
 use crate::sync::lock;
@@ -92,7 +93,7 @@ impl<C: Codec> Cache<C> {
         seen_fence: u64,
     ) where
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: Display + Debug + Send + Sync + 'static,
+        E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {

@@ -1,0 +1,281 @@
+//! The single-key path of the `get_or_compute` family below its quick hits: the first read, the
+//! in-process single flight (lead, or follow this process's leader), and the distributed part
+//! ([`Cache::claim`], then compute or serve).
+//!
+//! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::claim::{Claim, Start};
+use crate::cache::failsafe::Sorted;
+use crate::time::{later_by, saturate};
+use crate::stats::Event;
+use crate::wait::flight::{Follower, Role};
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
+
+impl<C: Codec> Cache<C> {
+    /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
+    pub(crate) async fn fetch_beyond_quick_hit<T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        f: F,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: CacheValue,
+        E: ComputeFailure,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        // One span per call; `outcome` and `wait_ms` are filled in when it ends.
+        let span = tracing::debug_span!(
+            "stampede_guard::fetch",
+            key,
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty
+        );
+        // Taken whole, once, here: every TTL below is at most FOREVER.
+        let ttl = saturate(ttl);
+        // tokio's clock, like every other timing here, so paused-time tests see it move.
+        let started = tokio::time::Instant::now();
+        // Without a subscriber for it, the span is disabled: then no wrapper is polled, entered
+        // and exited on every poll of the call.
+        let result = if span.is_disabled() {
+            self.fetch_entry(key, ttl, f).await
+        } else {
+            self.fetch_entry(key, ttl, f).instrument(span.clone()).await
+        };
+        let outcome = self.count(&result, started);
+        if !span.is_disabled() {
+            span.record("outcome", outcome);
+            if outcome == "waited" {
+                span.record("wait_ms", started.elapsed().as_millis() as u64);
+            }
+        }
+        result
+    }
+
+    /// Counts a call's outcome (a call that `started` then) and names it for the span.
+    pub(crate) fn count<T>(
+        &self,
+        result: &Result<Fetched<T>, Error>,
+        started: tokio::time::Instant,
+    ) -> &'static str {
+        let counters = &self.inner.counters;
+        let miss = || counters.record(Event::Miss);
+        match result {
+            Ok(fetched) => match fetched.source {
+                Source::Hit => {
+                    counters.record(Event::Hit);
+                    "hit"
+                }
+                Source::Stale => {
+                    counters.record(Event::Stale);
+                    "stale"
+                }
+                Source::Computed => {
+                    miss();
+                    "miss-computed"
+                }
+                Source::Waited => {
+                    miss();
+                    // Timed only here: a hit does not read the clock again.
+                    counters.record(Event::Wait(started.elapsed()));
+                    "waited"
+                }
+                Source::Uncached => {
+                    miss();
+                    counters.record(Event::Uncached);
+                    "fallback"
+                }
+                Source::Fallback => {
+                    counters.record(Event::Fallback);
+                    "fail-safe"
+                }
+            },
+            Err(Error::ComputeTimeout { .. }) => {
+                miss();
+                "hard-timeout"
+            }
+            Err(Error::WaitTimeout { .. }) => {
+                miss();
+                counters.record(Event::WaitTimeout);
+                "wait-timeout"
+            }
+            Err(e) if e.is_backend() => {
+                counters.record(Event::BackendError);
+                "backend-error"
+            }
+            Err(Error::RecentFailure { .. }) => "recent-failure",
+            Err(_) => {
+                miss();
+                "error"
+            }
+        }
+    }
+
+    /// The single-key path after the quick hits (`fetch`'s near and memory hits): a near copy
+    /// when XFetch is on, else one GET; on a miss, the in-process single flight, then [`load`].
+    ///
+    /// [`load`]: Self::load
+    pub(crate) async fn fetch_entry<T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        f: F,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: CacheValue,
+        E: ComputeFailure,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
+        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
+        if self.options.early_refresh_beta > 0.0 {
+            if let Some(entry) = self.near_copy::<T>(key) {
+                let keys = EntryKeys::new(&self.inner.namespace, key)?;
+                return self.serve(entry, keys, ttl, f, Source::Hit);
+            }
+        }
+
+        let keys = EntryKeys::new(&self.inner.namespace, key)?;
+        self.clock_ready().await;
+
+        // Otherwise a ticket is taken before the read, for its answer to go into the near tier.
+        let ticket = self
+            .inner
+            .near
+            .as_ref()
+            .and_then(|near| near.ticket(&keys.user));
+
+        // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
+        // window is not a hit: it goes on to the lock, taken over it.
+        let mut start = Start::Read;
+        match self.inner.store.get(&keys).await {
+            Ok(Some(bytes)) => {
+                if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
+                    match self.sort(entry) {
+                        Sorted::Serve(entry) => {
+                            self.remember_near(ticket, &keys, &entry, bytes.len());
+                            self.keep_decoded(&keys, &bytes, &entry);
+                            return self.serve(entry, keys, ttl, f, Source::Hit);
+                        }
+                        Sorted::Past(_) => start = Start::Replace,
+                    }
+                }
+            }
+            Ok(None) => {}
+            Err(e) if self.options.on_backend_error == Fallback::Fail => {
+                return Err(Error::backend("get", e));
+            }
+            // The fallback applies in `load`, under the single flight.
+            Err(_) => {}
+        }
+
+        let started = Instant::now();
+        let keys = Arc::new(keys);
+        let leader = loop {
+            match self.inner.flights.join::<Fetched<T>, E>(&keys.value) {
+                Role::Lead(leader) => break Some(leader),
+                Role::Alone => break None,
+                Role::Follow(follower) => match self.follow(follower, &keys, started).await {
+                    Some(outcome) => return outcome,
+                    // The leader was cancelled or panicked: try to lead.
+                    None => continue,
+                },
+            }
+        };
+        let outcome = self.load(&keys, ttl, started, f, start).await;
+        if let Some(leader) = leader {
+            leader.finish(&outcome);
+        }
+        outcome
+    }
+
+    /// Waits for this process's leader of the key: its outcome, or `None` if it went away
+    /// without one. Bounded by the wait bound, and with the fail-safe by the soft timeout, when
+    /// the key is read again for a fallback.
+    pub(crate) async fn follow<T>(
+        &self,
+        follower: Follower<Fetched<T>>,
+        keys: &EntryKeys,
+        started: Instant,
+    ) -> Option<Result<Fetched<T>, Error>>
+    where
+        T: DeserializeOwned + Clone + Send + Sync + 'static,
+    {
+        let bound = later_by(started, self.options.wait_timeout);
+        let outcome = follower.outcome();
+        tokio::pin!(outcome);
+        if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
+            if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
+                return outcome.map(|outcome| outcome.map(waited));
+            }
+            if let Some(Err(kept)) = self.look_again::<T>(keys).await {
+                self.inner.counters.record(Event::SoftTimeout);
+                return Some(Ok(self.serve_fallback(kept.value)));
+            }
+        }
+        match tokio::time::timeout_at(bound, outcome).await {
+            Ok(outcome) => outcome.map(|outcome| outcome.map(waited)),
+            Err(_) => {
+                let error = Error::WaitTimeout {
+                    key: keys.user.clone(),
+                    waited: started.elapsed(),
+                };
+                let kept = match self.look_again::<T>(keys).await {
+                    Some(Err(kept)) => Some(kept),
+                    _ => None,
+                };
+                Some(self.fall_back(error, kept, keys))
+            }
+        }
+    }
+
+    /// The distributed part: read the value or take the lock; compute under it, or wait for the
+    /// holder and read again. `start` says what the call has seen already (a value past its
+    /// stale window, or the lock held).
+    async fn load<T, E, F, Fut>(
+        &self,
+        keys: &Arc<EntryKeys>,
+        ttl: Duration,
+        started: Instant,
+        f: F,
+        start: Start,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: CacheValue,
+        E: ComputeFailure,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        match self.claim::<T>(keys, started, start).await {
+            Claim::Found(entry, found) => self.serve(entry, (**keys).clone(), ttl, f, found),
+            Claim::Locked(held, kept) => {
+                self.compute_within(held, keys, ttl, f, kept, started).await
+            }
+            Claim::Fallback(value) => Ok(self.serve_fallback(value)),
+            Claim::Failed(e) => Err(e),
+            Claim::Backend(e) => self.without_cache("read-or-lock", e, keys, f).await,
+        }
+    }
+}
+
+/// What an in-process follower reports: the leader's computation is, for it, a wait.
+fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
+    let source = match fetched.source {
+        Source::Computed => Source::Waited,
+        other => other,
+    };
+    Fetched { source, ..fetched }
+}

@@ -1,0 +1,115 @@
+//! The hit path's glue to the tiers in this process: the near tier's copies, and the embedded
+//! store's decoded values (a hit there skips decoding). A copy is never a fail-safe fallback.
+
+use crate::cache::entry::StoredEntry;
+use crate::cache::near::Ticket;
+use crate::stats::Event;
+use crate::store::{Blob, Store};
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::Cache;
+
+impl<C: Codec> Cache<C> {
+    /// A near hit, or a hit of a value the embedded store holds decoded, counted: it needs no
+    /// span, no timing and none of the machinery of [`fetch_beyond_quick_hit`].
+    ///
+    /// [`fetch_beyond_quick_hit`]: Self::fetch_beyond_quick_hit
+    pub(crate) fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        // A near hit counts itself (as a hit and a near hit, in one count).
+        if let Some(value) = self.near_hit::<T>(key) {
+            return Some(value);
+        }
+        let value = self.memory_hit::<T>(key)?;
+        self.inner.counters.record(Event::Hit);
+        Some(value)
+    }
+
+    /// This instance changed the entry: its own near copy goes now, without waiting for the
+    /// announcement to come back (read-your-writes within the instance).
+    pub(crate) fn forget_near(&self, keys: &EntryKeys) {
+        if let Some(near) = &self.inner.near {
+            near.forget(&keys.user);
+        }
+    }
+
+    /// Puts what a read found into the near tier, if there is one: never a fail-safe copy,
+    /// which is a fallback only (a value past its fresh-until the tier refuses by itself).
+    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(
+        &self,
+        ticket: Option<Ticket>,
+        keys: &EntryKeys,
+        entry: &StoredEntry<T>,
+        len: usize,
+    ) {
+        if let (Some(near), Some(ticket), Ok(value), false) =
+            (&self.inner.near, ticket, &entry.value, entry.throttled)
+        {
+            near.insert(
+                ticket,
+                &keys.user,
+                value,
+                entry.fence,
+                entry.fresh_until_ms,
+                entry.compute_ms,
+                len,
+                self.inner.store.now_ms(),
+            );
+        }
+    }
+
+    /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
+    /// is calibrated before any copy goes in, so an uncalibrated one means no copy.
+    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+        let near = self.inner.near.as_ref()?;
+        let store = &self.inner.store;
+        if !store.clock_synced() {
+            return None;
+        }
+        near.get::<T>(key)
+    }
+
+    /// The value of a fresh near copy of `key`, when a hit needs nothing more: no XFetch
+    /// draw (then the copy, fresh, is simply served). A hit is counted, as the call's hit and
+    /// a near hit.
+    pub(crate) fn near_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        // No clock check: the tier holds no copy before the store's clock is calibrated.
+        self.inner.near.as_ref()?.value::<T>(key)
+    }
+
+    /// The value of `key` if the embedded store holds it fresh and decoded as a `T`, when a hit
+    /// needs nothing more: no XFetch draw.
+    pub(crate) fn memory_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        let memory = self.inner.store.as_memory()?;
+        memory.fresh::<T>(&self.inner.namespace, key)
+    }
+
+    /// The embedded store keeps a fresh value it handed out decoded, for [`memory_hit`]
+    /// (so only when that path is taken: no XFetch).
+    ///
+    /// [`memory_hit`]: Self::memory_hit
+    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &Blob,
+        entry: &StoredEntry<T>,
+    ) {
+        let (Some(memory), Blob::Shared(shared), Ok(value)) =
+            (self.inner.store.as_memory(), bytes, &entry.value)
+        else {
+            return;
+        };
+        // A throttled copy is a fallback, never a hit: it is not kept for the hit path.
+        if self.options.early_refresh_beta == 0.0
+            && !entry.throttled
+            && entry.fresh_until_ms > memory.now_ms()
+        {
+            memory.keep_decoded(keys, shared, value, entry.fresh_until_ms);
+        }
+    }
+}

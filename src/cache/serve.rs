@@ -1,0 +1,91 @@
+//! Serving a stored entry: a remembered failure as its error, a throttled fail-safe copy as the
+//! fallback, a value as it is or with a background refresh (stale, or drawn early by XFetch).
+//! Decided in one place so the single-key path and each key of a batch decide alike.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::cache::bounds::ComputeFailure;
+use crate::cache::entry::StoredEntry;
+use crate::cache::freshness::{judge, unit_draw, Verdict};
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+
+/// How a stored entry is served ([`Cache::judge_entry`]).
+pub(crate) enum Judged<T> {
+    /// As it is.
+    Served(Result<Fetched<T>, Error>),
+    /// With a background refresh of the entry written under this fence.
+    Refresh(Fetched<T>, u64),
+}
+
+impl<C: Codec> Cache<C> {
+    /// Serves a stored entry: a remembered failure as its error; a throttled fail-safe copy as
+    /// the fallback; a value, starting a background refresh when it is stale or XFetch says so.
+    pub(crate) fn serve<T, E, F, Fut>(
+        &self,
+        entry: StoredEntry<T>,
+        keys: EntryKeys,
+        ttl: Duration,
+        f: F,
+        fresh: Source,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: Serialize + DeserializeOwned + Send + Sync + 'static,
+        E: ComputeFailure,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        match self.judge_entry(entry, &keys.user, fresh) {
+            Judged::Served(outcome) => outcome,
+            Judged::Refresh(served, fence) => {
+                self.refresh_in_background(keys, ttl, f, fence);
+                Ok(served)
+            }
+        }
+    }
+
+    /// What serving `entry` (found as `fresh` says) takes, decided before anything is prepared
+    /// for a refresh, so that every path (a single key's, each key of a batch) decides alike:
+    /// a remembered failure, a throttled fail-safe copy and a value neither stale nor drawn by
+    /// XFetch are served as they are; any other value is served with a background refresh.
+    pub(crate) fn judge_entry<T>(
+        &self,
+        entry: StoredEntry<T>,
+        key: &str,
+        fresh: Source,
+    ) -> Judged<T> {
+        let value = match entry.value {
+            Ok(value) => value,
+            Err(message) => {
+                return Judged::Served(Err(Error::RecentFailure {
+                    key: key.to_owned(),
+                    message,
+                }))
+            }
+        };
+        if entry.throttled {
+            // Sorted for serving, so within its throttle: the source failed a moment ago.
+            return Judged::Served(Ok(self.serve_fallback(value)));
+        }
+        let beta = self.options.early_refresh_beta;
+        // Draw only when XFetch is on: the hit path stays free of the random number generator.
+        let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
+        let verdict = judge(
+            self.inner.store.now_ms(),
+            entry.fresh_until_ms,
+            entry.compute_ms,
+            beta,
+            draw,
+        );
+        let served = |source| Fetched { value, source };
+        match verdict {
+            Verdict::Fresh => Judged::Served(Ok(served(fresh))),
+            Verdict::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
+            Verdict::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+        }
+    }
+}
