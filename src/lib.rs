@@ -155,7 +155,6 @@
 // leases, leader election, Redlock) → `wait` (single flight, waiting, wake-ups) → `wire` (keys,
 // envelope, codec) → `store` (the backends). Nothing below `cache` imports from it.
 mod cache;
-mod connect;
 mod error;
 mod lock;
 mod options;
@@ -170,7 +169,6 @@ pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::near::NearCache;
 pub use cache::Cache;
-pub use connect::ConnectionOptions;
 pub use error::{ComputeError, Error};
 pub use lock::leader;
 pub use lock::lease::Lease;
@@ -178,7 +176,7 @@ pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback, FOREVER};
 pub use stats::Stats;
-pub use store::MemoryLimits;
+pub use store::{ConnectionOptions, MemoryLimits};
 pub use wire::codec::{Bincode, Codec, CodecError};
 pub use wire::key::MAX_KEY_BYTES;
 

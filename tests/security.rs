@@ -330,7 +330,7 @@ async fn oversize_keys_and_values_are_refused_on_redis_at_the_documented_limits(
 /// ACL key patterns apply); data, tokens and channel names come through ARGV.
 #[test]
 fn every_key_a_script_touches_comes_from_keys() {
-    let source = include_str!("../src/store/scripts.rs");
+    let source = include_str!("../src/store/redis/scripts.rs");
     let mut calls = 0;
     for (at, _) in source.match_indices("redis.") {
         let rest = &source[at..];

@@ -62,7 +62,7 @@ use tokio::time::Instant;
 
 use crate::cache::compute::StoredEntry;
 use crate::stats::{Counters, Event};
-use crate::store::feed::FeedSink;
+use crate::store::redis::FeedSink;
 use crate::wire::key::user_key_of;
 
 /// The near tier's settings: how many entries and bytes it may hold, and how stale a copy may

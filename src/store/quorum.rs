@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Acquire, BoxFuture, LockStore, Store, StoreError, StoreResult};
-use crate::connect::{Backend, ConnectionOptions};
+use super::{
+    Acquire, Backend, BoxFuture, ConnectionOptions, LockStore, Store, StoreError, StoreResult,
+};
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 use crate::Error;
