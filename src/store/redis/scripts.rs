@@ -1,14 +1,49 @@
-//! The Lua scripts behind every compare-and-set in Redis.
+//! The Lua scripts behind every compare-and-set in Redis, one file per script: its Lua text, and
+//! beside it the typed call ([`ScriptCall`]) that builds its KEYS and ARGV and reads its reply,
+//! so each script's contract is written once. Shared here: the prelude of Lua helpers every
+//! script starts with, and the encoding of a fenced write.
 //!
 //! Each script takes data only through KEYS and ARGV, and every key it touches shares the entry's
 //! hash tag, so it runs on one Redis Cluster slot. Wake-up channels are not keys; they travel in
-//! ARGV. Scripts are sent by SHA (`EVALSHA`); redis-rs reloads one on `NOSCRIPT`.
+//! ARGV. Scripts are sent by SHA (`EVALSHA`); redis-rs reloads one on `NOSCRIPT`. The order of
+//! KEYS and ARGV is part of the contract beyond the Lua text: the chaos test's checker replays
+//! the scripts' commands as the server's `MONITOR` prints them.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (The scripts).
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Value};
+
+use crate::store::{expiry_ms, retention, StoreError, StoreResult, Write};
+
+mod extend;
+mod invalidate;
+mod next_fence;
+mod raise_fence;
+mod read_or_lock;
+mod record_run;
+mod set;
+mod since_last_run;
+mod store_and_unlock;
+mod unlock;
+mod wake;
+mod write_fenced;
+
+pub(crate) use extend::ExtendCall;
+pub(crate) use invalidate::{InvalidateCall, InvalidateManyCall};
+pub(crate) use next_fence::NextFenceCall;
+pub(crate) use raise_fence::RaiseFenceCall;
+pub(crate) use read_or_lock::{ReadOrLockCall, ReadOrLockManyCall};
+pub(crate) use record_run::RecordRunCall;
+pub(crate) use set::SetCall;
+pub(crate) use since_last_run::SinceLastRunCall;
+pub(crate) use store_and_unlock::StoreAndUnlockCall;
+pub(crate) use unlock::UnlockCall;
+pub(crate) use wake::WakeCall;
+pub(crate) use write_fenced::WriteFencedCall;
 
 /// The helpers every script starts with.
 ///
@@ -33,7 +68,7 @@ use redis::Script;
 /// store, which holds no values). It says `"PUBLISH"` in double
 /// quotes on purpose: the sharded scripts replace `'PUBLISH'` by `SPUBLISH` for wake-ups, but
 /// the near channel is one for the whole namespace, so it must reach every node's subscribers
-/// (a cluster's near-tier feed listens to every master; see `store/feed.rs`).
+/// (a cluster's near-tier feed listens to every master; see `store/redis/feed.rs`).
 /// Fences are formatted with `%d`: Lua's `..` would print a 16-digit seeded fence as `1.7e+15`.
 const PRELUDE: &str = r#"
 local function set_expiring(key, value, ms, ...)
@@ -116,213 +151,119 @@ local function invalidate(value, fence, retention_ms, channel, near_channel)
 end
 "#;
 
-/// KEYS: value, lock, fence. ARGV: token, lease ms, read value (1/0), fence retention ms.
-/// Returns {1, value} | {2, fence} (lock taken) | {3, lock pttl} (held by another).
-/// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
-const READ_OR_LOCK: &str = r"
-return read_or_lock(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-";
+/// One call of one script, typed: which script, its KEYS and ARGV in the order its Lua text reads
+/// them, and what its reply means. Implemented once per script, beside its Lua text.
+pub(crate) trait ScriptCall {
+    /// What the reply means.
+    type Reply;
 
-/// The batch form of [`READ_OR_LOCK`]: the same rule for each entry, in one atomic step.
-/// KEYS: value, lock, fence of entry 1, then of entry 2, ... ARGV: lease ms, fence retention ms,
-/// then token and read value (1/0) of entry 1, of entry 2, ... Returns one reply of
-/// `READ_OR_LOCK` per entry, in order.
-const READ_OR_LOCK_MANY: &str = r"
-local replies = {}
-for i = 0, #KEYS / 3 - 1 do
-  replies[i + 1] = read_or_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
-    ARGV[2 * i + 3], ARGV[1], ARGV[2 * i + 4], ARGV[2])
-end
-return replies
-";
+    /// The script, from the set for this kind of server.
+    fn script(scripts: &Scripts) -> &Script;
 
-/// KEYS: value, lock, fence. ARGV: token, fence, channel, near channel, 'set' | 'keep' | 'del',
-/// value, ttl ms (for 'keep': the least it then lives). Writes (or deletes) only if the fencing counter is still ours: nobody acquired, set
-/// or invalidated since. A written value keeps the counter alive at least as long as itself.
-/// A write that replaces or deletes a value is announced to the near tiers; a fill of an empty
-/// key is not (no near tier can hold a copy of a value that is not there, and announcing every
-/// fill is the broadcast storm of JetCache #972). Returns {written, released}.
-const STORE_AND_UNLOCK: &str = r"
-local written = 0
-if redis.call('GET', KEYS[3]) == ARGV[2] then
-  -- Where no near tier can listen (no channel) nothing is announced: spare the EXISTS too.
-  if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
-    announce(ARGV[4], ARGV[2], KEYS[1])
-  end
-  write_value(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7])
-  written = 1
-end
-local released = 0
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
-  released = 1
-end
-redis.call('PUBLISH', ARGV[3], '')
-return {written, released}
-";
+    /// Adds this call's KEYS and ARGV.
+    fn encode(&self, invocation: &mut ScriptInvocation<'_>);
 
-/// KEYS: lock, fence. ARGV: token, lease ms, fence retention ms. Returns 1 if extended.
-const EXTEND: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-if tonumber(ARGV[2]) == 0 then
-  redis.call('PERSIST', KEYS[1])
-else
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-keep_at_least(KEYS[2], ARGV[3])
-return 1
-";
+    /// Reads the script's reply; one that breaks the script's contract is an error.
+    fn decode(&self, reply: Value) -> StoreResult<Self::Reply>;
+}
 
-/// KEYS: lock. ARGV: token, channel. Returns 1 if the lock was ours and is now free.
-const UNLOCK: &str = r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
-end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], '')
-return 1
-";
+/// Runs `call` over `conn`: by SHA, reloading the script on `NOSCRIPT`.
+pub(crate) async fn run<S, C>(scripts: &Scripts, call: S, conn: &mut C) -> StoreResult<S::Reply>
+where
+    S: ScriptCall,
+    C: ConnectionLike,
+{
+    let mut invocation = S::script(scripts).prepare_invoke();
+    call.encode(&mut invocation);
+    let reply: Value = invocation.invoke_async(conn).await?;
+    call.decode(reply)
+}
 
-/// KEYS: value, fence. ARGV: value, ttl ms, fence retention ms, channel, near channel.
-/// Always announced: a `set` is the user's explicit change.
-const SET: &str = r"
-local fence = bump_fence(KEYS[2], ARGV[3])
-set_expiring(KEYS[1], ARGV[1], ARGV[2])
-keep_at_least(KEYS[2], ARGV[2])
-announce(ARGV[5], string.format('%d', fence), KEYS[1])
-redis.call('PUBLISH', ARGV[4], '')
-return 1
-";
+/// Reads a reply as `T`, as `invoke_async::<T>` would have.
+fn parse<T: FromRedisValue>(reply: Value) -> StoreResult<T> {
+    Ok(redis::from_redis_value(reply).map_err(RedisError::from)?)
+}
 
-/// KEYS: value, fence. ARGV: fence retention ms, channel, near channel. Always announced, even
-/// when no value is there: near copies of a value Redis evicted must go too.
-const INVALIDATE: &str = r"
-invalidate(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])
-return 1
-";
+/// A reply that breaks a command's contract, as a store error naming `what` and showing `got`.
+pub(crate) fn unexpected(what: &'static str, got: &Value) -> StoreError {
+    StoreError::from(RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        what,
+        format!("{got:?}"),
+    )))
+}
 
-/// The batch form of [`INVALIDATE`], each entry as there. KEYS: value, fence of entry 1, of
-/// entry 2, ... ARGV: fence retention ms, near channel, then the wake-up channel of each entry.
-const INVALIDATE_MANY: &str = r"
-for i = 0, #KEYS / 2 - 1 do
-  invalidate(KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[1], ARGV[i + 3], ARGV[2])
-end
-return 1
-";
+/// The fence retention argument of a script run under `lease`.
+fn retention_ms(lease: Duration) -> u64 {
+    expiry_ms(retention(lease))
+}
 
-/// KEYS: value (only so that Redis Cluster routes it to the entry's node). ARGV: channel.
-/// Wakes the waiters without touching any key: the value store of a split store publishes this
-/// when a lock held elsewhere (a Redlock) was freed without a value.
-const WAKE: &str = r"
-redis.call('PUBLISH', ARGV[1], '')
-return 1
-";
+/// A yes/no argument, as the scripts compare it (`'1'`).
+fn flag(yes: bool) -> &'static str {
+    if yes {
+        "1"
+    } else {
+        "0"
+    }
+}
 
-/// KEYS: last-run. ARGV: fence, keep ms. Records the server's clock as the start of a leader's
-/// run under `fence` ("fence ms"), unless a run of a newer term (a higher fence) is recorded:
-/// a paused old leader cannot move the schedule back. Returns 1 if recorded.
-const RECORD_RUN: &str = r"
-local current = redis.call('GET', KEYS[1])
-if current then
-  local fence = tonumber(string.match(current, '^(%d+) '))
-  if fence and fence > tonumber(ARGV[1]) then
-    return 0
-  end
-end
-local t = redis.call('TIME')
-local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-set_expiring(KEYS[1], ARGV[1] .. ' ' .. ms, ARGV[2])
-return 1
-";
-
-/// KEYS: last-run. Returns how many milliseconds ago, by the server's clock, the last recorded
-/// run started, or -1 if none is recorded.
-const SINCE_LAST_RUN: &str = r"
-local current = redis.call('GET', KEYS[1])
-local ran = current and tonumber(string.match(current, ' (%d+)$'))
-if not ran then
-  return -1
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return math.max(0, now - ran)
-";
-
-/// KEYS: fence. ARGV: floor, fence retention ms. Raises the counter to at least `floor`.
-const RAISE_FENCE: &str = r"
-local current = tonumber(redis.call('GET', KEYS[1]) or '0')
-if current < tonumber(ARGV[1]) then
-  set_keeping(KEYS[1], ARGV[1], ARGV[2])
-else
-  keep_at_least(KEYS[1], ARGV[2])
-end
-return 1
-";
-
-/// KEYS: fence. ARGV: fence retention ms. Returns the bumped counter.
-const NEXT_FENCE: &str = r"
-return bump_fence(KEYS[1], ARGV[1])
-";
-
-/// KEYS: value, fence. ARGV: fence, fence retention ms, channel, near channel,
-/// 'set' | 'keep' | 'del', value, ttl ms. Writes (or deletes) unless the counter is above `fence`
-/// (a newer token or an invalidation came since), and records `fence`; the counter lives at least
-/// as long as the value, so the rule holds for it. A write is always announced: its callers (a
-/// `set` over a Redlock) make explicit changes. Returns 1 if written.
-const WRITE_FENCED: &str = r"
-local current = tonumber(redis.call('GET', KEYS[2]) or '0')
-local written = 0
-if current <= tonumber(ARGV[1]) then
-  set_keeping(KEYS[2], ARGV[1], ARGV[2])
-  announce(ARGV[4], ARGV[1], KEYS[1])
-  write_value(KEYS[1], KEYS[2], ARGV[5], ARGV[6], ARGV[7])
-  written = 1
-end
-redis.call('PUBLISH', ARGV[3], '')
-return written
-";
+/// The script arguments of a fenced write, which the prelude's `write_value` reads: `'set',
+/// bytes, ttl ms`, `'keep', bytes, at least ms` or `'del'`.
+fn encode_write(invocation: &mut ScriptInvocation<'_>, write: &Write) {
+    match write {
+        Write::Value { bytes, ttl } => {
+            invocation.arg("set").arg(bytes).arg(expiry_ms(*ttl));
+        }
+        Write::Delete => {
+            invocation.arg("del");
+        }
+        Write::Keep { bytes, at_least } => {
+            invocation.arg("keep").arg(bytes).arg(expiry_ms(*at_least));
+        }
+    }
+}
 
 /// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
 /// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
-/// stays on the slot's node instead of being broadcast to every node.
+/// stays on the slot's node instead of being broadcast to every node. The fields are private:
+/// a script is run only through its [`ScriptCall`], so its arguments are built in one place.
 pub(crate) struct Scripts {
-    pub read_or_lock: Script,
-    pub read_or_lock_many: Script,
-    pub store_and_unlock: Script,
-    pub extend: Script,
-    pub unlock: Script,
-    pub set: Script,
-    pub invalidate: Script,
-    pub invalidate_many: Script,
-    pub raise_fence: Script,
-    pub next_fence: Script,
-    pub write_fenced: Script,
-    pub wake: Script,
-    pub record_run: Script,
-    pub since_last_run: Script,
+    read_or_lock: Script,
+    read_or_lock_many: Script,
+    store_and_unlock: Script,
+    extend: Script,
+    unlock: Script,
+    set: Script,
+    invalidate: Script,
+    invalidate_many: Script,
+    raise_fence: Script,
+    next_fence: Script,
+    write_fenced: Script,
+    wake: Script,
+    record_run: Script,
+    since_last_run: Script,
 }
 
 impl Scripts {
+    /// Every script, prefixed with the prelude, with `publish` as the wake-up command.
     fn new(publish: &str) -> Self {
         let script =
             |body: &str| Script::new(&format!("{PRELUDE}{body}").replace("'PUBLISH'", publish));
         Scripts {
-            read_or_lock: script(READ_OR_LOCK),
-            read_or_lock_many: script(READ_OR_LOCK_MANY),
-            store_and_unlock: script(STORE_AND_UNLOCK),
-            extend: script(EXTEND),
-            unlock: script(UNLOCK),
-            set: script(SET),
-            invalidate: script(INVALIDATE),
-            invalidate_many: script(INVALIDATE_MANY),
-            raise_fence: script(RAISE_FENCE),
-            next_fence: script(NEXT_FENCE),
-            write_fenced: script(WRITE_FENCED),
-            wake: script(WAKE),
-            record_run: script(RECORD_RUN),
-            since_last_run: script(SINCE_LAST_RUN),
+            read_or_lock: script(read_or_lock::READ_OR_LOCK),
+            read_or_lock_many: script(read_or_lock::READ_OR_LOCK_MANY),
+            store_and_unlock: script(store_and_unlock::STORE_AND_UNLOCK),
+            extend: script(extend::EXTEND),
+            unlock: script(unlock::UNLOCK),
+            set: script(set::SET),
+            invalidate: script(invalidate::INVALIDATE),
+            invalidate_many: script(invalidate::INVALIDATE_MANY),
+            raise_fence: script(raise_fence::RAISE_FENCE),
+            next_fence: script(next_fence::NEXT_FENCE),
+            write_fenced: script(write_fenced::WRITE_FENCED),
+            wake: script(wake::WAKE),
+            record_run: script(record_run::RECORD_RUN),
+            since_last_run: script(since_last_run::SINCE_LAST_RUN),
         }
     }
 }

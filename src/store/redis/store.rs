@@ -6,17 +6,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::{ErrorKind, RedisError, Value};
+use redis::Value;
 
 use super::clock::ServerClock;
 use super::cluster::LazyCluster;
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
 use super::pubsub::PubSub;
-use super::scripts::{Scripts, SCRIPTS, SHARDED_SCRIPTS};
+use super::scripts::{
+    self, unexpected, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
+    RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall, Scripts,
+    SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall, SCRIPTS,
+    SHARDED_SCRIPTS,
+};
 use crate::store::{
-    expiry_ms, retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError,
-    StoreResult, Stored, Write,
+    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
 };
 use crate::wait::wakeup::Listener;
 use crate::wire::key::EntryKeys;
@@ -127,45 +131,6 @@ impl RedisStore<LazyCluster> {
     }
 }
 
-fn unexpected(what: &'static str, got: &Value) -> StoreError {
-    StoreError::from(RedisError::from((
-        ErrorKind::UnexpectedReturnType,
-        what,
-        format!("{got:?}"),
-    )))
-}
-
-/// One entry's answer of the read-or-lock script (also one element of the batch script's).
-fn read_or_lock_reply(reply: Vec<Value>) -> StoreResult<ReadOrLock> {
-    match reply.as_slice() {
-        [Value::Int(1), Value::BulkString(v)] => Ok(ReadOrLock::Value(v.clone())),
-        [Value::Int(2), fence] => match int(fence) {
-            Some(n) if n > 0 => Ok(ReadOrLock::Acquired { fence: n as u64 }),
-            _ => Err(unexpected("read-or-lock: bad fencing token", fence)),
-        },
-        [Value::Int(3), pttl] => Ok(ReadOrLock::Held {
-            expires_in: int(pttl)
-                .filter(|ms| *ms >= 0)
-                .map(|ms| Duration::from_millis(ms as u64)),
-        }),
-        _ => Err(unexpected(
-            "read-or-lock: unexpected reply",
-            &Value::Array(reply),
-        )),
-    }
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(n) => Some(*n),
-        _ => None,
-    }
-}
-
-fn retention_ms(lease: Duration) -> u64 {
-    expiry_ms(retention(lease))
-}
-
 /// What scopes a database's wake-up channels (see `RedisStore::channel_suffix`).
 fn channel_suffix(db: i64) -> String {
     if db == 0 {
@@ -208,19 +173,14 @@ impl<C> RedisStore<C> {
     }
 }
 
-/// The script arguments of a fenced write: `'set', bytes, ttl ms`, `'keep', bytes, at least
-/// ms` or `'del'`.
-fn write_args(invocation: &mut redis::ScriptInvocation<'_>, write: Write) {
-    match write {
-        Write::Value { bytes, ttl } => {
-            invocation.arg("set").arg(bytes).arg(expiry_ms(ttl));
-        }
-        Write::Delete => {
-            invocation.arg("del");
-        }
-        Write::Keep { bytes, at_least } => {
-            invocation.arg("keep").arg(bytes).arg(expiry_ms(at_least));
-        }
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Runs one script call on a clone of the data connection (it multiplexes; a clone per call
+    /// because a call needs it mutable).
+    async fn run<S: ScriptCall>(&self, call: S) -> StoreResult<S::Reply> {
+        scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 }
 
@@ -243,20 +203,7 @@ where
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let extended: i64 = self
-                .scripts
-                .extend
-                .key(keys.lock())
-                .key(keys.fence())
-                .arg(token)
-                .arg(expiry_ms(lease))
-                .arg(retention_ms(lease))
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(extended == 1)
-        })
+        Box::pin(self.run(ExtendCall { keys, token, lease }))
     }
 
     fn unlock<'a>(
@@ -265,16 +212,13 @@ where
         token: &'a str,
     ) -> BoxFuture<'a, StoreResult<bool>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let released: i64 = self
-                .scripts
-                .unlock
-                .key(keys.lock())
-                .arg(token)
-                .arg(self.channel(keys).as_ref())
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(released == 1)
+            let channel = self.channel(keys);
+            self.run(UnlockCall {
+                keys,
+                token,
+                channel: &channel,
+            })
+            .await
         })
     }
 
@@ -288,34 +232,14 @@ where
         fence: u64,
         keep: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let recorded: i64 = self
-                .scripts
-                .record_run
-                .key(keys.last_run())
-                .arg(fence)
-                .arg(expiry_ms(keep))
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(recorded == 1)
-        })
+        Box::pin(self.run(RecordRunCall { keys, fence, keep }))
     }
 
     fn since_last_run<'a>(
         &'a self,
         keys: &'a EntryKeys,
     ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let since: i64 = self
-                .scripts
-                .since_last_run
-                .key(keys.last_run())
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(u64::try_from(since).ok().map(Duration::from_millis))
-        })
+        Box::pin(self.run(SinceLastRunCall { keys }))
     }
 
     fn next_fence<'a>(
@@ -323,17 +247,7 @@ where
         keys: &'a EntryKeys,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<u64>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let fence: u64 = self
-                .scripts
-                .next_fence
-                .key(keys.fence())
-                .arg(retention_ms(lease))
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(fence)
-        })
+        Box::pin(self.run(NextFenceCall { keys, lease }))
     }
 
     fn raise_fence<'a>(
@@ -342,18 +256,7 @@ where
         floor: u64,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let _: i64 = self
-                .scripts
-                .raise_fence
-                .key(keys.fence())
-                .arg(floor)
-                .arg(retention_ms(lease))
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(())
-        })
+        Box::pin(self.run(RaiseFenceCall { keys, floor, lease }))
     }
 }
 
@@ -387,22 +290,12 @@ where
         lease: Duration,
         read_value: bool,
     ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let reply: Vec<Value> = self
-                .scripts
-                .read_or_lock
-                .key(&keys.value)
-                .key(keys.lock())
-                .key(keys.fence())
-                .arg(token)
-                .arg(expiry_ms(lease))
-                .arg(if read_value { "1" } else { "0" })
-                .arg(retention_ms(lease))
-                .invoke_async(&mut conn)
-                .await?;
-            read_or_lock_reply(reply)
-        })
+        Box::pin(self.run(ReadOrLockCall {
+            keys,
+            token,
+            lease,
+            read_value,
+        }))
     }
 
     fn get_many<'a>(
@@ -437,39 +330,14 @@ where
         Box::pin(async move {
             let groups = self.slot_groups(entries, |(keys, _, _)| keys);
             let calls = groups.iter().map(|group| async move {
-                let mut invocation = self.scripts.read_or_lock_many.prepare_invoke();
-                invocation.arg(expiry_ms(lease)).arg(retention_ms(lease));
-                for &i in group {
-                    let (keys, token, read_value) = entries[i];
-                    invocation
-                        .key(&keys.value)
-                        .key(keys.lock())
-                        .key(keys.fence())
-                        .arg(token)
-                        .arg(if read_value { "1" } else { "0" });
-                }
-                let mut conn = self.conn.clone();
-                let reply: StoreResult<Vec<Value>> = invocation
-                    .invoke_async(&mut conn)
+                let call = ReadOrLockManyCall {
+                    entries: group.iter().map(|&i| entries[i]).collect(),
+                    lease,
+                };
+                // A failed call fails each of its entries.
+                self.run(call)
                     .await
-                    .map_err(StoreError::from);
-                match reply {
-                    Ok(replies) if replies.len() == group.len() => replies
-                        .into_iter()
-                        .map(|reply| match reply {
-                            Value::Array(reply) => read_or_lock_reply(reply),
-                            other => Err(unexpected("read-or-lock-many: unexpected reply", &other)),
-                        })
-                        .collect::<Vec<_>>(),
-                    Ok(replies) => {
-                        let e = unexpected(
-                            "read-or-lock-many: wrong number of replies",
-                            &Value::Array(replies),
-                        );
-                        vec![Err(e); group.len()]
-                    }
-                    Err(e) => vec![Err(e); group.len()],
-                }
+                    .unwrap_or_else(|e| vec![Err(e); group.len()])
             });
             let answers = crate::wait::join_all(calls.collect()).await;
             let mut out: Vec<Option<StoreResult<ReadOrLock>>> = vec![None; entries.len()];
@@ -495,21 +363,15 @@ where
     ) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
             let groups = self.slot_groups(entries, |keys| keys);
-            let calls = groups.iter().map(|group| async move {
-                let mut invocation = self.scripts.invalidate_many.prepare_invoke();
-                invocation.arg(retention_ms(lease)).arg(&self.near_channel);
-                for &i in group {
-                    let keys = entries[i];
-                    invocation
-                        .key(&keys.value)
-                        .key(keys.fence())
-                        .arg(self.channel(keys).as_ref());
-                }
-                let mut conn = self.conn.clone();
-                invocation
-                    .invoke_async::<i64>(&mut conn)
-                    .await
-                    .map_err(StoreError::from)
+            let calls = groups.iter().map(|group| {
+                self.run(InvalidateManyCall {
+                    entries: group
+                        .iter()
+                        .map(|&i| (entries[i], self.channel(entries[i])))
+                        .collect(),
+                    lease,
+                    near_channel: &self.near_channel,
+                })
             });
             let results = crate::wait::join_all(calls.collect()).await;
             results
@@ -527,17 +389,16 @@ where
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let mut invocation = self.scripts.write_fenced.key(&keys.value);
-            invocation
-                .key(keys.fence())
-                .arg(fence)
-                .arg(retention_ms(lease))
-                .arg(self.channel(keys).as_ref())
-                .arg(&self.near_channel);
-            write_args(&mut invocation, write);
-            let written: i64 = invocation.invoke_async(&mut conn).await?;
-            Ok(written == 1)
+            let channel = self.channel(keys);
+            self.run(WriteFencedCall {
+                keys,
+                fence,
+                write,
+                lease,
+                channel: &channel,
+                near_channel: &self.near_channel,
+            })
+            .await
         })
     }
 
@@ -549,21 +410,16 @@ where
         write: Write,
     ) -> BoxFuture<'a, StoreResult<Stored>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let mut invocation = self.scripts.store_and_unlock.key(&keys.value);
-            invocation
-                .key(keys.lock())
-                .key(keys.fence())
-                .arg(token)
-                .arg(fence)
-                .arg(self.channel(keys).as_ref())
-                .arg(&self.near_channel);
-            write_args(&mut invocation, write);
-            let (written, released): (i64, i64) = invocation.invoke_async(&mut conn).await?;
-            Ok(Stored {
-                written: written == 1,
-                released: released == 1,
+            let channel = self.channel(keys);
+            self.run(StoreAndUnlockCall {
+                keys,
+                token,
+                fence,
+                write,
+                channel: &channel,
+                near_channel: &self.near_channel,
             })
+            .await
         })
     }
 
@@ -575,20 +431,16 @@ where
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let _: i64 = self
-                .scripts
-                .set
-                .key(&keys.value)
-                .key(keys.fence())
-                .arg(value)
-                .arg(expiry_ms(ttl))
-                .arg(retention_ms(lease))
-                .arg(self.channel(keys).as_ref())
-                .arg(&self.near_channel)
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(())
+            let channel = self.channel(keys);
+            self.run(SetCall {
+                keys,
+                value,
+                ttl,
+                lease,
+                channel: &channel,
+                near_channel: &self.near_channel,
+            })
+            .await
         })
     }
 
@@ -598,32 +450,25 @@ where
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let _: i64 = self
-                .scripts
-                .invalidate
-                .key(&keys.value)
-                .key(keys.fence())
-                .arg(retention_ms(lease))
-                .arg(self.channel(keys).as_ref())
-                .arg(&self.near_channel)
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(())
+            let channel = self.channel(keys);
+            self.run(InvalidateCall {
+                keys,
+                lease,
+                channel: &channel,
+                near_channel: &self.near_channel,
+            })
+            .await
         })
     }
 
     fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let _: i64 = self
-                .scripts
-                .wake
-                .key(&keys.value)
-                .arg(self.channel(keys).as_ref())
-                .invoke_async(&mut conn)
-                .await?;
-            Ok(())
+            let channel = self.channel(keys);
+            self.run(WakeCall {
+                keys,
+                channel: &channel,
+            })
+            .await
         })
     }
 
