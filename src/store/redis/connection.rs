@@ -23,10 +23,10 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// | setting | default | what it bounds |
 /// |---|---|---|
 /// | [`connect_timeout`](Self::connect_timeout) | 2 s | one attempt to open a connection (TCP, TLS, login) |
-/// | [`response_timeout`](Self::response_timeout) | 5 s | one command's answer; a hung server becomes [`Error::Backend`] |
+/// | [`response_timeout`](Self::response_timeout) | 5 s | one command's answer; a hung server becomes [`Error::Backend`](crate::Error::Backend) |
 /// | [`reconnect_retries`](Self::reconnect_retries) | 2 | attempts after the first failed one, with a jittered exponential delay of at most 500 ms in between; a cluster keeps its own command retries (they also follow redirections during a failover) |
 ///
-/// While no connection can be made, each call fails with [`Error::Backend`], and each failure
+/// While no connection can be made, each call fails with [`Error::Backend`](crate::Error::Backend), and each failure
 /// costs `1 + reconnect_retries` attempts: the first call makes them itself; after a failure one
 /// reconnection runs in the background, which the next call awaits or finds failed. With the
 /// defaults a refused connection fails in about half a second; with `reconnect_retries(0)`, at

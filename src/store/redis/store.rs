@@ -1,6 +1,5 @@
 //! The Redis store: the [`Store`] and [`LockStore`] operations over one data connection, each a
-//! Lua script (see [`scripts`](super::scripts)) or a plain read, with wake-ups over the store's
-//! [`PubSub`].
+//! Lua script (see [`scripts`]) or a plain read, with wake-ups over the store's [`PubSub`].
 
 use std::sync::Arc;
 use std::time::Duration;
