@@ -153,14 +153,13 @@
 
 // Five layers; imports point down only (a child module may use its parent's items):
 // `cache` (the handle and its call paths; `web` beside it) → `lock` (locks, leases, leader
-// election, Redlock) → `wait` (single flight, waiting for a holder, joining futures) → `store`
-// (the backends, `connect` that builds them, and the wake-ups they produce) → `wire` (keys,
+// election, Redlock) → `wait` (single flight, waiting for a holder) → `store`
+// (the backends, `backend` that builds them, and the wake-ups they produce) → `wire` (keys,
 // envelope, codec, shape). Below them the leaves, which every layer may use and which use no
-// layer: `error`, `time`, `sync`, `options` (which uses `time`) and `stats`.
-// One arrow still runs up: `store/redis.rs` borrows `wait::join_all`, which uses nothing itself.
+// layer: `error`, `time`, `sync`, `join`, `options` (which uses `time`) and `stats`.
 mod cache;
-mod connect;
 mod error;
+mod join;
 mod lock;
 mod options;
 mod stats;
@@ -177,7 +176,6 @@ pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::near::NearCache;
 pub use cache::Cache;
-pub use connect::ConnectionOptions;
 pub use error::{ComputeError, Error};
 pub use lock::leader;
 pub use lock::lease::Lease;
@@ -185,7 +183,7 @@ pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, Fallback};
 pub use stats::Stats;
-pub use store::MemoryLimits;
+pub use store::{ConnectionOptions, MemoryLimits};
 pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};
 pub use wire::key::MAX_KEY_BYTES;

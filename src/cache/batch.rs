@@ -48,7 +48,7 @@ use crate::stats::Event;
 use crate::store::{Blob, BoxFuture, ReadOrLock};
 use crate::time::later_by;
 use crate::wait::flight::{Follower, Leader, Role};
-use crate::wait::join_all;
+use crate::join::join_all;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};

@@ -4,7 +4,7 @@
 
 use crate::cache::near::{NearCache, NearTier};
 use crate::cache::Cache;
-use crate::connect::{Backend, ConnectionOptions};
+use crate::store::{Backend, ConnectionOptions};
 use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
@@ -240,7 +240,7 @@ impl<C: Codec> CacheBuilder<C> {
                 )?;
                 let counters = Arc::default();
                 let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));
-                let sink: Arc<dyn crate::store::feed::FeedSink> = tier.clone();
+                let sink: Arc<dyn crate::store::redis::FeedSink> = tier.clone();
                 feed.start(Arc::downgrade(&sink));
                 (store, Some(tier), counters)
             }

@@ -43,7 +43,7 @@
 //! # The staleness bound
 //! Copies are served only while the feed has proved, within `max_staleness`, that it is
 //! current: a heartbeat sent at local time `t0` came back on the same connection, after every
-//! announcement published before it (see `store/feed.rs`; on a Redis Cluster, one connection per
+//! announcement published before it (see `store/redis/feed.rs`; on a Redis Cluster, one connection per
 //! master, and the oldest of their proofs counts). So a copy served at `r` is never older
 //! than a change that completed before `r - max_staleness`. When the proof lapses (a dropped,
 //! black-holed or cut connection, a restarted or paused server, this process paused), the tier
@@ -62,7 +62,7 @@ use tokio::time::Instant;
 
 use crate::cache::entry::StoredEntry;
 use crate::stats::{Counters, Event};
-use crate::store::feed::FeedSink;
+use crate::store::redis::FeedSink;
 use crate::wire::key::user_key_of;
 
 /// The near tier's settings: how many entries and bytes it may hold, and how stale a copy may

@@ -20,8 +20,8 @@ pub mod leader;
 pub(crate) mod lease;
 pub(crate) mod redlock;
 
-use crate::connect::{Backend, ConnectionOptions};
 use crate::lock::lease::{Acquiring, HeldLock, Lease, Renewal};
+use crate::store::{Backend, ConnectionOptions};
 use crate::wire::key::{validate_namespace, EntryKeys};
 
 use crate::store::{Acquire, LockStore};

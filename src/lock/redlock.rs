@@ -26,8 +26,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connect::ConnectionOptions;
 use crate::store::quorum::QuorumStore;
+use crate::store::ConnectionOptions;
 use crate::wire::key::{validate_namespace, EntryKeys};
 use crate::{CallOptions, Error, Lock};
 

@@ -12,18 +12,17 @@ use self::wakeup::Listener;
 use crate::error::Error;
 use crate::wire::key::EntryKeys;
 
-mod clock;
-mod eviction;
-pub(crate) mod feed;
+mod backend;
 mod memory;
 pub(crate) mod quorum;
 pub(crate) mod redis;
-mod scripts;
 mod split;
 pub(crate) mod wakeup;
 
+pub(crate) use backend::Backend;
 pub use memory::MemoryLimits;
 pub(crate) use memory::MemoryStore;
+pub use redis::ConnectionOptions;
 pub(crate) use split::SplitStore;
 
 /// A boxed future: keeps [`Store`] object-safe so one `Cache` type serves every backend.

@@ -4,17 +4,16 @@
 //!
 //! Explained in the guide: `docs/cluster-and-redlock.md` (Redlock).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Acquire, BoxFuture, LockStore, Store, StoreError, StoreResult};
-use crate::connect::{Backend, ConnectionOptions};
+use super::{
+    Acquire, Backend, BoxFuture, ConnectionOptions, LockStore, Store, StoreError, StoreResult,
+};
 use crate::error::Error;
+use crate::join::join_all;
 use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
@@ -273,26 +272,3 @@ impl LockStore for QuorumStore {
     }
 }
 
-/// Polls every future until all are done; the answers in order. (A few lines instead of a
-/// dependency: the futures borrow from the caller, so `tokio::task::JoinSet` does not fit.)
-async fn join_all<'a, T>(mut futures: Vec<BoxFuture<'a, T>>) -> Vec<T> {
-    let mut done: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx: &mut Context<'_>| {
-        let mut pending = false;
-        for (future, slot) in futures.iter_mut().zip(done.iter_mut()) {
-            if slot.is_none() {
-                match Pin::new(future).poll(cx) {
-                    Poll::Ready(value) => *slot = Some(value),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    done.into_iter().flatten().collect()
-}

@@ -5,7 +5,4 @@
 //! Explained in the guide: `docs/how-it-works.md` (waiting and wake-ups).
 
 pub(crate) mod flight;
-mod join;
 pub(crate) mod waiting;
-
-pub(crate) use join::join_all;

@@ -1,134 +1,25 @@
-//! Which backend a builder was given, how to reach it ([`ConnectionOptions`]), and opening it.
+//! Which backend a builder was given, and opening it: the one place that knows every kind of
+//! store, so the builders above stay free of any one backend's types.
 //!
 //! Explained in the guide: `docs/configuration.md` (Connections).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::feed::Feed;
-use crate::store::redis::{near_channels, RedisStore};
-use crate::store::{MemoryLimits, MemoryStore, Store};
+use super::redis::{near_channels, ConnectionOptions, Feed, RedisStore};
+use super::{MemoryLimits, MemoryStore, Store};
 use crate::Error;
 
-/// The longest timeout passed on to the Redis client: longer ones (up to `Duration::MAX`) are
-/// taken whole and saturate here, once, so the client's own arithmetic never overflows.
-const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// How a cache or a lock talks to Redis: the time-outs and the reconnection attempts. Given to
-/// [`CacheBuilder::connection`](crate::CacheBuilder::connection),
-/// [`LockBuilder::connection`](crate::LockBuilder::connection) and
-/// [`RedlockBuilder::connection`](crate::RedlockBuilder::connection); used for a single server,
-/// for each Redlock node and (the time-outs) for every node of a Redis Cluster.
-///
-/// | setting | default | what it bounds |
-/// |---|---|---|
-/// | [`connect_timeout`](Self::connect_timeout) | 2 s | one attempt to open a connection (TCP, TLS, login) |
-/// | [`response_timeout`](Self::response_timeout) | 5 s | one command's answer; a hung server becomes [`Error::Backend`] |
-/// | [`reconnect_retries`](Self::reconnect_retries) | 2 | attempts after the first failed one, with a jittered exponential delay of at most 500 ms in between; a cluster keeps its own command retries (they also follow redirections during a failover) |
-///
-/// While no connection can be made, each call fails with [`Error::Backend`], and each failure
-/// costs `1 + reconnect_retries` attempts: the first call makes them itself; after a failure one
-/// reconnection runs in the background, which the next call awaits or finds failed. With the
-/// defaults a refused connection fails in about half a second; with `reconnect_retries(0)`, at
-/// the first refused attempt. Timeouts above 24 hours (up to `Duration::MAX`) count as 24 hours.
-///
-/// ```
-/// use stampede_guard::{Cache, ConnectionOptions};
-/// use std::time::Duration;
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), stampede_guard::Error> {
-/// let connection = ConnectionOptions::default()
-///     .connect_timeout(Duration::from_millis(250))
-///     .response_timeout(Duration::from_secs(1))
-///     .reconnect_retries(0); // fail fast: one attempt per call while Redis is down
-/// assert_eq!(connection.get_reconnect_retries(), 0);
-/// let cache = Cache::builder().connection(connection).build().await?; // .redis_url(..) for Redis
-/// # let _ = cache;
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-#[must_use]
-pub struct ConnectionOptions {
-    pub(crate) connect_timeout: Duration,
-    pub(crate) response_timeout: Duration,
-    pub(crate) reconnect_retries: usize,
-}
-
-impl Default for ConnectionOptions {
-    fn default() -> Self {
-        ConnectionOptions {
-            connect_timeout: Duration::from_secs(2),
-            // Generous for a 64 MiB value on a busy server, short enough that a hung server
-            // surfaces as an error rather than a hang.
-            response_timeout: Duration::from_secs(5),
-            reconnect_retries: 2,
-        }
-    }
-}
-
-impl ConnectionOptions {
-    /// How long one attempt to open a connection may take (default 2 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout.min(MAX_TIMEOUT);
-        self
-    }
-
-    /// How long one command may wait for its answer (default 5 s). Keep it above the time your
-    /// largest value takes to transfer.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout.min(MAX_TIMEOUT);
-        self
-    }
-
-    /// How many more attempts to connect after a failed one, before the call that needed the
-    /// connection fails (default 2; 0 means one attempt).
-    pub fn reconnect_retries(mut self, retries: usize) -> Self {
-        self.reconnect_retries = retries;
-        self
-    }
-
-    /// The connect timeout in force.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let options = stampede_guard::ConnectionOptions::default();
-    /// assert_eq!(options.get_connect_timeout(), Duration::from_secs(2));
-    /// ```
-    pub fn get_connect_timeout(&self) -> Duration {
-        self.connect_timeout
-    }
-
-    /// The response timeout in force.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let options = stampede_guard::ConnectionOptions::default();
-    /// assert_eq!(options.get_response_timeout(), Duration::from_secs(5));
-    /// ```
-    pub fn get_response_timeout(&self) -> Duration {
-        self.response_timeout
-    }
-
-    /// The number of reconnection retries in force.
-    ///
-    /// ```
-    /// let options = stampede_guard::ConnectionOptions::default();
-    /// assert_eq!(options.get_reconnect_retries(), 2);
-    /// ```
-    pub fn get_reconnect_retries(&self) -> usize {
-        self.reconnect_retries
-    }
-}
-
+/// Which backend a builder was given, kept until `build()` opens it.
 // Built once per cache or lock, so the size of a `redis::Client` (larger with the `tls` feature's
 // TLS settings) costs nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
+    /// The embedded store, with its limits.
     Memory(MemoryLimits),
+    /// One Redis server, by URL (parsed when opened, so a bad URL is a build error).
     RedisUrl(String),
+    /// One Redis server, through a client the user configured (TLS, credentials...).
     RedisClient(redis::Client),
     /// Seed node URLs of a Redis Cluster.
     RedisCluster(Vec<String>),
@@ -232,6 +123,7 @@ impl Backend {
     }
 }
 
+/// The client of a Redis URL; a URL that does not parse is a configuration error.
 fn parse_url(url: &str) -> Result<redis::Client, Error> {
     redis::Client::open(url).map_err(|e| {
         // The parse error is not quoted: it may repeat the URL, password included.

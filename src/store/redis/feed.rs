@@ -30,7 +30,7 @@ use std::time::Duration;
 use redis::{AsyncConnectionConfig, ConnectionAddr, PushInfo, PushKind, Value};
 use tokio::time::Instant;
 
-use crate::connect::ConnectionOptions;
+use super::connection::{resp3, ConnectionOptions};
 
 /// What the feed tells the near tier. Called on the connection's reader task: keep it short.
 pub(crate) trait FeedSink: Send + Sync + 'static {
@@ -69,16 +69,6 @@ enum Source {
     /// current; the stream is current at the oldest of those proofs. The masters are found at
     /// every connection and checked at every heartbeat.
     Cluster(Vec<redis::Client>),
-}
-
-/// Turns a client to RESP3, which push messages need.
-fn resp3(client: &redis::Client) -> Result<redis::Client, redis::RedisError> {
-    let info = client.get_connection_info().clone();
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(redis::ProtocolVersion::RESP3);
-    redis::Client::open(info.set_redis_settings(settings))
 }
 
 impl Feed {
@@ -171,10 +161,9 @@ impl Feed {
         }
     }
 
+    /// The settings of every connection of the feed.
     fn config(&self) -> AsyncConnectionConfig {
-        AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connection.connect_timeout))
-            .set_response_timeout(Some(self.connection.response_timeout))
+        self.connection.async_config()
     }
 
     /// The servers to listen to now: the server, or the cluster's masters, with the list of

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::system_now_ms;
+use crate::store::system_now_ms;
 
 /// How often the offset is measured again: local clocks drift slowly (and NTP steps them rarely).
 const RESYNC_EVERY: Duration = Duration::from_secs(60);

@@ -1,0 +1,275 @@
+//! The Lua scripts behind every compare-and-set in Redis, one file per script: its Lua text, and
+//! beside it the typed call ([`ScriptCall`]) that builds its KEYS and ARGV and reads its reply,
+//! so each script's contract is written once. Shared here: the prelude of Lua helpers every
+//! script starts with, and the encoding of a fenced write.
+//!
+//! Each script takes data only through KEYS and ARGV, and every key it touches shares the entry's
+//! hash tag, so it runs on one Redis Cluster slot. Wake-up channels are not keys; they travel in
+//! ARGV. Scripts are sent by SHA (`EVALSHA`); redis-rs reloads one on `NOSCRIPT`. The order of
+//! KEYS and ARGV is part of the contract beyond the Lua text: the chaos test's checker replays
+//! the scripts' commands as the server's `MONITOR` prints them.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (The scripts).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Value};
+
+use crate::store::{expiry_ms, retention, StoreError, StoreResult, Write};
+
+mod extend;
+mod invalidate;
+mod next_fence;
+mod raise_fence;
+mod read_or_lock;
+mod record_run;
+mod set;
+mod since_last_run;
+mod store_and_unlock;
+mod unlock;
+mod wake;
+mod write_fenced;
+
+pub(crate) use extend::ExtendCall;
+pub(crate) use invalidate::{InvalidateCall, InvalidateManyCall};
+pub(crate) use next_fence::NextFenceCall;
+pub(crate) use raise_fence::RaiseFenceCall;
+pub(crate) use read_or_lock::{ReadOrLockCall, ReadOrLockManyCall};
+pub(crate) use record_run::RecordRunCall;
+pub(crate) use set::SetCall;
+pub(crate) use since_last_run::SinceLastRunCall;
+pub(crate) use store_and_unlock::StoreAndUnlockCall;
+pub(crate) use unlock::UnlockCall;
+pub(crate) use wake::WakeCall;
+pub(crate) use write_fenced::WriteFencedCall;
+
+/// The helpers every script starts with.
+///
+/// Expiry arguments are milliseconds, and `0` means no expiry: a duration of
+/// [`FOREVER`](crate::FOREVER) (the Rust side sends it as 0, see `expiry_ms`), so a key kept for
+/// ever is written without `PX` and shows `PTTL` -1.
+///
+/// `keep_at_least` never shortens a key's life: the fencing counter must live at least as long
+/// as every value and lock it guards (the fencing guarantee, `FENCE_RETENTION_LEASES`).
+///
+/// `bump_fence` bumps the fencing counter. A counter that did not exist (INCR made it 1) is
+/// seeded from the server clock in microseconds (`seconds .. zero-padded micros`, built as a
+/// string because Lua's number formatting would round it), so that tokens keep rising even
+/// after the counter was lost.
+///
+/// `write_value` carries out an accepted fenced write: `'set'` for `ms`, `'keep'` (the
+/// fail-safe's throttled copy: new bytes, a life never shortened and at least `ms`), or a delete.
+/// The fencing counter is kept at least as long as the value.
+///
+/// `announce` tells the near tiers of other instances that an entry changed: `"<fence> <value
+/// key>"` on the namespace's near channel, or nothing when the channel is `''` (a lock's own
+/// store, which holds no values). It says `"PUBLISH"` in double
+/// quotes on purpose: the sharded scripts replace `'PUBLISH'` by `SPUBLISH` for wake-ups, but
+/// the near channel is one for the whole namespace, so it must reach every node's subscribers
+/// (a cluster's near-tier feed listens to every master; see `store/redis/feed.rs`).
+/// Fences are formatted with `%d`: Lua's `..` would print a 16-digit seeded fence as `1.7e+15`.
+const PRELUDE: &str = r#"
+local function set_expiring(key, value, ms, ...)
+  if tonumber(ms) == 0 then
+    return redis.call('SET', key, value, ...)
+  end
+  return redis.call('SET', key, value, 'PX', ms, ...)
+end
+local function keep_at_least(key, ms)
+  local pttl = redis.call('PTTL', key)
+  if pttl == -1 or pttl == -2 then
+    return
+  end
+  if tonumber(ms) == 0 then
+    redis.call('PERSIST', key)
+  elseif pttl < tonumber(ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+local function set_keeping(key, value, ms)
+  local pttl = redis.call('PTTL', key)
+  if pttl == -2 then
+    return set_expiring(key, value, ms)
+  end
+  redis.call('SET', key, value)
+  if pttl > 0 then
+    redis.call('PEXPIRE', key, pttl)
+    keep_at_least(key, ms)
+  end
+end
+local function write_value(key, fence, how, value, ms)
+  if how == 'set' then
+    set_expiring(key, value, ms)
+    keep_at_least(fence, ms)
+  elseif how == 'keep' then
+    set_keeping(key, value, ms)
+    local pttl = redis.call('PTTL', key)
+    if pttl == -1 then
+      keep_at_least(fence, 0)
+    else
+      keep_at_least(fence, pttl)
+    end
+  else
+    redis.call('DEL', key)
+  end
+end
+local function announce(channel, fence, key)
+  if channel ~= '' then
+    redis.call("PUBLISH", channel, fence .. ' ' .. key)
+  end
+end
+local function bump_fence(fence, retention_ms)
+  local n = redis.call('INCR', fence)
+  if n == 1 then
+    local t = redis.call('TIME')
+    local seeded = t[1] .. string.format('%06d', tonumber(t[2]))
+    set_expiring(fence, seeded, retention_ms)
+    return tonumber(seeded)
+  end
+  keep_at_least(fence, retention_ms)
+  return n
+end
+local function read_or_lock(value, lock, fence, token, lease_ms, read_value, retention_ms)
+  if read_value == '1' then
+    local v = redis.pcall('GET', value)
+    if type(v) == 'string' then
+      return {1, v}
+    end
+  end
+  if set_expiring(lock, token, lease_ms, 'NX') then
+    return {2, bump_fence(fence, retention_ms)}
+  end
+  return {3, redis.call('PTTL', lock)}
+end
+local function invalidate(value, fence, retention_ms, channel, near_channel)
+  local n = bump_fence(fence, retention_ms)
+  redis.call('DEL', value)
+  announce(near_channel, string.format('%d', n), value)
+  redis.call('PUBLISH', channel, '')
+end
+"#;
+
+/// One call of one script, typed: which script, its KEYS and ARGV in the order its Lua text reads
+/// them, and what its reply means. Implemented once per script, beside its Lua text.
+pub(crate) trait ScriptCall {
+    /// What the reply means.
+    type Reply;
+
+    /// The script, from the set for this kind of server.
+    fn script(scripts: &Scripts) -> &Script;
+
+    /// Adds this call's KEYS and ARGV.
+    fn encode(&self, invocation: &mut ScriptInvocation<'_>);
+
+    /// Reads the script's reply; one that breaks the script's contract is an error.
+    fn decode(&self, reply: Value) -> StoreResult<Self::Reply>;
+}
+
+/// Runs `call` over `conn`: by SHA, reloading the script on `NOSCRIPT`.
+pub(crate) async fn run<S, C>(scripts: &Scripts, call: S, conn: &mut C) -> StoreResult<S::Reply>
+where
+    S: ScriptCall,
+    C: ConnectionLike,
+{
+    let mut invocation = S::script(scripts).prepare_invoke();
+    call.encode(&mut invocation);
+    let reply: Value = invocation.invoke_async(conn).await?;
+    call.decode(reply)
+}
+
+/// Reads a reply as `T`, as `invoke_async::<T>` would have.
+fn parse<T: FromRedisValue>(reply: Value) -> StoreResult<T> {
+    Ok(redis::from_redis_value(reply).map_err(RedisError::from)?)
+}
+
+/// A reply that breaks a command's contract, as a store error naming `what` and showing `got`.
+pub(crate) fn unexpected(what: &'static str, got: &Value) -> StoreError {
+    StoreError::from(RedisError::from((
+        ErrorKind::UnexpectedReturnType,
+        what,
+        format!("{got:?}"),
+    )))
+}
+
+/// The fence retention argument of a script run under `lease`.
+fn retention_ms(lease: Duration) -> u64 {
+    expiry_ms(retention(lease))
+}
+
+/// A yes/no argument, as the scripts compare it (`'1'`).
+fn flag(yes: bool) -> &'static str {
+    if yes {
+        "1"
+    } else {
+        "0"
+    }
+}
+
+/// The script arguments of a fenced write, which the prelude's `write_value` reads: `'set',
+/// bytes, ttl ms`, `'keep', bytes, at least ms` or `'del'`.
+fn encode_write(invocation: &mut ScriptInvocation<'_>, write: &Write) {
+    match write {
+        Write::Value { bytes, ttl } => {
+            invocation.arg("set").arg(bytes).arg(expiry_ms(*ttl));
+        }
+        Write::Delete => {
+            invocation.arg("del");
+        }
+        Write::Keep { bytes, at_least } => {
+            invocation.arg("keep").arg(bytes).arg(expiry_ms(*at_least));
+        }
+    }
+}
+
+/// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
+/// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
+/// stays on the slot's node instead of being broadcast to every node. The fields are private:
+/// a script is run only through its [`ScriptCall`], so its arguments are built in one place.
+pub(crate) struct Scripts {
+    read_or_lock: Script,
+    read_or_lock_many: Script,
+    store_and_unlock: Script,
+    extend: Script,
+    unlock: Script,
+    set: Script,
+    invalidate: Script,
+    invalidate_many: Script,
+    raise_fence: Script,
+    next_fence: Script,
+    write_fenced: Script,
+    wake: Script,
+    record_run: Script,
+    since_last_run: Script,
+}
+
+impl Scripts {
+    /// Every script, prefixed with the prelude, with `publish` as the wake-up command.
+    fn new(publish: &str) -> Self {
+        let script =
+            |body: &str| Script::new(&format!("{PRELUDE}{body}").replace("'PUBLISH'", publish));
+        Scripts {
+            read_or_lock: script(read_or_lock::READ_OR_LOCK),
+            read_or_lock_many: script(read_or_lock::READ_OR_LOCK_MANY),
+            store_and_unlock: script(store_and_unlock::STORE_AND_UNLOCK),
+            extend: script(extend::EXTEND),
+            unlock: script(unlock::UNLOCK),
+            set: script(set::SET),
+            invalidate: script(invalidate::INVALIDATE),
+            invalidate_many: script(invalidate::INVALIDATE_MANY),
+            raise_fence: script(raise_fence::RAISE_FENCE),
+            next_fence: script(next_fence::NEXT_FENCE),
+            write_fenced: script(write_fenced::WRITE_FENCED),
+            wake: script(wake::WAKE),
+            record_run: script(record_run::RECORD_RUN),
+            since_last_run: script(since_last_run::SINCE_LAST_RUN),
+        }
+    }
+}
+
+/// Hashed once per process: for a single server.
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("'PUBLISH'"));
+
+/// For Redis Cluster: wake-ups by sharded pub/sub.
+pub(crate) static SHARDED_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("'SPUBLISH'"));

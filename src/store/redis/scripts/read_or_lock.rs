@@ -1,0 +1,141 @@
+//! Read-or-lock, for one entry and for many: the miss path's single round trip, which returns the
+//! value if there is one, or takes the lock and a new fence, or says how long the holder has left.
+
+use std::time::Duration;
+
+use redis::{Script, ScriptInvocation, Value};
+
+use super::{flag, parse, retention_ms, unexpected, ScriptCall, Scripts};
+use crate::store::{expiry_ms, ReadOrLock, StoreResult};
+use crate::wire::key::EntryKeys;
+
+/// KEYS: value, lock, fence. ARGV: token, lease ms, read value (1/0), fence retention ms.
+/// Returns {1, value} | {2, fence} (lock taken) | {3, lock pttl} (held by another).
+/// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
+pub(super) const READ_OR_LOCK: &str = r"
+return read_or_lock(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+";
+
+/// The batch form of [`READ_OR_LOCK`]: the same rule for each entry, in one atomic step.
+/// KEYS: value, lock, fence of entry 1, then of entry 2, ... ARGV: lease ms, fence retention ms,
+/// then token and read value (1/0) of entry 1, of entry 2, ... Returns one reply of
+/// `READ_OR_LOCK` per entry, in order.
+pub(super) const READ_OR_LOCK_MANY: &str = r"
+local replies = {}
+for i = 0, #KEYS / 3 - 1 do
+  replies[i + 1] = read_or_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
+    ARGV[2 * i + 3], ARGV[1], ARGV[2 * i + 4], ARGV[2])
+end
+return replies
+";
+
+/// One entry's read-or-lock ([`READ_OR_LOCK`]).
+pub(crate) struct ReadOrLockCall<'a> {
+    /// The entry.
+    pub(crate) keys: &'a EntryKeys,
+    /// The caller's token, which the lock holds if taken.
+    pub(crate) token: &'a str,
+    /// The lock's lease (the fence is kept for its retention).
+    pub(crate) lease: Duration,
+    /// Whether a value there is returned; a plain lock attempt does not read it.
+    pub(crate) read_value: bool,
+}
+
+impl ScriptCall for ReadOrLockCall<'_> {
+    type Reply = ReadOrLock;
+
+    fn script(scripts: &Scripts) -> &Script {
+        &scripts.read_or_lock
+    }
+
+    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
+        invocation
+            .key(&self.keys.value)
+            .key(self.keys.lock())
+            .key(self.keys.fence())
+            .arg(self.token)
+            .arg(expiry_ms(self.lease))
+            .arg(flag(self.read_value))
+            .arg(retention_ms(self.lease));
+    }
+
+    fn decode(&self, reply: Value) -> StoreResult<ReadOrLock> {
+        entry_reply(parse(reply)?)
+    }
+}
+
+/// The read-or-lock of several entries of one slot, in one atomic step ([`READ_OR_LOCK_MANY`]).
+pub(crate) struct ReadOrLockManyCall<'a> {
+    /// Each entry with its token and whether to read its value, as in [`ReadOrLockCall`].
+    pub(crate) entries: Vec<(&'a EntryKeys, &'a str, bool)>,
+    /// The lease of every lock taken.
+    pub(crate) lease: Duration,
+}
+
+impl ScriptCall for ReadOrLockManyCall<'_> {
+    /// One answer per entry, in order; a reply of the wrong length fails the whole call.
+    type Reply = Vec<StoreResult<ReadOrLock>>;
+
+    fn script(scripts: &Scripts) -> &Script {
+        &scripts.read_or_lock_many
+    }
+
+    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
+        invocation
+            .arg(expiry_ms(self.lease))
+            .arg(retention_ms(self.lease));
+        for &(keys, token, read_value) in &self.entries {
+            invocation
+                .key(&keys.value)
+                .key(keys.lock())
+                .key(keys.fence())
+                .arg(token)
+                .arg(flag(read_value));
+        }
+    }
+
+    fn decode(&self, reply: Value) -> StoreResult<Self::Reply> {
+        let replies: Vec<Value> = parse(reply)?;
+        if replies.len() != self.entries.len() {
+            return Err(unexpected(
+                "read-or-lock-many: wrong number of replies",
+                &Value::Array(replies),
+            ));
+        }
+        Ok(replies
+            .into_iter()
+            .map(|reply| match reply {
+                Value::Array(reply) => entry_reply(reply),
+                other => Err(unexpected("read-or-lock-many: unexpected reply", &other)),
+            })
+            .collect())
+    }
+}
+
+/// One entry's answer: `{1, value}`, `{2, fence}` or `{3, lock pttl}`.
+fn entry_reply(reply: Vec<Value>) -> StoreResult<ReadOrLock> {
+    match reply.as_slice() {
+        [Value::Int(1), Value::BulkString(v)] => Ok(ReadOrLock::Value(v.clone())),
+        [Value::Int(2), fence] => match int(fence) {
+            Some(n) if n > 0 => Ok(ReadOrLock::Acquired { fence: n as u64 }),
+            _ => Err(unexpected("read-or-lock: bad fencing token", fence)),
+        },
+        [Value::Int(3), pttl] => Ok(ReadOrLock::Held {
+            expires_in: int(pttl)
+                .filter(|ms| *ms >= 0)
+                .map(|ms| Duration::from_millis(ms as u64)),
+        }),
+        _ => Err(unexpected(
+            "read-or-lock: unexpected reply",
+            &Value::Array(reply),
+        )),
+    }
+}
+
+/// An integer reply, or nothing for any other type.
+fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}

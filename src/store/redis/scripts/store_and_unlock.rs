@@ -1,0 +1,77 @@
+//! Store-and-unlock: the computing caller's write under its fence, and the release of its lock,
+//! in one step.
+
+use redis::{Script, ScriptInvocation, Value};
+
+use super::{encode_write, parse, ScriptCall, Scripts};
+use crate::store::{StoreResult, Stored, Write};
+use crate::wire::key::EntryKeys;
+
+/// KEYS: value, lock, fence. ARGV: token, fence, channel, near channel, 'set' | 'keep' | 'del',
+/// value, ttl ms (for 'keep': the least it then lives). Writes (or deletes) only if the fencing counter is still ours: nobody acquired, set
+/// or invalidated since. A written value keeps the counter alive at least as long as itself.
+/// A write that replaces or deletes a value is announced to the near tiers; a fill of an empty
+/// key is not (no near tier can hold a copy of a value that is not there, and announcing every
+/// fill is the broadcast storm of JetCache #972). Returns {written, released}.
+pub(super) const STORE_AND_UNLOCK: &str = r"
+local written = 0
+if redis.call('GET', KEYS[3]) == ARGV[2] then
+  -- Where no near tier can listen (no channel) nothing is announced: spare the EXISTS too.
+  if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
+    announce(ARGV[4], ARGV[2], KEYS[1])
+  end
+  write_value(KEYS[1], KEYS[3], ARGV[5], ARGV[6], ARGV[7])
+  written = 1
+end
+local released = 0
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+  released = 1
+end
+redis.call('PUBLISH', ARGV[3], '')
+return {written, released}
+";
+
+/// A lock holder's write and release ([`STORE_AND_UNLOCK`]).
+pub(crate) struct StoreAndUnlockCall<'a> {
+    /// The entry.
+    pub(crate) keys: &'a EntryKeys,
+    /// The holder's token: the lock is released only if it still holds it.
+    pub(crate) token: &'a str,
+    /// The fence the lock was taken with: the write happens only if it is still the newest.
+    pub(crate) fence: u64,
+    /// What to write.
+    pub(crate) write: Write,
+    /// The entry's wake-up channel.
+    pub(crate) channel: &'a str,
+    /// The namespace's near channel, or `""`.
+    pub(crate) near_channel: &'a str,
+}
+
+impl ScriptCall for StoreAndUnlockCall<'_> {
+    type Reply = Stored;
+
+    fn script(scripts: &Scripts) -> &Script {
+        &scripts.store_and_unlock
+    }
+
+    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
+        invocation
+            .key(&self.keys.value)
+            .key(self.keys.lock())
+            .key(self.keys.fence())
+            .arg(self.token)
+            .arg(self.fence)
+            .arg(self.channel)
+            .arg(self.near_channel);
+        encode_write(invocation, &self.write);
+    }
+
+    fn decode(&self, reply: Value) -> StoreResult<Stored> {
+        let (written, released): (i64, i64) = parse(reply)?;
+        Ok(Stored {
+            written: written == 1,
+            released: released == 1,
+        })
+    }
+}

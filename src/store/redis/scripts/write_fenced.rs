@@ -1,0 +1,68 @@
+//! Write-fenced: a write that holds no lock, accepted unless a newer fence was handed out (a
+//! `set` over a Redlock, whose lock lives on other servers).
+
+use std::time::Duration;
+
+use redis::{Script, ScriptInvocation, Value};
+
+use super::{encode_write, parse, retention_ms, ScriptCall, Scripts};
+use crate::store::{StoreResult, Write};
+use crate::wire::key::EntryKeys;
+
+/// KEYS: value, fence. ARGV: fence, fence retention ms, channel, near channel,
+/// 'set' | 'keep' | 'del', value, ttl ms. Writes (or deletes) unless the counter is above `fence`
+/// (a newer token or an invalidation came since), and records `fence`; the counter lives at least
+/// as long as the value, so the rule holds for it. A write is always announced: its callers (a
+/// `set` over a Redlock) make explicit changes. Returns 1 if written.
+pub(super) const WRITE_FENCED: &str = r"
+local current = tonumber(redis.call('GET', KEYS[2]) or '0')
+local written = 0
+if current <= tonumber(ARGV[1]) then
+  set_keeping(KEYS[2], ARGV[1], ARGV[2])
+  announce(ARGV[4], ARGV[1], KEYS[1])
+  write_value(KEYS[1], KEYS[2], ARGV[5], ARGV[6], ARGV[7])
+  written = 1
+end
+redis.call('PUBLISH', ARGV[3], '')
+return written
+";
+
+/// A write under a fence taken elsewhere ([`WRITE_FENCED`]).
+pub(crate) struct WriteFencedCall<'a> {
+    /// The entry.
+    pub(crate) keys: &'a EntryKeys,
+    /// The writer's fence: refused if the counter is above it.
+    pub(crate) fence: u64,
+    /// What to write.
+    pub(crate) write: Write,
+    /// The writer's lease (the fence is kept for its retention).
+    pub(crate) lease: Duration,
+    /// The entry's wake-up channel.
+    pub(crate) channel: &'a str,
+    /// The namespace's near channel, or `""`.
+    pub(crate) near_channel: &'a str,
+}
+
+impl ScriptCall for WriteFencedCall<'_> {
+    /// Whether it was written.
+    type Reply = bool;
+
+    fn script(scripts: &Scripts) -> &Script {
+        &scripts.write_fenced
+    }
+
+    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
+        invocation
+            .key(&self.keys.value)
+            .key(self.keys.fence())
+            .arg(self.fence)
+            .arg(retention_ms(self.lease))
+            .arg(self.channel)
+            .arg(self.near_channel);
+        encode_write(invocation, &self.write);
+    }
+
+    fn decode(&self, reply: Value) -> StoreResult<bool> {
+        Ok(parse::<i64>(reply)? == 1)
+    }
+}

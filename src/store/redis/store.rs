@@ -1,0 +1,486 @@
+//! The Redis store: the [`Store`] and [`LockStore`] operations over one data connection, each a
+//! Lua script (see [`scripts`]) or a plain read, with wake-ups over the store's [`PubSub`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::Value;
+
+use super::clock::ServerClock;
+use super::cluster::LazyCluster;
+use super::connection::ConnectionOptions;
+use super::eviction::Answered;
+use super::pubsub::PubSub;
+use super::scripts::{
+    self, unexpected, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
+    RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall, Scripts,
+    SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall, SCRIPTS,
+    SHARDED_SCRIPTS,
+};
+use crate::store::{
+    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
+};
+use crate::join::join_all;
+use crate::store::wakeup::Listener;
+use crate::wire::key::EntryKeys;
+
+/// The Redis store, generic over the connection: a `ConnectionManager` for one server, a
+/// [`LazyCluster`] for Redis Cluster.
+pub(crate) struct RedisStore<C> {
+    /// The data connection; [`Answered`] starts the eviction-policy check at its first answer.
+    conn: Answered<C>,
+    /// Wake-up subscriptions, on a connection of their own (a subscribed connection can do
+    /// nothing else).
+    pubsub: Arc<PubSub>,
+    /// `PUBLISH` or, on a cluster, `SPUBLISH` for wake-ups.
+    scripts: &'static Scripts,
+    /// Freshness is stamped and judged by the server's clock, not this machine's.
+    clock: Arc<ServerClock>,
+    /// Appended to every wake-up channel: `@n` on database `n`, nothing on database 0. Pub/sub
+    /// channels are global to a server, not per database, so without it caches on `/0` and `/1`
+    /// with one namespace would wake each other's waiters. Database 0 (and so a cluster) keeps
+    /// the bare name, so processes of an older version on it still wake and are woken.
+    channel_suffix: String,
+    /// Where the scripts announce changed entries to near tiers (`"<fence> <value key>"`), or
+    /// `""`: a lock's own store (no values), where the scripts publish nothing but wake-ups.
+    near_channel: String,
+    /// Redis Cluster: a script may only touch the keys of one slot, so batch scripts are sent
+    /// per slot.
+    per_slot: bool,
+}
+
+impl<C> std::fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore").finish_non_exhaustive()
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
+    /// A store over `conn`, announcing nothing until [`announcing`](Self::announcing).
+    fn new(
+        conn: C,
+        pubsub: Arc<PubSub>,
+        scripts: &'static Scripts,
+        channel_suffix: String,
+    ) -> Self {
+        RedisStore {
+            conn: Answered::new(conn),
+            pubsub,
+            scripts,
+            clock: Arc::default(),
+            channel_suffix,
+            near_channel: String::new(),
+            per_slot: false,
+        }
+    }
+
+    /// Announce every change of an entry on the near channel of `namespace` (see
+    /// [`near_channels`]).
+    pub(crate) fn announcing(mut self, namespace: &str) -> Self {
+        self.near_channel = near_channels(namespace, &self.channel_suffix).0;
+        self
+    }
+}
+
+/// The near tier's channels of `namespace` on a database (`suffix`, as for wake-ups, since
+/// channels are global to a server): where the scripts announce changed entries, and the prefix
+/// of each instance's own heartbeat channel. Wake-up channels always carry a `{tag}`, so these
+/// never clash with them.
+pub(crate) fn near_channels(namespace: &str, suffix: &str) -> (String, String) {
+    (
+        format!("{namespace}:near-tier{suffix}"),
+        format!("{namespace}:near-tier{suffix}:heartbeat:"),
+    )
+}
+
+impl RedisStore<ConnectionManager> {
+    /// Connects lazily: building never fails because the server is down; calls do, with a
+    /// backend error, until it is up.
+    pub(crate) fn connect(
+        client: redis::Client,
+        connection: &ConnectionOptions,
+    ) -> StoreResult<Self> {
+        let conn =
+            ConnectionManager::new_lazy_with_config(client.clone(), connection.manager_config())?;
+        let pubsub = PubSub::connect(&client, connection)?;
+        let db = client.get_connection_info().redis_settings().db();
+        Ok(RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)))
+    }
+
+    /// The suffix of this store's channels (its database), for the near tier's feed.
+    pub(crate) fn channel_suffix(&self) -> &str {
+        &self.channel_suffix
+    }
+}
+
+impl RedisStore<LazyCluster> {
+    /// A Redis Cluster reached through `seeds` (any reachable nodes; the rest is discovered).
+    /// Lazy like a single server: nothing is asked of the cluster until the first call, and a
+    /// call made while it is unreachable fails with a backend error; the next one tries again.
+    pub(crate) fn connect_cluster(
+        seeds: &[String],
+        connection: &ConnectionOptions,
+    ) -> StoreResult<Self> {
+        let conn = LazyCluster::new(connection.cluster_builder(seeds).build()?);
+        let pubsub = PubSub::connect_cluster(seeds, connection)?;
+        // A cluster has database 0 only.
+        let mut store = RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new());
+        store.per_slot = true;
+        Ok(store)
+    }
+}
+
+/// What scopes a database's wake-up channels (see `RedisStore::channel_suffix`).
+fn channel_suffix(db: i64) -> String {
+    if db == 0 {
+        String::new()
+    } else {
+        format!("@{db}")
+    }
+}
+
+impl<C> RedisStore<C> {
+    /// The indices of `entries` grouped for batch scripts: all in one group on a single
+    /// server; one group per slot on a cluster, since a script may only touch one slot's keys
+    /// (the entries of one group share it, and so do their wake-up channels).
+    fn slot_groups<E>(&self, entries: &[E], keys: impl Fn(&E) -> &EntryKeys) -> Vec<Vec<usize>> {
+        if entries.is_empty() {
+            return Vec::new();
+        }
+        if !self.per_slot {
+            return vec![(0..entries.len()).collect()];
+        }
+        let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let slot = redis::cluster_routing::Slot::for_key(&keys(entry).value);
+            match groups.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, group)) => group.push(i),
+                None => groups.push((slot, vec![i])),
+            }
+        }
+        groups.into_iter().map(|(_, group)| group).collect()
+    }
+
+    /// The entry's wake-up channel on this store's database. It keeps the entry's hash tag, so
+    /// sharded pub/sub still routes it to the slot's node.
+    fn channel<'k>(&self, keys: &'k EntryKeys) -> std::borrow::Cow<'k, str> {
+        if self.channel_suffix.is_empty() {
+            keys.channel().into()
+        } else {
+            format!("{}{}", keys.channel(), self.channel_suffix).into()
+        }
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Runs one script call on a clone of the data connection (it multiplexes; a clone per call
+    /// because a call needs it mutable).
+    async fn run<S: ScriptCall>(&self, call: S) -> StoreResult<S::Reply> {
+        scripts::run(self.scripts, call, &mut self.conn.clone()).await
+    }
+}
+
+impl<C> LockStore for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn try_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquire>> {
+        Box::pin(async move { Ok(self.read_or_lock(keys, token, lease, false).await?.into()) })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.run(ExtendCall { keys, token, lease }))
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let channel = self.channel(keys);
+            self.run(UnlockCall {
+                keys,
+                token,
+                channel: &channel,
+            })
+            .await
+        })
+    }
+
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        Box::pin(async move { self.pubsub.listen(&self.channel(keys)).await })
+    }
+
+    fn record_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        keep: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(self.run(RecordRunCall { keys, fence, keep }))
+    }
+
+    fn since_last_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+        Box::pin(self.run(SinceLastRunCall { keys }))
+    }
+
+    fn next_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<u64>> {
+        Box::pin(self.run(NextFenceCall { keys, lease }))
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        floor: u64,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(self.run(RaiseFenceCall { keys, floor, lease }))
+    }
+}
+
+impl<C> Store for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            match redis::cmd("GET")
+                .arg(&keys.value)
+                .query_async::<Option<Vec<u8>>>(&mut conn)
+                .await
+            {
+                Ok(v) => Ok(v.map(Blob::Owned)),
+                // Another type under our key is foreign data: a miss, replaced on the next write.
+                Err(e) if e.code() == Some("WRONGTYPE") => {
+                    tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
+                    Ok(None)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+    }
+
+    fn read_or_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+        read_value: bool,
+    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
+        Box::pin(self.run(ReadOrLockCall {
+            keys,
+            token,
+            lease,
+            read_value,
+        }))
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
+        Box::pin(async move {
+            if entries.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut conn = self.conn.clone();
+            let mut mget = redis::cmd("MGET");
+            for keys in entries {
+                mget.arg(&keys.value);
+            }
+            // MGET answers nil for a key of another Redis type: a miss, as for `get`. On a
+            // cluster the client splits it per slot, sends the parts concurrently and puts the
+            // answers back in order.
+            let values: Vec<Option<Vec<u8>>> = mget.query_async(&mut conn).await?;
+            if values.len() != entries.len() {
+                return Err(unexpected("mget: wrong number of values", &Value::Nil));
+            }
+            Ok(values.into_iter().map(|v| v.map(Blob::Owned)).collect())
+        })
+    }
+
+    fn read_or_lock_many<'a>(
+        &'a self,
+        entries: &'a [(&'a EntryKeys, &'a str, bool)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
+        Box::pin(async move {
+            let groups = self.slot_groups(entries, |(keys, _, _)| keys);
+            let calls = groups.iter().map(|group| async move {
+                let call = ReadOrLockManyCall {
+                    entries: group.iter().map(|&i| entries[i]).collect(),
+                    lease,
+                };
+                // A failed call fails each of its entries.
+                self.run(call)
+                    .await
+                    .unwrap_or_else(|e| vec![Err(e); group.len()])
+            });
+            let answers = join_all(calls.collect()).await;
+            let mut out: Vec<Option<StoreResult<ReadOrLock>>> = vec![None; entries.len()];
+            for (group, answers) in groups.iter().zip(answers) {
+                for (&i, answer) in group.iter().zip(answers) {
+                    out[i] = Some(answer);
+                }
+            }
+            out.into_iter()
+                .map(|answer| {
+                    answer.unwrap_or_else(|| {
+                        Err(unexpected("read-or-lock-many: no reply", &Value::Nil))
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn invalidate_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let groups = self.slot_groups(entries, |keys| keys);
+            let calls = groups.iter().map(|group| {
+                self.run(InvalidateManyCall {
+                    entries: group
+                        .iter()
+                        .map(|&i| (entries[i], self.channel(entries[i])))
+                        .collect(),
+                    lease,
+                    near_channel: &self.near_channel,
+                })
+            });
+            let results = join_all(calls.collect()).await;
+            results
+                .into_iter()
+                .find_map(Result::err)
+                .map_or(Ok(()), Err)
+        })
+    }
+
+    fn write_fenced<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        write: Write,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        Box::pin(async move {
+            let channel = self.channel(keys);
+            self.run(WriteFencedCall {
+                keys,
+                fence,
+                write,
+                lease,
+                channel: &channel,
+                near_channel: &self.near_channel,
+            })
+            .await
+        })
+    }
+
+    fn store_and_unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        fence: u64,
+        write: Write,
+    ) -> BoxFuture<'a, StoreResult<Stored>> {
+        Box::pin(async move {
+            let channel = self.channel(keys);
+            self.run(StoreAndUnlockCall {
+                keys,
+                token,
+                fence,
+                write,
+                channel: &channel,
+                near_channel: &self.near_channel,
+            })
+            .await
+        })
+    }
+
+    fn set<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let channel = self.channel(keys);
+            self.run(SetCall {
+                keys,
+                value,
+                ttl,
+                lease,
+                channel: &channel,
+                near_channel: &self.near_channel,
+            })
+            .await
+        })
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let channel = self.channel(keys);
+            self.run(InvalidateCall {
+                keys,
+                lease,
+                channel: &channel,
+                near_channel: &self.near_channel,
+            })
+            .await
+        })
+    }
+
+    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let channel = self.channel(keys);
+            self.run(WakeCall {
+                keys,
+                channel: &channel,
+            })
+            .await
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.now_ms()
+    }
+
+    fn clock_synced(&self) -> bool {
+        self.clock.is_synced()
+    }
+
+    fn sync_clock(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.clock.sync(&self.conn))
+    }
+}
