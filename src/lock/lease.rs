@@ -458,3 +458,239 @@ impl Drop for HeldLock {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::store::{Acquire, BoxFuture, MemoryStore};
+    use crate::wait::wakeup::Listener;
+
+    const LEASE: Duration = Duration::from_secs(3);
+
+    /// The memory store, counting the heartbeat's renewals, and unreachable for them on demand
+    /// (a backend down while the lock is held).
+    #[derive(Default)]
+    struct Flaky {
+        inner: MemoryStore,
+        extends: AtomicUsize,
+        down: AtomicBool,
+    }
+
+    impl LockStore for Flaky {
+        fn try_lock<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<Acquire>> {
+            self.inner.try_lock(keys, token, lease)
+        }
+
+        fn extend<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.extends.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                let down = StoreError::NoQuorum {
+                    reached: 0,
+                    needed: 1,
+                };
+                return Box::pin(std::future::ready(Err(down)));
+            }
+            self.inner.extend(keys, token, lease)
+        }
+
+        fn unlock<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.inner.unlock(keys, token)
+        }
+
+        fn next_fence<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<u64>> {
+            self.inner.next_fence(keys, lease)
+        }
+
+        fn raise_fence<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            floor: u64,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<()>> {
+            self.inner.raise_fence(keys, floor, lease)
+        }
+
+        fn record_run<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            fence: u64,
+            keep: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.inner.record_run(keys, fence, keep)
+        }
+
+        fn since_last_run<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+        ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+            self.inner.since_last_run(keys)
+        }
+
+        fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+            self.inner.listen(keys)
+        }
+    }
+
+    struct Setup {
+        store: Arc<Flaky>,
+        keys: Arc<EntryKeys>,
+        counters: Arc<Counters>,
+    }
+
+    fn setup() -> Setup {
+        Setup {
+            store: Arc::new(Flaky::default()),
+            keys: Arc::new(EntryKeys::new("t", "report").unwrap()),
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    impl Setup {
+        fn renewal(&self, renew: bool) -> Renewal {
+            Renewal {
+                lease: LEASE,
+                renew,
+                max_hold: None,
+                counters: Some(Arc::clone(&self.counters)),
+            }
+        }
+
+        /// Takes the free lock as a caller does: guard first, then the request.
+        async fn hold(&self, renew: bool) -> HeldLock {
+            let store = Arc::clone(&self.store) as Arc<dyn LockStore>;
+            let mut acquiring = Acquiring::new(store, Arc::clone(&self.keys), self.renewal(renew));
+            let token = acquiring.token();
+            let asked = acquiring.sending();
+            let answer = self.store.try_lock(&self.keys, &token, LEASE).await;
+            let Ok(Acquire::Acquired { fence }) = answer else {
+                panic!("the lock is free: {answer:?}");
+            };
+            acquiring.granted(fence, asked)
+        }
+
+        /// Whether another caller could take the lock now (freed again if it could).
+        async fn free(&self) -> bool {
+            let other = "someone else";
+            match self.store.try_lock(&self.keys, other, LEASE).await.unwrap() {
+                Acquire::Acquired { .. } => {
+                    self.store.unlock(&self.keys, other).await.unwrap();
+                    true
+                }
+                Acquire::Held { .. } => false,
+            }
+        }
+
+        fn renewals(&self) -> (u64, u64) {
+            let stats = self.counters.snapshot();
+            (stats.lease_renewals, stats.leases_lost)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_keeps_the_lock_alive_past_its_lease() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        tokio::time::sleep(LEASE * 4).await;
+        assert!(!s.free().await, "the lock ran out although it was renewed");
+        assert!(!lease.is_lost());
+        let (renewed, lost) = s.renewals();
+        // Every third of a lease, for four leases.
+        assert!(renewed >= 10, "{renewed} renewals");
+        assert_eq!(lost, 0);
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_renewal_the_lease_runs_out() {
+        let s = setup();
+        let held = s.hold(false).await;
+        let lease = held.lease();
+        tokio::time::sleep(LEASE / 2).await;
+        assert!(!lease.is_lost());
+        tokio::time::timeout(LEASE, lease.lost())
+            .await
+            .expect("the lease ends when it runs out");
+        assert!(s.free().await);
+        assert_eq!(s.store.extends.load(Ordering::SeqCst), 0);
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_taken_by_another_is_lost_at_the_next_renewal() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        // Behind the holder's back: its lock freed and taken by another caller.
+        assert!(s.store.unlock(&s.keys, &held.token).await.unwrap());
+        let thief = s.store.try_lock(&s.keys, "thief", LEASE).await.unwrap();
+        assert!(matches!(thief, Acquire::Acquired { .. }));
+        // Seen at the next renewal (a third of the lease), well before the lease runs out.
+        tokio::time::timeout(LEASE / 2, lease.lost())
+            .await
+            .expect("the loss is seen at the next renewal");
+        assert!(lease.is_lost());
+        assert_eq!(s.renewals(), (0, 1));
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_failing_for_a_whole_lease_lose_it() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        s.store.down.store(true, Ordering::SeqCst);
+        // A failed renewal is retried, not taken for a loss...
+        tokio::time::sleep(LEASE / 2).await;
+        assert!(s.store.extends.load(Ordering::SeqCst) >= 1);
+        assert!(!lease.is_lost());
+        // ...until the lease counted from the last good request runs out.
+        tokio::time::timeout(LEASE, lease.lost())
+            .await
+            .expect("the lease is lost once it runs out");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(s.renewals(), (0, 1), "the heartbeat gave up");
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_guard_stops_the_heartbeat_and_frees_the_lock() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        tokio::time::sleep(LEASE).await;
+        let renewals = s.store.extends.load(Ordering::SeqCst);
+        assert!(renewals >= 2, "{renewals} renewals");
+        drop(held);
+        assert!(lease.is_lost(), "the holder let go");
+        // The background release runs at the next turn of the runtime.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(s.free().await, "freed at once, not when its lease runs out");
+        tokio::time::sleep(LEASE * 3).await;
+        assert_eq!(
+            s.store.extends.load(Ordering::SeqCst),
+            renewals,
+            "no renewal after the drop"
+        );
+    }
+}
