@@ -161,71 +161,26 @@ impl Heartbeat {
         asked: Instant,
         renewal: Renewal,
     ) -> Self {
-        let lease = renewal.lease;
-        let valid_for = lease.saturating_sub(store.clock_drift(lease));
+        let valid_for = renewal
+            .lease
+            .saturating_sub(store.clock_drift(renewal.lease));
+        let valid_until = later_by(asked, valid_for);
         let state = Arc::new(watch::Sender::new(LeaseState {
-            valid_until: later_by(asked, valid_for),
+            valid_until,
             lost: false,
         }));
-        let tx = Arc::clone(&state);
-        let renew_until = renewal.max_hold.map(|hold| later_by(asked, hold));
-        let task = tokio::spawn(async move {
-            let period = lease / 3;
-            let mut valid_until = later_by(asked, valid_for);
-            loop {
-                let stop_renewing =
-                    !renewal.renew || renew_until.is_some_and(|until| Instant::now() >= until);
-                if stop_renewing {
-                    tokio::time::sleep_until(valid_until).await;
-                    break;
-                }
-                let mut next = later_by(Instant::now(), period).min(valid_until);
-                if let Some(until) = renew_until {
-                    next = next.min(until);
-                }
-                tokio::time::sleep_until(next).await;
-                if Instant::now() >= valid_until {
-                    break;
-                }
-                if renew_until.is_some_and(|until| Instant::now() >= until) {
-                    tracing::info!(key = %keys.user, "maximum hold time reached; no more renewals");
-                    continue;
-                }
-                let asked = Instant::now();
-                let extension = tokio::time::timeout(period, store.extend(&keys, &token, lease));
-                match extension.await {
-                    Ok(Ok(true)) => {
-                        if let Some(counters) = &renewal.counters {
-                            counters.record(Event::LeaseRenewed);
-                        }
-                        valid_until = later_by(asked, valid_for);
-                        tx.send_replace(LeaseState {
-                            valid_until,
-                            lost: false,
-                        });
-                    }
-                    Ok(Ok(false)) => {
-                        tracing::warn!(key = %keys.user, "lease lost: the lock is no longer ours");
-                        break;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(key = %keys.user, error = %e, "lease renewal failed; retrying");
-                    }
-                    Err(_) => {
-                        tracing::warn!(key = %keys.user, "lease renewal timed out; retrying");
-                    }
-                }
-            }
-            if let Some(counters) = &renewal.counters {
-                counters.record(Event::LeaseLost);
-            }
-            tx.send_replace(LeaseState {
-                valid_until,
-                lost: true,
-            });
-        });
+        let renewing = Renewing {
+            store,
+            keys,
+            token,
+            valid_for,
+            valid_until,
+            renew_until: renewal.max_hold.map(|hold| later_by(asked, hold)),
+            renewal,
+            state: Arc::clone(&state),
+        };
         Heartbeat {
-            task,
+            task: tokio::spawn(renewing.run()),
             state,
             valid_for,
         }
@@ -254,6 +209,121 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.task.abort();
         self.state.send_modify(|s| s.lost = true);
+    }
+}
+
+/// The heartbeat task of one held lock: what it renews, and until when the lease holds.
+struct Renewing {
+    store: Arc<dyn LockStore>,
+    keys: Arc<EntryKeys>,
+    token: Arc<str>,
+    renewal: Renewal,
+    /// How long the lock is surely ours after a request that took or extended it.
+    valid_for: Duration,
+    /// Counted from the last request that took or extended the lock.
+    valid_until: Instant,
+    /// When renewals stop: the maximum hold time after the acquisition, if one is set.
+    renew_until: Option<Instant>,
+    /// What every [`Lease`] of the lock sees.
+    state: Arc<watch::Sender<LeaseState>>,
+}
+
+/// What one renewal request found.
+enum Renewed {
+    /// The lease is extended, or the request failed and is retried at the next beat (the lease
+    /// still counts from the last good one).
+    GoOn,
+    /// The lock is no longer ours.
+    Taken,
+}
+
+impl Renewing {
+    /// Renews until the lease is lost, then says so.
+    async fn run(mut self) {
+        self.renew_while_held().await;
+        self.lose();
+    }
+
+    /// Renews every third of the lease until the lease runs out (renewals off, past the maximum
+    /// hold time, or failing for a whole lease) or a renewal finds the lock taken.
+    async fn renew_while_held(&mut self) {
+        let period = self.renewal.lease / 3;
+        loop {
+            if self.stops_renewing() {
+                tokio::time::sleep_until(self.valid_until).await;
+                return;
+            }
+            let mut next = later_by(Instant::now(), period).min(self.valid_until);
+            if let Some(until) = self.renew_until {
+                next = next.min(until);
+            }
+            tokio::time::sleep_until(next).await;
+            if Instant::now() >= self.valid_until {
+                return;
+            }
+            if self
+                .renew_until
+                .is_some_and(|until| Instant::now() >= until)
+            {
+                tracing::info!(key = %self.keys.user, "maximum hold time reached; no more renewals");
+                continue;
+            }
+            if let Renewed::Taken = self.renew(period).await {
+                return;
+            }
+        }
+    }
+
+    /// Whether renewing is over: renewals are off, or the maximum hold time has passed.
+    fn stops_renewing(&self) -> bool {
+        !self.renewal.renew
+            || self
+                .renew_until
+                .is_some_and(|until| Instant::now() >= until)
+    }
+
+    /// One renewal request, given up after `period`; a success moves the lease on, counted
+    /// from when the request was sent.
+    async fn renew(&mut self, period: Duration) -> Renewed {
+        let keys = &self.keys;
+        let asked = Instant::now();
+        let extension = self.store.extend(keys, &self.token, self.renewal.lease);
+        match tokio::time::timeout(period, extension).await {
+            Ok(Ok(true)) => {
+                if let Some(counters) = &self.renewal.counters {
+                    counters.record(Event::LeaseRenewed);
+                }
+                self.valid_until = later_by(asked, self.valid_for);
+                self.state.send_replace(LeaseState {
+                    valid_until: self.valid_until,
+                    lost: false,
+                });
+                Renewed::GoOn
+            }
+            Ok(Ok(false)) => {
+                tracing::warn!(key = %keys.user, "lease lost: the lock is no longer ours");
+                Renewed::Taken
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(key = %keys.user, error = %e, "lease renewal failed; retrying");
+                Renewed::GoOn
+            }
+            Err(_) => {
+                tracing::warn!(key = %keys.user, "lease renewal timed out; retrying");
+                Renewed::GoOn
+            }
+        }
+    }
+
+    /// The lease is lost: counted, and every [`Lease`] sees it at once.
+    fn lose(&self) {
+        if let Some(counters) = &self.renewal.counters {
+            counters.record(Event::LeaseLost);
+        }
+        self.state.send_replace(LeaseState {
+            valid_until: self.valid_until,
+            lost: true,
+        });
     }
 }
 
