@@ -537,6 +537,7 @@ mod tests {
     use crate::store::{Acquire, BoxFuture, MemoryStore};
     use crate::wait::wakeup::Listener;
 
+    /// Short, so a few leases pass in a test; renewed every second.
     const LEASE: Duration = Duration::from_secs(3);
 
     /// The memory store, counting the heartbeat's renewals, and unreachable for them on demand
@@ -621,12 +622,14 @@ mod tests {
         }
     }
 
+    /// One lock to hold: its store, its keys, and where its renewals and losses are counted.
     struct Setup {
         store: Arc<Flaky>,
         keys: Arc<EntryKeys>,
         counters: Arc<Counters>,
     }
 
+    /// A fresh store and counters for the key `report`.
     fn setup() -> Setup {
         Setup {
             store: Arc::new(Flaky::default()),
@@ -636,6 +639,7 @@ mod tests {
     }
 
     impl Setup {
+        /// How the heartbeat renews: every third of [`LEASE`], or (`renew` off) never.
         fn renewal(&self, renew: bool) -> Renewal {
             Renewal {
                 lease: LEASE,
@@ -670,6 +674,7 @@ mod tests {
             }
         }
 
+        /// Renewals and losses counted so far.
         fn renewals(&self) -> (u64, u64) {
             let stats = self.counters.snapshot();
             (stats.lease_renewals, stats.leases_lost)

@@ -302,9 +302,12 @@ mod tests {
     use super::*;
     use crate::store::{Blob, MemoryStore, ReadOrLock, Stored, Write};
 
+    /// Long beside the node timeout, as in use.
     const LEASE: Duration = Duration::from_secs(10);
+    /// How long a node may take before it counts as down.
     const NODE_TIMEOUT: Duration = Duration::from_millis(50);
 
+    /// The one key the tests use.
     fn keys() -> EntryKeys {
         EntryKeys::new("t", "report").unwrap()
     }
@@ -315,6 +318,7 @@ mod tests {
     }
 
     impl Down {
+        /// The answer to any call: an error now, or none ever.
         fn answer<'a, T: Send + 'a>(&self) -> BoxFuture<'a, StoreResult<T>> {
             if self.hang {
                 return Box::pin(std::future::pending());
@@ -450,7 +454,8 @@ mod tests {
         }
     }
 
-    /// Three memory nodes, and `down` more in place of the last ones.
+    /// A quorum of three nodes, the last ones `down`, the others memory stores (also handed
+    /// back, to look behind the quorum's back).
     fn quorum(down: &[Down]) -> (QuorumStore, Vec<Arc<MemoryStore>>) {
         let memory: Vec<Arc<MemoryStore>> = (down.len()..3)
             .map(|_| Arc::new(MemoryStore::default()))
@@ -469,9 +474,12 @@ mod tests {
         (store, memory)
     }
 
+    /// A node whose calls fail at once (refused connections).
     const FAILS: Down = Down { hang: false };
+    /// A node that never answers (a paused server).
     const HANGS: Down = Down { hang: true };
 
+    /// Whether another caller could take the lock on `node` now (keeping it if it could).
     async fn is_free(node: &MemoryStore, k: &EntryKeys) -> bool {
         let answer = node.try_lock(k, "probe", LEASE).await.unwrap();
         matches!(answer, Acquire::Acquired { .. })

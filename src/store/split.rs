@@ -249,13 +249,17 @@ mod tests {
     use super::*;
     use crate::store::MemoryStore;
 
+    /// The lease of every lock: the fencing counter is kept two of them after a bump or renewal.
     const LEASE: Duration = Duration::from_secs(1);
+    /// A TTL no test outlives.
     const HOUR: Duration = Duration::from_secs(3600);
 
+    /// The one key the tests use.
     fn keys() -> EntryKeys {
         EntryKeys::new("t", "report").unwrap()
     }
 
+    /// A value write of `bytes`.
     fn value(bytes: &[u8]) -> Write {
         Write::Value {
             bytes: bytes.to_vec(),
@@ -263,7 +267,7 @@ mod tests {
         }
     }
 
-    /// A split store over two memory stores, and each of them, to look behind its back.
+    /// A split store over `locks` and a memory value side, and that value side.
     fn split_over(locks: Arc<dyn LockStore>) -> (SplitStore, Arc<MemoryStore>) {
         let values = Arc::new(MemoryStore::default());
         let store = SplitStore {
@@ -273,12 +277,14 @@ mod tests {
         (store, values)
     }
 
+    /// A split store over two memory stores: the store, its value side and its lock side.
     fn split() -> (SplitStore, Arc<MemoryStore>, Arc<MemoryStore>) {
         let locks = Arc::new(MemoryStore::default());
         let (store, values) = split_over(Arc::clone(&locks) as Arc<dyn LockStore>);
         (store, values, locks)
     }
 
+    /// Takes the free lock through the split store for `token`; its fencing token.
     async fn fence_of(store: &SplitStore, keys: &EntryKeys, token: &str, read: bool) -> u64 {
         match store.read_or_lock(keys, token, LEASE, read).await.unwrap() {
             ReadOrLock::Acquired { fence } => fence,
@@ -286,6 +292,7 @@ mod tests {
         }
     }
 
+    /// The value bytes the split store reads.
     async fn stored(store: &SplitStore, keys: &EntryKeys) -> Option<Vec<u8>> {
         store.get(keys).await.unwrap().map(|blob| blob.to_vec())
     }
