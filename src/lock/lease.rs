@@ -175,71 +175,26 @@ impl Heartbeat {
         asked: Instant,
         renewal: Renewal,
     ) -> Self {
-        let lease = renewal.lease;
-        let valid_for = lease.saturating_sub(store.clock_drift(lease));
+        let valid_for = renewal
+            .lease
+            .saturating_sub(store.clock_drift(renewal.lease));
+        let valid_until = later_by(asked, valid_for);
         let state = Arc::new(watch::Sender::new(LeaseState {
-            valid_until: later_by(asked, valid_for),
+            valid_until,
             lost: false,
         }));
-        let tx = Arc::clone(&state);
-        let renew_until = renewal.max_hold.map(|hold| later_by(asked, hold));
-        let task = tokio::spawn(async move {
-            let period = lease / 3;
-            let mut valid_until = later_by(asked, valid_for);
-            loop {
-                let stop_renewing =
-                    !renewal.renew || renew_until.is_some_and(|until| Instant::now() >= until);
-                if stop_renewing {
-                    tokio::time::sleep_until(valid_until).await;
-                    break;
-                }
-                let mut next = later_by(Instant::now(), period).min(valid_until);
-                if let Some(until) = renew_until {
-                    next = next.min(until);
-                }
-                tokio::time::sleep_until(next).await;
-                if Instant::now() >= valid_until {
-                    break;
-                }
-                if renew_until.is_some_and(|until| Instant::now() >= until) {
-                    tracing::info!(key = %keys.user, "maximum hold time reached; no more renewals");
-                    continue;
-                }
-                let asked = Instant::now();
-                let extension = tokio::time::timeout(period, store.extend(&keys, &token, lease));
-                match extension.await {
-                    Ok(Ok(true)) => {
-                        if let Some(counters) = &renewal.counters {
-                            counters.record(Event::LeaseRenewed);
-                        }
-                        valid_until = later_by(asked, valid_for);
-                        tx.send_replace(LeaseState {
-                            valid_until,
-                            lost: false,
-                        });
-                    }
-                    Ok(Ok(false)) => {
-                        tracing::warn!(key = %keys.user, "lease lost: the lock is no longer ours");
-                        break;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(key = %keys.user, error = %e, "lease renewal failed; retrying");
-                    }
-                    Err(_) => {
-                        tracing::warn!(key = %keys.user, "lease renewal timed out; retrying");
-                    }
-                }
-            }
-            if let Some(counters) = &renewal.counters {
-                counters.record(Event::LeaseLost);
-            }
-            tx.send_replace(LeaseState {
-                valid_until,
-                lost: true,
-            });
-        });
+        let renewing = Renewing {
+            store,
+            keys,
+            token,
+            valid_for,
+            valid_until,
+            renew_until: renewal.max_hold.map(|hold| later_by(asked, hold)),
+            renewal,
+            state: Arc::clone(&state),
+        };
         Heartbeat {
-            task,
+            task: tokio::spawn(renewing.run()),
             state,
             valid_for,
         }
@@ -268,6 +223,121 @@ impl Drop for Heartbeat {
     fn drop(&mut self) {
         self.task.abort();
         self.state.send_modify(|s| s.lost = true);
+    }
+}
+
+/// The heartbeat task of one held lock: what it renews, and until when the lease holds.
+struct Renewing {
+    store: Arc<dyn LockStore>,
+    keys: Arc<EntryKeys>,
+    token: Arc<str>,
+    renewal: Renewal,
+    /// How long the lock is surely ours after a request that took or extended it.
+    valid_for: Duration,
+    /// Counted from the last request that took or extended the lock.
+    valid_until: Instant,
+    /// When renewals stop: the maximum hold time after the acquisition, if one is set.
+    renew_until: Option<Instant>,
+    /// What every [`Lease`] of the lock sees.
+    state: Arc<watch::Sender<LeaseState>>,
+}
+
+/// What one renewal request found.
+enum Renewed {
+    /// The lease is extended, or the request failed and is retried at the next beat (the lease
+    /// still counts from the last good one).
+    GoOn,
+    /// The lock is no longer ours.
+    Taken,
+}
+
+impl Renewing {
+    /// Renews until the lease is lost, then says so.
+    async fn run(mut self) {
+        self.renew_while_held().await;
+        self.lose();
+    }
+
+    /// Renews every third of the lease until the lease runs out (renewals off, past the maximum
+    /// hold time, or failing for a whole lease) or a renewal finds the lock taken.
+    async fn renew_while_held(&mut self) {
+        let period = self.renewal.lease / 3;
+        loop {
+            if self.stops_renewing() {
+                tokio::time::sleep_until(self.valid_until).await;
+                return;
+            }
+            let mut next = later_by(Instant::now(), period).min(self.valid_until);
+            if let Some(until) = self.renew_until {
+                next = next.min(until);
+            }
+            tokio::time::sleep_until(next).await;
+            if Instant::now() >= self.valid_until {
+                return;
+            }
+            if self
+                .renew_until
+                .is_some_and(|until| Instant::now() >= until)
+            {
+                tracing::info!(key = %self.keys.user, "maximum hold time reached; no more renewals");
+                continue;
+            }
+            if let Renewed::Taken = self.renew(period).await {
+                return;
+            }
+        }
+    }
+
+    /// Whether renewing is over: renewals are off, or the maximum hold time has passed.
+    fn stops_renewing(&self) -> bool {
+        !self.renewal.renew
+            || self
+                .renew_until
+                .is_some_and(|until| Instant::now() >= until)
+    }
+
+    /// One renewal request, given up after `period`; a success moves the lease on, counted
+    /// from when the request was sent.
+    async fn renew(&mut self, period: Duration) -> Renewed {
+        let keys = &self.keys;
+        let asked = Instant::now();
+        let extension = self.store.extend(keys, &self.token, self.renewal.lease);
+        match tokio::time::timeout(period, extension).await {
+            Ok(Ok(true)) => {
+                if let Some(counters) = &self.renewal.counters {
+                    counters.record(Event::LeaseRenewed);
+                }
+                self.valid_until = later_by(asked, self.valid_for);
+                self.state.send_replace(LeaseState {
+                    valid_until: self.valid_until,
+                    lost: false,
+                });
+                Renewed::GoOn
+            }
+            Ok(Ok(false)) => {
+                tracing::warn!(key = %keys.user, "lease lost: the lock is no longer ours");
+                Renewed::Taken
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(key = %keys.user, error = %e, "lease renewal failed; retrying");
+                Renewed::GoOn
+            }
+            Err(_) => {
+                tracing::warn!(key = %keys.user, "lease renewal timed out; retrying");
+                Renewed::GoOn
+            }
+        }
+    }
+
+    /// The lease is lost: counted, and every [`Lease`] sees it at once.
+    fn lose(&self) {
+        if let Some(counters) = &self.renewal.counters {
+            counters.record(Event::LeaseLost);
+        }
+        self.state.send_replace(LeaseState {
+            valid_until: self.valid_until,
+            lost: true,
+        });
     }
 }
 
@@ -470,5 +540,246 @@ impl Drop for HeldLock {
         if self.armed {
             free_in_background(&self.store, &self.keys, &self.token);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::store::wakeup::Listener;
+    use crate::store::{Acquire, BoxFuture, MemoryStore};
+
+    /// Short, so a few leases pass in a test; renewed every second.
+    const LEASE: Duration = Duration::from_secs(3);
+
+    /// The memory store, counting the heartbeat's renewals, and unreachable for them on demand
+    /// (a backend down while the lock is held).
+    #[derive(Default)]
+    struct Flaky {
+        inner: MemoryStore,
+        extends: AtomicUsize,
+        down: AtomicBool,
+    }
+
+    impl LockStore for Flaky {
+        fn try_lock<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<Acquire>> {
+            self.inner.try_lock(keys, token, lease)
+        }
+
+        fn extend<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.extends.fetch_add(1, Ordering::SeqCst);
+            if self.down.load(Ordering::SeqCst) {
+                let down = StoreError::NoQuorum {
+                    reached: 0,
+                    needed: 1,
+                };
+                return Box::pin(std::future::ready(Err(down)));
+            }
+            self.inner.extend(keys, token, lease)
+        }
+
+        fn unlock<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.inner.unlock(keys, token)
+        }
+
+        fn next_fence<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<u64>> {
+            self.inner.next_fence(keys, lease)
+        }
+
+        fn raise_fence<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            floor: u64,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<()>> {
+            self.inner.raise_fence(keys, floor, lease)
+        }
+
+        fn record_run<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            fence: u64,
+            keep: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.inner.record_run(keys, fence, keep)
+        }
+
+        fn since_last_run<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+        ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+            self.inner.since_last_run(keys)
+        }
+
+        fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+            self.inner.listen(keys)
+        }
+    }
+
+    /// One lock to hold: its store, its keys, and where its renewals and losses are counted.
+    struct Setup {
+        store: Arc<Flaky>,
+        keys: Arc<EntryKeys>,
+        counters: Arc<Counters>,
+    }
+
+    /// A fresh store and counters for the key `report`.
+    fn setup() -> Setup {
+        Setup {
+            store: Arc::new(Flaky::default()),
+            keys: Arc::new(EntryKeys::new("t", "report").unwrap()),
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    impl Setup {
+        /// How the heartbeat renews: every third of [`LEASE`], or (`renew` off) never.
+        fn renewal(&self, renew: bool) -> Renewal {
+            Renewal {
+                lease: LEASE,
+                renew,
+                max_hold: None,
+                counters: Some(Arc::clone(&self.counters)),
+            }
+        }
+
+        /// Takes the free lock as a caller does: guard first, then the request.
+        async fn hold(&self, renew: bool) -> HeldLock {
+            let store = Arc::clone(&self.store) as Arc<dyn LockStore>;
+            let mut acquiring = Acquiring::new(store, Arc::clone(&self.keys), self.renewal(renew));
+            let token = acquiring.token();
+            let asked = acquiring.sending();
+            let answer = self.store.try_lock(&self.keys, &token, LEASE).await;
+            let Ok(Acquire::Acquired { fence }) = answer else {
+                panic!("the lock is free: {answer:?}");
+            };
+            acquiring.granted(fence, asked)
+        }
+
+        /// Whether another caller could take the lock now (freed again if it could).
+        async fn free(&self) -> bool {
+            let other = "someone else";
+            match self.store.try_lock(&self.keys, other, LEASE).await.unwrap() {
+                Acquire::Acquired { .. } => {
+                    self.store.unlock(&self.keys, other).await.unwrap();
+                    true
+                }
+                Acquire::Held { .. } => false,
+            }
+        }
+
+        /// Renewals and losses counted so far.
+        fn renewals(&self) -> (u64, u64) {
+            let stats = self.counters.snapshot();
+            (stats.lease_renewals, stats.leases_lost)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_keeps_the_lock_alive_past_its_lease() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        tokio::time::sleep(LEASE * 4).await;
+        assert!(!s.free().await, "the lock ran out although it was renewed");
+        assert!(!lease.is_lost());
+        let (renewed, lost) = s.renewals();
+        // Every third of a lease, for four leases.
+        assert!(renewed >= 10, "{renewed} renewals");
+        assert_eq!(lost, 0);
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_renewal_the_lease_runs_out() {
+        let s = setup();
+        let held = s.hold(false).await;
+        let lease = held.lease();
+        tokio::time::sleep(LEASE / 2).await;
+        assert!(!lease.is_lost());
+        tokio::time::timeout(LEASE, lease.lost())
+            .await
+            .expect("the lease ends when it runs out");
+        assert!(s.free().await);
+        assert_eq!(s.store.extends.load(Ordering::SeqCst), 0);
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_taken_by_another_is_lost_at_the_next_renewal() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        // Behind the holder's back: its lock freed and taken by another caller.
+        assert!(s.store.unlock(&s.keys, &held.token).await.unwrap());
+        let thief = s.store.try_lock(&s.keys, "thief", LEASE).await.unwrap();
+        assert!(matches!(thief, Acquire::Acquired { .. }));
+        // Seen at the next renewal (a third of the lease), well before the lease runs out.
+        tokio::time::timeout(LEASE / 2, lease.lost())
+            .await
+            .expect("the loss is seen at the next renewal");
+        assert!(lease.is_lost());
+        assert_eq!(s.renewals(), (0, 1));
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_failing_for_a_whole_lease_lose_it() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        s.store.down.store(true, Ordering::SeqCst);
+        // A failed renewal is retried, not taken for a loss...
+        tokio::time::sleep(LEASE / 2).await;
+        assert!(s.store.extends.load(Ordering::SeqCst) >= 1);
+        assert!(!lease.is_lost());
+        // ...until the lease counted from the last good request runs out.
+        tokio::time::timeout(LEASE, lease.lost())
+            .await
+            .expect("the lease is lost once it runs out");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(s.renewals(), (0, 1), "the heartbeat gave up");
+        drop(held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_guard_stops_the_heartbeat_and_frees_the_lock() {
+        let s = setup();
+        let held = s.hold(true).await;
+        let lease = held.lease();
+        tokio::time::sleep(LEASE).await;
+        let renewals = s.store.extends.load(Ordering::SeqCst);
+        assert!(renewals >= 2, "{renewals} renewals");
+        drop(held);
+        assert!(lease.is_lost(), "the holder let go");
+        // The background release runs at the next turn of the runtime.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert!(s.free().await, "freed at once, not when its lease runs out");
+        tokio::time::sleep(LEASE * 3).await;
+        assert_eq!(
+            s.store.extends.load(Ordering::SeqCst),
+            renewals,
+            "no renewal after the drop"
+        );
     }
 }

@@ -272,3 +272,313 @@ impl LockStore for QuorumStore {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Blob, MemoryStore, ReadOrLock, Stored, Write};
+
+    /// Long beside the node timeout, as in use.
+    const LEASE: Duration = Duration::from_secs(10);
+    /// How long a node may take before it counts as down.
+    const NODE_TIMEOUT: Duration = Duration::from_millis(50);
+
+    /// The one key the tests use.
+    fn keys() -> EntryKeys {
+        EntryKeys::new("t", "report").unwrap()
+    }
+
+    /// A node that is down: every call fails at once, or never answers (`hang`).
+    struct Down {
+        hang: bool,
+    }
+
+    impl Down {
+        /// The answer to any call: an error now, or none ever.
+        fn answer<'a, T: Send + 'a>(&self) -> BoxFuture<'a, StoreResult<T>> {
+            if self.hang {
+                return Box::pin(std::future::pending());
+            }
+            let down = StoreError::NoQuorum {
+                reached: 0,
+                needed: 1,
+            };
+            Box::pin(std::future::ready(Err(down)))
+        }
+    }
+
+    impl LockStore for Down {
+        fn try_lock<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: &'a str,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<Acquire>> {
+            self.answer()
+        }
+
+        fn extend<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: &'a str,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.answer()
+        }
+
+        fn unlock<'a>(&'a self, _: &'a EntryKeys, _: &'a str) -> BoxFuture<'a, StoreResult<bool>> {
+            self.answer()
+        }
+
+        fn next_fence<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<u64>> {
+            self.answer()
+        }
+
+        fn raise_fence<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: u64,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<()>> {
+            self.answer()
+        }
+
+        fn record_run<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: u64,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.answer()
+        }
+
+        fn since_last_run<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+        ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+            self.answer()
+        }
+
+        fn listen<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+            self.answer()
+        }
+    }
+
+    impl Store for Down {
+        fn get<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
+            self.answer()
+        }
+
+        fn read_or_lock<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: &'a str,
+            _: Duration,
+            _: bool,
+        ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
+            self.answer()
+        }
+
+        fn store_and_unlock<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: &'a str,
+            _: u64,
+            _: Write,
+        ) -> BoxFuture<'a, StoreResult<Stored>> {
+            self.answer()
+        }
+
+        fn write_fenced<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: u64,
+            _: Write,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.answer()
+        }
+
+        fn set<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: Vec<u8>,
+            _: Duration,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<()>> {
+            self.answer()
+        }
+
+        fn invalidate<'a>(
+            &'a self,
+            _: &'a EntryKeys,
+            _: Duration,
+        ) -> BoxFuture<'a, StoreResult<()>> {
+            self.answer()
+        }
+
+        fn wake<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
+            self.answer()
+        }
+
+        fn now_ms(&self) -> u64 {
+            0
+        }
+    }
+
+    /// A quorum of three nodes, the last ones `down`, the others memory stores (also handed
+    /// back, to look behind the quorum's back).
+    fn quorum(down: &[Down]) -> (QuorumStore, Vec<Arc<MemoryStore>>) {
+        let memory: Vec<Arc<MemoryStore>> = (down.len()..3)
+            .map(|_| Arc::new(MemoryStore::default()))
+            .collect();
+        let mut nodes: Vec<Arc<dyn Store>> = memory
+            .iter()
+            .map(|node| Arc::clone(node) as Arc<dyn Store>)
+            .collect();
+        for d in down {
+            nodes.push(Arc::new(Down { hang: d.hang }));
+        }
+        let store = QuorumStore {
+            nodes,
+            node_timeout: NODE_TIMEOUT,
+        };
+        (store, memory)
+    }
+
+    /// A node whose calls fail at once (refused connections).
+    const FAILS: Down = Down { hang: false };
+    /// A node that never answers (a paused server).
+    const HANGS: Down = Down { hang: true };
+
+    /// Whether another caller could take the lock on `node` now (keeping it if it could).
+    async fn is_free(node: &MemoryStore, k: &EntryKeys) -> bool {
+        let answer = node.try_lock(k, "probe", LEASE).await.unwrap();
+        matches!(answer, Acquire::Acquired { .. })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_majority_grants_the_highest_fence_and_remembers_it() {
+        let (store, nodes) = quorum(&[]);
+        let k = keys();
+        // Node 0 has handed out far more tokens than the others (their counters are seeded
+        // from the clock, in microseconds).
+        let high = nodes[0].next_fence(&k, LEASE).await.unwrap() + 1_000_000;
+        nodes[0].raise_fence(&k, high, LEASE).await.unwrap();
+        let answer = store.try_lock(&k, "a", LEASE).await.unwrap();
+        assert_eq!(answer, Acquire::Acquired { fence: high + 1 });
+        // Every holder was raised to it: its next number is above.
+        for node in &nodes {
+            assert_eq!(node.next_fence(&k, LEASE).await.unwrap(), high + 2);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_node_down_still_locks_and_two_down_is_no_quorum_with_the_rest_undone() {
+        let (store, _nodes) = quorum(&[FAILS]);
+        let k = keys();
+        let answer = store.try_lock(&k, "a", LEASE).await.unwrap();
+        assert!(matches!(answer, Acquire::Acquired { .. }));
+
+        let (store, nodes) = quorum(&[FAILS, FAILS]);
+        let answer = store.try_lock(&k, "a", LEASE).await;
+        assert!(matches!(
+            answer,
+            Err(StoreError::NoQuorum {
+                reached: 1,
+                needed: 2
+            })
+        ));
+        assert!(is_free(&nodes[0], &k).await, "the node it took was freed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_held_on_a_majority_is_held_and_the_minority_taken_is_undone() {
+        let (store, nodes) = quorum(&[]);
+        let k = keys();
+        for node in &nodes[..2] {
+            node.try_lock(&k, "other", LEASE).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let answer = store.try_lock(&k, "a", LEASE).await.unwrap();
+        let Acquire::Held { expires_in } = answer else {
+            panic!("held by another on a majority: {answer:?}");
+        };
+        assert!(expires_in.is_some_and(|left| left <= LEASE - Duration::from_secs(1)));
+        assert!(is_free(&nodes[2], &k).await, "the minority taken was freed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nodes_that_never_answer_count_as_down_after_the_node_timeout() {
+        let (store, _nodes) = quorum(&[HANGS, HANGS]);
+        let k = keys();
+        let started = Instant::now();
+        let answer = tokio::time::timeout(LEASE, store.try_lock(&k, "a", LEASE))
+            .await
+            .expect("the hanging nodes are given up");
+        assert!(matches!(
+            answer,
+            Err(StoreError::NoQuorum { reached: 1, .. })
+        ));
+        // One round to lock, one to undo.
+        assert!(started.elapsed() <= NODE_TIMEOUT * 2 + Duration::from_millis(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn extend_and_unlock_need_a_majority() {
+        let (store, nodes) = quorum(&[FAILS]);
+        let k = keys();
+        store.try_lock(&k, "a", LEASE).await.unwrap();
+        assert!(store.extend(&k, "a", LEASE).await.unwrap());
+        // Lost on one of the two nodes that answer: no majority extended, but one answered.
+        assert!(nodes[0].unlock(&k, "a").await.unwrap());
+        assert!(!store.extend(&k, "a", LEASE).await.unwrap());
+        assert!(!store.unlock(&k, "a").await.unwrap());
+
+        let (store, nodes) = quorum(&[FAILS]);
+        store.try_lock(&k, "a", LEASE).await.unwrap();
+        assert!(store.unlock(&k, "a").await.unwrap());
+        for node in &nodes {
+            assert!(is_free(node, &k).await);
+        }
+
+        let (store, _nodes) = quorum(&[FAILS, FAILS]);
+        let unknown = store.extend(&k, "a", LEASE).await;
+        assert!(
+            matches!(unknown, Err(StoreError::NoQuorum { .. })),
+            "unknown, not lost"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn next_fence_is_above_every_token_a_majority_handed_out() {
+        let (store, nodes) = quorum(&[FAILS]);
+        let k = keys();
+        let high = nodes[1].next_fence(&k, LEASE).await.unwrap() + 1_000_000;
+        nodes[1].raise_fence(&k, high, LEASE).await.unwrap();
+        assert_eq!(store.next_fence(&k, LEASE).await.unwrap(), high + 1);
+        let next = nodes[0].next_fence(&k, LEASE).await.unwrap();
+        assert_eq!(next, high + 2, "raised on the majority");
+
+        let (store, _nodes) = quorum(&[FAILS, FAILS]);
+        assert!(store.next_fence(&k, LEASE).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_most_recent_run_counts_and_a_newer_term_on_any_node_refuses_a_run() {
+        let (store, nodes) = quorum(&[]);
+        let k = keys();
+        let keep = Duration::from_secs(60);
+        assert!(store.record_run(&k, 5, keep).await.unwrap());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(nodes[2].record_run(&k, 9, keep).await.unwrap());
+        // The most recent run any node knows of (the others' is 4 s old).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let since = store.since_last_run(&k).await.unwrap();
+        assert_eq!(since, Some(Duration::from_secs(1)));
+        assert!(!store.record_run(&k, 7, keep).await.unwrap());
+    }
+}

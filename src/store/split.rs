@@ -243,3 +243,220 @@ impl Store for SplitStore {
         self.values.sync_clock()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    /// The lease of every lock: the fencing counter is kept two of them after a bump or renewal.
+    const LEASE: Duration = Duration::from_secs(1);
+    /// A TTL no test outlives.
+    const HOUR: Duration = Duration::from_secs(3600);
+
+    /// The one key the tests use.
+    fn keys() -> EntryKeys {
+        EntryKeys::new("t", "report").unwrap()
+    }
+
+    /// A value write of `bytes`.
+    fn value(bytes: &[u8]) -> Write {
+        Write::Value {
+            bytes: bytes.to_vec(),
+            ttl: HOUR,
+        }
+    }
+
+    /// A split store over `locks` and a memory value side, and that value side.
+    fn split_over(locks: Arc<dyn LockStore>) -> (SplitStore, Arc<MemoryStore>) {
+        let values = Arc::new(MemoryStore::default());
+        let store = SplitStore {
+            values: Arc::clone(&values) as Arc<dyn Store>,
+            locks,
+        };
+        (store, values)
+    }
+
+    /// A split store over two memory stores: the store, its value side and its lock side.
+    fn split() -> (SplitStore, Arc<MemoryStore>, Arc<MemoryStore>) {
+        let locks = Arc::new(MemoryStore::default());
+        let (store, values) = split_over(Arc::clone(&locks) as Arc<dyn LockStore>);
+        (store, values, locks)
+    }
+
+    /// Takes the free lock through the split store for `token`; its fencing token.
+    async fn fence_of(store: &SplitStore, keys: &EntryKeys, token: &str, read: bool) -> u64 {
+        match store.read_or_lock(keys, token, LEASE, read).await.unwrap() {
+            ReadOrLock::Acquired { fence } => fence,
+            other => panic!("the lock is free: {other:?}"),
+        }
+    }
+
+    /// The value bytes the split store reads.
+    async fn stored(store: &SplitStore, keys: &EntryKeys) -> Option<Vec<u8>> {
+        store.get(keys).await.unwrap().map(|blob| blob.to_vec())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_holders_write_lands_and_its_lock_is_freed_on_the_lock_side() {
+        let (store, _values, locks) = split();
+        let k = keys();
+        let fence = fence_of(&store, &k, "a", true).await;
+        let held = locks.try_lock(&k, "b", LEASE).await.unwrap();
+        assert!(
+            matches!(held, Acquire::Held { .. }),
+            "the lock lives on the lock side"
+        );
+        let answer = store.store_and_unlock(&k, "a", fence, value(b"v")).await;
+        let Stored { written, released } = answer.unwrap();
+        assert!(written, "the value store knew the holder's token");
+        assert!(released);
+        assert_eq!(stored(&store, &k).await.as_deref(), Some(&b"v"[..]));
+        let next = locks.try_lock(&k, "b", LEASE).await.unwrap();
+        assert!(matches!(next, Acquire::Acquired { .. }));
+    }
+
+    /// A lock side on which, just before the lock is taken, another holder's value lands on
+    /// the value side (the race between the read and the lock of a split store).
+    struct LandsFirst {
+        locks: MemoryStore,
+        values: Arc<MemoryStore>,
+    }
+
+    impl LockStore for LandsFirst {
+        fn try_lock<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<Acquire>> {
+            Box::pin(async move {
+                let landed = b"landed".to_vec();
+                self.values.set(keys, landed, HOUR, lease).await?;
+                self.locks.try_lock(keys, token, lease).await
+            })
+        }
+
+        fn extend<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.locks.extend(keys, token, lease)
+        }
+
+        fn unlock<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            token: &'a str,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.locks.unlock(keys, token)
+        }
+
+        fn next_fence<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<u64>> {
+            self.locks.next_fence(keys, lease)
+        }
+
+        fn raise_fence<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            floor: u64,
+            lease: Duration,
+        ) -> BoxFuture<'a, StoreResult<()>> {
+            self.locks.raise_fence(keys, floor, lease)
+        }
+
+        fn record_run<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+            fence: u64,
+            keep: Duration,
+        ) -> BoxFuture<'a, StoreResult<bool>> {
+            self.locks.record_run(keys, fence, keep)
+        }
+
+        fn since_last_run<'a>(
+            &'a self,
+            keys: &'a EntryKeys,
+        ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+            self.locks.since_last_run(keys)
+        }
+
+        fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+            self.locks.listen(keys)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_that_lands_before_the_lock_is_read_and_the_lock_let_go() {
+        let values = Arc::new(MemoryStore::default());
+        let lands = Arc::new(LandsFirst {
+            locks: MemoryStore::default(),
+            values: Arc::clone(&values),
+        });
+        let store = SplitStore {
+            values: values as Arc<dyn Store>,
+            locks: Arc::clone(&lands) as Arc<dyn LockStore>,
+        };
+        let k = keys();
+        let answer = store.read_or_lock(&k, "a", LEASE, true).await.unwrap();
+        assert_eq!(answer, ReadOrLock::Value(b"landed".to_vec()));
+        let next = lands.locks.try_lock(&k, "b", LEASE).await.unwrap();
+        assert!(
+            matches!(next, Acquire::Acquired { .. }),
+            "the lock taken over the value is freed"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn set_and_invalidate_refuse_the_write_of_a_holder_that_locked_before() {
+        let (store, _values, _locks) = split();
+        let k = keys();
+        let fence = fence_of(&store, &k, "a", true).await;
+        store.set(&k, b"new".to_vec(), HOUR, LEASE).await.unwrap();
+        let late = store.store_and_unlock(&k, "a", fence, value(b"old")).await;
+        assert!(!late.unwrap().written);
+        assert_eq!(stored(&store, &k).await.as_deref(), Some(&b"new"[..]));
+
+        let fence = fence_of(&store, &k, "b", false).await;
+        store.invalidate(&k, LEASE).await.unwrap();
+        let late = store.store_and_unlock(&k, "b", fence, value(b"old")).await;
+        assert!(!late.unwrap().written);
+        assert_eq!(stored(&store, &k).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_wakes_the_waiters_on_the_value_side() {
+        let (store, _values, _locks) = split();
+        let k = keys();
+        fence_of(&store, &k, "a", true).await;
+        let mut waiter = store.listen(&k).await.unwrap();
+        assert!(store.unlock(&k, "a").await.unwrap());
+        tokio::time::timeout(LEASE, waiter.notified())
+            .await
+            .expect("woken by the release, not at its backoff");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_keep_the_value_sides_fence_through_a_long_computation() {
+        let (store, _values, _locks) = split();
+        let k = keys();
+        let fence = fence_of(&store, &k, "a", true).await;
+        // Many times the counter's retention (two leases), renewed every third of a lease.
+        for _ in 0..30 {
+            tokio::time::sleep(LEASE / 3).await;
+            assert!(store.extend(&k, "a", LEASE).await.unwrap());
+        }
+        let Stored { written, released } = store
+            .store_and_unlock(&k, "a", fence, value(b"v"))
+            .await
+            .unwrap();
+        assert!(written, "the holder's token lapsed on the value side");
+        assert!(released);
+    }
+}

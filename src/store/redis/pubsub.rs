@@ -10,8 +10,8 @@ use redis::{PushInfo, PushKind, Value};
 
 use super::cluster::LazyCluster;
 use super::connection::{resp3, ConnectionOptions};
-use crate::store::StoreResult;
 use crate::store::wakeup::{Listener, Wakeups};
+use crate::store::StoreResult;
 use crate::sync::lock;
 
 /// The connection that carries subscriptions: plain pub/sub on one server, sharded pub/sub on a

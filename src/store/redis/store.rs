@@ -18,11 +18,11 @@ use super::scripts::{
     SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall, SCRIPTS,
     SHARDED_SCRIPTS,
 };
+use crate::join::join_all;
+use crate::store::wakeup::Listener;
 use crate::store::{
     Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
 };
-use crate::join::join_all;
-use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
 /// The Redis store, generic over the connection: a `ConnectionManager` for one server, a

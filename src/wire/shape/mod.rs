@@ -24,6 +24,8 @@
 //!
 //! Explained in the guide: `docs/guarantees.md` (Changing a cached type).
 
+mod render;
+
 use std::any::TypeId;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -377,114 +379,6 @@ impl Walk {
             }),
             _ => true,
         })
-    }
-
-    /// Writes the canonical description of the part at `path`. Names are length-prefixed, so
-    /// no name can make two shapes read alike.
-    fn render(&self, path: &mut Path, out: &mut String) {
-        use fmt::Write;
-        let Some(&node) = self.nodes.get(path) else {
-            out.push('?');
-            return;
-        };
-        let name = |out: &mut String, name: &str| {
-            let _ = write!(out, "{}:{name}", name.len());
-        };
-        let children = |out: &mut String, path: &mut Path, count: usize| {
-            for i in 0..count {
-                if i > 0 {
-                    out.push(',');
-                }
-                path.push(u32::try_from(i).unwrap_or(u32::MAX));
-                self.render(path, out);
-                path.pop();
-            }
-        };
-        let fields = |out: &mut String, path: &mut Path, fields: &[&str]| {
-            out.push('{');
-            for (i, field) in fields.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                name(out, field);
-                out.push('=');
-                path.push(u32::try_from(i).unwrap_or(u32::MAX));
-                self.render(path, out);
-                path.pop();
-            }
-            out.push('}');
-        };
-        match node {
-            Node::Leaf(leaf) => out.push_str(leaf),
-            Node::Option => {
-                out.push_str("option<");
-                children(out, path, 1);
-                out.push('>');
-            }
-            Node::Seq => {
-                out.push_str("seq<");
-                children(out, path, 1);
-                out.push('>');
-            }
-            Node::Map => {
-                out.push_str("map<");
-                children(out, path, 2);
-                out.push('>');
-            }
-            Node::Tuple(len) => {
-                out.push_str("tuple(");
-                children(out, path, len);
-                out.push(')');
-            }
-            Node::UnitStruct(n) => {
-                out.push_str("unit_struct ");
-                name(out, n);
-            }
-            Node::NewtypeStruct(n) => {
-                out.push_str("newtype_struct ");
-                name(out, n);
-                out.push('(');
-                children(out, path, 1);
-                out.push(')');
-            }
-            Node::TupleStruct(n, len) => {
-                out.push_str("tuple_struct ");
-                name(out, n);
-                out.push('(');
-                children(out, path, len);
-                out.push(')');
-            }
-            Node::Struct(n, names) => {
-                out.push_str("struct ");
-                name(out, n);
-                fields(out, path, names);
-            }
-            Node::Enum(n, variants) => {
-                out.push_str("enum ");
-                name(out, n);
-                // Variants are written like fields: each name, then its shape.
-                fields(out, path, variants);
-            }
-            Node::Variant(Kind::Unit) => out.push_str("unit"),
-            Node::Variant(Kind::Newtype) => {
-                out.push_str("newtype(");
-                children(out, path, 1);
-                out.push(')');
-            }
-            Node::Variant(Kind::Tuple(len)) => {
-                out.push_str("tuple(");
-                children(out, path, len);
-                out.push(')');
-            }
-            Node::Variant(Kind::Struct(names)) => {
-                out.push_str("struct");
-                fields(out, path, names);
-            }
-            Node::Again(n) => {
-                out.push('@');
-                name(out, n);
-            }
-        }
     }
 }
 

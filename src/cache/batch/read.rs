@@ -1,0 +1,87 @@
+//! Steps 1 and 2 of a batch: the near tier answers the keys it holds, then one `MGET` reads the
+//! others; a value found is served, one past its stale window (or unreadable) is marked to be
+//! replaced under its lock.
+
+use std::fmt::{Debug, Display};
+use std::sync::Arc;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use super::{Batch, Outcome};
+use crate::cache::failsafe::Sorted;
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::{Error, Fallback, Source};
+
+impl<C, T, E> Batch<'_, C, T, E>
+where
+    C: Codec,
+    T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+    E: Display + Debug + Send + Sync + 'static,
+{
+    /// The near tier first: no request for the keys it holds.
+    pub(super) fn answer_from_near(
+        &self,
+        distinct: &[Arc<EntryKeys>],
+        outcomes: &mut [Option<Outcome<T>>],
+    ) {
+        for (slot, keys) in distinct.iter().enumerate() {
+            if let Some(entry) = self.cache.near_copy::<T>(&keys.user) {
+                outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
+            }
+        }
+    }
+
+    /// One read for every key still without an outcome; answers what it can, and says which
+    /// keys hold a value that must be replaced (their locks are taken over it). Tickets are
+    /// taken before the read is sent, for its answers to go into the near tier as a single
+    /// key's read does.
+    pub(super) async fn read_remote(
+        &self,
+        distinct: &[Arc<EntryKeys>],
+        outcomes: &mut [Option<Outcome<T>>],
+    ) -> Vec<bool> {
+        let cache = self.cache;
+        let mut replace = vec![false; distinct.len()];
+        let remote: Vec<usize> = (0..distinct.len())
+            .filter(|&slot| outcomes[slot].is_none())
+            .collect();
+        if remote.is_empty() {
+            return replace;
+        }
+        cache.clock_ready().await;
+        let tickets: Vec<_> = remote
+            .iter()
+            .map(|&slot| {
+                let near = cache.inner.near.as_ref()?;
+                near.ticket(&distinct[slot].user)
+            })
+            .collect();
+        let entries: Vec<&EntryKeys> = remote.iter().map(|&slot| &*distinct[slot]).collect();
+        match cache.inner.store.get_many(&entries).await {
+            Ok(values) => {
+                for ((&slot, ticket), bytes) in remote.iter().zip(tickets).zip(values) {
+                    let keys = &distinct[slot];
+                    let Some(bytes) = bytes else { continue };
+                    let entry = cache.read_stored::<T>(keys, &bytes);
+                    match entry.map(|entry| cache.sort(entry)) {
+                        Some(Sorted::Serve(entry)) => {
+                            cache.remember_near(ticket, keys, &entry, bytes.len());
+                            outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
+                        }
+                        // Past its stale window, or unreadable bytes.
+                        Some(Sorted::Past(_)) | None => replace[slot] = true,
+                    }
+                }
+            }
+            Err(e) if cache.options.on_backend_error == Fallback::Fail => {
+                for &slot in &remote {
+                    outcomes[slot] = Some(Err(Error::backend("get", e.clone())));
+                }
+            }
+            // The fallback applies when locking, under the single flight, as for one key.
+            Err(_) => {}
+        }
+        replace
+    }
+}
