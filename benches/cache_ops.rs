@@ -5,7 +5,7 @@
 //!   calls in flight. Throughput ratio = raw time / guarded time (target ≥ 0.9).
 //! - `memory_hit`: the embedded store's hit vs `moka::future::Cache::get` and
 //!   `moka::sync::Cache::get` of the same value (target ≤ 1.2× moka).
-//! - `near_hit`: `get_or_compute` answered by the near tier (`NearCache`, Redis behind it) vs
+//! - `near_hit`: `get_or_compute` answered by the near tier (`NearCacheOptions`, Redis behind it) vs
 //!   `moka::sync::Cache::get` and `moka::future::Cache::get` of the same value (target ≤ 1.5×
 //!   moka, either).
 //! - `won_miss`: a cold key each iteration: GET, read-or-lock, compute (0 ms), store-and-unlock.
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use stampede_guard::{Cache, NearCache};
+use stampede_guard::{Cache, NearCacheOptions};
 use support::RedisServer;
 
 const KEY: &str = "2019-05";
@@ -319,7 +319,7 @@ fn near_hit(c: &mut Criterion) {
         let cache = Cache::builder()
             .redis_url(server.url())
             .namespace("bench")
-            .near_cache(NearCache::new(1_000))
+            .near_cache(NearCacheOptions::new(1_000))
             .build()
             .await
             .expect("a cache");

@@ -20,7 +20,7 @@ mod support {
 
 use std::time::{Duration, Instant};
 
-use stampede_guard::{Cache, NearCache};
+use stampede_guard::{Cache, NearCacheOptions};
 use support::RedisServer;
 
 const SAMPLES: usize = 2_000;
@@ -31,7 +31,7 @@ async fn cache(url: &str) -> Cache {
     Cache::builder()
         .redis_url(url)
         .namespace("near-bench")
-        .near_cache(NearCache::new(1_000))
+        .near_cache(NearCacheOptions::new(1_000))
         .build()
         .await
         .expect("a cache")

@@ -36,7 +36,7 @@
 //! ```
 //!
 //! `--near-cache N` gives every worker's cache a near tier of at most N entries
-//! ([`NearCache`](stampede_guard::NearCache)); the JSON lines then carry `"near_cache": N`.
+//! ([`NearCacheOptions`](stampede_guard::NearCacheOptions)); the JSON lines then carry `"near_cache": N`.
 //!
 //! The fail-safe (`docs/fail-safe.md`): `--fail-safe-secs S` keeps values S seconds past their
 //! stale window as a fallback, `--soft-timeout-ms MS` and `--hard-timeout-ms MS` set the call's
@@ -59,7 +59,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rand::seq::SliceRandom;
 use redis::cluster::ClusterClientBuilder;
 use redis::ConnectionAddr;
-use stampede_guard::{Cache, CallOptions, Computed, NearCache, Source};
+use stampede_guard::{Cache, CallOptions, Computed, NearCacheOptions, Source};
 
 /// Names the worker role in a re-executed child; its value is the worker's index.
 const WORKER_ENV: &str = "STAMPEDE_BENCH_WORKER";
@@ -304,7 +304,7 @@ impl Config {
             .namespace(NAMESPACE)
             .options(self.options());
         if let Some(entries) = self.near {
-            builder = builder.near_cache(NearCache::new(entries));
+            builder = builder.near_cache(NearCacheOptions::new(entries));
         }
         let cache = match &self.target {
             Target::Server(url) => builder.redis_url(url.as_str()),
@@ -639,7 +639,7 @@ struct Outcome {
     /// Per caller's whole K-key request, in µs.
     reqs: Vec<u64>,
     errors: u64,
-    /// Calls answered with a kept value (`Source::Fallback`).
+    /// Calls answered with a kept value (`Source::FailSafe`).
     fallbacks: u64,
     wall: Duration,
 }
@@ -1134,7 +1134,7 @@ mod worker {
                             compute(&key, &conn, work, payload).await.map(Computed::new)
                         })
                         .await;
-                    if matches!(&fetched, Ok(f) if f.source == Source::Fallback) {
+                    if matches!(&fetched, Ok(f) if f.source == Source::FailSafe) {
                         self.fallbacks += 1;
                     }
                     fetched.map(|f| f.value).map_err(|e| e.to_string())

@@ -92,7 +92,7 @@
 //!   standing by to take over.
 //! - [`Redlock`]: the same [`Lock`] held over a majority of independent Redis masters, when one
 //!   Redis is too much of a single point of failure for the lock.
-//! - [`NearCache`] (via [`CacheBuilder::near_cache`]): hot values served from this process
+//! - [`NearCacheOptions`] (via [`CacheBuilder::near_cache`]): hot values served from this process
 //!   without a round trip, kept coherent across instances, never staler than a bound you choose.
 //!
 //! # Failure semantics
@@ -110,10 +110,10 @@
 //! | `invalidate` or `set` during a computation | that computation's write is refused |
 //! | bytes under a key that are not ours, or a value written for another shape of `T` ([type changes](Codec#type-changes)) | a miss, logged; the next computation overwrites them |
 //! | waiting longer than [`CallOptions::wait_timeout`] | [`Error::WaitTimeout`] |
-//! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`Fallback::ComputeUncached`] the value computed without the cache (still once per process), `get` a miss and `set` a skipped write (`invalidate` and locks still fail); reconnection is automatic |
+//! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`OnBackendError::ComputeUncached`] the value computed without the cache (still once per process), `get` a miss and `set` a skipped write (`invalidate` and locks still fail); reconnection is automatic |
 //! | machines whose clocks disagree | freshness is stamped and judged by the Redis server's clock, which each process estimates (three `TIME`s before its first call, then every minute; no command on the hit path) |
 //! | Redis evicts our keys (`maxmemory` with a policy other than `noeviction`) | an evicted value is recomputed; an evicted fence key makes the running computation's write be refused (the caller still gets its value); an evicted lock key lets a second holder of a [`Lock`] or [`leader::Leader`] in at once (the first learns at its next renewal; fencing tokens still order their writes). Warned once per store; use `noeviction`, or a separate server for locks |
-//! | the near tier's invalidation stream breaks (a dropped, cut or black-holed connection, a restarted server, a paused process) | within [`NearCache::max_staleness`] it stops serving copies, drops them and reads Redis until the stream is proven live again |
+//! | the near tier's invalidation stream breaks (a dropped, cut or black-holed connection, a restarted server, a paused process) | within [`NearCacheOptions::max_staleness`] it stops serving copies, drops them and reads Redis until the stream is proven live again |
 //! | a stale value inside [`CallOptions::stale_for`] | served at once while one caller in the fleet refreshes it; a failed refresh keeps it until its hard expiry |
 //!
 //! # Backends
@@ -174,14 +174,14 @@ mod wire;
 pub use cache::bounds::{CacheValue, ComputeFailure};
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
-pub use cache::near::NearCache;
+pub use cache::near::NearCacheOptions;
 pub use cache::Cache;
 pub use error::{ComputeError, Error};
 pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
-pub use options::{Backoff, CallOptions, Fallback};
+pub use options::{Backoff, CallOptions, OnBackendError};
 pub use stats::Stats;
 pub use store::{ConnectionOptions, MemoryLimits};
 pub use time::FOREVER;

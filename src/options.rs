@@ -25,7 +25,7 @@ pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 /// | [`renew`](Self::renew) | on | extend the lease every `lease / 3` while the computation runs |
 /// | [`wait_timeout`](Self::wait_timeout) | 30 s | how long a caller waits for another's computation before [`Error::WaitTimeout`](crate::Error::WaitTimeout) |
 /// | [`backoff`](Self::backoff) | 10 ms doubling to 500 ms, jittered | re-check interval when no wake-up arrives |
-/// | [`on_backend_error`](Self::on_backend_error) | [`Fallback::Fail`] | Redis down: fail, or compute without the cache |
+/// | [`on_backend_error`](Self::on_backend_error) | [`OnBackendError::Fail`] | Redis down: fail, or compute without the cache |
 /// | [`max_hold`](Self::max_hold) | none | the hard timeout: a computation still running this long after taking its lock is cancelled and its lock freed; a [`Lock`](crate::Lock) stops renewing |
 /// | [`stale_for`](Self::stale_for) | 0 (off) | after the TTL, serve the old value this much longer while one caller refreshes it |
 /// | [`early_refresh`](Self::early_refresh) | 0 (off) | XFetch: refresh before expiry with probability rising as it nears; 1.0 is the paper's default |
@@ -39,13 +39,13 @@ pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 /// tabled in `docs/fail-safe.md` and under [`Source`](crate::Source).
 ///
 /// ```
-/// use stampede_guard::{CallOptions, Fallback};
+/// use stampede_guard::{CallOptions, OnBackendError};
 /// use std::time::Duration;
 ///
 /// let options = CallOptions::default()
 ///     .lease(Duration::from_secs(10))
 ///     .wait_timeout(Duration::from_secs(5))
-///     .on_backend_error(Fallback::ComputeUncached);
+///     .on_backend_error(OnBackendError::ComputeUncached);
 /// assert_eq!(options.get_lease(), Duration::from_secs(10));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +56,7 @@ pub struct CallOptions {
     pub(crate) renew: bool,
     pub(crate) wait_timeout: Duration,
     pub(crate) backoff: Backoff,
-    pub(crate) on_backend_error: Fallback,
+    pub(crate) on_backend_error: OnBackendError,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) stale_for: Duration,
     pub(crate) early_refresh_beta: f64,
@@ -77,7 +77,7 @@ impl Default for CallOptions {
             renew: true,
             wait_timeout: Duration::from_secs(30),
             backoff: Backoff::default(),
-            on_backend_error: Fallback::Fail,
+            on_backend_error: OnBackendError::Fail,
             max_hold: None,
             stale_for: Duration::ZERO,
             early_refresh_beta: 0.0,
@@ -122,8 +122,8 @@ impl CallOptions {
 
     /// What a cache call does when the backend cannot be reached: fail, or fail open (compute
     /// without the cache, read a miss, skip a write); `invalidate` and a [`Lock`](crate::Lock)
-    /// always return the error. The table on [`Fallback`] gives each call.
-    pub fn on_backend_error(mut self, fallback: Fallback) -> Self {
+    /// always return the error. The table on [`OnBackendError`] gives each call.
+    pub fn on_backend_error(mut self, fallback: OnBackendError) -> Self {
         self.on_backend_error = fallback;
         self
     }
@@ -211,7 +211,7 @@ impl CallOptions {
     /// caller computes, as after any expiry. But when that computation fails, is cut by the hard
     /// timeout ([`max_hold`](Self::max_hold)), or runs past the
     /// [`soft_timeout`](Self::soft_timeout), the callers get the kept value
-    /// ([`Source::Fallback`](crate::Source::Fallback)) instead of the error or the wait; so do
+    /// ([`Source::FailSafe`](crate::Source::FailSafe)) instead of the error or the wait; so do
     /// callers waiting on that computation, in this process or another, at their own soft
     /// timeout or [`wait_timeout`](Self::wait_timeout). After a failure the kept value is
     /// rewritten as a *throttled* copy, served as the fallback for
@@ -237,7 +237,7 @@ impl CallOptions {
     /// let report = cache
     ///     .fetch("2019-05", ttl, |_| async { Err::<Computed<u64>, _>("database down") })
     ///     .await?;
-    /// assert_eq!((report.value, report.source), (1234, Source::Fallback));
+    /// assert_eq!((report.value, report.source), (1234, Source::FailSafe));
     /// # Ok(())
     /// # }
     /// ```
@@ -257,7 +257,7 @@ impl CallOptions {
 
     /// The latency budget of a call that has a fallback at hand (default none): once the call
     /// has run this long, computing or waiting for another caller's computation, it returns the
-    /// fail-safe fallback ([`Source::Fallback`](crate::Source::Fallback)). A computation goes on
+    /// fail-safe fallback ([`Source::FailSafe`](crate::Source::FailSafe)). A computation goes on
     /// in the background under its lock and heartbeat, and its value lands as usual (unless the
     /// hard timeout, [`max_hold`](Self::max_hold), cuts it). Without a fallback (fail-safe off,
     /// or no kept value) it does nothing.
@@ -321,13 +321,13 @@ impl CallOptions {
 /// use the cache again as soon as it answers.
 ///
 /// ```
-/// use stampede_guard::{CallOptions, Fallback};
-/// let options = CallOptions::default().on_backend_error(Fallback::ComputeUncached);
+/// use stampede_guard::{CallOptions, OnBackendError};
+/// let options = CallOptions::default().on_backend_error(OnBackendError::ComputeUncached);
 /// # let _ = options;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
-pub enum Fallback {
+pub enum OnBackendError {
     /// Return [`Error::Backend`](crate::Error::Backend), naming the failed operation.
     #[default]
     Fail,

@@ -66,14 +66,14 @@ pub struct Stats {
     /// Calls that gave up waiting ([`Error::WaitTimeout`](crate::Error::WaitTimeout)).
     pub wait_timeouts: u64,
     /// Calls that met a backend failure ([`Error::is_backend`](crate::Error::is_backend)),
-    /// including a `get` or `set` that the [`Fallback`](crate::Fallback) answered as a miss or a
+    /// including a `get` or `set` that the [`OnBackendError`](crate::OnBackendError) answered as a miss or a
     /// skipped write (a `get_or_compute` it answered is counted in `uncached` instead).
     pub backend_errors: u64,
     /// Successful lease renewals of this cache's locks.
     pub lease_renewals: u64,
     /// Leases of this cache's locks that were lost while computing.
     pub leases_lost: u64,
-    /// Calls answered with a fail-safe fallback ([`Source::Fallback`](crate::Source::Fallback)):
+    /// Calls answered with a fail-safe fallback ([`Source::FailSafe`](crate::Source::FailSafe)):
     /// a kept value served because the computation failed, timed out, or is throttled.
     pub fallback_served: u64,
     /// Calls that reached their [`soft_timeout`](crate::CallOptions::soft_timeout) with a
@@ -82,7 +82,7 @@ pub struct Stats {
     /// Computations of this process cancelled by their hard timeout
     /// ([`max_hold`](crate::CallOptions::max_hold)), once per key they were computing.
     pub hard_timeouts: u64,
-    /// Calls answered from the near tier ([`NearCache`](crate::NearCache)), without Redis.
+    /// Calls answered from the near tier ([`NearCacheOptions`](crate::NearCacheOptions)), without Redis.
     /// Also counted in `hits`.
     pub near_hits: u64,
     /// Calls that looked in the near tier and went on to Redis: no copy, another type, a copy
@@ -92,7 +92,7 @@ pub struct Stats {
     /// unless it is the very write the copy holds).
     pub near_invalidations: u64,
     /// Times the near tier stopped serving and dropped its copies because its invalidation
-    /// stream was not proven live within [`max_staleness`](crate::NearCache::max_staleness)
+    /// stream was not proven live within [`max_staleness`](crate::NearCacheOptions::max_staleness)
     /// (a dropped or black-holed connection, a restarted server, a paused process).
     pub near_switched_off: u64,
 }

@@ -575,7 +575,7 @@ async fn the_near_tier_answers_the_keys_it_holds_without_a_request() {
     let cache = Cache::builder()
         .redis_url(server.url())
         .namespace("batch")
-        .near_cache(stampede_guard::NearCache::new(100))
+        .near_cache(stampede_guard::NearCacheOptions::new(100))
         .build()
         .await
         .unwrap();
@@ -667,7 +667,7 @@ async fn a_failed_batch_serves_the_kept_value_and_leaves_a_throttled_copy() {
         )
         .await;
     let kept = failed[0].as_ref().expect("the kept value");
-    assert_eq!((kept.value, kept.source), (7, Source::Fallback));
+    assert_eq!((kept.value, kept.source), (7, Source::FailSafe));
     assert!(matches!(failed[1], Err(Error::Compute(_))), "{failed:?}");
     // Within the throttle a single-key call gets the copy without computing (its source would
     // answer 99: only a throttled copy in the store keeps it from being called).
@@ -680,7 +680,7 @@ async fn a_failed_batch_serves_the_kept_value_and_leaves_a_throttled_copy() {
         })
         .await
         .unwrap();
-    assert_eq!((single.value, single.source), (7, Source::Fallback));
+    assert_eq!((single.value, single.source), (7, Source::FailSafe));
     // And a batch gets the same copy, as a fallback.
     let counted = Arc::clone(&calls);
     let batch = cache

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::seq::SliceRandom;
-use stampede_guard::{Backoff, Cache, CallOptions, ConnectionOptions, Error, NearCache};
+use stampede_guard::{Backoff, Cache, CallOptions, ConnectionOptions, Error, NearCacheOptions};
 use support::cluster_cache;
 use support::{eventually, signal, RedisCluster};
 
@@ -268,7 +268,7 @@ async fn near_reader(cluster: &RedisCluster) -> Cache {
     Cache::builder()
         .redis_cluster(cluster.urls())
         .namespace("reports")
-        .near_cache(NearCache::new(1_000).max_staleness(MAX_STALENESS))
+        .near_cache(NearCacheOptions::new(1_000).max_staleness(MAX_STALENESS))
         .connection(ConnectionOptions::default().response_timeout(Duration::from_secs(1)))
         .build()
         .await

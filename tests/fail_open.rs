@@ -1,4 +1,4 @@
-//! What [`Fallback`] means for each call of a cache, on a real Redis that is stopped: with
+//! What [`OnBackendError`] means for each call of a cache, on a real Redis that is stopped: with
 //! `ComputeUncached`, `get` is a miss and `set` a skipped write, while `invalidate` and locks
 //! still fail; with `Fail` (the default) every call fails. And once Redis is back, every call
 //! works again.
@@ -12,13 +12,13 @@ mod support {
 
 use std::time::{Duration, Instant};
 
-use stampede_guard::{Cache, CallOptions, Error, Fallback};
+use stampede_guard::{Cache, CallOptions, Error, OnBackendError};
 use support::RedisServer;
 
 const TTL: Duration = Duration::from_secs(60);
 
 /// A cache on a real server that has just been killed (its port refuses connections).
-async fn cache_on_a_stopped_server(fallback: Fallback) -> (RedisServer, Cache) {
+async fn cache_on_a_stopped_server(fallback: OnBackendError) -> (RedisServer, Cache) {
     let mut redis = RedisServer::start();
     let cache = Cache::builder()
         .redis_url(redis.url())
@@ -48,7 +48,7 @@ async fn look_then_compute(cache: &Cache) -> Result<u32, Error> {
 
 #[tokio::test]
 async fn without_the_fallback_every_call_fails_with_a_backend_error() {
-    let (_redis, cache) = cache_on_a_stopped_server(Fallback::Fail).await;
+    let (_redis, cache) = cache_on_a_stopped_server(OnBackendError::Fail).await;
     assert!(backend(cache.get::<u32>("2019-05").await));
     assert!(backend(cache.set("2019-05", &2u32, TTL).await));
     assert!(backend(cache.invalidate("2019-05").await));
@@ -61,7 +61,7 @@ async fn without_the_fallback_every_call_fails_with_a_backend_error() {
 
 #[tokio::test]
 async fn with_the_fallback_get_is_a_miss_set_is_skipped_and_invalidate_and_locks_fail() {
-    let (mut redis, cache) = cache_on_a_stopped_server(Fallback::ComputeUncached).await;
+    let (mut redis, cache) = cache_on_a_stopped_server(OnBackendError::ComputeUncached).await;
     assert_eq!(cache.get::<u32>("2019-05").await.unwrap(), None, "a miss");
     cache.set("2019-05", &2u32, TTL).await.unwrap();
     // A lost invalidation would serve stale data once Redis is back: the caller must know.

@@ -129,7 +129,7 @@ fn computing_caller_soft_timeout() {
         let took = start.elapsed();
         assert_eq!(
             (fetched.value.as_str(), fetched.source),
-            ("old", Source::Fallback)
+            ("old", Source::FailSafe)
         );
         assert!(
             took < Duration::from_millis(900),
@@ -174,7 +174,7 @@ fn waiter_in_another_process() {
     assert!(waiter.wait_success(), "the waiter failed");
     let (_, line) = waiter.last("served ").expect("the waiter's answer");
     let words: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(&words[1..3], ["old", "Fallback"], "{line}");
+    assert_eq!(&words[1..3], ["old", "FailSafe"], "{line}");
     let took_ms: u64 = words[3].parse().unwrap();
     assert!(
         (200..1500).contains(&took_ms),
@@ -238,7 +238,7 @@ fn hard_timeout() {
             .unwrap();
         assert_eq!(
             (fetched.value.as_str(), fetched.source),
-            ("old", Source::Fallback)
+            ("old", Source::FailSafe)
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
         let stored: Option<String> = kept.get(KEY).await.unwrap();
@@ -285,19 +285,19 @@ fn near_tier_never_serves_a_kept_value() {
             .redis_url(server.url())
             .namespace(NAMESPACE)
             .options(fail_safe())
-            .near_cache(stampede_guard::NearCache::new(100))
+            .near_cache(stampede_guard::NearCacheOptions::new(100))
             .build()
             .await
             .unwrap();
         expired_value(&cache, "old").await;
         // A failure writes the throttled copy, which the near tier must not take for fresh.
         let fetched = call(&cache, Duration::ZERO, None).await.unwrap();
-        assert_eq!(fetched.source, Source::Fallback);
+        assert_eq!(fetched.source, Source::FailSafe);
         for _ in 0..20 {
             let again = call(&cache, Duration::ZERO, None).await.unwrap();
             assert_eq!(
                 (again.value.as_str(), again.source),
-                ("old", Source::Fallback)
+                ("old", Source::FailSafe)
             );
         }
         assert_eq!(cache.stats().near_hits, 0);
@@ -406,7 +406,7 @@ fn batch_soft_timeout() {
         )
         .await;
         let took = start.elapsed();
-        assert_eq!(answers(&results), vec!["old Fallback"; 2]);
+        assert_eq!(answers(&results), vec!["old FailSafe"; 2]);
         assert!(
             took < Duration::from_millis(900),
             "answered at the soft timeout, not after the computation ({took:?})"
@@ -459,7 +459,7 @@ fn batch_hard_timeout() {
         let keys = &MONTHS[..2];
         let results = batch_call(&cache, keys, Duration::from_secs(2), Some("late"), &asked).await;
         let took = start.elapsed();
-        assert_eq!(answers(&results), ["old Fallback", "ComputeTimeout"]);
+        assert_eq!(answers(&results), ["old FailSafe", "ComputeTimeout"]);
         assert!(took < Duration::from_secs(1), "{took:?}");
         for key in keys {
             assert!(
@@ -471,7 +471,7 @@ fn batch_hard_timeout() {
         // Within the throttle the kept key is answered by its throttled copy: only the key
         // without a fallback is computed.
         let again = batch_call(&cache, keys, Duration::ZERO, Some("now"), &asked).await;
-        assert_eq!(answers(&again), ["old Fallback", "now Computed"]);
+        assert_eq!(answers(&again), ["old FailSafe", "now Computed"]);
         assert_eq!(
             asked.lock().unwrap().last(),
             Some(&vec![MONTHS[1].to_owned()])
@@ -497,7 +497,7 @@ fn batch_waiter_in_another_process() {
         let start = Instant::now();
         let results = batch_call(&cache, &[KEY], Duration::ZERO, Some("mine"), &asked).await;
         let took = start.elapsed();
-        assert_eq!(answers(&results), ["old Fallback"]);
+        assert_eq!(answers(&results), ["old FailSafe"]);
         assert!(
             took < Duration::from_millis(1500),
             "served at its soft timeout, not after the holder's 3 s ({took:?})"
@@ -611,7 +611,7 @@ fn child(role: &str) -> Result<(), String> {
                                 })
                                 .await
                                 .map_err(|e| e.to_string())?;
-                            if (fetched.value.as_str(), fetched.source) != ("old", Source::Fallback)
+                            if (fetched.value.as_str(), fetched.source) != ("old", Source::FailSafe)
                             {
                                 return Err(format!("unexpected answer {fetched:?}"));
                             }

@@ -66,7 +66,7 @@ async fn a_failed_computation_is_answered_with_the_kept_value() {
     );
     let computes = Arc::new(AtomicUsize::new(0));
     let fetched = call(&cache, &computes, MS, None).await.unwrap();
-    assert_eq!((fetched.value, fetched.source), (1, Source::Fallback));
+    assert_eq!((fetched.value, fetched.source), (1, Source::FailSafe));
     assert_eq!(cache.stats().fallback_served, 1);
 }
 
@@ -86,14 +86,14 @@ async fn the_computing_caller_gets_the_fallback_at_its_soft_timeout_and_the_valu
     let computes = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let fetched = call(&cache, &computes, 2 * SECOND, Some(2)).await.unwrap();
-    assert_eq!((fetched.value, fetched.source), (1, Source::Fallback));
+    assert_eq!((fetched.value, fetched.source), (1, Source::FailSafe));
     assert_eq!(start.elapsed(), 100 * MS, "answered at the soft timeout");
     assert_eq!(cache.stats().soft_timeouts, 1);
 
     // The computation goes on, under its lock: another caller waits (and falls back in turn)
     // rather than computing again, and the value lands when the computation ends.
     let again = call(&cache, &computes, MS, Some(3)).await.unwrap();
-    assert_eq!((again.value, again.source), (1, Source::Fallback));
+    assert_eq!((again.value, again.source), (1, Source::FailSafe));
     tokio::time::advance(2 * SECOND).await;
     let landed = call(&cache, &computes, MS, Some(3)).await.unwrap();
     // Read as it lands, or just after (paused time wakes the computation and this call in
@@ -113,7 +113,7 @@ async fn a_waiter_gets_the_fallback_at_its_soft_timeout() {
     let computes = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let fetched = call(&cache, &computes, MS, Some(2)).await.unwrap();
-    assert_eq!((fetched.value, fetched.source), (1, Source::Fallback));
+    assert_eq!((fetched.value, fetched.source), (1, Source::FailSafe));
     assert_eq!(start.elapsed(), 100 * MS);
     assert_eq!(
         computes.load(Ordering::SeqCst),
@@ -169,7 +169,7 @@ async fn the_hard_timeout_with_a_kept_value_serves_it() {
     expired_value(&cache).await;
     let computes = Arc::new(AtomicUsize::new(0));
     let fetched = call(&cache, &computes, 5 * SECOND, Some(2)).await.unwrap();
-    assert_eq!((fetched.value, fetched.source), (1, Source::Fallback));
+    assert_eq!((fetched.value, fetched.source), (1, Source::FailSafe));
 }
 
 #[tokio::test(start_paused = true)]
@@ -181,7 +181,7 @@ async fn a_failing_source_is_called_once_per_throttle() {
     // Ten calls a second for ten seconds, all while the source is down.
     for _ in 0..100 {
         let fetched = call(&cache, &computes, 10 * MS, None).await.unwrap();
-        assert_eq!((fetched.value, fetched.source), (1, Source::Fallback));
+        assert_eq!((fetched.value, fetched.source), (1, Source::FailSafe));
         tokio::time::advance(100 * MS).await;
     }
     let calls = computes.load(Ordering::SeqCst);
@@ -207,7 +207,7 @@ async fn the_stale_window_comes_first_and_the_fail_safe_window_after_it() {
     tokio::time::advance(TTL).await;
     // Past it: the caller computes; it fails, and the kept value answers.
     let fallback = call(&cache, &computes, MS, None).await.unwrap();
-    assert_eq!((fallback.value, fallback.source), (1, Source::Fallback));
+    assert_eq!((fallback.value, fallback.source), (1, Source::FailSafe));
 }
 
 #[tokio::test(start_paused = true)]

@@ -16,7 +16,7 @@ mod support {
 use std::time::Duration;
 
 use redis::Commands;
-use stampede_guard::{Cache, CallOptions, ConnectionOptions, NearCache};
+use stampede_guard::{Cache, CallOptions, ConnectionOptions, NearCacheOptions};
 use support::proxy::{Mode, Proxy};
 use support::{cache, runtime};
 use support::{Monitor, RedisServer};
@@ -30,7 +30,7 @@ async fn near_cache(url: String) -> Cache {
     Cache::builder()
         .redis_url(url)
         .namespace("near")
-        .near_cache(NearCache::new(1_000).max_staleness(MAX_STALENESS))
+        .near_cache(NearCacheOptions::new(1_000).max_staleness(MAX_STALENESS))
         .connection(
             ConnectionOptions::default()
                 .response_timeout(Duration::from_secs(1))
@@ -236,7 +236,7 @@ async fn a_near_tier_over_redlock_locks_hears_every_change() {
         .redis_url(server.url())
         .namespace("near")
         .redlock(urls)
-        .near_cache(NearCache::new(1_000).max_staleness(MAX_STALENESS))
+        .near_cache(NearCacheOptions::new(1_000).max_staleness(MAX_STALENESS))
         .build()
         .await
         .expect("a near tier with Redlock locks");
@@ -336,7 +336,7 @@ async fn cut_and_restarted(server: &mut RedisServer, proxy: &Proxy) {
 #[tokio::test]
 async fn the_near_cache_is_refused_on_the_embedded_store() {
     let memory = Cache::builder()
-        .near_cache(NearCache::new(10))
+        .near_cache(NearCacheOptions::new(10))
         .build()
         .await;
     assert!(

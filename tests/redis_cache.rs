@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use rand::seq::SliceRandom;
 use redis::Commands;
-use stampede_guard::{Backoff, Cache, CallOptions, Error, Fallback};
+use stampede_guard::{Backoff, Cache, CallOptions, Error, OnBackendError};
 use support::cache;
 use support::{eventually, RedisServer};
 
@@ -696,8 +696,8 @@ async fn a_restarted_server_serves_the_next_calls_without_a_new_cache() {
 async fn redis_down_is_a_typed_error_or_the_configured_fallback() {
     let mut server = RedisServer::start();
     let failing = cache(&server, "reports", CallOptions::default()).await;
-    let computing =
-        failing.with_options(CallOptions::default().on_backend_error(Fallback::ComputeUncached));
+    let computing = failing
+        .with_options(CallOptions::default().on_backend_error(OnBackendError::ComputeUncached));
     server.kill();
 
     let result = failing

@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use stampede_guard::leader::Leader;
-use stampede_guard::{Cache, CallOptions, Error, Fallback, Lock, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use stampede_guard::{
+    Cache, CallOptions, Error, Lock, OnBackendError, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+};
 use support::{free_port, RedisServer};
 
 const PASSWORD: &str = "pw-9f3b7c1e-never-printed";
@@ -208,7 +210,7 @@ async fn passwords_never_show_in_debug_display_errors_or_logs() {
     let fallback = support::cache(
         &wrong,
         "reports",
-        quick().on_backend_error(Fallback::ComputeUncached),
+        quick().on_backend_error(OnBackendError::ComputeUncached),
     )
     .await;
     let value = fallback

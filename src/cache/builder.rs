@@ -2,7 +2,7 @@
 //!
 //! Explained in the guide: `docs/configuration.md` (every setting, its default and bounds).
 
-use crate::cache::near::{NearCache, NearTier};
+use crate::cache::near::{NearCacheOptions, NearTier};
 use crate::cache::Cache;
 use crate::store::{Backend, ConnectionOptions};
 use crate::wire::codec::{Bincode, Codec};
@@ -39,7 +39,7 @@ pub struct CacheBuilder<C = Bincode> {
     options: CallOptions,
     connection: ConnectionOptions,
     codec: C,
-    near: Option<NearCache>,
+    near: Option<NearCacheOptions>,
 }
 
 impl<C> std::fmt::Debug for CacheBuilder<C> {
@@ -180,11 +180,11 @@ impl<C: Codec> CacheBuilder<C> {
     }
 
     /// Keep decoded values of this instance in a near tier in front of Redis (see
-    /// [`NearCache`] for its bounds and defaults): a hit on a fresh copy costs no round trip.
+    /// [`NearCacheOptions`] for its bounds and defaults): a hit on a fresh copy costs no round trip.
     /// Every change the crate makes to an entry (`set`, `invalidate`, a computed value or a
     /// refresh replacing one) is announced to the other instances, which drop their copy; a
     /// copy is served only while this instance has proof, less than
-    /// [`max_staleness`](NearCache::max_staleness) old, that those announcements reach it. So a
+    /// [`max_staleness`](NearCacheOptions::max_staleness) old, that those announcements reach it. So a
     /// value served from the near tier is never older than a change made through the crate
     /// that completed more than `max_staleness` before the call began, whatever fails (a
     /// dropped or black-holed connection, a restarted server, a paused process).
@@ -199,14 +199,14 @@ impl<C: Codec> CacheBuilder<C> {
     /// most until its fresh-until.
     ///
     /// ```no_run
-    /// use stampede_guard::{Cache, NearCache};
+    /// use stampede_guard::{Cache, NearCacheOptions};
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = Cache::builder()
     ///     .redis_url("redis://127.0.0.1:6379/0")
-    ///     .near_cache(NearCache::new(10_000).max_staleness(Duration::from_millis(500)))
+    ///     .near_cache(NearCacheOptions::new(10_000).max_staleness(Duration::from_millis(500)))
     ///     .build()
     ///     .await?;
     /// let report: String = cache
@@ -218,7 +218,7 @@ impl<C: Codec> CacheBuilder<C> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn near_cache(mut self, near: NearCache) -> Self {
+    pub fn near_cache(mut self, near: NearCacheOptions) -> Self {
         self.near = Some(near);
         self
     }

@@ -46,7 +46,7 @@ pub(crate) enum Claim<T> {
     Fallback(T),
     /// The wait bound ran out with no fallback.
     Failed(Error),
-    /// The read-or-lock request failed: the call's [`Fallback`](crate::Fallback) decides.
+    /// The read-or-lock request failed: the call's [`OnBackendError`](crate::OnBackendError) decides.
     Backend(StoreError),
 }
 

@@ -7,7 +7,7 @@
 //! - which errors the fallback answers ([`falls_back`]) and how it is served
 //!   ([`Cache::serve_fallback`]).
 //!
-//! Invariants: a kept value is served only as [`Source::Fallback`], never as a hit, and never
+//! Invariants: a kept value is served only as [`Source::FailSafe`], never as a hit, and never
 //! enters the near tier; a throttled copy is written only under the computing caller's lock and
 //! fencing token, in the same step that frees the lock, so it never overwrites a newer value.
 
@@ -88,7 +88,7 @@ impl<C: Codec> Cache<C> {
     pub(crate) fn serve_fallback<T>(&self, value: T) -> Fetched<T> {
         Fetched {
             value,
-            source: Source::Fallback,
+            source: Source::FailSafe,
         }
     }
 
@@ -237,7 +237,7 @@ mod tests {
         };
         let failed = || Error::compute(std::io::Error::other("down"));
         let answer = cache.fall_back(failed(), kept(), &keys).unwrap();
-        assert_eq!((answer.value, answer.source), (5, Source::Fallback));
+        assert_eq!((answer.value, answer.source), (5, Source::FailSafe));
         let timed_out = Error::WaitTimeout {
             key: "k".into(),
             waited: Duration::from_secs(1),

@@ -20,7 +20,7 @@ use crate::time::{later_by, saturate};
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
+use crate::{Cache, Computed, Error, Fetched, Lease, OnBackendError, Source};
 
 impl<C: Codec> Cache<C> {
     /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
@@ -97,7 +97,7 @@ impl<C: Codec> Cache<C> {
                     counters.record(Event::Uncached);
                     "fallback"
                 }
-                Source::Fallback => {
+                Source::FailSafe => {
                     counters.record(Event::Fallback);
                     "fail-safe"
                 }
@@ -175,7 +175,7 @@ impl<C: Codec> Cache<C> {
                 }
             }
             Ok(None) => {}
-            Err(e) if self.options.on_backend_error == Fallback::Fail => {
+            Err(e) if self.options.on_backend_error == OnBackendError::Fail => {
                 return Err(Error::backend("get", e));
             }
             // The fallback applies in `load`, under the single flight.

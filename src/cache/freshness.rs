@@ -107,7 +107,7 @@ pub enum Source {
     /// Computed by another caller while this one waited.
     Waited,
     /// Computed without the cache because the backend was down
-    /// ([`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached)).
+    /// ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)).
     Uncached,
     /// The fail-safe fallback ([`CallOptions::fail_safe_for`](crate::CallOptions::fail_safe_for)):
     /// the last good value, kept past its stale window, served because the computation failed,
@@ -119,10 +119,10 @@ pub enum Source {
     /// | fresh (within its TTL) | the value, [`Hit`](Self::Hit) |
     /// | in its stale window ([`stale_for`](crate::CallOptions::stale_for)) | the value, [`Stale`](Self::Stale); one refresh in the background |
     /// | in its fail-safe window, the computation succeeds in time | the new value, [`Computed`](Self::Computed) or [`Waited`](Self::Waited) |
-    /// | in its fail-safe window, the computation fails, hits the hard timeout or passes the soft timeout | the kept value, `Fallback` |
-    /// | a throttled copy (a computation failed less than a throttle ago) | the kept value, `Fallback`, without computing |
+    /// | in its fail-safe window, the computation fails, hits the hard timeout or passes the soft timeout | the kept value, `FailSafe` |
+    /// | a throttled copy (a computation failed less than a throttle ago) | the kept value, `FailSafe`, without computing |
     /// | gone (never written, invalidated, or past the fail-safe window), the computation fails | the error |
-    Fallback,
+    FailSafe,
 }
 
 /// A value and where it came from: what [`Cache::fetch`](crate::Cache::fetch) returns.

@@ -323,7 +323,7 @@ impl<C: Codec> Cache<C> {
     /// and so is a remembered failure.
     ///
     /// When the backend fails: [`Error::Backend`], or with
-    /// [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached) a miss (`None`), logged and
+    /// [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached) a miss (`None`), logged and
     /// counted in [`Stats::backend_errors`](crate::Stats::backend_errors).
     ///
     /// ```
@@ -359,7 +359,7 @@ impl<C: Codec> Cache<C> {
     /// now will not overwrite it: its write is refused by the fencing check.
     ///
     /// When the backend fails: [`Error::Backend`], or with
-    /// [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached) `Ok(())`, the write skipped
+    /// [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached) `Ok(())`, the write skipped
     /// (as if the value had been evicted at once), logged and counted in
     /// [`Stats::backend_errors`](crate::Stats::backend_errors).
     ///
@@ -408,7 +408,7 @@ impl<C: Codec> Cache<C> {
     /// (it started before the invalidation, so its result may be stale); the next call computes
     /// afresh.
     ///
-    /// When the backend fails: [`Error::Backend`], whatever the [`Fallback`](crate::Fallback),
+    /// When the backend fails: [`Error::Backend`], whatever the [`OnBackendError`](crate::OnBackendError),
     /// since a lost invalidation would serve the old value again once the backend is back. Retry
     /// it, or let the value's TTL bound how long it can be served.
     ///
@@ -439,7 +439,7 @@ impl<C: Codec> Cache<C> {
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for the first empty or over-long key (then nothing is invalidated);
-    /// [`Error::Backend`] when the backend fails, whatever the [`Fallback`](crate::Fallback)
+    /// [`Error::Backend`] when the backend fails, whatever the [`OnBackendError`](crate::OnBackendError)
     /// (some keys may have been invalidated: retry the call, which is harmless).
     ///
     /// ```
@@ -506,7 +506,7 @@ impl<C: Codec> Cache<C> {
     /// # Errors
     /// [`Error::Compute`] from `f`; [`Error::WaitTimeout`] after waiting
     /// [`CallOptions::wait_timeout`] for another caller; [`Error::Backend`] when Redis fails
-    /// (unless the fallback is [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached)); [`Error::RecentFailure`] when a
+    /// (unless the fallback is [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)); [`Error::RecentFailure`] when a
     /// remembered failure is served; [`Error::InvalidKey`], [`Error::Encode`],
     /// [`Error::ValueTooLarge`].
     ///
@@ -671,7 +671,7 @@ impl<C: Codec> Cache<C> {
     /// `results.into_iter().collect::<Result<Vec<_>, _>>()?`.
     ///
     /// # Round trips
-    /// Keys held in the [near tier](crate::NearCache) cost none. The others are read with one
+    /// Keys held in the [near tier](crate::NearCacheOptions) cost none. The others are read with one
     /// `MGET` (on Redis Cluster, one per slot, sent concurrently: Redis refuses a multi-key
     /// command across slots, even on one node). On a miss, one script call (per slot on a
     /// cluster) takes the lock of every missing key that is free; the values are then written

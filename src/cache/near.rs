@@ -60,127 +60,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+mod options;
+
+pub use options::NearCacheOptions;
+
 use crate::cache::entry::StoredEntry;
 use crate::stats::{Counters, Event};
 use crate::store::redis::FeedSink;
 use crate::wire::key::user_key_of;
-
-/// The near tier's settings: how many entries and bytes it may hold, and how stale a copy may
-/// be served when the invalidation stream breaks. Given to
-/// [`CacheBuilder::near_cache`](crate::CacheBuilder::near_cache).
-///
-/// The near tier answers the `get_or_compute` family ([`Cache::fetch`](crate::Cache::fetch) and
-/// the calls built on it) with fresh values only; [`Cache::get`](crate::Cache::get) always reads
-/// Redis. A copy is filled by this instance's reads from Redis (a computed value goes in at its
-/// next read), and is dropped when another instance announces a change of its key, when
-/// `set` or `invalidate` is called here, at its fresh-until, or when the stream is not proven
-/// live. How hits, misses, announcements and switch-offs went is in
-/// [`Stats`](crate::Stats) (`near_*`).
-///
-/// | setting | default |
-/// |---|---|
-/// | [`max_entries`](Self::new) | (required) |
-/// | [`max_bytes`](Self::max_bytes) | 64 MiB |
-/// | [`max_staleness`](Self::max_staleness) | 1 s |
-///
-/// ```
-/// use stampede_guard::NearCache;
-/// use std::time::Duration;
-///
-/// let near = NearCache::new(10_000)
-///     .max_bytes(32 << 20)
-///     .max_staleness(Duration::from_millis(500));
-/// assert_eq!(near.get_max_entries(), 10_000);
-/// assert_eq!(near.get_max_bytes(), 32 << 20);
-/// assert_eq!(near.get_max_staleness(), Duration::from_millis(500));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-#[must_use]
-pub struct NearCache {
-    pub(crate) max_entries: u64,
-    pub(crate) max_bytes: u64,
-    pub(crate) max_staleness: Duration,
-}
-
-impl NearCache {
-    /// A near tier of at most `max_entries` values (at least 1), with the other settings at
-    /// their defaults.
-    ///
-    /// ```
-    /// let near = stampede_guard::NearCache::new(1_000);
-    /// assert_eq!(near.get_max_bytes(), 64 << 20);
-    /// ```
-    pub fn new(max_entries: u64) -> Self {
-        NearCache {
-            max_entries: max_entries.max(1),
-            max_bytes: 64 << 20,
-            max_staleness: Duration::from_secs(1),
-        }
-    }
-
-    /// At most this many bytes of values (default 64 MiB, at least 1), counted as their encoded
-    /// size plus the key: an estimate of the decoded size that needs no help from `T`.
-    ///
-    /// ```
-    /// let near = stampede_guard::NearCache::new(100).max_bytes(1 << 20);
-    /// assert_eq!(near.get_max_bytes(), 1 << 20);
-    /// ```
-    pub fn max_bytes(mut self, max_bytes: u64) -> Self {
-        self.max_bytes = max_bytes.max(1);
-        self
-    }
-
-    /// The staleness bound (default 1 s): a copy is served only while the invalidation stream
-    /// was proven current less than this long ago, so a copy served is never older than a
-    /// change made through the crate that completed more than `max_staleness` before the read.
-    /// A heartbeat goes around every quarter of it (one `PUBLISH` that only this instance
-    /// receives). At least 4 ms; longer values than a year count as a year.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// let near = stampede_guard::NearCache::new(100).max_staleness(Duration::from_millis(200));
-    /// assert_eq!(near.get_max_staleness(), Duration::from_millis(200));
-    /// ```
-    pub fn max_staleness(mut self, max_staleness: Duration) -> Self {
-        const YEAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
-        self.max_staleness = max_staleness.clamp(Duration::from_millis(4), YEAR);
-        self
-    }
-
-    /// The entry bound in force.
-    ///
-    /// ```
-    /// assert_eq!(stampede_guard::NearCache::new(0).get_max_entries(), 1);
-    /// ```
-    pub fn get_max_entries(&self) -> u64 {
-        self.max_entries
-    }
-
-    /// The byte bound in force.
-    ///
-    /// ```
-    /// assert_eq!(stampede_guard::NearCache::new(10).get_max_bytes(), 64 << 20);
-    /// ```
-    pub fn get_max_bytes(&self) -> u64 {
-        self.max_bytes
-    }
-
-    /// The staleness bound in force.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// assert_eq!(stampede_guard::NearCache::new(10).get_max_staleness(), Duration::from_secs(1));
-    /// ```
-    pub fn get_max_staleness(&self) -> Duration {
-        self.max_staleness
-    }
-
-    /// How often the feed proves itself current.
-    pub(crate) fn heartbeat_period(&self) -> Duration {
-        self.max_staleness / 4
-    }
-}
 
 /// How many generation stripes: enough that unrelated keys rarely share one while reads race
 /// announcements, small enough to be a fixed 2 KiB.
@@ -197,7 +84,7 @@ struct NearCopy {
     /// the same clock read as the staleness proof, so a hit reads the clock once.
     fresh_until_nanos: u64,
     compute_ms: u32,
-    /// Its encoded size, which stands for its size in memory (see [`NearCache::max_bytes`]).
+    /// Its encoded size, which stands for its size in memory (see [`NearCacheOptions::max_bytes`]).
     bytes: usize,
 }
 
@@ -275,7 +162,7 @@ const OVERHEAD_BYTES: usize = 64;
 
 impl NearTier {
     /// The near tier of the cache of `namespace`, whose announcements name value keys.
-    pub(crate) fn new(config: &NearCache, namespace: &str, counters: Arc<Counters>) -> Self {
+    pub(crate) fn new(config: &NearCacheOptions, namespace: &str, counters: Arc<Counters>) -> Self {
         let weights = Weights::new(config.max_entries, config.max_bytes);
         let copies = moka::sync::Cache::builder()
             .max_capacity(weights.capacity)
@@ -534,7 +421,7 @@ mod tests {
     const FRESH: u64 = NOW + 60_000;
 
     /// A tier whose stream is subscribed (connection 1) and proven current now.
-    fn live_tier(config: &NearCache) -> (NearTier, Arc<Counters>) {
+    fn live_tier(config: &NearCacheOptions) -> (NearTier, Arc<Counters>) {
         let counters = Arc::new(Counters::default());
         let tier = NearTier::new(config, "ns", Arc::clone(&counters));
         tier.reset(1);
@@ -563,7 +450,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_read_answered_after_an_announcement_does_not_go_in() {
-        let (tier, counters) = live_tier(&NearCache::new(100));
+        let (tier, counters) = live_tier(&NearCacheOptions::new(100));
         // The read is sent (ticket), the key changes elsewhere (announcement), the read's
         // answer, the value from before the change, comes back and is offered to the tier.
         let ticket = tier.ticket(KEY).unwrap();
@@ -578,7 +465,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_announcement_drops_older_copies_but_not_the_write_it_announces() {
-        let (tier, _) = live_tier(&NearCache::new(100));
+        let (tier, _) = live_tier(&NearCacheOptions::new(100));
         put(&tier, KEY, "v5", 5);
         tier.invalidated(VALUE_KEY, 5);
         assert_eq!(read(&tier, KEY).as_deref(), Some("v5"), "its own write");
@@ -596,7 +483,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn own_changes_drop_the_copy_and_void_racing_reads() {
-        let (tier, _) = live_tier(&NearCache::new(100));
+        let (tier, _) = live_tier(&NearCacheOptions::new(100));
         put(&tier, KEY, "v1", 1);
         let racing = tier.ticket(KEY).unwrap();
         tier.forget(KEY);
@@ -608,7 +495,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_ticket_without_a_subscribed_stream_and_a_reset_voids_everything() {
         let counters = Arc::new(Counters::default());
-        let tier = NearTier::new(&NearCache::new(100), "ns", Arc::clone(&counters));
+        let tier = NearTier::new(&NearCacheOptions::new(100), "ns", Arc::clone(&counters));
         assert_eq!(tier.ticket(KEY), None, "nothing subscribed yet");
         tier.reset(1);
         assert_eq!(tier.ticket(KEY), None, "connecting, not subscribed");
@@ -639,7 +526,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn copies_stop_being_served_and_go_once_the_proof_is_max_staleness_old() {
-        let config = NearCache::new(100).max_staleness(Duration::from_millis(400));
+        let config = NearCacheOptions::new(100).max_staleness(Duration::from_millis(400));
         let (tier, counters) = live_tier(&config);
         put(&tier, KEY, "v", 1);
         tokio::time::advance(Duration::from_millis(399)).await;
@@ -663,7 +550,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_proof_counts_from_when_the_heartbeat_was_sent() {
-        let config = NearCache::new(100).max_staleness(Duration::from_millis(400));
+        let config = NearCacheOptions::new(100).max_staleness(Duration::from_millis(400));
         let (tier, _) = live_tier(&config);
         let sent = Instant::now();
         tokio::time::advance(Duration::from_millis(300)).await;
@@ -676,7 +563,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn never_past_fresh_until_and_never_as_another_type() {
-        let (tier, _) = live_tier(&NearCache::new(100));
+        let (tier, _) = live_tier(&NearCacheOptions::new(100));
         put(&tier, KEY, "v", 1);
         assert!(tier.get::<Vec<u8>>(KEY).is_none(), "another type is a miss");
         // Fresh until FRESH, 60 s after NOW by the store's clock: 60 s from now on the
@@ -694,8 +581,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn bounded_by_entries_and_by_bytes() {
-        let (by_entries, _) = live_tier(&NearCache::new(10));
-        let (by_bytes, _) = live_tier(&NearCache::new(1_000).max_bytes(20_000));
+        let (by_entries, _) = live_tier(&NearCacheOptions::new(10));
+        let (by_bytes, _) = live_tier(&NearCacheOptions::new(1_000).max_bytes(20_000));
         let big = "x".repeat(1_000);
         for round in 0..3 {
             for i in 0..200 {

@@ -1,5 +1,5 @@
 //! When the backend fails before a key is read or locked: fail, or compute without the cache
-//! ([`Fallback::ComputeUncached`]), as the call's options say.
+//! ([`OnBackendError::ComputeUncached`]), as the call's options say.
 
 use std::future::Future;
 
@@ -8,11 +8,11 @@ use crate::stats::Event;
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fallback, Fetched, Lease, Source};
+use crate::{Cache, Computed, Error, Fetched, Lease, OnBackendError, Source};
 
 impl<C: Codec> Cache<C> {
     /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
-    /// with [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached), logged and answered
+    /// with [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached), logged and answered
     /// as what a cache may always do (`instead`: forget a value, or never have had it).
     pub(crate) fn fail_open(
         &self,
@@ -23,8 +23,8 @@ impl<C: Codec> Cache<C> {
     ) -> Result<(), Error> {
         self.inner.counters.record(Event::BackendError);
         match self.options.on_backend_error {
-            Fallback::Fail => Err(Error::backend(op, error)),
-            Fallback::ComputeUncached => {
+            OnBackendError::Fail => Err(Error::backend(op, error)),
+            OnBackendError::ComputeUncached => {
                 tracing::warn!(key = %keys.user, op, error = %error,
                     "backend unavailable; {instead}");
                 Ok(())
@@ -46,8 +46,8 @@ impl<C: Codec> Cache<C> {
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
         match self.options.on_backend_error {
-            Fallback::Fail => Err(Error::backend(op, error)),
-            Fallback::ComputeUncached => {
+            OnBackendError::Fail => Err(Error::backend(op, error)),
+            OnBackendError::ComputeUncached => {
                 tracing::warn!(key = %keys.user, op, error = %error,
                     "backend unavailable; computing without the cache");
                 match f(Lease::unlocked()).await {

@@ -79,7 +79,7 @@ impl Lease {
     }
 
     /// A lease for a computation that runs without the lock (the backend is down and the call's
-    /// fallback is [`Fallback::ComputeUncached`](crate::Fallback::ComputeUncached)): no token,
+    /// fallback is [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)): no token,
     /// never lost.
     pub(crate) fn unlocked() -> Self {
         Lease {

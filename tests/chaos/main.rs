@@ -51,7 +51,7 @@ use history::{Call, Compute, Ending, History, Outcome, Pause, Section, ServerEve
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampede_guard::leader::{JobContext, Leader, Role};
-use stampede_guard::{Cache, CallOptions, Computed, Error, Lease, NearCache};
+use stampede_guard::{Cache, CallOptions, Computed, Error, Lease, NearCacheOptions};
 use support::proxy::{Mode, Proxy};
 use support::runtime;
 use support::{now_us, signal, RedisServer, Worker};
@@ -1037,8 +1037,8 @@ fn worker(role: &str) -> Result<(), String> {
             .namespace(NAMESPACE)
             .options(options);
         if let Some(ms) = near_ms {
-            builder =
-                builder.near_cache(NearCache::new(1_000).max_staleness(Duration::from_millis(ms)));
+            builder = builder
+                .near_cache(NearCacheOptions::new(1_000).max_staleness(Duration::from_millis(ms)));
         }
         let cache = builder.build().await.map_err(|e| e.to_string())?;
         // The sink is the harness's own recorder on a server no fault touches: give its

@@ -18,7 +18,7 @@ use crate::store::{Blob, ReadOrLock, StoreResult};
 use crate::wait::flight::Leader;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Error, Fallback, Fetched, Source};
+use crate::{Error, Fetched, OnBackendError, Source};
 
 /// A key this call leads in the process, until its outcome is known.
 pub(super) struct Led<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
@@ -182,11 +182,11 @@ where
                 acquiring.failed(&e);
                 drop(acquiring);
                 match cache.options.on_backend_error {
-                    Fallback::Fail => {
+                    OnBackendError::Fail => {
                         let outcome = Err(Error::backend("read-or-lock", e));
                         answered.settled.push(l.settle(outcome));
                     }
-                    Fallback::ComputeUncached => {
+                    OnBackendError::ComputeUncached => {
                         tracing::warn!(key = %l.keys.user, error = %e,
                             "backend unavailable; computing without the cache");
                         answered.uncached.push(l);
@@ -291,8 +291,8 @@ where
             Claim::Fallback(value) => Ok(cache.serve_fallback(value)),
             Claim::Failed(e) => Err(e),
             Claim::Backend(e) => match cache.options.on_backend_error {
-                Fallback::Fail => Err(Error::backend("read-or-lock", e)),
-                Fallback::ComputeUncached => {
+                OnBackendError::Fail => Err(Error::backend("read-or-lock", e)),
+                OnBackendError::ComputeUncached => {
                     tracing::warn!(key = %keys.user, error = %e,
                         "backend unavailable; computing without the cache");
                     return self.compute_uncached(vec![led]).await;
