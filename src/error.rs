@@ -203,7 +203,8 @@ impl Error {
     /// assert!(!BackendErrorKind::Unreachable.is_refused());
     /// ```
     pub fn is_refused(&self) -> bool {
-        self.backend_kind().is_some_and(BackendErrorKind::is_refused)
+        self.backend_kind()
+            .is_some_and(BackendErrorKind::is_refused)
     }
 
     /// Whether Redis refused a write because its memory is full (`OOM`: `maxmemory` reached
@@ -470,21 +471,59 @@ fn explain_backend(
     source: &redis::RedisError,
 ) -> fmt::Result {
     let code = source.code().unwrap_or("");
-    // `ns:{key}`: a namespace cannot hold `{`, so the first one opens the key's hash tag.
-    let namespace = key.and_then(|k| k.find('{')).map(|i| {
-        let k = key.unwrap_or_default();
-        k[..i].strip_suffix(':').unwrap_or(&k[..i])
-    });
     let what = match key {
         Some(key) => format!("{op} on `{key}`"),
         None => op.to_owned(),
     };
+    if kind.is_refused() || kind == BackendErrorKind::WrongType {
+        return explain_refusal(f, op, kind, code, &what, key.and_then(namespace_of));
+    }
     match kind {
         BackendErrorKind::Unreachable => write!(
             f,
             "Redis could not be reached during {op} (connection refused, dropped or timed out); \
              the connection retries by itself"
         ),
+        BackendErrorKind::OutOfMemory => write!(
+            f,
+            "Redis refused {what}: its memory is full (OOM: `maxmemory` reached under \
+             `noeviction`); raise `maxmemory` or free memory"
+        ),
+        BackendErrorKind::Busy => {
+            let why = match code {
+                "BUSY" => {
+                    "a script runs past its time limit (BUSY); it answers again when the \
+                           script ends or is killed (`SCRIPT KILL`)"
+                }
+                "LOADING" => "it is still loading its dataset (LOADING); it answers once loaded",
+                _ => {
+                    "the cluster cannot serve this slot now (TRYAGAIN, CLUSTERDOWN); it \
+                      answers once the slot is served"
+                }
+            };
+            write!(f, "Redis is busy during {op}: {why}")
+        }
+        _ => {
+            write!(f, "the cache backend failed during {op}")?;
+            if !code.is_empty() {
+                write!(f, " (Redis answered {code})")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The message of a refusal (by permission or role) or of a foreign key type: what Redis
+/// refused and what the operator must change, since retrying cannot help.
+fn explain_refusal(
+    f: &mut fmt::Formatter<'_>,
+    op: &str,
+    kind: BackendErrorKind,
+    code: &str,
+    what: &str,
+    namespace: Option<&str>,
+) -> fmt::Result {
+    match kind {
         BackendErrorKind::RefusedPermission if code == "NOPERM" => {
             write!(
                 f,
@@ -499,12 +538,14 @@ fn explain_backend(
                 None => write!(f, "grant the user the keys, channels and commands the cache uses"),
             }
         }
-        BackendErrorKind::RefusedPermission => write!(
+        BackendErrorKind::RefusedPermission => {
+            write!(
             f,
             "Redis refused the login during {op}: the user name or password in the Redis URL is \
              wrong or missing ({}); fix the credentials",
             if code.is_empty() { "authentication failed" } else { code }
-        ),
+        )
+        }
         BackendErrorKind::RefusedRole if code == "MASTERDOWN" => write!(
             f,
             "Redis refused {what}: the server is a replica that lost its primary (MASTERDOWN); \
@@ -515,21 +556,6 @@ fn explain_backend(
             "Redis refused {what}: the server is a read-only replica (READONLY); point the cache \
              at the primary (after a failover, at the new one)"
         ),
-        BackendErrorKind::OutOfMemory => write!(
-            f,
-            "Redis refused {what}: its memory is full (OOM: `maxmemory` reached under \
-             `noeviction`); raise `maxmemory` or free memory"
-        ),
-        BackendErrorKind::Busy => {
-            let why = match code {
-                "BUSY" => "a script runs past its time limit (BUSY); it answers again when the \
-                           script ends or is killed (`SCRIPT KILL`)",
-                "LOADING" => "it is still loading its dataset (LOADING); it answers once loaded",
-                _ => "the cluster cannot serve this slot now (TRYAGAIN, CLUSTERDOWN); it \
-                      answers once the slot is served",
-            };
-            write!(f, "Redis is busy during {op}: {why}")
-        }
         BackendErrorKind::WrongType => {
             write!(
                 f,
@@ -541,14 +567,18 @@ fn explain_backend(
                 None => write!(f, "its keys; give the cache a namespace of its own"),
             }
         }
-        BackendErrorKind::Other => {
-            write!(f, "the cache backend failed during {op}")?;
-            if !code.is_empty() {
-                write!(f, " (Redis answered {code})")?;
-            }
-            Ok(())
-        }
+        _ => write!(f, "Redis refused {what} ({code})"),
     }
+}
+
+/// The opening brace of a value key's hash tag (`ns:{key}`).
+const TAG_OPEN: char = '{';
+
+/// The namespace of a value key `ns:{key}`: a namespace cannot hold a brace, so the first one
+/// opens the key's hash tag.
+fn namespace_of(key: &str) -> Option<&str> {
+    let tag = key.find(TAG_OPEN)?;
+    Some(key[..tag].strip_suffix(':').unwrap_or(&key[..tag]))
 }
 
 /// What kind of failure an [`Error::Backend`] is, and so what the crate does with it. Classified

@@ -469,7 +469,10 @@ mod tests {
         }
         counters.not_stored(NotStoredReason::FenceLost, "k", &"fence");
         let stats = counters.snapshot();
-        assert_eq!((stats.not_stored.out_of_memory, stats.not_stored.fence_lost), (3, 1));
+        assert_eq!(
+            (stats.not_stored.out_of_memory, stats.not_stored.fence_lost),
+            (3, 1)
+        );
         assert_eq!(stats.not_stored.total(), 4);
         // The first of each reason was logged (its count taken); the next two wait for the
         // next line, a minute later, which will say 2.

@@ -226,11 +226,10 @@ impl<C: Codec> Cache<C> {
                 &keys.user,
                 &"the fencing token is no longer current",
             ),
-            Err(e) => self.inner.counters.not_stored(
-                NotStoredReason::of(e.kind()),
-                &keys.user,
-                &e,
-            ),
+            Err(e) => self
+                .inner
+                .counters
+                .not_stored(NotStoredReason::of(e.kind()), &keys.user, &e),
         }
         Ok(computed.value)
     }

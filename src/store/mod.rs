@@ -81,7 +81,10 @@ impl StoreError {
 
     /// The same failure, about `key` (a Redis key) unless it already names one.
     pub(crate) fn about(mut self, key: &str) -> Self {
-        if let StoreError::Redis { key: about @ None, .. } = &mut self {
+        if let StoreError::Redis {
+            key: about @ None, ..
+        } = &mut self
+        {
             *about = Some(key.to_owned());
         }
         self

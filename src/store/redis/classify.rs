@@ -80,7 +80,10 @@ mod tests {
             let e = RedisError::from(std::io::Error::from(io));
             assert_eq!(classify(&e), BackendErrorKind::Unreachable, "{io:?}");
         }
-        let login = RedisError::from((ErrorKind::AuthenticationFailed, "Password authentication failed"));
+        let login = RedisError::from((
+            ErrorKind::AuthenticationFailed,
+            "Password authentication failed",
+        ));
         assert_eq!(classify(&login), BackendErrorKind::RefusedPermission);
         let contract = RedisError::from((ErrorKind::UnexpectedReturnType, "bad reply"));
         assert_eq!(classify(&contract), BackendErrorKind::Other);

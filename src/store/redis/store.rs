@@ -21,8 +21,7 @@ use super::scripts::{
 use crate::join::join_all;
 use crate::store::wakeup::Listener;
 use crate::store::{
-    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult, Stored,
-    Write,
+    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult, Stored, Write,
 };
 use crate::wire::key::EntryKeys;
 
