@@ -49,11 +49,19 @@ pub enum Error {
     /// The computation returned this error. Nothing was cached; every caller that waited on this
     /// computation in this process receives the same error.
     Compute(ComputeError),
-    /// The backend failed during `op` (connection refused or dropped, a time-out, an error reply).
-    /// The connection reconnects by itself; a later call may succeed.
+    /// The backend failed during `op`: unreachable (connection refused or dropped, a time-out),
+    /// or it answered with an error (a refusal, a full memory, a busy server). `kind` says which,
+    /// classified once where the store met it; the table of what each kind does is in
+    /// [`BackendErrorKind`]. An unreachable server is reconnected by itself; a refusal needs an
+    /// operator.
     Backend {
         /// The operation that failed, e.g. `"get"` or `"read-or-lock"`.
         op: &'static str,
+        /// What kind of failure it was (see [`Error::backend_kind`]).
+        kind: BackendErrorKind,
+        /// The Redis key the refused or failed command was about, when one was (e.g.
+        /// `reports:{2019-05}`): the message names it and the key pattern of its namespace.
+        key: Option<String>,
         /// What the Redis client reported.
         source: redis::RedisError,
     },
@@ -159,6 +167,59 @@ impl Error {
         matches!(self, Error::Backend { .. } | Error::NoQuorum { .. })
     }
 
+    /// What kind of backend failure this is, if it is one ([`is_backend`](Self::is_backend)):
+    /// classified once, where the store met the Redis client's error. Too few Redlock nodes
+    /// answering ([`Error::NoQuorum`]) is [`BackendErrorKind::Unreachable`].
+    ///
+    /// ```
+    /// use stampede_guard::{BackendErrorKind, Error};
+    /// let lost = Error::NoQuorum { op: "acquire", reached: 1, needed: 2 };
+    /// assert_eq!(lost.backend_kind(), Some(BackendErrorKind::Unreachable));
+    /// assert_eq!(Error::Config("x".into()).backend_kind(), None);
+    /// ```
+    pub fn backend_kind(&self) -> Option<BackendErrorKind> {
+        match self {
+            Error::Backend { kind, .. } => Some(*kind),
+            Error::NoQuorum { .. } => Some(BackendErrorKind::Unreachable),
+            _ => None,
+        }
+    }
+
+    /// Whether the backend could not be reached: connection refused or dropped, a time-out
+    /// (a black-holed connection ends as one), or too few Redlock nodes answering. The
+    /// connection retries by itself; this is what an outage looks like.
+    pub fn is_unreachable(&self) -> bool {
+        self.backend_kind() == Some(BackendErrorKind::Unreachable)
+    }
+
+    /// Whether Redis refused the command: by permission (`NOPERM`, `NOAUTH`, `WRONGPASS`) or by
+    /// role (`READONLY`, `MASTERDOWN`: the URL points at a replica). Retrying cannot help: the
+    /// configuration (the ACL user, the URL, the namespace) must change.
+    ///
+    /// ```
+    /// use stampede_guard::BackendErrorKind;
+    /// assert!(BackendErrorKind::RefusedPermission.is_refused());
+    /// assert!(BackendErrorKind::RefusedRole.is_refused());
+    /// assert!(!BackendErrorKind::Unreachable.is_refused());
+    /// ```
+    pub fn is_refused(&self) -> bool {
+        self.backend_kind()
+            .is_some_and(BackendErrorKind::is_refused)
+    }
+
+    /// Whether Redis refused a write because its memory is full (`OOM`: `maxmemory` reached
+    /// under the `noeviction` policy).
+    pub fn is_out_of_memory(&self) -> bool {
+        self.backend_kind() == Some(BackendErrorKind::OutOfMemory)
+    }
+
+    /// Whether Redis is up but cannot answer for now: a script running past its time limit
+    /// (`BUSY`), a dataset still loading (`LOADING`), a cluster slot moving or down
+    /// (`TRYAGAIN`, `CLUSTERDOWN`).
+    pub fn is_busy(&self) -> bool {
+        self.backend_kind() == Some(BackendErrorKind::Busy)
+    }
+
     /// Whether the call gave up waiting for another caller's computation.
     ///
     /// ```
@@ -232,10 +293,12 @@ impl fmt::Display for Error {
         match self {
             // The computation's, the client's and the codec's errors are the source: not repeated.
             Error::Compute(_) => write!(f, "the computation failed"),
-            Error::Backend { op, .. } => write!(
-                f,
-                "the cache backend failed during {op} (is Redis reachable? the connection retries by itself)"
-            ),
+            Error::Backend {
+                op,
+                kind,
+                key,
+                source,
+            } => explain_backend(f, op, *kind, key.as_deref(), source),
             Error::WaitTimeout { key, waited } => write!(
                 f,
                 "gave up on key {key:?} after waiting {waited:?} for another caller's computation \
@@ -396,6 +459,215 @@ impl fmt::Debug for ComputeError {
 }
 
 impl std::error::Error for ComputeError {}
+
+/// What a backend failure of `kind` during `op` means and what fixes it, naming the key and its
+/// namespace's key pattern when the failure was about one. Nothing here comes from the URL, so
+/// credentials never show.
+fn explain_backend(
+    f: &mut fmt::Formatter<'_>,
+    op: &str,
+    kind: BackendErrorKind,
+    key: Option<&str>,
+    source: &redis::RedisError,
+) -> fmt::Result {
+    let code = source.code().unwrap_or("");
+    let what = match key {
+        Some(key) => format!("{op} on `{key}`"),
+        None => op.to_owned(),
+    };
+    if kind.is_refused() || kind == BackendErrorKind::WrongType {
+        return explain_refusal(f, op, kind, code, &what, key.and_then(namespace_of));
+    }
+    match kind {
+        BackendErrorKind::Unreachable => write!(
+            f,
+            "Redis could not be reached during {op} (connection refused, dropped or timed out); \
+             the connection retries by itself"
+        ),
+        BackendErrorKind::OutOfMemory => write!(
+            f,
+            "Redis refused {what}: its memory is full (OOM: `maxmemory` reached under \
+             `noeviction`); raise `maxmemory` or free memory"
+        ),
+        BackendErrorKind::Busy => {
+            let why = match code {
+                "BUSY" => {
+                    "a script runs past its time limit (BUSY); it answers again when the \
+                           script ends or is killed (`SCRIPT KILL`)"
+                }
+                "LOADING" => "it is still loading its dataset (LOADING); it answers once loaded",
+                _ => {
+                    "the cluster cannot serve this slot now (TRYAGAIN, CLUSTERDOWN); it \
+                      answers once the slot is served"
+                }
+            };
+            write!(f, "Redis is busy during {op}: {why}")
+        }
+        _ => {
+            write!(f, "the cache backend failed during {op}")?;
+            if !code.is_empty() {
+                write!(f, " (Redis answered {code})")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The message of a refusal (by permission or role) or of a foreign key type: what Redis
+/// refused and what the operator must change, since retrying cannot help.
+fn explain_refusal(
+    f: &mut fmt::Formatter<'_>,
+    op: &str,
+    kind: BackendErrorKind,
+    code: &str,
+    what: &str,
+    namespace: Option<&str>,
+) -> fmt::Result {
+    match kind {
+        BackendErrorKind::RefusedPermission if code == "NOPERM" => {
+            write!(
+                f,
+                "Redis refused {what}: the ACL user has no access to this key, its channel or \
+                 the command (NOPERM); "
+            )?;
+            match namespace {
+                Some(ns) => write!(
+                    f,
+                    "grant the user `~{ns}:*` and `&{ns}:*`, or use a namespace whose keys it may access"
+                ),
+                None => write!(f, "grant the user the keys, channels and commands the cache uses"),
+            }
+        }
+        BackendErrorKind::RefusedPermission => {
+            write!(
+            f,
+            "Redis refused the login during {op}: the user name or password in the Redis URL is \
+             wrong or missing ({}); fix the credentials",
+            if code.is_empty() { "authentication failed" } else { code }
+        )
+        }
+        BackendErrorKind::RefusedRole if code == "MASTERDOWN" => write!(
+            f,
+            "Redis refused {what}: the server is a replica that lost its primary (MASTERDOWN); \
+             point the cache at the primary"
+        ),
+        BackendErrorKind::RefusedRole => write!(
+            f,
+            "Redis refused {what}: the server is a read-only replica (READONLY); point the cache \
+             at the primary (after a failover, at the new one)"
+        ),
+        BackendErrorKind::WrongType => {
+            write!(
+                f,
+                "Redis refused {what}: a key of the cache holds another Redis type (WRONGTYPE), \
+                 so something else writes under "
+            )?;
+            match namespace {
+                Some(ns) => write!(f, "namespace `{ns}`; give the cache a namespace of its own"),
+                None => write!(f, "its keys; give the cache a namespace of its own"),
+            }
+        }
+        _ => write!(f, "Redis refused {what} ({code})"),
+    }
+}
+
+/// The opening brace of a value key's hash tag (`ns:{key}`).
+const TAG_OPEN: char = '{';
+
+/// The namespace of a value key `ns:{key}`: a namespace cannot hold a brace, so the first one
+/// opens the key's hash tag.
+fn namespace_of(key: &str) -> Option<&str> {
+    let tag = key.find(TAG_OPEN)?;
+    Some(key[..tag].strip_suffix(':').unwrap_or(&key[..tag]))
+}
+
+/// What kind of failure an [`Error::Backend`] is, and so what the crate does with it. Classified
+/// once, where the store met the Redis client's error; read it with [`Error::backend_kind`] or
+/// the predicates ([`Error::is_unreachable`], [`Error::is_refused`], ...).
+///
+/// | kind | Redis says | [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached) | HTTP (`axum`) |
+/// |---|---|---|---|
+/// | [`Unreachable`](Self::Unreachable) | (no answer: refused, dropped, timed out) | computes without the cache | 503, `Retry-After` |
+/// | [`Busy`](Self::Busy) | `BUSY`, `LOADING`, `TRYAGAIN`, `CLUSTERDOWN` | computes without the cache | 503, `Retry-After` |
+/// | [`OutOfMemory`](Self::OutOfMemory) | `OOM` | computes without the cache, counted in [`Stats::not_stored`](crate::Stats::not_stored) | 503, `Retry-After` |
+/// | [`RefusedPermission`](Self::RefusedPermission) | `NOPERM`, `NOAUTH`, `WRONGPASS` | the error, at once | 500 |
+/// | [`RefusedRole`](Self::RefusedRole) | `READONLY`, `MASTERDOWN` | the error, at once | 500 |
+/// | [`WrongType`](Self::WrongType) | `WRONGTYPE` | the error, at once | 500 |
+/// | [`Other`](Self::Other) | anything else | computes without the cache | 503, `Retry-After` |
+///
+/// Why, in `docs/guarantees.md` (What a Redis error means).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// Nothing answered: the connection was refused, dropped or timed out (a black-holed
+    /// connection ends as a time-out). It reconnects by itself.
+    Unreachable,
+    /// The ACL user may not do this (`NOPERM`), or the login failed (`NOAUTH`, `WRONGPASS`).
+    RefusedPermission,
+    /// The server is a replica (`READONLY`), or a replica without its primary (`MASTERDOWN`).
+    RefusedRole,
+    /// The server's memory is full and it evicts nothing (`OOM`): reads work, writes are refused.
+    OutOfMemory,
+    /// The server is up but cannot answer now: `BUSY` (a long script), `LOADING`, `TRYAGAIN`,
+    /// `CLUSTERDOWN`.
+    Busy,
+    /// One of the cache's keys holds another Redis type (`WRONGTYPE`): something else writes
+    /// in the namespace.
+    WrongType,
+    /// Any other failure (an unexpected reply, an unknown error code).
+    Other,
+}
+
+impl BackendErrorKind {
+    /// Whether Redis refused by permission or by role: a configuration error that retrying
+    /// cannot fix.
+    pub fn is_refused(self) -> bool {
+        matches!(
+            self,
+            BackendErrorKind::RefusedPermission | BackendErrorKind::RefusedRole
+        )
+    }
+
+    /// Whether [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)
+    /// answers this kind by computing without the cache: the backend is down, busy or full,
+    /// which passes. A refusal or foreign data under a key is a configuration error, surfaced
+    /// at once instead, whatever the fallback.
+    ///
+    /// ```
+    /// use stampede_guard::BackendErrorKind;
+    /// assert!(BackendErrorKind::Unreachable.computes_uncached());
+    /// assert!(!BackendErrorKind::RefusedPermission.computes_uncached());
+    /// ```
+    pub fn computes_uncached(self) -> bool {
+        matches!(
+            self,
+            BackendErrorKind::Unreachable
+                | BackendErrorKind::Busy
+                | BackendErrorKind::OutOfMemory
+                | BackendErrorKind::Other
+        )
+    }
+
+    /// A short name for logs and metric labels: `unreachable`, `refused-permission`,
+    /// `refused-role`, `out-of-memory`, `busy`, `wrong-type`, `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendErrorKind::Unreachable => "unreachable",
+            BackendErrorKind::RefusedPermission => "refused-permission",
+            BackendErrorKind::RefusedRole => "refused-role",
+            BackendErrorKind::OutOfMemory => "out-of-memory",
+            BackendErrorKind::Busy => "busy",
+            BackendErrorKind::WrongType => "wrong-type",
+            BackendErrorKind::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for BackendErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Displays an error followed by each of its sources.
 struct Chain<'a>(&'a Error);

@@ -110,6 +110,7 @@
 //! | `invalidate` or `set` during a computation | that computation's write is refused |
 //! | bytes under a key that are not ours, or a value written for another shape of `T` ([type changes](Codec#type-changes)) | a miss, logged; the next computation overwrites them |
 //! | waiting longer than [`CallOptions::wait_timeout`] | [`Error::WaitTimeout`] |
+//! | Redis refuses (`NOPERM`, `WRONGPASS`, `READONLY`, `WRONGTYPE`) | [`Error::Backend`] with [`Error::is_refused`] (or kind [`BackendErrorKind::WrongType`]), its message naming the key and the fix, whatever the [`OnBackendError`]: a refusal is not an outage |
 //! | Redis unreachable | [`Error::Backend`] naming the operation, or with [`OnBackendError::ComputeUncached`] the value computed without the cache (still once per process), `get` a miss and `set` a skipped write (`invalidate` and locks still fail); reconnection is automatic |
 //! | machines whose clocks disagree | freshness is stamped and judged by the Redis server's clock, which each process estimates (three `TIME`s before its first call, then every minute; no command on the hit path) |
 //! | Redis evicts our keys (`maxmemory` with a policy other than `noeviction`) | an evicted value is recomputed; an evicted fence key makes the running computation's write be refused (the caller still gets its value); an evicted lock key lets a second holder of a [`Lock`] or [`leader::Leader`] in at once (the first learns at its next renewal; fencing tokens still order their writes). Warned once per store; use `noeviction`, or a separate server for locks |
@@ -176,13 +177,13 @@ pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::near::NearCacheOptions;
 pub use cache::Cache;
-pub use error::{ComputeError, Error};
+pub use error::{BackendErrorKind, ComputeError, Error};
 pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, OnBackendError};
-pub use stats::Stats;
+pub use stats::{NotStored, Stats};
 pub use store::{ConnectionOptions, MemoryLimits};
 pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};

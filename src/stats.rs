@@ -9,12 +9,16 @@
 //! `stampede_guard_leases_lost_total`, `stampede_guard_fallback_served_total`,
 //! `stampede_guard_soft_timeouts_total`, `stampede_guard_hard_timeouts_total`, and with a near tier `stampede_guard_near_hits_total`,
 //! `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
-//! `stampede_guard_near_switched_off_total`.
+//! `stampede_guard_near_switched_off_total`, and `stampede_guard_not_stored_total` with a
+//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`).
 //!
 //! Explained in the guide: `docs/observability.md`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::BackendErrorKind;
 
 /// A snapshot of what a cache has done since it was built (shared by all its handles).
 ///
@@ -95,6 +99,101 @@ pub struct Stats {
     /// stream was not proven live within [`max_staleness`](crate::NearCacheOptions::max_staleness)
     /// (a dropped or black-holed connection, a restarted server, a paused process).
     pub near_switched_off: u64,
+    /// Values computed but not stored in the cache, by reason (the value was still returned).
+    pub not_stored: NotStored,
+}
+
+/// Values a cache computed and returned but could not store, by reason: a full Redis, a
+/// refused write, a fence lost to a newer writer, a backend that failed. Each is also logged,
+/// at most once a minute per reason, with the count since the last line.
+///
+/// ```
+/// let stats = stampede_guard::Cache::in_memory().stats();
+/// assert_eq!(stats.not_stored.total(), 0);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NotStored {
+    /// Redis refused the write because its memory is full (`OOM`, `maxmemory` under
+    /// `noeviction`), or refused the lock for it, so the value was computed without the cache.
+    pub out_of_memory: u64,
+    /// Redis refused the write (`NOPERM`, `READONLY`, `WRONGTYPE`...): a configuration error.
+    pub refused: u64,
+    /// The key was invalidated, set or taken over while the value was computed: the newer
+    /// write wins (the fencing token), by design.
+    pub fence_lost: u64,
+    /// The backend was unreachable, busy or failed otherwise at the write, or before it (a value
+    /// computed without the cache).
+    pub backend_failed: u64,
+}
+
+impl NotStored {
+    /// Every value not stored, whatever the reason.
+    pub fn total(&self) -> u64 {
+        self.out_of_memory + self.refused + self.fence_lost + self.backend_failed
+    }
+}
+
+impl serde::Serialize for NotStored {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("NotStored", 4)?;
+        s.serialize_field("out_of_memory", &self.out_of_memory)?;
+        s.serialize_field("refused", &self.refused)?;
+        s.serialize_field("fence_lost", &self.fence_lost)?;
+        s.serialize_field("backend_failed", &self.backend_failed)?;
+        s.end()
+    }
+}
+
+/// Why a computed value was not stored: the label of `stampede_guard_not_stored_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NotStoredReason {
+    OutOfMemory,
+    Refused,
+    FenceLost,
+    BackendFailed,
+}
+
+impl NotStoredReason {
+    /// The reason a backend failure of `kind` gives.
+    pub(crate) fn of(kind: BackendErrorKind) -> Self {
+        match kind {
+            BackendErrorKind::OutOfMemory => NotStoredReason::OutOfMemory,
+            BackendErrorKind::RefusedPermission
+            | BackendErrorKind::RefusedRole
+            | BackendErrorKind::WrongType => NotStoredReason::Refused,
+            _ => NotStoredReason::BackendFailed,
+        }
+    }
+
+    /// The metric label and log field.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            NotStoredReason::OutOfMemory => "out-of-memory",
+            NotStoredReason::Refused => "refused",
+            NotStoredReason::FenceLost => "fence-lost",
+            NotStoredReason::BackendFailed => "backend-failed",
+        }
+    }
+
+    /// Its slot in the per-reason arrays.
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How often at most a reason for values not stored is logged: one line with the count since
+/// the last, instead of one per call (a full Redis would otherwise log on every miss).
+const NOT_STORED_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The throttle of one reason's log line.
+#[derive(Debug, Default)]
+struct LogThrottle {
+    /// Values not stored since the last line.
+    pending: AtomicU64,
+    /// When the last line was written; `None` before the first.
+    last: Mutex<Option<Instant>>,
 }
 
 // By hand rather than derived: no proc-macro dependency for users, and the duration gets a
@@ -102,7 +201,7 @@ pub struct Stats {
 impl serde::Serialize for Stats {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Stats", 18)?;
+        let mut s = serializer.serialize_struct("Stats", 19)?;
         s.serialize_field("hits", &self.hits)?;
         s.serialize_field("misses", &self.misses)?;
         s.serialize_field("computes", &self.computes)?;
@@ -121,6 +220,7 @@ impl serde::Serialize for Stats {
         s.serialize_field("near_misses", &self.near_misses)?;
         s.serialize_field("near_invalidations", &self.near_invalidations)?;
         s.serialize_field("near_switched_off", &self.near_switched_off)?;
+        s.serialize_field("not_stored", &self.not_stored)?;
         s.end()
     }
 }
@@ -147,6 +247,8 @@ pub(crate) enum Event {
     NearMiss,
     NearInvalidation,
     NearSwitchedOff,
+    /// A computed value was not stored, for this reason.
+    NotStored(NotStoredReason),
 }
 
 /// The live counters behind [`Stats`]; relaxed atomics, since each is an independent tally.
@@ -173,6 +275,10 @@ pub(crate) struct Counters {
     near_misses: AtomicU64,
     near_invalidations: AtomicU64,
     near_switched_off: AtomicU64,
+    /// Values not stored, per [`NotStoredReason`] (its `index`).
+    not_stored: [AtomicU64; 4],
+    /// The log line of each reason, throttled.
+    not_stored_log: [LogThrottle; 4],
 }
 
 impl Counters {
@@ -203,8 +309,40 @@ impl Counters {
             Event::NearMiss => add(&self.near_misses),
             Event::NearInvalidation => add(&self.near_invalidations),
             Event::NearSwitchedOff => add(&self.near_switched_off),
+            Event::NotStored(reason) => add(&self.not_stored[reason.index()]),
         }
         emit(event);
+    }
+
+    /// The value computed for `key` was not stored, for `reason` (`error` says how): counted,
+    /// and logged at most once per [`NOT_STORED_LOG_EVERY`] per reason, with the count since
+    /// the last line, so that a full or refusing Redis does not log once per call.
+    pub(crate) fn not_stored(
+        &self,
+        reason: NotStoredReason,
+        key: &str,
+        error: &dyn std::fmt::Display,
+    ) {
+        self.record(Event::NotStored(reason));
+        let throttle = &self.not_stored_log[reason.index()];
+        throttle.pending.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut last = crate::sync::lock(&throttle.last);
+        if last.is_some_and(|at| now.duration_since(at) < NOT_STORED_LOG_EVERY) {
+            return;
+        }
+        *last = Some(now);
+        drop(last);
+        let count = throttle.pending.swap(0, Ordering::Relaxed);
+        let label = reason.as_str();
+        if reason == NotStoredReason::FenceLost {
+            // By design: a newer write won while this value was computed.
+            tracing::info!(reason = label, count, last_key = %key,
+                "computed values returned but not stored: the key was invalidated, set or taken over meanwhile (count since the last such line)");
+        } else {
+            tracing::warn!(reason = label, count, last_key = %key, error = %error,
+                "computed values returned but not stored in the cache (count since the last such line)");
+        }
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
@@ -229,6 +367,12 @@ impl Counters {
             near_misses: get(&self.near_misses),
             near_invalidations: get(&self.near_invalidations),
             near_switched_off: get(&self.near_switched_off),
+            not_stored: NotStored {
+                out_of_memory: get(&self.not_stored[NotStoredReason::OutOfMemory.index()]),
+                refused: get(&self.not_stored[NotStoredReason::Refused.index()]),
+                fence_lost: get(&self.not_stored[NotStoredReason::FenceLost.index()]),
+                backend_failed: get(&self.not_stored[NotStoredReason::BackendFailed.index()]),
+            },
         }
     }
 }
@@ -261,6 +405,11 @@ fn emit(event: Event) {
         Event::NearMiss => "stampede_guard_near_misses_total",
         Event::NearInvalidation => "stampede_guard_near_invalidations_total",
         Event::NearSwitchedOff => "stampede_guard_near_switched_off_total",
+        Event::NotStored(reason) => {
+            metrics::counter!("stampede_guard_not_stored_total", "reason" => reason.as_str())
+                .increment(1);
+            return;
+        }
     };
     metrics::counter!(name).increment(1);
 }
@@ -313,6 +462,27 @@ mod tests {
     }
 
     #[test]
+    fn values_not_stored_are_counted_per_reason_and_logged_once_per_interval() {
+        let counters = Counters::default();
+        for _ in 0..3 {
+            counters.not_stored(NotStoredReason::OutOfMemory, "k", &"OOM");
+        }
+        counters.not_stored(NotStoredReason::FenceLost, "k", &"fence");
+        let stats = counters.snapshot();
+        assert_eq!(
+            (stats.not_stored.out_of_memory, stats.not_stored.fence_lost),
+            (3, 1)
+        );
+        assert_eq!(stats.not_stored.total(), 4);
+        // The first of each reason was logged (its count taken); the next two wait for the
+        // next line, a minute later, which will say 2.
+        let oom = &counters.not_stored_log[NotStoredReason::OutOfMemory.index()];
+        assert_eq!(oom.pending.load(Ordering::Relaxed), 2);
+        let fence = &counters.not_stored_log[NotStoredReason::FenceLost.index()];
+        assert_eq!(fence.pending.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
     fn stats_serialize_every_counter_and_the_wait_time_in_seconds() {
         let counters = Counters::default();
         for event in [
@@ -334,6 +504,7 @@ mod tests {
                 "lease_renewals": 0, "leases_lost": 0, "fallback_served": 0, "soft_timeouts": 0,
                 "hard_timeouts": 0, "near_hits": 0, "near_misses": 0,
                 "near_invalidations": 0, "near_switched_off": 0,
+                "not_stored": {"out_of_memory": 0, "refused": 0, "fence_lost": 0, "backend_failed": 0},
             })
         );
     }

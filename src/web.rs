@@ -5,7 +5,8 @@
 //!
 //! | error | status | why |
 //! |---|---|---|
-//! | [`Error::Backend`], [`Error::NoQuorum`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down or unreachable; the connection retries by itself |
+//! | [`Error::Backend`] unreachable, busy, out of memory or other ([`BackendErrorKind`](crate::BackendErrorKind)), [`Error::NoQuorum`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down, unreachable, loading, busy or full: it passes by itself (the connection retries, the load or script ends, keys expire) |
+//! | [`Error::Backend`] refused ([`Error::is_refused`]: `NOPERM`, `WRONGPASS`, `READONLY`...) or a foreign key type (`WRONGTYPE`) | 500 Internal Server Error | a misconfiguration (the ACL user, the URL, the namespace) that retrying cannot fix; the log line says what to change |
 //! | [`Error::WaitTimeout`] | 503 Service Unavailable, `Retry-After: 1` | another caller's computation is taking longer than the wait bound; the value may be there soon |
 //! | [`Error::ComputeTimeout`] | 503 Service Unavailable, `Retry-After: 1` | the computation hit its hard timeout ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and no fail-safe value was kept; the source is slow now |
 //! | [`Error::Compute`], [`Error::RecentFailure`] | 500 Internal Server Error | the computation (your query) failed, now or a moment ago |
@@ -78,6 +79,10 @@ use crate::Error;
 /// ```
 pub fn status(error: &Error) -> StatusCode {
     match error {
+        // The table in `docs/guarantees.md`: what passes by itself is a 503, a refusal a 500.
+        Error::Backend { kind, .. } if !kind.computes_uncached() => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
         Error::Backend { .. }
         | Error::NoQuorum { .. }
         | Error::WaitTimeout { .. }
@@ -96,6 +101,9 @@ pub fn status(error: &Error) -> StatusCode {
 /// The client's view: what happened, in words that reveal nothing of the server.
 fn public_message(error: &Error) -> String {
     match error {
+        Error::Backend { kind, .. } if !kind.computes_uncached() => {
+            "internal server error".to_owned()
+        }
         Error::Backend { .. } | Error::NoQuorum { .. } => {
             "the cache is unavailable; try again shortly".to_owned()
         }
@@ -169,7 +177,9 @@ pub fn response(error: &Error) -> Response {
     let status = status(error);
     match status {
         StatusCode::INTERNAL_SERVER_ERROR => {
-            tracing::error!(%status, error = %error.chain(), "stampede-guard call failed");
+            // A refusal says what to change in its message; `kind` lets alerts tell it apart.
+            let kind = error.backend_kind().map_or("", |kind| kind.as_str());
+            tracing::error!(%status, kind, error = %error.chain(), "stampede-guard call failed");
         }
         StatusCode::SERVICE_UNAVAILABLE => {
             tracing::warn!(%status, error = %error.chain(), "stampede-guard call failed");

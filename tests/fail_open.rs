@@ -32,8 +32,9 @@ async fn cache_on_a_stopped_server(fallback: OnBackendError) -> (RedisServer, Ca
     (redis, cache)
 }
 
+/// A backend error, and of the unreachable kind: a stopped server is an outage, not a refusal.
 fn backend(result: Result<impl std::fmt::Debug, Error>) -> bool {
-    matches!(&result, Err(e) if e.is_backend())
+    matches!(&result, Err(e) if e.is_backend() && e.is_unreachable() && !e.is_refused())
 }
 
 /// A handler that looks first with `get`, then computes: the pattern that returned 503s.

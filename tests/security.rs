@@ -206,9 +206,25 @@ async fn passwords_never_show_in_debug_display_errors_or_logs() {
     assert!(matches!(e, Error::Config(_)), "{e:?}");
     seen.push(everything_about(&e));
 
-    // Logs: the fallback and the leader's standby loop log the backend's errors.
-    let fallback = support::cache(
+    // A wrong password is a refusal: surfaced whatever the fallback (issue 26), still without
+    // the password.
+    let refused = support::cache(
         &wrong,
+        "reports",
+        quick().on_backend_error(OnBackendError::ComputeUncached),
+    )
+    .await;
+    let e = refused
+        .get_or_compute("k", TTL, || async { Ok::<_, String>(7u8) })
+        .await
+        .unwrap_err();
+    assert!(e.is_refused(), "{e:?}");
+    seen.push(everything_about(&e));
+
+    // Logs: the fallback (for an unreachable server, whose URL holds the password) and the
+    // leader's standby loop log the backend's errors.
+    let fallback = support::cache(
+        &unreachable,
         "reports",
         quick().on_backend_error(OnBackendError::ComputeUncached),
     )

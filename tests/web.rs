@@ -190,6 +190,41 @@ async fn redis_unreachable_is_a_503_with_retry_after() {
 }
 
 #[tokio::test]
+async fn a_refusal_is_a_500_without_retry_after() {
+    // A cache pointed at a replica: Redis answers, and refuses every write (READONLY).
+    let primary = support::RedisServer::start();
+    let replica = support::RedisServer::start_with(
+        &["--replicaof", "127.0.0.1", &primary.port().to_string()].map(String::from),
+        "",
+    );
+    let mut conn = replica.conn();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !redis::cmd("INFO")
+        .arg("replication")
+        .query::<String>(&mut conn)
+        .unwrap()
+        .lines()
+        .any(|l| l == "master_link_status:up")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cache = Cache::builder()
+        .redis_url(replica.url())
+        .build()
+        .await
+        .unwrap();
+    let addr = serve(cache).await;
+    let response = http_client::get(&addr, "/ok/may").await;
+    assert_eq!(response.status, 500, "{response:?}");
+    assert_eq!(response.header("retry-after"), None, "retrying cannot help");
+    assert_eq!(response.body, "internal server error");
+}
+
+#[tokio::test]
 async fn a_handler_with_its_own_error_type_gives_the_crates_whole_response() {
     let mut redis = support::RedisServer::start();
     let url = redis.url();

@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::cache::bounds::ComputeFailure;
 use crate::cache::failsafe::Kept;
 use crate::lock::lease::HeldLock;
-use crate::stats::Event;
+use crate::stats::{Event, NotStoredReason};
 use crate::store::{Stored, Write};
 use crate::time::later_by;
 use crate::wire::codec::Codec;
@@ -219,10 +219,17 @@ impl<C: Codec> Cache<C> {
             .await
         {
             Ok(Stored { written: true, .. }) => {}
-            Ok(Stored { written: false, .. }) => tracing::info!(key = %keys.user,
-                "computed value not written: the key was invalidated, set, or taken over since the lock was acquired"),
-            Err(e) => tracing::warn!(key = %keys.user, error = %e,
-                "computed value not written: the backend failed; returning it uncached"),
+            // Counted and logged once a minute per reason, not per call: a full Redis would
+            // otherwise log on every miss.
+            Ok(Stored { written: false, .. }) => self.inner.counters.not_stored(
+                NotStoredReason::FenceLost,
+                &keys.user,
+                &"the fencing token is no longer current",
+            ),
+            Err(e) => self
+                .inner
+                .counters
+                .not_stored(NotStoredReason::of(e.kind()), &keys.user, &e),
         }
         Ok(computed.value)
     }

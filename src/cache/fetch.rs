@@ -20,7 +20,7 @@ use crate::time::{later_by, saturate};
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, OnBackendError, Source};
+use crate::{Cache, Computed, Error, Fetched, Lease, Source};
 
 impl<C: Codec> Cache<C> {
     /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
@@ -175,7 +175,7 @@ impl<C: Codec> Cache<C> {
                 }
             }
             Ok(None) => {}
-            Err(e) if self.options.on_backend_error == OnBackendError::Fail => {
+            Err(e) if !e.falls_back(self.options.on_backend_error) => {
                 return Err(Error::backend("get", e));
             }
             // The fallback applies in `load`, under the single flight.

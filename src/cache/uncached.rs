@@ -1,14 +1,15 @@
 //! When the backend fails before a key is read or locked: fail, or compute without the cache
-//! ([`OnBackendError::ComputeUncached`]), as the call's options say.
+//! ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)), as the call's
+//! options and the failure's kind say (the table in `docs/guarantees.md`).
 
 use std::future::Future;
 
 use crate::cache::bounds::ComputeFailure;
-use crate::stats::Event;
+use crate::stats::{Event, NotStoredReason};
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, OnBackendError, Source};
+use crate::{Cache, Computed, Error, Fetched, Lease, Source};
 
 impl<C: Codec> Cache<C> {
     /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
@@ -22,17 +23,24 @@ impl<C: Codec> Cache<C> {
         instead: &'static str,
     ) -> Result<(), Error> {
         self.inner.counters.record(Event::BackendError);
-        match self.options.on_backend_error {
-            OnBackendError::Fail => Err(Error::backend(op, error)),
-            OnBackendError::ComputeUncached => {
-                tracing::warn!(key = %keys.user, op, error = %error,
-                    "backend unavailable; {instead}");
-                Ok(())
-            }
+        if !error.falls_back(self.options.on_backend_error) {
+            return Err(Error::backend(op, error));
         }
+        tracing::warn!(key = %keys.user, op, kind = %error.kind(), error = %error,
+            "backend unavailable; {instead}");
+        Ok(())
     }
 
-    /// The backend failed during `op`: fail, or compute without the cache, as configured.
+    /// A value computed without the cache because the backend failed with `error`: counted and
+    /// logged (at most once a minute per reason) as not stored, by the failure's reason.
+    pub(crate) fn not_stored_uncached(&self, key: &str, error: &StoreError) {
+        self.inner
+            .counters
+            .not_stored(NotStoredReason::of(error.kind()), key, error);
+    }
+
+    /// The backend failed during `op`: fail, or compute without the cache, as configured and
+    /// as the failure's kind allows (a refusal is surfaced whatever the fallback).
     pub(crate) async fn without_cache<T, E, F, Fut>(
         &self,
         op: &'static str,
@@ -45,19 +53,20 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
-        match self.options.on_backend_error {
-            OnBackendError::Fail => Err(Error::backend(op, error)),
-            OnBackendError::ComputeUncached => {
-                tracing::warn!(key = %keys.user, op, error = %error,
-                    "backend unavailable; computing without the cache");
-                match f(Lease::unlocked()).await {
-                    Ok(computed) => Ok(Fetched {
-                        value: computed.value,
-                        source: Source::Uncached,
-                    }),
-                    Err(e) => Err(Error::compute(e)),
-                }
+        if !error.falls_back(self.options.on_backend_error) {
+            return Err(Error::backend(op, error));
+        }
+        tracing::warn!(key = %keys.user, op, kind = %error.kind(), error = %error,
+            "backend unavailable; computing without the cache");
+        match f(Lease::unlocked()).await {
+            Ok(computed) => {
+                self.not_stored_uncached(&keys.user, &error);
+                Ok(Fetched {
+                    value: computed.value,
+                    source: Source::Uncached,
+                })
             }
+            Err(e) => Err(Error::compute(e)),
         }
     }
 }

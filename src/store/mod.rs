@@ -9,7 +9,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use self::wakeup::Listener;
-use crate::error::Error;
+use crate::error::{BackendErrorKind, Error};
+use crate::options::OnBackendError;
 use crate::wire::key::EntryKeys;
 
 mod backend;
@@ -34,15 +35,27 @@ pub(crate) type StoreResult<T> = Result<T, StoreError>;
 /// A backend failure.
 #[derive(Debug, Clone)]
 pub(crate) enum StoreError {
-    /// Redis failed (unreachable, timed out, an error reply).
-    Redis(::redis::RedisError),
+    /// Redis failed (unreachable, timed out, an error reply), classified where it was met.
+    Redis {
+        /// What the Redis client reported.
+        source: ::redis::RedisError,
+        /// What kind of failure it is, by the table in `docs/guarantees.md`.
+        kind: BackendErrorKind,
+        /// The key the command was about, when the store knows it.
+        key: Option<String>,
+    },
     /// Redlock: fewer than a majority of the nodes answered.
     NoQuorum { reached: usize, needed: usize },
 }
 
 impl From<::redis::RedisError> for StoreError {
+    /// Classifies the client's error once, here at the store's edge.
     fn from(e: ::redis::RedisError) -> Self {
-        StoreError::Redis(e)
+        StoreError::Redis {
+            kind: redis::classify(&e),
+            source: e,
+            key: None,
+        }
     }
 }
 
@@ -52,17 +65,43 @@ impl StoreError {
     /// never sent (the connection refused or not up) or the server refused it with an error.
     pub(crate) fn may_have_been_applied(&self) -> bool {
         match self {
-            StoreError::Redis(e) => e.is_timeout() || e.is_connection_dropped(),
+            StoreError::Redis { source: e, .. } => e.is_timeout() || e.is_connection_dropped(),
             // The quorum store undoes what it took before it reports no quorum.
             StoreError::NoQuorum { .. } => false,
         }
+    }
+
+    /// What kind of failure it is; too few Redlock nodes is unreachability.
+    pub(crate) fn kind(&self) -> BackendErrorKind {
+        match self {
+            StoreError::Redis { kind, .. } => *kind,
+            StoreError::NoQuorum { .. } => BackendErrorKind::Unreachable,
+        }
+    }
+
+    /// The same failure, about `key` (a Redis key) unless it already names one.
+    pub(crate) fn about(mut self, key: &str) -> Self {
+        if let StoreError::Redis {
+            key: about @ None, ..
+        } = &mut self
+        {
+            *about = Some(key.to_owned());
+        }
+        self
+    }
+
+    /// Whether `fallback` answers this failure by computing without the cache (or a `get` as a
+    /// miss, a `set` as skipped): only [`OnBackendError::ComputeUncached`] does, and only for
+    /// the kinds that pass by themselves (the table in [`BackendErrorKind`]).
+    pub(crate) fn falls_back(&self, fallback: OnBackendError) -> bool {
+        fallback == OnBackendError::ComputeUncached && self.kind().computes_uncached()
     }
 }
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreError::Redis(e) => e.fmt(f),
+            StoreError::Redis { source, .. } => source.fmt(f),
             StoreError::NoQuorum { reached, needed } => {
                 write!(f, "{reached} nodes answered, {needed} needed")
             }
@@ -76,7 +115,12 @@ impl Error {
     /// The backend failed during `op`: [`Error::Backend`], or [`Error::NoQuorum`] for Redlock.
     pub(crate) fn backend(op: &'static str, source: StoreError) -> Self {
         match source {
-            StoreError::Redis(source) => Error::Backend { op, source },
+            StoreError::Redis { source, kind, key } => Error::Backend {
+                op,
+                kind,
+                key,
+                source,
+            },
             StoreError::NoQuorum { reached, needed } => Error::NoQuorum {
                 op,
                 reached,

@@ -11,11 +11,13 @@
 //! - `scripts.rs` and `scripts/`: the Lua scripts, each beside the typed call that builds its
 //!   KEYS and ARGV and reads its reply;
 //! - `feed.rs`: the near tier's invalidation feed;
+//! - `classify.rs`: the kind of each error the client reports, decided once;
 //! - `clock.rs`: the server's clock, as this process estimates it;
 //! - `eviction.rs`: the warning about a server that may evict lock keys.
 //!
 //! Explained in the guide: `docs/how-it-works.md` and `docs/cluster-and-redlock.md` (Redis Cluster).
 
+mod classify;
 mod clock;
 mod cluster;
 mod connection;
@@ -25,6 +27,7 @@ mod pubsub;
 mod scripts;
 mod store;
 
+pub(crate) use classify::classify;
 pub use connection::ConnectionOptions;
 pub(crate) use feed::{Feed, FeedSink};
 pub(crate) use store::{near_channels, RedisStore};

@@ -43,6 +43,26 @@ impl RedisServer {
 
     /// Spawns the process on `self.port`; false if it did not answer within 10 s (port taken).
     fn spawn(&mut self) -> bool {
+        self.launch();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return false;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+        false
+    }
+
+    /// Starts the process on `self.port`, without waiting for it.
+    fn launch(&mut self) {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
@@ -59,21 +79,6 @@ impl RedisServer {
             Err(e) => panic!("could not start redis-server: {e}"),
         };
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if self.ping() {
-                return true;
-            }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(_)) = child.try_wait() {
-                    self.child = None;
-                    return false;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill();
-        false
     }
 
     fn ping(&self) -> bool {
@@ -135,6 +140,22 @@ impl RedisServer {
         redis::Client::open(self.url())
             .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
             .expect("a connection to the test redis-server")
+    }
+
+    /// Kills the server and starts it again on the same port from its RDB file (written by
+    /// `SAVE`), returning as soon as it accepts connections, which may be while it still loads
+    /// the file (it answers `LOADING` then; see `--key-load-delay` to make that last).
+    pub fn restart_loading(&mut self) {
+        self.kill();
+        self.launch();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("redis-server did not listen again on port {}", self.port);
     }
 
     /// Kills the server and starts a new, empty one on the same port.

@@ -18,7 +18,7 @@ use crate::store::{Blob, ReadOrLock, StoreResult};
 use crate::wait::flight::Leader;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Error, Fetched, OnBackendError, Source};
+use crate::{Error, Fetched, Source};
 
 /// A key this call leads in the process, until its outcome is known.
 pub(super) struct Led<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
@@ -181,16 +181,13 @@ where
                 // The request may have been granted anyway: the guard frees it as it goes.
                 acquiring.failed(&e);
                 drop(acquiring);
-                match cache.options.on_backend_error {
-                    OnBackendError::Fail => {
-                        let outcome = Err(Error::backend("read-or-lock", e));
-                        answered.settled.push(l.settle(outcome));
-                    }
-                    OnBackendError::ComputeUncached => {
-                        tracing::warn!(key = %l.keys.user, error = %e,
-                            "backend unavailable; computing without the cache");
-                        answered.uncached.push(l);
-                    }
+                if e.falls_back(cache.options.on_backend_error) {
+                    tracing::warn!(key = %l.keys.user, kind = %e.kind(), error = %e,
+                        "backend unavailable; computing without the cache");
+                    answered.uncached.push(l);
+                } else {
+                    let outcome = Err(Error::backend("read-or-lock", e));
+                    answered.settled.push(l.settle(outcome));
                 }
             }
         }
@@ -290,14 +287,12 @@ where
             }
             Claim::Fallback(value) => Ok(cache.serve_fallback(value)),
             Claim::Failed(e) => Err(e),
-            Claim::Backend(e) => match cache.options.on_backend_error {
-                OnBackendError::Fail => Err(Error::backend("read-or-lock", e)),
-                OnBackendError::ComputeUncached => {
-                    tracing::warn!(key = %keys.user, error = %e,
-                        "backend unavailable; computing without the cache");
-                    return self.compute_uncached(vec![led]).await;
-                }
-            },
+            Claim::Backend(e) if e.falls_back(cache.options.on_backend_error) => {
+                tracing::warn!(key = %keys.user, kind = %e.kind(), error = %e,
+                    "backend unavailable; computing without the cache");
+                return self.compute_uncached(vec![led]).await;
+            }
+            Claim::Backend(e) => Err(Error::backend("read-or-lock", e)),
         };
         vec![led.settle(outcome)]
     }

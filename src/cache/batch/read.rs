@@ -11,7 +11,7 @@ use super::{Batch, Outcome};
 use crate::cache::failsafe::Sorted;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Error, OnBackendError, Source};
+use crate::{Error, Source};
 
 impl<C, T, E> Batch<'_, C, T, E>
 where
@@ -74,7 +74,7 @@ where
                     }
                 }
             }
-            Err(e) if cache.options.on_backend_error == OnBackendError::Fail => {
+            Err(e) if !e.falls_back(cache.options.on_backend_error) => {
                 for &slot in &remote {
                     outcomes[slot] = Some(Err(Error::backend("get", e.clone())));
                 }

@@ -165,6 +165,9 @@ pub(crate) trait ScriptCall {
 
     /// Reads the script's reply; one that breaks the script's contract is an error.
     fn decode(&self, reply: Value) -> StoreResult<Self::Reply>;
+
+    /// The value key the call is about (a batch's first), named by its error when it fails.
+    fn key(&self) -> Option<&str>;
 }
 
 /// Runs `call` over `conn`: by SHA, reloading the script on `NOSCRIPT`.
@@ -175,7 +178,16 @@ where
 {
     let mut invocation = S::script(scripts).prepare_invoke();
     call.encode(&mut invocation);
-    let reply: Value = invocation.invoke_async(conn).await?;
+    let reply: Value = match invocation.invoke_async(conn).await {
+        Ok(reply) => reply,
+        Err(e) => {
+            let error = StoreError::from(e);
+            return Err(match call.key() {
+                Some(key) => error.about(key),
+                None => error,
+            });
+        }
+    };
     call.decode(reply)
 }
 

@@ -21,7 +21,7 @@ use super::scripts::{
 use crate::join::join_all;
 use crate::store::wakeup::Listener;
 use crate::store::{
-    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
+    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult, Stored, Write,
 };
 use crate::wire::key::EntryKeys;
 
@@ -278,7 +278,7 @@ where
                     tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
                     Ok(None)
                 }
-                Err(e) => Err(e.into()),
+                Err(e) => Err(StoreError::from(e).about(&keys.value)),
             }
         })
     }
@@ -314,7 +314,10 @@ where
             // MGET answers nil for a key of another Redis type: a miss, as for `get`. On a
             // cluster the client splits it per slot, sends the parts concurrently and puts the
             // answers back in order.
-            let values: Vec<Option<Vec<u8>>> = mget.query_async(&mut conn).await?;
+            let values: Vec<Option<Vec<u8>>> = mget
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| StoreError::from(e).about(&entries[0].value))?;
             if values.len() != entries.len() {
                 return Err(unexpected("mget: wrong number of values", &Value::Nil));
             }

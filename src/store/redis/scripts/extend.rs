@@ -36,6 +36,10 @@ impl ScriptCall for ExtendCall<'_> {
     /// Whether the lock was still ours and is extended.
     type Reply = bool;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.extend
     }

@@ -41,6 +41,10 @@ pub(crate) struct InvalidateCall<'a> {
 impl ScriptCall for InvalidateCall<'_> {
     type Reply = ();
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.invalidate
     }
@@ -71,6 +75,10 @@ pub(crate) struct InvalidateManyCall<'a> {
 
 impl ScriptCall for InvalidateManyCall<'_> {
     type Reply = ();
+
+    fn key(&self) -> Option<&str> {
+        self.entries.first().map(|entry| entry.0.value.as_str())
+    }
 
     fn script(scripts: &Scripts) -> &Script {
         &scripts.invalidate_many

@@ -26,6 +26,10 @@ impl ScriptCall for NextFenceCall<'_> {
     /// The new fence.
     type Reply = u64;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.next_fence
     }

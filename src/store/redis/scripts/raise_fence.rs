@@ -33,6 +33,10 @@ pub(crate) struct RaiseFenceCall<'a> {
 impl ScriptCall for RaiseFenceCall<'_> {
     type Reply = ();
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.raise_fence
     }

@@ -44,6 +44,10 @@ pub(crate) struct ReadOrLockCall<'a> {
 impl ScriptCall for ReadOrLockCall<'_> {
     type Reply = ReadOrLock;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.read_or_lock
     }
@@ -75,6 +79,10 @@ pub(crate) struct ReadOrLockManyCall<'a> {
 impl ScriptCall for ReadOrLockManyCall<'_> {
     /// One answer per entry, in order; a reply of the wrong length fails the whole call.
     type Reply = Vec<StoreResult<ReadOrLock>>;
+
+    fn key(&self) -> Option<&str> {
+        self.entries.first().map(|entry| entry.0.value.as_str())
+    }
 
     fn script(scripts: &Scripts) -> &Script {
         &scripts.read_or_lock_many

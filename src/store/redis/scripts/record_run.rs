@@ -40,6 +40,10 @@ impl ScriptCall for RecordRunCall<'_> {
     /// Whether it was recorded.
     type Reply = bool;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.record_run
     }

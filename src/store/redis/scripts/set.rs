@@ -39,6 +39,10 @@ pub(crate) struct SetCall<'a> {
 impl ScriptCall for SetCall<'_> {
     type Reply = ();
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.set
     }

@@ -31,6 +31,10 @@ impl ScriptCall for SinceLastRunCall<'_> {
     /// How long ago, or `None` if no run is recorded.
     type Reply = Option<Duration>;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.since_last_run
     }

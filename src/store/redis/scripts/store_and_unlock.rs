@@ -51,6 +51,10 @@ pub(crate) struct StoreAndUnlockCall<'a> {
 impl ScriptCall for StoreAndUnlockCall<'_> {
     type Reply = Stored;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.store_and_unlock
     }

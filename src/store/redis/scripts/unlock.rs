@@ -30,6 +30,10 @@ impl ScriptCall for UnlockCall<'_> {
     /// Whether the lock was ours and is now free.
     type Reply = bool;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.unlock
     }

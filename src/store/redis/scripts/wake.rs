@@ -25,6 +25,10 @@ pub(crate) struct WakeCall<'a> {
 impl ScriptCall for WakeCall<'_> {
     type Reply = ();
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.wake
     }

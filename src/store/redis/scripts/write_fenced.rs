@@ -47,6 +47,10 @@ impl ScriptCall for WriteFencedCall<'_> {
     /// Whether it was written.
     type Reply = bool;
 
+    fn key(&self) -> Option<&str> {
+        Some(&self.keys.value)
+    }
+
     fn script(scripts: &Scripts) -> &Script {
         &scripts.write_fenced
     }
