@@ -1,6 +1,7 @@
 //! The Redis store: the [`Store`] and [`LockStore`] operations over one data connection, each a
 //! Lua script (see [`scripts`]) or a plain read, with wake-ups over the store's [`PubSub`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,15 @@ use crate::store::{
     Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
 };
 use crate::wire::key::EntryKeys;
+
+/// The most entries one batch request carries: one `MGET`, one read-or-lock or invalidate
+/// script. Redis runs one script (and one command) at a time, so a script over every key of a
+/// 10,000-key batch held the server for 147 ms while every other client waited (issue 27).
+/// A batch's requests are cut into chunks of this size and sent all at once, pipelined on the
+/// connection, so a cold batch still costs about one round trip, and other clients' commands
+/// run between the chunks. Chosen by measurement (docs/batch.md, "A big batch and everyone
+/// else"): CHUNK_MEASURED.
+pub(crate) const CHUNK_KEYS: usize = 128;
 
 /// The Redis store, generic over the connection: a `ConnectionManager` for one server, a
 /// [`LazyCluster`] for Redis Cluster.
@@ -141,25 +151,35 @@ fn channel_suffix(db: i64) -> String {
 }
 
 impl<C> RedisStore<C> {
-    /// The indices of `entries` grouped for batch scripts: all in one group on a single
-    /// server; one group per slot on a cluster, since a script may only touch one slot's keys
-    /// (the entries of one group share it, and so do their wake-up channels).
-    fn slot_groups<E>(&self, entries: &[E], keys: impl Fn(&E) -> &EntryKeys) -> Vec<Vec<usize>> {
-        if entries.is_empty() {
-            return Vec::new();
-        }
-        if !self.per_slot {
-            return vec![(0..entries.len()).collect()];
-        }
-        let mut groups: Vec<(redis::cluster_routing::Slot, Vec<usize>)> = Vec::new();
-        for (i, entry) in entries.iter().enumerate() {
-            let slot = redis::cluster_routing::Slot::for_key(&keys(entry).value);
-            match groups.iter_mut().find(|(s, _)| *s == slot) {
-                Some((_, group)) => group.push(i),
-                None => groups.push((slot, vec![i])),
+    /// The indices of `entries` in the requests of a batch script: grouped as the server
+    /// allows (all in one group on a single server; one group per slot on a cluster, since a
+    /// script may only touch one slot's keys, and the entries of one group share it and their
+    /// wake-up channels), then each group cut into chunks of at most [`CHUNK_KEYS`] entries, so
+    /// that no script holds the server for long (see there).
+    fn script_requests<E>(
+        &self,
+        entries: &[E],
+        keys: impl Fn(&E) -> &EntryKeys,
+    ) -> Vec<Vec<usize>> {
+        let groups: Vec<Vec<usize>> = if !self.per_slot {
+            vec![(0..entries.len()).collect()]
+        } else {
+            let mut groups: Vec<Vec<usize>> = Vec::new();
+            let mut of_slot: HashMap<redis::cluster_routing::Slot, usize> = HashMap::new();
+            for (i, entry) in entries.iter().enumerate() {
+                let slot = redis::cluster_routing::Slot::for_key(&keys(entry).value);
+                let group = *of_slot.entry(slot).or_insert_with(|| {
+                    groups.push(Vec::new());
+                    groups.len() - 1
+                });
+                groups[group].push(i);
             }
-        }
-        groups.into_iter().map(|(_, group)| group).collect()
+            groups
+        };
+        groups
+            .iter()
+            .flat_map(|group| group.chunks(CHUNK_KEYS).map(<[usize]>::to_vec))
+            .collect()
     }
 
     /// The entry's wake-up channel on this store's database. It keeps the entry's hash tag, so
@@ -181,6 +201,23 @@ where
     /// because a call needs it mutable).
     async fn run<S: ScriptCall>(&self, call: S) -> StoreResult<S::Reply> {
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
+    }
+
+    /// One `MGET` of `entries` (at most [`CHUNK_KEYS`] of them): their values in order.
+    async fn mget(&self, entries: &[&EntryKeys]) -> StoreResult<Vec<Option<Blob>>> {
+        let mut conn = self.conn.clone();
+        let mut mget = redis::cmd("MGET");
+        for keys in entries {
+            mget.arg(&keys.value);
+        }
+        // MGET answers nil for a key of another Redis type: a miss, as for `get`. On a
+        // cluster the client splits it per slot, sends the parts concurrently and puts the
+        // answers back in order.
+        let values: Vec<Option<Vec<u8>>> = mget.query_async(&mut conn).await?;
+        if values.len() != entries.len() {
+            return Err(unexpected("mget: wrong number of values", &Value::Nil));
+        }
+        Ok(values.into_iter().map(|v| v.map(Blob::Owned)).collect())
     }
 }
 
@@ -303,22 +340,13 @@ where
         entries: &'a [&'a EntryKeys],
     ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
         Box::pin(async move {
-            if entries.is_empty() {
-                return Ok(Vec::new());
+            // One `MGET` per chunk, all sent at once: pipelined on the multiplexed connection.
+            let reads = entries.chunks(CHUNK_KEYS).map(|chunk| self.mget(chunk));
+            let mut values = Vec::with_capacity(entries.len());
+            for chunk in join_all(reads.collect()).await {
+                values.extend(chunk?);
             }
-            let mut conn = self.conn.clone();
-            let mut mget = redis::cmd("MGET");
-            for keys in entries {
-                mget.arg(&keys.value);
-            }
-            // MGET answers nil for a key of another Redis type: a miss, as for `get`. On a
-            // cluster the client splits it per slot, sends the parts concurrently and puts the
-            // answers back in order.
-            let values: Vec<Option<Vec<u8>>> = mget.query_async(&mut conn).await?;
-            if values.len() != entries.len() {
-                return Err(unexpected("mget: wrong number of values", &Value::Nil));
-            }
-            Ok(values.into_iter().map(|v| v.map(Blob::Owned)).collect())
+            Ok(values)
         })
     }
 
@@ -328,7 +356,7 @@ where
         lease: Duration,
     ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
         Box::pin(async move {
-            let groups = self.slot_groups(entries, |(keys, _, _)| keys);
+            let groups = self.script_requests(entries, |(keys, _, _)| keys);
             let calls = groups.iter().map(|group| async move {
                 let call = ReadOrLockManyCall {
                     entries: group.iter().map(|&i| entries[i]).collect(),
@@ -362,7 +390,7 @@ where
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
         Box::pin(async move {
-            let groups = self.slot_groups(entries, |keys| keys);
+            let groups = self.script_requests(entries, |keys| keys);
             let calls = groups.iter().map(|group| {
                 self.run(InvalidateManyCall {
                     entries: group
