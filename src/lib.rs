@@ -136,7 +136,7 @@
 //! # Limits
 //! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
 //! values whose encoding exceeds [`MAX_VALUE_BYTES`] (64 MiB) with [`Error::ValueTooLarge`],
-//! and many-key calls of more than [`MAX_BATCH_KEYS`] (100,000) keys with
+//! and many-key calls of more than [`MAX_BATCH_KEYS`] (20,000) keys with
 //! [`Error::TooManyKeys`], before anything is sent to the backend.
 //!
 //! # Examples

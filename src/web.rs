@@ -108,7 +108,9 @@ fn public_message(error: &Error) -> String {
         }
         // The reason is one of the crate's fixed sentences; the key itself is not echoed back.
         Error::InvalidKey { reason, .. } => format!("invalid key: {reason}"),
-        Error::TooManyKeys { limit, .. } => format!("too many keys in one request (at most {limit})"),
+        Error::TooManyKeys { limit, .. } => {
+            format!("too many keys in one request (at most {limit})")
+        }
         _ => "internal server error".to_owned(),
     }
 }
