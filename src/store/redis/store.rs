@@ -145,6 +145,28 @@ impl RedisStore<LazyCluster> {
     }
 }
 
+/// The indices `0..n` as requests: grouped by `group_of` (groups in the order of their first
+/// index, indices in order within each), each group cut into chunks of at most `chunk`.
+fn chunked<G: Eq + std::hash::Hash>(
+    n: usize,
+    group_of: impl Fn(usize) -> G,
+    chunk: usize,
+) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut index: HashMap<G, usize> = HashMap::new();
+    for i in 0..n {
+        let group = *index.entry(group_of(i)).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[group].push(i);
+    }
+    groups
+        .iter()
+        .flat_map(|group| group.chunks(chunk).map(<[usize]>::to_vec))
+        .collect()
+}
+
 /// What scopes a database's wake-up channels (see `RedisStore::channel_suffix`).
 fn channel_suffix(db: i64) -> String {
     if db == 0 {
@@ -165,25 +187,14 @@ impl<C> RedisStore<C> {
         entries: &[E],
         keys: impl Fn(&E) -> &EntryKeys,
     ) -> Vec<Vec<usize>> {
-        let groups: Vec<Vec<usize>> = if !self.per_slot {
-            vec![(0..entries.len()).collect()]
-        } else {
-            let mut groups: Vec<Vec<usize>> = Vec::new();
-            let mut of_slot: HashMap<redis::cluster_routing::Slot, usize> = HashMap::new();
-            for (i, entry) in entries.iter().enumerate() {
-                let slot = redis::cluster_routing::Slot::for_key(&keys(entry).value);
-                let group = *of_slot.entry(slot).or_insert_with(|| {
-                    groups.push(Vec::new());
-                    groups.len() - 1
-                });
-                groups[group].push(i);
-            }
-            groups
-        };
-        groups
-            .iter()
-            .flat_map(|group| group.chunks(CHUNK_KEYS).map(<[usize]>::to_vec))
-            .collect()
+        if !self.per_slot {
+            return chunked(entries.len(), |_| (), CHUNK_KEYS);
+        }
+        chunked(
+            entries.len(),
+            |i| redis::cluster_routing::Slot::for_key(&keys(&entries[i]).value),
+            CHUNK_KEYS,
+        )
     }
 
     /// The entry's wake-up channel on this store's database. It keeps the entry's hash tag, so
@@ -514,5 +525,29 @@ where
 
     fn sync_clock(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.clock.sync(&self.conn))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunked;
+
+    #[test]
+    fn one_group_is_cut_into_bounded_chunks_in_order() {
+        let requests = chunked(300, |_| (), 128);
+        let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        assert_eq!(requests.concat(), (0..300).collect::<Vec<_>>());
+        assert!(chunked(0, |_| (), 128).is_empty());
+    }
+
+    #[test]
+    fn each_group_is_chunked_on_its_own_and_no_chunk_mixes_groups() {
+        // Two "slots", interleaved: chunks never mix them, and each slot keeps its order.
+        let requests = chunked(10, |i| i % 2, 3);
+        assert_eq!(
+            requests,
+            [vec![0, 2, 4], vec![6, 8], vec![1, 3, 5], vec![7, 9]]
+        );
     }
 }
