@@ -130,6 +130,16 @@ pub enum Error {
         /// The user's key.
         key: String,
     },
+    /// A many-key call ([`Cache::get_or_compute_many`](crate::Cache::get_or_compute_many),
+    /// [`fetch_many`](crate::Cache::fetch_many), [`invalidate_many`](crate::Cache::invalidate_many))
+    /// was given more keys than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS). Nothing was read,
+    /// locked or invalidated: split the keys over several calls.
+    TooManyKeys {
+        /// How many keys the call was given.
+        keys: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The lock was no longer held when it was released: its lease ran out (and perhaps another
     /// holder took it). Work done under it may have overlapped with another holder's; the
     /// fencing token is what protects the systems written to.
@@ -341,6 +351,10 @@ impl fmt::Display for Error {
             Error::MissingFromBatch { key } => write!(
                 f,
                 "the batch computation returned no value for key {key:?}, which it was asked for"
+            ),
+            Error::TooManyKeys { keys, limit } => write!(
+                f,
+                "{keys} keys in one call, over the limit of {limit} (MAX_BATCH_KEYS); split them over several calls"
             ),
             Error::NotHeld { name } => write!(
                 f,

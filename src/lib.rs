@@ -137,7 +137,8 @@
 //! # Limits
 //! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
 //! values whose encoding exceeds [`MAX_VALUE_BYTES`] (64 MiB) with [`Error::ValueTooLarge`],
-//! before anything is sent to the backend.
+//! and many-key calls of more than [`MAX_BATCH_KEYS`] (20,000) keys with
+//! [`Error::TooManyKeys`], before anything is sent to the backend.
 //!
 //! # Examples
 //! In `examples/`, each runnable with `cargo run --example NAME`:
@@ -172,6 +173,7 @@ mod wait;
 pub mod web;
 mod wire;
 
+pub use cache::batch::MAX_BATCH_KEYS;
 pub use cache::bounds::{CacheValue, ComputeFailure};
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
@@ -233,6 +235,10 @@ pub mod __private {
     use crate::wire::key::{user_key_of, EntryKeys};
     use crate::wire::shape::fingerprint;
     use crate::{Bincode, Codec};
+
+    /// The most entries one batch request (an `MGET`, a many-key script) carries on Redis, for
+    /// the test that checks what a big batch hands the server.
+    pub const REDIS_CHUNK_KEYS: usize = crate::store::redis::CHUNK_KEYS;
 
     /// A value read back from stored bytes as the cache reads it with the default codec.
     #[derive(Debug, Clone, PartialEq, Eq)]

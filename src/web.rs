@@ -11,6 +11,7 @@
 //! | [`Error::ComputeTimeout`] | 503 Service Unavailable, `Retry-After: 1` | the computation hit its hard timeout ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and no fail-safe value was kept; the source is slow now |
 //! | [`Error::Compute`], [`Error::RecentFailure`] | 500 Internal Server Error | the computation (your query) failed, now or a moment ago |
 //! | [`Error::InvalidKey`] | 400 Bad Request | the key, usually built from the request, is empty or too long |
+//! | [`Error::TooManyKeys`] | 400 Bad Request | a many-key call, usually over a range the request asked for, has more keys than one call takes |
 //! | anything else ([`Error::Encode`], [`Error::ValueTooLarge`], [`Error::Config`], [`Error::NotHeld`], [`Error::MissingFromBatch`]) | 500 Internal Server Error | a bug or a misconfiguration on the server side |
 //!
 //! The body is a short plain-text sentence that reveals nothing of the server: the computation's
@@ -87,7 +88,7 @@ pub fn status(error: &Error) -> StatusCode {
         | Error::NoQuorum { .. }
         | Error::WaitTimeout { .. }
         | Error::ComputeTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        Error::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        Error::InvalidKey { .. } | Error::TooManyKeys { .. } => StatusCode::BAD_REQUEST,
         Error::Compute(_)
         | Error::RecentFailure { .. }
         | Error::Encode(_)
@@ -115,6 +116,9 @@ fn public_message(error: &Error) -> String {
         }
         // The reason is one of the crate's fixed sentences; the key itself is not echoed back.
         Error::InvalidKey { reason, .. } => format!("invalid key: {reason}"),
+        Error::TooManyKeys { limit, .. } => {
+            format!("too many keys in one request (at most {limit})")
+        }
         _ => "internal server error".to_owned(),
     }
 }

@@ -824,3 +824,208 @@ async fn a_caller_following_a_key_the_batch_left_out_computes_it_itself() {
     assert_eq!(single.ok(), Some(5), "the follower computed the key itself");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// One command as the server's slow log kept it: how long it ran and its arguments (at most
+/// 32: past that, the last one says how many more there were).
+struct Logged {
+    micros: u64,
+    args: Vec<Vec<u8>>,
+}
+
+impl Logged {
+    fn name(&self) -> String {
+        String::from_utf8_lossy(&self.args[0]).to_uppercase()
+    }
+
+    /// How many arguments the command had, the ones the slow log left out included.
+    fn argc(&self) -> usize {
+        let last = String::from_utf8_lossy(self.args.last().expect("a command name"));
+        match last
+            .strip_prefix("... (")
+            .and_then(|rest| rest.strip_suffix(" more arguments)"))
+        {
+            Some(more) => self.args.len() - 1 + more.parse::<usize>().expect("a count"),
+            None => self.args.len(),
+        }
+    }
+
+    /// How many keys it carried: an `EVALSHA`'s `numkeys`, an `MGET`'s arguments.
+    fn keys(&self) -> usize {
+        match self.name().as_str() {
+            "EVALSHA" | "EVAL" => String::from_utf8_lossy(&self.args[2])
+                .parse()
+                .expect("numkeys"),
+            "MGET" => self.argc() - 1,
+            _ => 0,
+        }
+    }
+}
+
+/// Every command the server ran since the slow log was last reset (it logs all of them: see
+/// `log_every_command`).
+fn slow_log(conn: &mut redis::Connection) -> Vec<Logged> {
+    let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(-1)
+        .query(conn)
+        .expect("SLOWLOG GET");
+    entries
+        .into_iter()
+        .map(|entry| {
+            let (_id, _at, micros, args, ..): (u64, u64, u64, Vec<Vec<u8>>, String, String) =
+                redis::from_redis_value(entry).expect("a slow log entry");
+            Logged { micros, args }
+        })
+        .collect()
+}
+
+/// Has the server log every command in its slow log (those scripts run inside too, about
+/// fifteen per key of a cold batch), and empties it.
+fn log_every_command(conn: &mut redis::Connection) {
+    for (name, value) in [
+        ("slowlog-log-slower-than", "0"),
+        ("slowlog-max-len", "500000"),
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(conn)
+            .expect("CONFIG SET");
+    }
+    let _: () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query(conn)
+        .expect("SLOWLOG RESET");
+}
+
+/// Issue 27: Redis runs one script (one command) at a time, so a batch that handed it every key
+/// in one script held every other client of the server for as long (147 ms for 10,000 keys).
+/// A cold batch of 10,000 keys now reaches the server in bounded chunks: no `MGET` and no script
+/// carries more than a chunk's keys, every key is still read once and locked once, and `f` still
+/// runs once for all of them. The same for `invalidate_many`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_cold_batch_reaches_redis_in_bounded_chunks() {
+    const KEYS: usize = 10_000;
+    let chunk = stampede_guard::__private::REDIS_CHUNK_KEYS;
+    let server = RedisServer::start();
+    let mut admin = server.conn();
+    let cache = cache(&server, "big", CallOptions::default()).await;
+    let calls = Calls::default();
+    let days: Vec<String> = (0..KEYS).map(|i| format!("day-{i:05}")).collect();
+    // Connections up and scripts loaded first, as in a running service (a script's first call
+    // is sent again after `NOSCRIPT`, which would count its keys twice).
+    values(
+        cache
+            .get_or_compute_many(["warm-up"], TTL, report(&calls, Duration::ZERO))
+            .await,
+    );
+    cache
+        .invalidate_many(["warm-up"])
+        .await
+        .expect("invalidated");
+    calls.0.lock().unwrap().clear();
+
+    log_every_command(&mut admin);
+    let got = cache
+        .get_or_compute_many(&days, TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert_eq!(values(got), expected(&days));
+    assert_eq!(
+        calls.count(),
+        1,
+        "one computation for every key, whatever the chunks"
+    );
+    assert_eq!(calls.per_key().len(), KEYS);
+    let log = slow_log(&mut admin);
+    let mgets: Vec<&Logged> = log.iter().filter(|c| c.name() == "MGET").collect();
+    let scripts: Vec<&Logged> = log.iter().filter(|c| c.name() == "EVALSHA").collect();
+    let widest_mget = mgets.iter().map(|c| c.keys()).max().unwrap_or(0);
+    let widest_script = scripts.iter().map(|c| c.keys()).max().unwrap_or(0);
+    let longest = log.iter().max_by_key(|c| c.micros).expect("commands");
+    eprintln!(
+        "{} commands: {} MGETs (widest {widest_mget} keys), {} scripts (widest {widest_script} \
+         keys), longest {} of {} keys, {} µs",
+        log.len(),
+        mgets.len(),
+        scripts.len(),
+        longest.name(),
+        longest.keys(),
+        longest.micros,
+    );
+    assert_eq!(
+        mgets.iter().map(|c| c.keys()).sum::<usize>(),
+        KEYS,
+        "every key read once"
+    );
+    assert!(widest_mget <= chunk, "an MGET of {widest_mget} keys");
+    // Read-or-lock takes three keys per entry (value, lock, fence).
+    assert!(
+        widest_script <= 3 * chunk,
+        "a script over {widest_script} keys"
+    );
+    // The locks were taken by the batch scripts, one entry each, not key by key.
+    let locked: usize = scripts
+        .iter()
+        .filter(|c| c.keys() > 3)
+        .map(|c| c.keys() / 3)
+        .sum();
+    assert!(
+        locked >= KEYS - chunk,
+        "{locked} keys locked by batch scripts"
+    );
+
+    log_every_command(&mut admin);
+    cache.invalidate_many(&days).await.expect("invalidated");
+    let log = slow_log(&mut admin);
+    let scripts: Vec<&Logged> = log.iter().filter(|c| c.name() == "EVALSHA").collect();
+    // Invalidate takes two keys per entry (value, fence).
+    assert_eq!(
+        scripts.iter().map(|c| c.keys()).sum::<usize>(),
+        2 * KEYS,
+        "every key invalidated once"
+    );
+    let widest = scripts.iter().map(|c| c.keys()).max().unwrap_or(0);
+    assert!(widest <= 2 * chunk, "an invalidation over {widest} keys");
+    let got = cache
+        .get_or_compute_many(&days, TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert_eq!(values(got), expected(&days));
+    assert_eq!(calls.count(), 2, "every key computed again, in one call");
+}
+
+/// Above `MAX_BATCH_KEYS` a many-key call is refused whole, on every store: each key gets the
+/// error, `f` never runs, nothing is invalidated; never a batch cut short.
+#[tokio::test]
+async fn a_call_over_the_key_limit_is_refused_whole() {
+    let cache = Cache::in_memory();
+    let calls = Calls::default();
+    cache.set("day-0", &"kept".to_owned(), TTL).await.unwrap();
+    let over: Vec<String> = (0..=stampede_guard::MAX_BATCH_KEYS)
+        .map(|i| format!("day-{i}"))
+        .collect();
+    let got = cache
+        .get_or_compute_many(&over, TTL, report(&calls, Duration::ZERO))
+        .await;
+    assert_eq!(got.len(), over.len());
+    assert!(got.iter().all(|r| matches!(
+        r,
+        Err(Error::TooManyKeys { keys, limit })
+            if *keys == over.len() && *limit == stampede_guard::MAX_BATCH_KEYS
+    )));
+    assert_eq!(calls.count(), 0);
+    let refused = cache.invalidate_many(&over).await;
+    assert!(
+        matches!(refused, Err(Error::TooManyKeys { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        cache.get::<String>("day-0").await.unwrap().as_deref(),
+        Some("kept")
+    );
+
+    // At the limit, the call goes through.
+    let at = &over[..stampede_guard::MAX_BATCH_KEYS];
+    cache.invalidate_many(at).await.expect("at the limit");
+    assert_eq!(cache.get::<String>("day-0").await.unwrap(), None);
+}

@@ -10,7 +10,7 @@
 //! Explained in the guide: `docs/how-it-works.md` (the protocol), `docs/guarantees.md` (what each
 //! call promises) and `docs/batch.md` (many keys at once).
 
-mod batch;
+pub(crate) mod batch;
 pub(crate) mod bounds;
 pub(crate) mod builder;
 pub(crate) mod claim;
@@ -434,11 +434,14 @@ impl<C: Codec> Cache<C> {
         })
     }
 
-    /// Deletes many values in one request (on Redis Cluster, one per slot, sent concurrently):
-    /// what [`invalidate`](Self::invalidate) does, for each key. Keys may repeat.
+    /// Deletes many values in one round trip: what [`invalidate`](Self::invalidate) does, for
+    /// each key. Keys may repeat. On Redis the keys go in chunks of a bounded size, all sent at
+    /// once (pipelined; on Redis Cluster, per slot), so a long list does not hold the server
+    /// for other clients.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`] for the first empty or over-long key (then nothing is invalidated);
+    /// [`Error::InvalidKey`] for the first empty or over-long key, [`Error::TooManyKeys`] for
+    /// more than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS) keys (then nothing is invalidated);
     /// [`Error::Backend`] when the backend fails, whatever the [`OnBackendError`](crate::OnBackendError)
     /// (some keys may have been invalidated: retry the call, which is harmless).
     ///
@@ -463,6 +466,12 @@ impl<C: Codec> Cache<C> {
             .into_iter()
             .map(|key| EntryKeys::new(&self.inner.namespace, key.as_ref()))
             .collect::<Result<Vec<_>, _>>()?;
+        if entries.len() > batch::MAX_BATCH_KEYS {
+            return Err(Error::TooManyKeys {
+                keys: entries.len(),
+                limit: batch::MAX_BATCH_KEYS,
+            });
+        }
         let refs: Vec<&EntryKeys> = entries.iter().collect();
         let done = self
             .inner
@@ -675,7 +684,12 @@ impl<C: Codec> Cache<C> {
     /// `MGET` (on Redis Cluster, one per slot, sent concurrently: Redis refuses a multi-key
     /// command across slots, even on one node). On a miss, one script call (per slot on a
     /// cluster) takes the lock of every missing key that is free; the values are then written
-    /// one fenced write per key, sent concurrently.
+    /// one fenced write per key, sent concurrently. A big batch's `MGET` and script are cut into
+    /// chunks of a bounded number of keys, all sent at once (pipelined), so that a cold batch
+    /// of thousands of keys still costs about one round trip and never holds Redis for long
+    /// while other clients wait ([batch guide](https://github.com/stampede-guard/stampede-guard/blob/main/docs/batch.md)).
+    /// A call of more than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS) keys is refused: every
+    /// key gets [`Error::TooManyKeys`] and nothing is sent.
     ///
     /// # Concurrent calls on the same keys
     /// Every key keeps the rules of [`get_or_compute`](Self::get_or_compute), by itself:

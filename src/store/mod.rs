@@ -366,9 +366,9 @@ pub(crate) trait Store: LockStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
-    /// [`get`](Self::get) for many entries: one `MGET` on a single Redis server (on a cluster, one
-    /// per slot, sent concurrently). The answers are in the order of `entries`. The default asks
-    /// one entry after another.
+    /// [`get`](Self::get) for many entries: on Redis, one `MGET` per chunk of at most
+    /// `CHUNK_KEYS` entries, all sent at once (on a cluster, split per slot by the client). The
+    /// answers are in the order of `entries`. The default asks one entry after another.
     fn get_many<'a>(
         &'a self,
         entries: &'a [&'a EntryKeys],
@@ -383,8 +383,9 @@ pub(crate) trait Store: LockStore {
     }
 
     /// [`read_or_lock`](Self::read_or_lock) for many entries, each with its own token, by the
-    /// very same rule per entry: one script call on a single Redis server (on a cluster, one per
-    /// slot, sent concurrently). One answer per entry, in order; a failed request fails every
+    /// very same rule per entry: on Redis, one script call per chunk of at most `CHUNK_KEYS`
+    /// entries (on a cluster, chunks of one slot's entries), all sent at once, so the rule is
+    /// atomic per entry, not across a batch. One answer per entry, in order; a failed request fails every
     /// entry it carried (each may still have been granted: see
     /// [`StoreError::may_have_been_applied`]). The default asks one entry after another (the
     /// memory store, whose every step is atomic anyway, and a split store, whose Redlock quorum
@@ -403,8 +404,8 @@ pub(crate) trait Store: LockStore {
         })
     }
 
-    /// [`invalidate`](Self::invalidate) for many entries: one script call on a single Redis
-    /// server (on a cluster, one per slot, sent concurrently). Every entry is tried; the first
+    /// [`invalidate`](Self::invalidate) for many entries: on Redis, one script call per chunk of
+    /// at most `CHUNK_KEYS` entries (per slot on a cluster), all sent at once. Every entry is tried; the first
     /// failure is reported. The default invalidates one entry after another.
     fn invalidate_many<'a>(
         &'a self,

@@ -30,4 +30,4 @@ mod store;
 pub(crate) use classify::classify;
 pub use connection::ConnectionOptions;
 pub(crate) use feed::{Feed, FeedSink};
-pub(crate) use store::{near_channels, RedisStore};
+pub(crate) use store::{near_channels, RedisStore, CHUNK_KEYS};

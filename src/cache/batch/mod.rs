@@ -4,11 +4,14 @@
 //!
 //! The steps, and what each costs:
 //! 1. the near tier answers the keys it holds (no request);
-//! 2. one `MGET` reads the others (on a cluster, one per slot, sent concurrently);
+//! 2. one `MGET` reads the others (on Redis, one per chunk of keys, all sent at once; on a
+//!    cluster the client splits each per slot);
 //! 3. each key still missing joins this process's flight of that key: one a single-key call or
 //!    another batch is computing is followed, not computed again;
-//! 4. one read-or-lock script call (per slot on a cluster) takes the lock of every key led here
-//!    that is free; `f` runs once with exactly the keys locked, and each of its values is stored
+//! 4. one read-or-lock request takes the lock of every key led here that is free (on Redis, one
+//!    script call per chunk of keys, per slot on a cluster, all sent at once: the store's
+//!    `CHUNK_KEYS` bounds how long one holds the server); `f` runs once with exactly the keys
+//!    locked, whatever the chunks, and each of its values is stored
 //!    by the same fenced write as a single key's;
 //! 5. keys whose lock another process holds go through the single-key path's own wait-or-lock
 //!    loop ([`Cache::claim`]: wake-ups, backoff, the wait bound, the fail-safe's budgets); if the
@@ -60,6 +63,18 @@ use crate::{Cache, Computed, Error, Fetched, Lease, Source};
 
 use plan::Plan;
 
+/// The most keys one many-key call takes ([`Cache::get_or_compute_many`],
+/// [`Cache::fetch_many`], [`Cache::invalidate_many`]): a call given more is refused with
+/// [`Error::TooManyKeys`] before anything is sent, on every store, never cut short. Redis is not
+/// what needs it (each request carries a bounded chunk of keys, so other clients run between
+/// them); the call itself is: every key holds a lock, a lease and its heartbeat for the length of
+/// one computation, and the call's requests are all pipelined at once, so the last answers come
+/// after the server has worked through the whole call, which must stay well within the
+/// connection's response timeout (5 s by default): a cold batch of 10,000 keys took 0.8 to 1.9 s
+/// on a loaded 2-core machine (docs/batch.md), so twice that keeps its last answers within the
+/// default timeout even there. A warm-up job over more keys makes several calls.
+pub const MAX_BATCH_KEYS: usize = 20_000;
+
 /// One key's answer to its callers.
 type Outcome<T> = Result<Fetched<T>, Error>;
 
@@ -100,6 +115,13 @@ impl<C: Codec> Cache<C> {
         T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
         E: Display + Debug + Send + Sync + 'static,
     {
+        if asked.len() > MAX_BATCH_KEYS {
+            let refused = Error::TooManyKeys {
+                keys: asked.len(),
+                limit: MAX_BATCH_KEYS,
+            };
+            return vec![Err(refused); asked.len()];
+        }
         let batch = Batch {
             cache: self,
             ttl,
