@@ -1,6 +1,7 @@
 //! A Redis Cluster on loopback ports. Needs `server` and `poll` declared beside it.
 
 use std::process::{Command, Stdio};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::poll::eventually;
@@ -10,10 +11,45 @@ use super::server::{RedisServer, INSTALL_HINT};
 /// that a killed master's replica is promoted within a few seconds.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
+    /// This process's one turn to run a cluster, given back after the nodes are gone (fields
+    /// drop in order). The node timeout is short (1 s) so that failover tests are quick; with
+    /// every test of a file starting its six nodes at once (48 servers on the 2-core machine)
+    /// the cluster bus can miss it, and a master is failed over before the test's own fault:
+    /// a CI run saw a `get` time out before anything was killed. One cluster at a time keeps
+    /// the only failovers the ones a test makes.
+    _turn: Turn,
+}
+
+/// A turn to run a cluster in this process: one at a time, handed on when dropped.
+struct Turn;
+
+/// Whether a cluster of this process holds the turn, and the tests waiting for it.
+static TURN: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+impl Turn {
+    /// Waits until no other cluster of this process runs.
+    fn take() -> Turn {
+        let (busy, freed) = &TURN;
+        let mut busy = busy.lock().unwrap_or_else(|p| p.into_inner());
+        while *busy {
+            busy = freed.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+        *busy = true;
+        Turn
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let (busy, freed) = &TURN;
+        *busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        freed.notify_one();
+    }
 }
 
 impl RedisCluster {
     pub fn start() -> Self {
+        let turn = Turn::take();
         let args: Vec<String> = [
             "--cluster-enabled",
             "yes",
@@ -53,7 +89,7 @@ impl RedisCluster {
             .status()
             .unwrap_or_else(|e| panic!("redis-cli: {e}. {INSTALL_HINT}"));
         assert!(created.success(), "redis-cli --cluster create failed");
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, _turn: turn };
         assert!(
             eventually(Duration::from_secs(30), || cluster.is_healthy()),
             "the cluster did not become healthy"
