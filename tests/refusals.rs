@@ -121,6 +121,35 @@ async fn an_acl_user_outside_its_namespace_is_refused_by_permission_and_told_the
     );
 }
 
+/// A user with the namespace's keys but not its channels: Redis 7 refuses the `PUBLISH` inside
+/// the invalidation script with `ERR The user executing the script can't publish ...`, not
+/// `NOPERM`. It is a refusal all the same, never taken for an outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_the_namespaces_channels_is_refused_inside_the_script() {
+    let server = RedisServer::start_with(
+        &[
+            "--user",
+            "reporter",
+            "on",
+            &format!(">{PASSWORD}"),
+            "~reports:*",
+            "+@all",
+            "-@dangerous",
+        ]
+        .map(String::from),
+        &format!("reporter:{PASSWORD}@"),
+    );
+    let cache = support::cache(&server, "reports", uncached()).await;
+    let e = cache.invalidate("2019-05").await.unwrap_err();
+    assert_eq!(
+        e.backend_kind(),
+        Some(BackendErrorKind::RefusedPermission),
+        "{e:?}"
+    );
+    assert!(e.is_refused() && !e.is_unreachable(), "{e:?}");
+    assert!(!everything_about(&e).contains(PASSWORD), "{e:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_refuses_by_role_and_the_message_says_to_point_at_the_primary() {
     let primary = RedisServer::start();

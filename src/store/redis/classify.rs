@@ -20,6 +20,7 @@ pub(crate) fn classify(e: &RedisError) -> BackendErrorKind {
         Some("OOM") => return BackendErrorKind::OutOfMemory,
         Some("BUSY" | "LOADING" | "TRYAGAIN" | "CLUSTERDOWN") => return BackendErrorKind::Busy,
         Some("WRONGTYPE") => return BackendErrorKind::WrongType,
+        Some("ERR") if refused_inside_a_script(e) => return BackendErrorKind::RefusedPermission,
         _ => {}
     }
     match e.kind() {
@@ -30,6 +31,18 @@ pub(crate) fn classify(e: &RedisError) -> BackendErrorKind {
         }
         _ => BackendErrorKind::Other,
     }
+}
+
+/// Whether `e` is an ACL refusal raised by a command inside a script. Redis 7 reports those as
+/// `ERR`, not `NOPERM`: a user with the namespace's keys but not its channels (`&ns:*`; a new
+/// user has none by default) passes the check on `EVALSHA` and is refused at the script's
+/// `PUBLISH`, with "The user executing the script can't publish to the channel ..." (7.0) or
+/// "ACL failure in script ..." (other 7.x builds). Read as anything else it would look like an
+/// outage, and a 503 would invite retries that can never succeed.
+fn refused_inside_a_script(e: &RedisError) -> bool {
+    let detail = e.detail().unwrap_or("");
+    detail.starts_with("The user executing the script can't")
+        || detail.starts_with("ACL failure in script")
 }
 
 #[cfg(test)]
@@ -63,6 +76,15 @@ mod tests {
             ("TRYAGAIN Multiple keys request during rehashing of slot", BackendErrorKind::Busy),
             ("CLUSTERDOWN The cluster is down", BackendErrorKind::Busy),
             ("WRONGTYPE Operation against a key holding the wrong kind of value", BackendErrorKind::WrongType),
+            (
+                "ERR The user executing the script can't publish to the channel mentioned in the command script: b7c1, on @user_script:1.",
+                BackendErrorKind::RefusedPermission,
+            ),
+            (
+                "ERR The user executing the script can't access at least one of the keys mentioned in the command arguments script: 40b3, on @user_script:1.",
+                BackendErrorKind::RefusedPermission,
+            ),
+            ("ERR ACL failure in script: No permissions to access a key", BackendErrorKind::RefusedPermission),
             ("ERR unknown command", BackendErrorKind::Other),
         ] {
             assert_eq!(classify(&reply(line)), kind, "{line}");
