@@ -105,7 +105,9 @@ pub struct Stats {
 
 /// Values a cache computed and returned but could not store, by reason: a full Redis, a
 /// refused write, a fence lost to a newer writer, a backend that failed. Each is also logged,
-/// at most once a minute per reason, with the count since the last line.
+/// at most once a minute per reason, with the count since the last line. A single-key call
+/// computed without the cache is counted once its value is computed; a key of a batch, when
+/// it goes to the batch's uncached computation.
 ///
 /// ```
 /// let stats = stampede_guard::Cache::in_memory().stats();

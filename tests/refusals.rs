@@ -252,6 +252,18 @@ async fn a_full_server_under_noeviction_returns_the_value_and_counts_it_as_not_s
     let stats = fallback.stats();
     assert_eq!(stats.not_stored.out_of_memory, 3, "{stats:?}");
     assert_eq!(stats.uncached, 3, "{stats:?}");
+
+    // 4. The same in one batch: each key computed without the cache is counted too.
+    let batch = support::cache(&server, "reports", uncached()).await;
+    let months = ["2019-10", "2019-11", "2019-12"];
+    let values = batch
+        .get_or_compute_many(months, TTL, |keys: Vec<String>| async move {
+            Ok::<_, String>(keys.into_iter().map(|k| (k, 10u32)).collect::<Vec<_>>())
+        })
+        .await;
+    assert!(values.iter().all(|v| matches!(v, Ok(10))), "{values:?}");
+    let stats = batch.stats();
+    assert_eq!(stats.not_stored.out_of_memory, 3, "{stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,7 +56,9 @@ impl<C: Codec> Cache<C> {
         if !error.falls_back(self.options.on_backend_error) {
             return Err(Error::backend(op, error));
         }
-        tracing::warn!(key = %keys.user, op, kind = %error.kind(), error = %error,
+        // Not a warning per call: a value computed here is counted and logged as not stored,
+        // at most once a minute per reason (a full or unreachable Redis would log every miss).
+        tracing::debug!(key = %keys.user, op, kind = %error.kind(), error = %error,
             "backend unavailable; computing without the cache");
         match f(Lease::unlocked()).await {
             Ok(computed) => {

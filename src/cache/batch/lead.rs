@@ -182,8 +182,9 @@ where
                 acquiring.failed(&e);
                 drop(acquiring);
                 if e.falls_back(cache.options.on_backend_error) {
-                    tracing::warn!(key = %l.keys.user, kind = %e.kind(), error = %e,
-                        "backend unavailable; computing without the cache");
+                    // Counted (and logged at most once a minute per reason) as not stored when
+                    // it goes to the uncached computation, not warned once per key.
+                    cache.not_stored_uncached(&l.keys.user, &e);
                     answered.uncached.push(l);
                 } else {
                     let outcome = Err(Error::backend("read-or-lock", e));
@@ -288,8 +289,7 @@ where
             Claim::Fallback(value) => Ok(cache.serve_fallback(value)),
             Claim::Failed(e) => Err(e),
             Claim::Backend(e) if e.falls_back(cache.options.on_backend_error) => {
-                tracing::warn!(key = %keys.user, kind = %e.kind(), error = %e,
-                    "backend unavailable; computing without the cache");
+                cache.not_stored_uncached(&keys.user, &e);
                 return self.compute_uncached(vec![led]).await;
             }
             Claim::Backend(e) => Err(Error::backend("read-or-lock", e)),
