@@ -63,23 +63,21 @@ fn wait_for_info(server: &RedisServer, section: &str, line: &str) {
     }
 }
 
+/// A server whose clients log in as the ACL user `reporter`, allowed `patterns` (keys `~…`,
+/// channels `&…`) and every command but the dangerous ones.
+fn server_with_user(patterns: &[&str]) -> RedisServer {
+    let password = format!(">{PASSWORD}");
+    let mut args = vec!["--user", "reporter", "on", password.as_str()];
+    args.extend_from_slice(patterns);
+    args.extend(["+@all", "-@dangerous"]);
+    let args: Vec<String> = args.into_iter().map(String::from).collect();
+    RedisServer::start_with(&args, &format!("reporter:{PASSWORD}@"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_outside_its_namespace_is_refused_by_permission_and_told_the_fix() {
     // The kind of user managed services hand out.
-    let server = RedisServer::start_with(
-        &[
-            "--user",
-            "reporter",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~reports:*",
-            "&reports:*",
-            "+@all",
-            "-@dangerous",
-        ]
-        .map(String::from),
-        &format!("reporter:{PASSWORD}@"),
-    );
+    let server = server_with_user(&["~reports:*", "&reports:*"]);
     let runs = Arc::new(AtomicUsize::new(0));
     let inside = support::cache(&server, "reports", uncached()).await;
     let r = runs.clone();
@@ -126,19 +124,7 @@ async fn an_acl_user_outside_its_namespace_is_refused_by_permission_and_told_the
 /// `NOPERM`. It is a refusal all the same, never taken for an outage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_the_namespaces_channels_is_refused_inside_the_script() {
-    let server = RedisServer::start_with(
-        &[
-            "--user",
-            "reporter",
-            "on",
-            &format!(">{PASSWORD}"),
-            "~reports:*",
-            "+@all",
-            "-@dangerous",
-        ]
-        .map(String::from),
-        &format!("reporter:{PASSWORD}@"),
-    );
+    let server = server_with_user(&["~reports:*"]);
     let cache = support::cache(&server, "reports", uncached()).await;
     let e = cache.invalidate("2019-05").await.unwrap_err();
     assert_eq!(
