@@ -47,7 +47,8 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum Error {
     /// The computation returned this error. Nothing was cached; every caller that waited on this
-    /// computation in this process receives the same error.
+    /// computation in this process receives the same error. If the error says its source is down
+    /// ([`Error::is_source_unavailable`], [`SourceUnavailable`]), it is an outage, not a bug.
     Compute(ComputeError),
     /// The backend failed during `op`: unreachable (connection refused or dropped, a time-out),
     /// or it answered with an error (a refusal, a full memory, a busy server). `kind` says which,
@@ -267,6 +268,62 @@ impl Error {
         }
     }
 
+    /// Whether the computation failed because its source (the database, the upstream service)
+    /// is unavailable: its error is, or holds in its chain of
+    /// [`source`](std::error::Error::source)s, a [`SourceUnavailable`], or a
+    /// [`std::io::Error`] of a lost connection (refused, reset, aborted, not connected, timed
+    /// out, broken pipe, host or network unreachable, network down). The `axum` integration
+    /// answers these with a 503 and `Retry-After` instead of a 500.
+    ///
+    /// The crate sees into the computation's error only when it is a [`SourceUnavailable`], a
+    /// [`std::io::Error`], a `Box<dyn std::error::Error + Send + Sync>` or an
+    /// `Arc<dyn std::error::Error + Send + Sync>` (a computation's error needs only `Display +
+    /// Debug`, so other types are opaque: see [`SourceUnavailable`] for wrapping your own). A
+    /// pool's time-out (sqlx's `PoolTimedOut`, deadpool's and bb8's `TimedOut`) is no I/O
+    /// error: wrap it in [`SourceUnavailable`] yourself.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, Error, SourceUnavailable};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let cache = Cache::in_memory();
+    /// let down: Result<u32, Error> = cache
+    ///     .get_or_compute("2019-05", Duration::from_secs(60), || async {
+    ///         Err(SourceUnavailable::new("the reports database is down"))
+    ///     })
+    ///     .await;
+    /// assert!(down.unwrap_err().is_source_unavailable());
+    ///
+    /// let refused: Result<u32, Error> = cache
+    ///     .get_or_compute("2019-06", Duration::from_secs(60), || async {
+    ///         Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+    ///     })
+    ///     .await;
+    /// assert!(refused.unwrap_err().is_source_unavailable());
+    ///
+    /// let bug: Result<u32, Error> = cache
+    ///     .get_or_compute("2019-07", Duration::from_secs(60), || async {
+    ///         Err("no such column: month".to_string())
+    ///     })
+    ///     .await;
+    /// assert!(!bug.unwrap_err().is_source_unavailable());
+    /// # }
+    /// ```
+    pub fn is_source_unavailable(&self) -> bool {
+        self.unavailable_source().is_some()
+    }
+
+    /// What the computation's error says of its unavailable source, if it says so (see
+    /// [`is_source_unavailable`](Self::is_source_unavailable)).
+    pub(crate) fn unavailable_source(&self) -> Option<Unavailable> {
+        match self {
+            Error::Compute(e) => e.unavailable_source(),
+            _ => None,
+        }
+    }
+
     /// The computation failed with `error`.
     pub(crate) fn compute<E>(error: E) -> Self
     where
@@ -384,8 +441,12 @@ impl std::error::Error for Error {
 /// own `E` here.
 ///
 /// `E` needs only `Display + Debug` (so `String` and `anyhow::Error` work), which means the
-/// crate cannot see `E`'s own sources: the chain of [`std::error::Error::source`] ends here.
-/// To walk further, downcast to `E`.
+/// crate cannot see the sources of every `E`. It sees them when `E` is a [`SourceUnavailable`],
+/// a [`std::io::Error`], a `Box<dyn std::error::Error + Send + Sync>` or an
+/// `Arc<dyn std::error::Error + Send + Sync>`: then the chain of
+/// [`std::error::Error::source`] goes on with `E`'s sources (this error's `Display` is `E`'s,
+/// so its sources are `E`'s too). For any other `E` the chain ends here; to walk further,
+/// downcast to `E`.
 ///
 /// ```
 /// use stampede_guard::ComputeError;
@@ -458,6 +519,30 @@ impl ComputeError {
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
         Arc::ptr_eq(&a.0, &b.0)
     }
+
+    /// The computation's error as a standard error, when it is one of the types the crate can
+    /// see into (the bound is only `Display + Debug`, so this is a fixed list of downcasts).
+    fn as_std_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let any = (*self.0).as_any();
+        if let Some(e) = any.downcast_ref::<SourceUnavailable>() {
+            return Some(e);
+        }
+        if let Some(e) = any.downcast_ref::<std::io::Error>() {
+            return Some(e);
+        }
+        if let Some(e) = any.downcast_ref::<Box<dyn std::error::Error + Send + Sync>>() {
+            return Some(&**e);
+        }
+        if let Some(e) = any.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
+            return Some(&**e);
+        }
+        None
+    }
+
+    /// What the computation's error says of its unavailable source, if it says so.
+    fn unavailable_source(&self) -> Option<Unavailable> {
+        find_unavailable(self.as_std_error()?)
+    }
 }
 
 impl fmt::Display for ComputeError {
@@ -472,7 +557,205 @@ impl fmt::Debug for ComputeError {
     }
 }
 
-impl std::error::Error for ComputeError {}
+/// `E`'s sources, when the crate can see them (see [`ComputeError`]): the `Display` is `E`'s,
+/// so the next link is `E`'s source, not `E` again.
+impl std::error::Error for ComputeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.as_std_error()?.source()
+    }
+}
+
+/// A computation's error that says its source (the database, the upstream service) is
+/// unavailable: an outage that passes by itself, not a bug. The `axum` integration answers it
+/// with 503 Service Unavailable and `Retry-After` (one second, or the
+/// [`retry_after`](Self::retry_after) given) instead of 500, so a key never cached yet does not
+/// turn a database outage into server errors. Test for it with
+/// [`Error::is_source_unavailable`].
+///
+/// Return it from the computation, or put it anywhere in the chain of
+/// [`source`](std::error::Error::source)s of a `Box<dyn std::error::Error + Send + Sync>` the
+/// computation returns. It is transparent: its `Display` and its sources are those of the
+/// error it wraps, so logs read the same.
+///
+/// A lost connection needs no wrapping: a [`std::io::Error`] of a lost connection in the chain
+/// (refused, reset, aborted, not connected, timed out, ...; sqlx's `Error::Io` holds one) counts
+/// as unavailable by itself, when the crate can see the chain (see [`ComputeError`]). A pool's
+/// time-out is no I/O error (sqlx's `PoolTimedOut`): wrap it.
+///
+/// ```
+/// use stampede_guard::{Cache, Error, SourceUnavailable};
+/// use std::time::Duration;
+///
+/// /// What a database client reports (sqlx's `Error`, say).
+/// #[derive(Debug)]
+/// enum DbError {
+///     PoolTimedOut,
+///     NoSuchTable,
+/// }
+/// # impl std::fmt::Display for DbError {
+/// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { write!(f, "{self:?}") }
+/// # }
+/// # impl std::error::Error for DbError {}
+///
+/// async fn query(month: &str) -> Result<u64, DbError> {
+///     # let _ = month;
+///     Err(DbError::PoolTimedOut)
+/// }
+///
+/// /// An outage is marked as one; anything else stays a failure (a 500 on the web).
+/// fn mark(e: DbError) -> Box<dyn std::error::Error + Send + Sync> {
+///     match e {
+///         DbError::PoolTimedOut => SourceUnavailable::new(e)
+///             .retry_after(Duration::from_secs(5))
+///             .into(),
+///         e => e.into(),
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let cache = Cache::in_memory();
+/// let result: Result<u64, Error> = cache
+///     .get_or_compute("2019-05", Duration::from_secs(60), || async {
+///         query("2019-05").await.map_err(mark)
+///     })
+///     .await;
+/// let error = result.unwrap_err();
+/// assert!(error.is_source_unavailable());
+/// assert_eq!(error.to_string(), "the computation failed");
+/// assert_eq!(std::error::Error::source(&error).unwrap().to_string(), "PoolTimedOut");
+/// # let _ = DbError::NoSuchTable;
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct SourceUnavailable {
+    /// The error that said so (the driver's, the pool's), kept whole for logs and downcasts.
+    error: Box<dyn std::error::Error + Send + Sync>,
+    /// When the caller may try again, if the computation knows better than the default second.
+    retry_after: Option<Duration>,
+}
+
+impl SourceUnavailable {
+    /// Marks `error` as an unavailable source. Anything that converts into a boxed error
+    /// works: an error type, a `String`, a `&str`.
+    ///
+    /// ```
+    /// let down = stampede_guard::SourceUnavailable::new("the reports database is down");
+    /// assert_eq!(down.to_string(), "the reports database is down");
+    /// ```
+    pub fn new(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        SourceUnavailable {
+            error: error.into(),
+            retry_after: None,
+        }
+    }
+
+    /// Suggests how long a client should wait before trying again: the `axum` integration
+    /// sends it as `Retry-After` (in whole seconds, rounded up) instead of one second.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let down = stampede_guard::SourceUnavailable::new("failover in progress")
+    ///     .retry_after(Duration::from_secs(30));
+    /// assert_eq!(down.suggested_retry_after(), Some(Duration::from_secs(30)));
+    /// ```
+    #[must_use]
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The wait suggested with [`retry_after`](Self::retry_after), if any.
+    ///
+    /// ```
+    /// let down = stampede_guard::SourceUnavailable::new("down");
+    /// assert_eq!(down.suggested_retry_after(), None);
+    /// ```
+    pub fn suggested_retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The error it wraps.
+    ///
+    /// ```
+    /// use std::io;
+    /// let down = stampede_guard::SourceUnavailable::new(io::Error::from(io::ErrorKind::TimedOut));
+    /// let io = down.get_ref().downcast_ref::<io::Error>().unwrap();
+    /// assert_eq!(io.kind(), io::ErrorKind::TimedOut);
+    /// ```
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+}
+
+/// The wrapped error's text: marking an error as an outage does not change what it says.
+impl fmt::Display for SourceUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+/// Transparent, like its `Display`: the next link is the wrapped error's source.
+impl std::error::Error for SourceUnavailable {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}
+
+/// What a computation's error said of its unavailable source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unavailable {
+    /// The wait the computation suggested ([`SourceUnavailable::retry_after`]), if any.
+    pub(crate) retry_after: Option<Duration>,
+}
+
+/// How many links of a chain of sources are looked at: chains are short, and a bound keeps a
+/// (buggy) cyclic chain from looping forever.
+const MAX_CHAIN: usize = 64;
+
+/// The first sign in `error`'s chain that its source is unavailable: a [`SourceUnavailable`],
+/// or an I/O error of a lost connection.
+fn find_unavailable(error: &(dyn std::error::Error + 'static)) -> Option<Unavailable> {
+    let mut link = Some(error);
+    for _ in 0..MAX_CHAIN {
+        let current = link?;
+        if let Some(marked) = current.downcast_ref::<SourceUnavailable>() {
+            return Some(Unavailable {
+                retry_after: marked.retry_after,
+            });
+        }
+        if let Some(io) = current.downcast_ref::<std::io::Error>() {
+            if is_connection_lost(io.kind()) {
+                return Some(Unavailable { retry_after: None });
+            }
+            // An `io::Error`'s `source()` is its inner error's source, skipping the inner error
+            // itself (which may be the mark): look at the inner one.
+            if let Some(inner) = io.get_ref() {
+                link = Some(inner);
+                continue;
+            }
+        }
+        link = current.source();
+    }
+    None
+}
+
+/// Whether an I/O error of `kind` means the other end could not be reached or went away.
+fn is_connection_lost(kind: std::io::ErrorKind) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        kind,
+        ConnectionRefused
+            | ConnectionReset
+            | ConnectionAborted
+            | NotConnected
+            | TimedOut
+            | BrokenPipe
+            | HostUnreachable
+            | NetworkUnreachable
+            | NetworkDown
+    )
+}
 
 /// What a backend failure of `kind` during `op` means and what fixes it, naming the key and its
 /// namespace's key pattern when the failure was about one. Nothing here comes from the URL, so
@@ -695,5 +978,165 @@ impl fmt::Display for Chain<'_> {
             source = cause.source();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+
+    /// An error like sqlx's `Error::Io`: a driver's type whose source is the socket's error.
+    #[derive(Debug)]
+    struct Driver(io::Error);
+
+    impl fmt::Display for Driver {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("error communicating with database")
+        }
+    }
+
+    impl std::error::Error for Driver {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn failed<E>(e: E) -> Error
+    where
+        E: fmt::Display + fmt::Debug + Send + Sync + 'static,
+    {
+        Error::compute(e)
+    }
+
+    fn boxed(
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Box<dyn std::error::Error + Send + Sync> {
+        Box::new(e)
+    }
+
+    #[test]
+    fn a_marked_error_is_an_unavailable_source_with_its_retry_hint() {
+        let marked = failed(SourceUnavailable::new("down"));
+        assert!(marked.is_source_unavailable());
+        assert_eq!(
+            marked.unavailable_source(),
+            Some(Unavailable { retry_after: None })
+        );
+        let hinted = failed(SourceUnavailable::new("down").retry_after(Duration::from_secs(7)));
+        assert_eq!(
+            hinted.unavailable_source(),
+            Some(Unavailable {
+                retry_after: Some(Duration::from_secs(7))
+            })
+        );
+    }
+
+    #[test]
+    fn a_lost_connection_in_the_chain_is_an_unavailable_source() {
+        for kind in [
+            io::ErrorKind::ConnectionRefused,
+            io::ErrorKind::ConnectionReset,
+            io::ErrorKind::ConnectionAborted,
+            io::ErrorKind::NotConnected,
+            io::ErrorKind::TimedOut,
+        ] {
+            assert!(
+                failed(io::Error::from(kind)).is_source_unavailable(),
+                "{kind:?}"
+            );
+            // Behind a driver's error, boxed: what a sqlx computation returning a boxed error
+            // gives during a database outage.
+            let nested = failed(boxed(Driver(io::Error::from(kind))));
+            assert!(nested.is_source_unavailable(), "{kind:?}");
+        }
+        let denied = failed(boxed(Driver(io::Error::from(
+            io::ErrorKind::PermissionDenied,
+        ))));
+        assert!(!denied.is_source_unavailable());
+    }
+
+    #[test]
+    fn a_mark_anywhere_in_the_chain_is_found() {
+        // Behind a driver's error, boxed and shared.
+        #[derive(Debug)]
+        struct Outer(SourceUnavailable);
+        impl fmt::Display for Outer {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("loading the report")
+            }
+        }
+        impl std::error::Error for Outer {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let hint = Some(Duration::from_secs(3));
+        let marked =
+            || SourceUnavailable::new("pool timed out").retry_after(Duration::from_secs(3));
+        let outer = failed(boxed(Outer(marked())));
+        assert_eq!(
+            outer.unavailable_source().map(|u| u.retry_after),
+            Some(hint)
+        );
+        let shared: Arc<dyn std::error::Error + Send + Sync> = Arc::new(Outer(marked()));
+        assert_eq!(
+            failed(shared).unavailable_source().map(|u| u.retry_after),
+            Some(hint)
+        );
+        // Inside an `io::Error`, whose own `source()` skips the error it wraps.
+        let in_io = failed(io::Error::other(marked()));
+        assert_eq!(
+            in_io.unavailable_source().map(|u| u.retry_after),
+            Some(hint)
+        );
+    }
+
+    #[test]
+    fn other_failures_are_not_an_unavailable_source() {
+        assert!(!failed("no such column".to_owned()).is_source_unavailable());
+        assert!(!failed(io::Error::other("disk full")).is_source_unavailable());
+        assert!(!failed(boxed(io::Error::from(io::ErrorKind::InvalidData))).is_source_unavailable());
+        // Opaque to the crate: a driver's error that is not boxed (the bound is Display + Debug).
+        assert!(
+            !failed(Driver(io::Error::from(io::ErrorKind::ConnectionRefused)))
+                .is_source_unavailable()
+        );
+        // The crate's own outages are backend errors, not the computation's source.
+        let waited = Error::WaitTimeout {
+            key: "k".into(),
+            waited: Duration::from_secs(1),
+        };
+        assert!(!waited.is_source_unavailable());
+    }
+
+    #[test]
+    fn the_chain_goes_on_through_errors_the_crate_can_see_into() {
+        let down = failed(boxed(Driver(io::Error::from(
+            io::ErrorKind::ConnectionRefused,
+        ))));
+        assert_eq!(
+            down.chain().to_string(),
+            format!(
+                "the computation failed: error communicating with database: {}",
+                io::Error::from(io::ErrorKind::ConnectionRefused)
+            )
+        );
+        // Marking an outage changes nothing in what the logs say.
+        let marked = failed(SourceUnavailable::new(Driver(io::Error::from(
+            io::ErrorKind::TimedOut,
+        ))));
+        assert_eq!(
+            marked.chain().to_string(),
+            format!(
+                "the computation failed: error communicating with database: {}",
+                io::Error::from(io::ErrorKind::TimedOut)
+            )
+        );
+        // An opaque error ends the chain, as before.
+        assert_eq!(
+            failed("x".to_owned()).chain().to_string(),
+            "the computation failed: x"
+        );
     }
 }

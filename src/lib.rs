@@ -179,7 +179,7 @@ pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::near::NearCacheOptions;
 pub use cache::Cache;
-pub use error::{BackendErrorKind, ComputeError, Error};
+pub use error::{BackendErrorKind, ComputeError, Error, SourceUnavailable};
 pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};

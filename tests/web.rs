@@ -16,7 +16,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use stampede_guard::{web, Cache, CallOptions, ComputeError, Error};
+use stampede_guard::{web, Cache, CallOptions, ComputeError, Error, SourceUnavailable};
 use tokio::sync::Notify;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -31,6 +31,8 @@ fn router(cache: Cache) -> Router {
         .route("/fail/{key}", get(fail))
         .route("/impatient/{key}", get(impatient))
         .route("/own/{key}", get(own_error_type))
+        .route("/down/{key}", get(source_down))
+        .route("/refused/{key}", get(connection_refused))
         .with_state(cache)
 }
 
@@ -83,6 +85,49 @@ async fn fail(State(cache): State<Cache>, Path(key): Path<String>) -> Result<Str
         .await
 }
 
+/// The computation's source is down, and says so (as a pool's time-out would be marked).
+async fn source_down(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
+    cache
+        .get_or_compute(&key, TTL, || async {
+            Err::<String, _>(
+                SourceUnavailable::new(SECRET).retry_after(Duration::from_millis(2_500)),
+            )
+        })
+        .await
+}
+
+/// A database driver's error holding the socket's error, as sqlx's `Error::Io` does.
+#[derive(Debug)]
+struct DriverError(std::io::Error);
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "error communicating with database ({SECRET})")
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+/// The computation connects to a database port where nothing listens, and returns the driver's
+/// error boxed, unmarked: the refused connection in its chain says the source is down.
+async fn connection_refused(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
+    cache
+        .get_or_compute(&key, TTL, || async {
+            let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = closed.local_addr().unwrap();
+            drop(closed);
+            match tokio::net::TcpStream::connect(addr).await {
+                Ok(_) => Ok("connected".to_owned()),
+                Err(e) => Err(Box::new(DriverError(e)) as Box<dyn std::error::Error + Send + Sync>),
+            }
+        })
+        .await
+}
+
 /// Waits at most 100 ms for another caller's computation.
 async fn impatient(State(cache): State<Cache>, Path(key): Path<String>) -> Result<String> {
     cache
@@ -115,6 +160,44 @@ async fn a_failed_computation_is_a_500_that_does_not_leak_its_error() {
     assert_eq!(response.body, "internal server error");
     assert!(!response.body.contains("hunter2"));
     assert_eq!(response.header("retry-after"), None);
+}
+
+#[tokio::test]
+async fn a_computation_whose_source_is_unavailable_is_a_503_with_its_retry_after() {
+    // Redis is up; the key was never cached; the computation's own source is down.
+    let redis = support::RedisServer::start();
+    let cache = Cache::builder()
+        .redis_url(redis.url())
+        .build()
+        .await
+        .unwrap();
+    let addr = serve(cache).await;
+    let response = http_client::get(&addr, "/down/may").await;
+    assert_eq!(response.status, 503, "{response:?}");
+    // 2.5 s suggested, rounded up to whole seconds.
+    assert_eq!(response.header("retry-after"), Some("3"));
+    assert_eq!(
+        response.body,
+        "the data source is unavailable; try again shortly"
+    );
+    assert!(!response.body.contains("hunter2"));
+    // The plain failure beside it is still a 500, without Retry-After.
+    let response = http_client::get(&addr, "/fail/june").await;
+    assert_eq!(response.status, 500, "{response:?}");
+    assert_eq!(response.header("retry-after"), None);
+}
+
+#[tokio::test]
+async fn a_refused_database_connection_is_a_503_without_marking() {
+    let addr = serve(Cache::in_memory()).await;
+    let response = http_client::get(&addr, "/refused/may").await;
+    assert_eq!(response.status, 503, "{response:?}");
+    assert_eq!(response.header("retry-after"), Some("1"));
+    assert_eq!(
+        response.body,
+        "the data source is unavailable; try again shortly"
+    );
+    assert!(!response.body.contains("hunter2"));
 }
 
 #[tokio::test]

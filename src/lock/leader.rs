@@ -24,6 +24,23 @@ use tokio::sync::watch;
 use crate::{Error, Lease, Lock};
 
 /// Where an instance stands.
+///
+/// For status pages and health endpoints, its text form is one lowercase word, the same in
+/// `Display`, [`as_str`](Self::as_str) and `serde` (a JSON string): `"standby"`, `"active"`,
+/// `"stopped"`. The fencing token of an active term is left out of the word (it is a field of
+/// [`Role::Active`] when a page wants it).
+///
+/// ```
+/// use stampede_guard::leader::Role;
+///
+/// let role = Role::Active { fencing_token: 7 };
+/// assert_eq!(role.to_string(), "active");
+/// assert_eq!(
+///     serde_json::json!({ "leader": role }).to_string(),
+///     r#"{"leader":"active"}"#
+/// );
+/// assert_eq!(serde_json::to_string(&Role::Standby).unwrap(), r#""standby""#);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Role {
@@ -36,6 +53,36 @@ pub enum Role {
     },
     /// Shut down.
     Stopped,
+}
+
+impl Role {
+    /// The role as one lowercase word: `"standby"`, `"active"` or `"stopped"` (the text of
+    /// `Display` and of `serde`).
+    ///
+    /// ```
+    /// use stampede_guard::leader::Role;
+    /// assert_eq!(Role::Stopped.as_str(), "stopped");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Standby => "standby",
+            Role::Active { .. } => "active",
+            Role::Stopped => "stopped",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string, the word of [`Role::as_str`], so a status page's JSON reads `"leader": "active"`.
+impl serde::Serialize for Role {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
 }
 
 /// What a job run sees of its term as the active instance.
@@ -307,6 +354,27 @@ impl Leader {
         });
         if changed {
             tracing::info!(lock = %name, ?role, "leader role changed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Role;
+
+    /// A status page shows one word per role, the same in text and in JSON.
+    #[test]
+    fn every_role_is_one_lowercase_word_in_display_and_json() {
+        for (role, word) in [
+            (Role::Standby, "standby"),
+            (Role::Active { fencing_token: 42 }, "active"),
+            (Role::Stopped, "stopped"),
+        ] {
+            assert_eq!(role.to_string(), word);
+            assert_eq!(
+                serde_json::to_value(role).unwrap(),
+                serde_json::Value::String(word.to_owned())
+            );
         }
     }
 }
