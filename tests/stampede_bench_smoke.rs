@@ -1,4 +1,4 @@
-//! Smoke test of the load generator (`examples/stampede_bench.rs`, contract in BENCH.md): a small
+//! Smoke test of the load generator (`examples/stampede_bench/`, contract in BENCH.md): a small
 //! run against a redis-server of its own must exit 0 and print one valid JSON line per round; so
 //! must a run against a Redis Cluster of its own, given as a comma-separated list of node URLs.
 //!
