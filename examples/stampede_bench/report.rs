@@ -50,7 +50,8 @@ pub(crate) fn json_line(
 
 /// The fields of the options given: `, "near_cache": N` with a near tier; the fail-safe flags
 /// given and `"fallback_served"` with any of them; `"batch": true, "batch_calls": n` with
-/// `--batch`.
+/// `--batch`; `"outage_at_secs": A, "outage_secs": B` with an outage;
+/// `"serve_while_down_secs": N` with that bound.
 pub(crate) fn extra_fields(config: &Config, outcome: &Outcome, batch_calls: u64) -> String {
     let mut fields = String::new();
     if let Some(n) = config.near {
@@ -75,5 +76,46 @@ pub(crate) fn extra_fields(config: &Config, outcome: &Outcome, batch_calls: u64)
     if config.batch {
         fields += &format!(r#", "batch": true, "batch_calls": {batch_calls}"#);
     }
+    if let Some(outage) = config.outage {
+        fields += &format!(
+            r#", "outage_at_secs": {}, "outage_secs": {}"#,
+            outage.at.as_secs(),
+            outage.length.as_secs()
+        );
+    }
+    if let Some(bound) = config.serve_while_down {
+        fields += &format!(r#", "serve_while_down_secs": {}"#, bound.as_secs());
+    }
     fields
+}
+
+/// The steady state second by second: `[[second, calls, errors, p99_ms], ...]`, one entry per
+/// whole second of the `seconds`-long run (seconds without a call included), counting the
+/// calls that started in that second over every worker. A call that started later than the
+/// run (none does: callers stop at its end) lands in the last second rather than out of sight.
+pub(crate) fn timeline(seconds: u64, outcome: &Outcome) -> String {
+    let last = seconds.max(1) - 1;
+    let slot = |second: u64| second.min(last) as usize;
+    let mut latencies: Vec<Vec<u64>> = vec![Vec::new(); slot(last) + 1];
+    for &(second, us) in &outcome.started {
+        latencies[slot(second)].push(us);
+    }
+    let mut errors = vec![0u64; latencies.len()];
+    for &second in &outcome.error_seconds {
+        errors[slot(second)] += 1;
+    }
+    let entries: Vec<String> = latencies
+        .iter_mut()
+        .zip(errors)
+        .enumerate()
+        .map(|(second, (calls, errors))| {
+            calls.sort_unstable();
+            format!(
+                "[{second}, {}, {errors}, {:.3}]",
+                calls.len(),
+                percentile_ms(calls, 99.0)
+            )
+        })
+        .collect();
+    format!("[{}]", entries.join(", "))
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::logs;
+use crate::outage::{self, Saboteur};
 use crate::workload::unix_micros;
 use crate::{BoxError, CALLER_LIMIT, READY_LIMIT, WORKER_ENV};
 
@@ -22,26 +24,52 @@ pub(crate) struct Outcome {
     /// Calls answered with a kept value (`Source::FailSafe`).
     pub(crate) fallbacks: u64,
     pub(crate) wall: Duration,
+    /// Per call, the whole second of the steady clock (from the release) in which it started,
+    /// and its latency in µs: the same calls as `calls`.
+    pub(crate) started: Vec<(u64, u64)>,
+    /// Per wrong or missing value, the second in which its call started (callers that never
+    /// finished have no call to place, and are only in `errors`).
+    pub(crate) error_seconds: Vec<u64>,
+    /// The WARN and ERROR lines that the workers' logs wrote to their stderr.
+    pub(crate) warn_lines: u64,
+}
+
+/// What one worker sent: its calls and their start seconds come on separate lines, paired only
+/// within one worker's report.
+#[derive(Debug, Default)]
+struct Samples {
+    calls: Vec<u64>,
+    starts: Vec<u64>,
 }
 
 /// A line a worker wrote, tagged with its index; `None` when its stdout closed.
 pub(crate) type Event = (usize, Option<String>);
 
-pub(crate) fn run_round(config: &Config, admin: &mut Admin) -> Result<Outcome, BoxError> {
+/// One round (or the steady-state run): `outage`, if any, freezes the cache's server at its
+/// second of the run.
+pub(crate) fn run_round(
+    config: &Config,
+    admin: &mut Admin,
+    outage: Option<Saboteur>,
+) -> Result<Outcome, BoxError> {
     let exe = std::env::current_exe()?;
     let (tx, events) = mpsc::channel::<Event>();
     let mut workers: Vec<(Child, ChildStdin)> = Vec::with_capacity(config.processes);
+    let mut logs = Vec::with_capacity(config.processes);
     for index in 0..config.processes {
         let mut child = Command::new(&exe)
             .args(std::env::args().skip(1))
             .env(WORKER_ENV, index.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
             return Err("a worker's pipes were not set up".into());
         };
+        logs.push(logs::forward_and_count(stderr));
         let tx = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -55,7 +83,7 @@ pub(crate) fn run_round(config: &Config, admin: &mut Admin) -> Result<Outcome, B
     }
     drop(tx);
 
-    let result = barrier_and_collect(config, admin, &mut workers, &events);
+    let mut result = barrier_and_collect(config, admin, &mut workers, &events, outage);
     // Every worker has reported or is given up on: reap them all, killing stragglers (ours, by pid).
     for (mut child, stdin) in workers {
         drop(stdin);
@@ -68,6 +96,11 @@ pub(crate) fn run_round(config: &Config, admin: &mut Admin) -> Result<Outcome, B
         }
         let _ = child.wait();
     }
+    // Each worker's stderr closed with its exit: its forwarder has counted every line.
+    let warn_lines: u64 = logs.into_iter().map(logs::counted).sum();
+    if let Ok(outcome) = result.as_mut() {
+        outcome.warn_lines = warn_lines;
+    }
     result
 }
 
@@ -76,6 +109,7 @@ pub(crate) fn barrier_and_collect(
     admin: &mut Admin,
     workers: &mut [(Child, ChildStdin)],
     events: &mpsc::Receiver<Event>,
+    outage: Option<Saboteur>,
 ) -> Result<Outcome, BoxError> {
     // 1. Everyone connected and warmed up.
     let mut ready = 0;
@@ -101,10 +135,14 @@ pub(crate) fn barrier_and_collect(
     }
     // 2. Count from here, then release all callers at once.
     admin.reset_stats()?;
-    let released = unix_micros();
+    // The steady clock starts here, for the parent (the outage) and the workers (the timeline)
+    // alike: the workers get the moment on the clock they share, the Unix epoch's.
+    let (released, released_at) = (unix_micros(), Instant::now());
+    let outage = outage.map(|saboteur| saboteur.schedule(released_at));
+    let go = format!("go {released}\n");
     for (_, stdin) in workers.iter_mut() {
         // A worker that cannot be told to go never reports: counted below as unfinished callers.
-        let _ = stdin.write_all(b"go\n").and_then(|()| stdin.flush());
+        let _ = stdin.write_all(go.as_bytes()).and_then(|()| stdin.flush());
     }
     eprintln!(
         "stampede_bench: released {} callers",
@@ -113,6 +151,7 @@ pub(crate) fn barrier_and_collect(
 
     // 3. Collect the samples.
     let mut outcome = Outcome::default();
+    let mut samples: Vec<Samples> = workers.iter().map(|_| Samples::default()).collect();
     let mut finished_at = released;
     let mut done = vec![false; workers.len()];
     let mut open = workers.len();
@@ -133,7 +172,9 @@ pub(crate) fn barrier_and_collect(
         };
         let (kind, rest) = line.split_once(' ').unwrap_or((line.as_str(), ""));
         match kind {
-            "calls" => outcome.calls.extend(parse_numbers(rest)),
+            "calls" => samples[index].calls.extend(parse_numbers(rest)),
+            "starts" => samples[index].starts.extend(parse_numbers(rest)),
+            "call_errors" => outcome.error_seconds.extend(parse_numbers(rest)),
             "reqs" => outcome.reqs.extend(parse_numbers(rest)),
             "fallbacks" => outcome.fallbacks += parse_numbers(rest).sum::<u64>(),
             "done" => {
@@ -151,6 +192,29 @@ pub(crate) fn barrier_and_collect(
     let silent = done.iter().filter(|d| !**d).count();
     outcome.errors += (silent * config.tasks) as u64;
     outcome.wall = Duration::from_micros(finished_at.saturating_sub(released));
+    for (index, worker) in samples.into_iter().enumerate() {
+        if worker.starts.len() != worker.calls.len() {
+            return Err(format!(
+                "worker {index} reported {} calls but {} start seconds",
+                worker.calls.len(),
+                worker.starts.len()
+            )
+            .into());
+        }
+        outcome.started.extend(
+            worker
+                .starts
+                .iter()
+                .copied()
+                .zip(worker.calls.iter().copied()),
+        );
+        outcome.calls.extend(worker.calls);
+    }
+    // The parent's reads of the server (INFO commandstats next) would wait for it anyway; and
+    // a run whose outage did not happen must not pass for one that had it.
+    if let Some(outage) = outage {
+        outage::wait_for_end(outage)?;
+    }
     Ok(outcome)
 }
 

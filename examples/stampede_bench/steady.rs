@@ -5,8 +5,9 @@ use std::io::Write;
 use std::time::Duration;
 
 use crate::admin::{clear_counters, read_counters, Admin};
-use crate::config::Config;
-use crate::report::{extra_fields, percentile_ms};
+use crate::config::{Config, Target};
+use crate::outage::Saboteur;
+use crate::report::{extra_fields, percentile_ms, timeline};
 use crate::round::run_round;
 use crate::workload::expected_value;
 use crate::BoxError;
@@ -41,6 +42,7 @@ pub(crate) fn warm_up(config: &Config, months: &[String]) -> Result<(), BoxError
         Ok::<_, BoxError>(())
     })
 }
+
 /// One steady-state run: a warm-up, then every caller asks for random keys for `seconds`.
 pub(crate) fn steady(
     config: &Config,
@@ -49,6 +51,11 @@ pub(crate) fn steady(
     counters: &mut dyn redis::ConnectionLike,
     months: &[String],
 ) -> Result<(), BoxError> {
+    // Before anything else: a server that refuses DEBUG fails the run now, not at second A.
+    let saboteur = match (config.outage, &config.target) {
+        (Some(outage), Target::Server(url)) => Some(Saboteur::connect(url, outage)?),
+        _ => None,
+    };
     admin.flush()?;
     clear_counters(&mut *counters, months)?;
     eprintln!(
@@ -57,8 +64,8 @@ pub(crate) fn steady(
         config.expiry.name()
     );
     warm_up(config, months)?;
-    let outcome = run_round(config, admin)?;
-    // Commands first: the GETs of the counters below must not be counted.
+    let outcome = run_round(config, admin, saboteur)?;
+    // Commands first (the outage has ended: `run_round` waited for it): the GETs of the counters below must not be counted.
     let executed = admin.commands_executed()?;
     let (computes, batch_calls) = read_counters(&mut *counters, months)?;
     let mut calls = outcome.calls.clone();
@@ -70,7 +77,8 @@ pub(crate) fn steady(
             r#"{{"peer": "stampede-guard", "run": "steady", "expiry_mode": "{}", "seconds": {}, "#,
             r#""ttl_ms": {}, "computes": {}, "computes_per_key_per_window": {:.3}, "calls": {}, "#,
             r#""calls_per_sec": {:.1}, "redis_cmds": {}, "#,
-            r#""p50_ms": {:.3}, "p99_ms": {:.3}, "p999_ms": {:.3}, "max_ms": {:.3}, "errors": {}{}}}"#
+            r#""p50_ms": {:.3}, "p99_ms": {:.3}, "p999_ms": {:.3}, "max_ms": {:.3}, "errors": {}{}, "#,
+            r#""timeline": {}, "warn_lines": {}}}"#
         ),
         config.expiry.name(),
         seconds.as_secs(),
@@ -79,13 +87,15 @@ pub(crate) fn steady(
         computes as f64 / (config.keys as f64 * windows),
         calls.len(),
         calls.len() as f64 / seconds.as_secs_f64().max(f64::MIN_POSITIVE),
-        executed.saturating_sub(computes + batch_calls),
+        executed.saturating_sub(config.counter_incrs(computes, batch_calls)),
         percentile_ms(&calls, 50.0),
         percentile_ms(&calls, 99.0),
         percentile_ms(&calls, 99.9),
         calls.last().map_or(0.0, |us| *us as f64 / 1000.0),
         outcome.errors,
         extra_fields(config, &outcome, batch_calls),
+        timeline(seconds.as_secs(), &outcome),
+        outcome.warn_lines,
     );
     std::io::stdout().flush()?;
     Ok(())

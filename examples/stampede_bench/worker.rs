@@ -1,6 +1,11 @@
 //! The worker process: T callers in one tokio runtime, released by the parent's `go`.
+//!
+//! A call that fails is counted and the caller goes on (an outage is something to measure, not
+//! a reason to stop); the crate's own logs go to stderr through tracing-subscriber's `fmt`,
+//! where the parent counts their WARN and ERROR lines.
 
 use std::io::{BufRead, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
@@ -16,11 +21,23 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::watch;
 
+/// The failed calls whose reason this worker prints: enough to see what went wrong, while an
+/// outage that fails thousands of calls does not bury the logs being counted.
+const PRINTED_ERRORS: u64 = 10;
+/// The failed calls of this worker so far, printed or not.
+static FAILED_CALLS: AtomicU64 = AtomicU64::new(0);
+
 /// Why a call's value is missing or wrong (errors are counted, not stringified further).
 type CallError = String;
 
 pub(crate) fn run(index: &str) -> Result<(), BoxError> {
     let config = Config::from_args(std::env::args().skip(1))?;
+    // The crate logs through `tracing`: as a service would, at INFO and above, to stderr.
+    // `try_init`: a subscriber already set (none is) is no reason to fail the run.
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .try_init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -29,7 +46,9 @@ pub(crate) fn run(index: &str) -> Result<(), BoxError> {
 
 async fn work(config: Config, index: &str) -> Result<(), BoxError> {
     let cache = config.cache().await?;
-    let counters = Counters::connect(&config.target).await?;
+    // Counted on `--counter-url`'s server when given, so that the counts survive an outage of
+    // the cache's server.
+    let counters = Counters::connect(&config.counters).await?;
     // Warm up before the barrier: the cache connects lazily and loads its scripts on first
     // use, and a long-running service has done both long before a stampede. This key is not
     // one of the K months and its computation is not counted.
@@ -44,7 +63,8 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
         cache.set(&warmup, &String::new(), config.ttl).await?;
     }
 
-    // The release: when it came, from which `--fail-after-secs` counts.
+    // The release, on this process's clock: the steady clock's second 0, from which
+    // `--fail-after-secs` counts, the run ends and each call's second is told.
     let (go_tx, go) = watch::channel(None::<Instant>);
     let mut callers = tokio::task::JoinSet::new();
     for _ in 0..config.tasks {
@@ -59,11 +79,13 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
             let limit = CALLER_LIMIT
                 + config.compute * config.keys as u32
                 + config.steady.unwrap_or_default();
+            let Some(released) = released else {
+                return Caller::default();
+            };
             let mut caller = Caller {
-                fail_at: released
-                    .zip(config.fail_after)
-                    .map(|(at, after)| at + after),
-                ..Caller::default()
+                released,
+                fail_at: config.fail_after.map(|after| released + after),
+                ..Caller::new(released)
             };
             let work = async {
                 match config.steady {
@@ -85,17 +107,27 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
         std::io::stdin().lock().read_line(&mut line).map(|_| line)
     })
     .await??;
-    if line.trim() != "go" {
-        return Err(format!("expected go from the parent, got {line:?}").into());
-    }
-    go_tx.send_replace(Some(Instant::now()));
+    // `go <the release, in µs since the epoch>`: the clock parent and workers share, turned
+    // into this process's `Instant` (a worker told late starts its clock where the parent's is).
+    let released = match line.trim().split_once(' ') {
+        Some(("go", at)) => at
+            .parse::<u64>()
+            .map_err(|_| format!("expected go <µs> from the parent, got {line:?}"))?,
+        _ => return Err(format!("expected go <µs> from the parent, got {line:?}").into()),
+    };
+    let late = Duration::from_micros(unix_micros().saturating_sub(released));
+    let now = Instant::now();
+    go_tx.send_replace(Some(now.checked_sub(late).unwrap_or(now)));
 
     let (mut calls, mut reqs, mut errors, mut finished_at, mut fallbacks) =
         (Vec::new(), Vec::new(), 0u64, 0u64, 0u64);
+    let (mut starts, mut error_seconds) = (Vec::new(), Vec::new());
     while let Some(joined) = callers.join_next().await {
         match joined {
             Ok(caller) => {
                 calls.extend(caller.calls);
+                starts.extend(caller.starts);
+                error_seconds.extend(caller.error_seconds);
                 reqs.extend(caller.req);
                 errors += caller.errors;
                 fallbacks += caller.fallbacks;
@@ -107,7 +139,16 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
             }
         }
     }
+    let failed = FAILED_CALLS.load(Ordering::Relaxed);
+    if failed > PRINTED_ERRORS {
+        eprintln!(
+            "stampede_bench worker {index}: {failed} failed calls, the first {PRINTED_ERRORS} printed"
+        );
+    }
     say(&format!("calls {}", join(&calls)))?;
+    // Same order as `calls`: the parent pairs them per worker.
+    say(&format!("starts {}", join(&starts)))?;
+    say(&format!("call_errors {}", join(&error_seconds)))?;
     say(&format!("reqs {}", join(&reqs)))?;
     say(&format!("fallbacks {fallbacks}"))?;
     say(&format!("done {errors} {finished_at}"))?;
@@ -153,9 +194,16 @@ impl Counters {
 }
 
 /// One caller's samples.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Caller {
+    /// Per call, its latency in µs.
     calls: Vec<u64>,
+    /// Per call (the same order), the whole second after `released` in which it started.
+    starts: Vec<u64>,
+    /// Per wrong or missing value, the second in which its call started.
+    error_seconds: Vec<u64>,
+    /// The release, from which the seconds count.
+    released: Instant,
     req: Option<u64>,
     errors: u64,
     finished_at: u64,
@@ -165,7 +213,57 @@ struct Caller {
     fail_at: Option<Instant>,
 }
 
+impl Default for Caller {
+    /// A caller that was never released: no samples.
+    fn default() -> Self {
+        Caller::new(Instant::now())
+    }
+}
+
 impl Caller {
+    fn new(released: Instant) -> Self {
+        Caller {
+            calls: Vec::new(),
+            starts: Vec::new(),
+            error_seconds: Vec::new(),
+            released,
+            req: None,
+            errors: 0,
+            finished_at: 0,
+            fallbacks: 0,
+            fail_at: None,
+        }
+    }
+
+    /// Records a call that started at `started` and took `took` µs.
+    fn record(&mut self, started: Instant, took: u64) -> u64 {
+        let second = started.duration_since(self.released).as_secs();
+        self.calls.push(took);
+        self.starts.push(second);
+        second
+    }
+
+    /// Checks a value returned by a call that started in `second`; a wrong or missing one is
+    /// counted (and its reason printed, for the first few), never fatal.
+    fn check(
+        &mut self,
+        month: &str,
+        value: Result<String, CallError>,
+        payload: usize,
+        second: u64,
+    ) {
+        let problem = match value {
+            Ok(v) if v == expected_value(month, payload) => return,
+            Ok(_) => format!("wrong value for {month}"),
+            Err(e) => format!("{month}: {e}"),
+        };
+        self.errors += 1;
+        self.error_seconds.push(second);
+        if FAILED_CALLS.fetch_add(1, Ordering::Relaxed) < PRINTED_ERRORS {
+            eprintln!("stampede_bench: {problem}");
+        }
+    }
+
     /// All K keys, one after another, in this caller's own random order.
     async fn request(&mut self, cache: &Cache, counters: &Counters, config: &Config) {
         let mut order: Vec<usize> = (0..config.keys).collect();
@@ -192,7 +290,9 @@ impl Caller {
         config: &Config,
         seconds: Duration,
     ) {
-        let until = Instant::now() + seconds;
+        // The steady clock's end, the same for every caller and process: no call starts in
+        // second N, so the timeline has N entries.
+        let until = self.released + seconds;
         while Instant::now() < until {
             if config.batch {
                 let mut order: Vec<usize> = (0..config.keys).collect();
@@ -232,19 +332,14 @@ impl Caller {
             })
             .await;
         let took = call.elapsed().as_micros() as u64;
-        self.calls.push(took);
+        let second = self.record(call, took);
         for (month, value) in months.iter().zip(values) {
-            match value {
-                Ok(v) if v == expected_value(month, config.payload) => {}
-                Ok(_) => {
-                    eprintln!("stampede_bench: wrong value for {month}");
-                    self.errors += 1;
-                }
-                Err(e) => {
-                    eprintln!("stampede_bench: {month}: {e}");
-                    self.errors += 1;
-                }
-            }
+            self.check(
+                month,
+                value.map_err(|e| e.to_string()),
+                config.payload,
+                second,
+            );
         }
         took
     }
@@ -275,18 +370,8 @@ impl Caller {
             }
             Mode::Naive => naive(cache, month, counters, config).await,
         };
-        self.calls.push(call.elapsed().as_micros() as u64);
-        match value {
-            Ok(v) if v == expected_value(month, config.payload) => {}
-            Ok(_) => {
-                eprintln!("stampede_bench: wrong value for {month}");
-                self.errors += 1;
-            }
-            Err(e) => {
-                eprintln!("stampede_bench: {month}: {e}");
-                self.errors += 1;
-            }
-        }
+        let second = self.record(call, call.elapsed().as_micros() as u64);
+        self.check(month, value, config.payload, second);
     }
 }
 
