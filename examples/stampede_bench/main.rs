@@ -17,10 +17,15 @@
 //! role). Parent and workers talk over pipes, never through Redis, so the start barrier adds no
 //! commands to the round's count:
 //! - worker → parent (its stdout): `ready` once connected and warmed up, then its samples
-//!   (`calls`, `reqs`) and `done <errors> <finished at, µs since the epoch>`;
-//! - parent → worker (its stdin): `go`, written to all workers right after `CONFIG RESETSTAT`.
+//!   (`calls`; `starts`, the second of the run in which each of those calls started;
+//!   `call_errors`, the second of each wrong or missing value; `reqs`) and
+//!   `done <errors> <finished at, µs since the epoch>`;
+//! - parent → worker (its stdin): `go <the release, µs since the epoch>`, written to all workers
+//!   right after `CONFIG RESETSTAT`; the release is second 0 of the run for every process.
 //!
-//! Progress goes to stderr; the parent's stdout holds only the JSON lines.
+//! Progress goes to stderr; the parent's stdout holds only the JSON lines. The workers log
+//! through `tracing-subscriber` (INFO and above) to their stderr, which the parent forwards to
+//! its own.
 //!
 //! Freshness (beyond the contract): `--expiry-mode hard|stale|xfetch` chooses how values expire
 //! (hard: at the TTL; stale: served one more TTL while one caller refreshes; xfetch: early
@@ -50,6 +55,34 @@
 //! `INCR bench:computes:<month>` per month it computes and one `INCR bench:batch_calls`
 //! (excluded from `redis_cmds` like the computes' INCRs); the JSON lines then carry
 //! `"batch": true, "batch_calls": n`, and a call's latency is its request's.
+//!
+//! Outages (BENCH.md, "Outages"; issue 21), in steady state:
+//! - `--counter-url URL`: the computation counters (`bench:computes:<month>`,
+//!   `bench:batch_calls`, on db 0) live on this server instead of `--url`'s, and are read back
+//!   there, so that the cache's server can fail mid-run without losing the count (its
+//!   `redis_cmds` then has no INCRs to subtract);
+//! - `--outage-at-secs A --outage-secs B` (both or neither): at second A of the run the parent
+//!   sends `DEBUG SLEEP B` to the cache's server on a connection of its own: the server is
+//!   frozen, its connections open and silent. The server must run with
+//!   `--enable-debug-command local`; the generator checks that before it starts and fails
+//!   saying so. `redis_cmds` is read after the outage's end. Adds
+//!   `"outage_at_secs": A, "outage_secs": B`;
+//! - `--serve-while-down-secs N` (needs `--near-cache`): how long the near tier may serve what
+//!   it holds while the backend is unreachable; adds `"serve_while_down_secs": N` (see
+//!   `config::near_options`).
+//!
+//! Every steady line ends with `"timeline": [[second, calls, errors, p99_ms], ...]`, one entry
+//! per second of the run (the calls that started in it, over all workers), and
+//! `"warn_lines": n`, the WARN and ERROR lines the workers' logs wrote to stderr.
+//!
+//! ```text
+//! redis-server --port 40281 --enable-debug-command local ... &   # the cache's server
+//! redis-server --port 40282 ... &                                # the counters' server
+//! cargo run --release --example stampede_bench -- --url redis://127.0.0.1:40281/0 \
+//!   --counter-url redis://127.0.0.1:40282/0 --processes 4 --tasks 25 --keys 12 \
+//!   --compute-ms 50 --ttl 2 --steady-secs 40 --near-cache 1000 --fail-safe-secs 60 \
+//!   --serve-while-down-secs 60 --outage-at-secs 10 --outage-secs 15
+//! ```
 
 mod admin;
 mod config;
