@@ -83,7 +83,6 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
                 return Caller::default();
             };
             let mut caller = Caller {
-                released,
                 fail_at: config.fail_after.map(|after| released + after),
                 ..Caller::new(released)
             };
