@@ -1,6 +1,8 @@
-//! Smoke test of the load generator (`examples/stampede_bench.rs`, contract in BENCH.md): a small
+//! Smoke test of the load generator (`examples/stampede_bench/`, contract in BENCH.md): a small
 //! run against a redis-server of its own must exit 0 and print one valid JSON line per round; so
 //! must a run against a Redis Cluster of its own, given as a comma-separated list of node URLs.
+//! A short steady run with an outage (issue 21) must report its timeline second by second, its
+//! workers' warnings, and count its computations on the counter server.
 //!
 //! `cargo test` builds the examples next to the test binaries (`target/<profile>/examples/`), so
 //! the generator is found there; a run that did not build it fails and says how to build it.
@@ -209,4 +211,191 @@ fn guarded_rounds_against_a_redis_cluster_compute_each_key_once() {
         let calls = (PROCESSES * TASKS * KEYS) as u64;
         assert!(line["redis_cmds"].as_u64().unwrap() >= calls, "{line}");
     }
+}
+
+/// A steady run of `STEADY_SECS` with `flags`, the smoke-test sizes and a 1 s TTL (so keys
+/// expire and are computed again during the run); returns its one JSON line, parsed, and the
+/// generator's stderr.
+fn run_steady(url: &str, flags: &[&str]) -> (serde_json::Value, String) {
+    let output = steady_command(url, flags)
+        .output()
+        .expect("the load generator starts");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    );
+    assert!(
+        output.status.success(),
+        "the generator failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one line for a steady run, got:\n{stdout}");
+    let line =
+        serde_json::from_str(lines[0]).unwrap_or_else(|e| panic!("not JSON ({e}): {}", lines[0]));
+    (line, stderr)
+}
+
+const STEADY_SECS: u64 = 4;
+
+fn steady_command(url: &str, flags: &[&str]) -> Command {
+    let mut command = Command::new(generator());
+    command
+        .args(["--url", url])
+        .args(["--processes", &PROCESSES.to_string()])
+        .args(["--tasks", &TASKS.to_string()])
+        .args(["--keys", &KEYS.to_string()])
+        .args(["--compute-ms", &COMPUTE_MS.to_string()])
+        .args(["--ttl", "1", "--steady-secs", &STEADY_SECS.to_string()])
+        .args(flags);
+    command
+}
+
+/// The `timeline` of a steady line: one `[second, calls, errors, p99_ms]` per second of the
+/// run, in order; returns the entries' calls and errors.
+fn assert_timeline(line: &serde_json::Value) -> Vec<(u64, u64)> {
+    let timeline = line["timeline"].as_array().expect("a timeline array");
+    assert_eq!(
+        timeline.len() as u64,
+        STEADY_SECS,
+        "one entry per second: {line}"
+    );
+    let entries: Vec<(u64, u64)> = timeline
+        .iter()
+        .enumerate()
+        .map(|(second, entry)| {
+            let entry = entry.as_array().expect("an entry is an array");
+            assert_eq!(entry.len(), 4, "[second, calls, errors, p99_ms]: {line}");
+            assert_eq!(entry[0].as_u64(), Some(second as u64), "{line}");
+            assert!(entry[3].is_number(), "p99_ms is a number: {line}");
+            let count = |i: usize| entry[i].as_u64().expect("a whole number");
+            (count(1), count(2))
+        })
+        .collect();
+    let calls: u64 = entries.iter().map(|(calls, _)| calls).sum();
+    let errors: u64 = entries.iter().map(|(_, errors)| errors).sum();
+    assert_eq!(
+        line["calls"].as_u64(),
+        Some(calls),
+        "the seconds' calls sum to calls: {line}"
+    );
+    // `errors` also counts callers that never finished, which no second holds.
+    assert!(errors <= line["errors"].as_u64().unwrap(), "{line}");
+    entries
+}
+
+/// The sum of the computation counters on `server`, db 0.
+fn computes_on(server: &RedisServer) -> u64 {
+    let mut conn = server.conn();
+    (0..KEYS)
+        .map(|i| {
+            let month = format!("{}-{:02}", 2019 + i / 12, i % 12 + 1);
+            let n: Option<u64> = conn.get(format!("bench:computes:{month}")).unwrap();
+            n.unwrap_or(0)
+        })
+        .sum()
+}
+
+#[test]
+fn a_steady_run_with_an_outage_reports_each_second_and_counts_on_the_counter_server() {
+    let cache_server =
+        RedisServer::start_with(&["--enable-debug-command".into(), "local".into()], "");
+    let counter_server = RedisServer::start();
+    let (line, _) = run_steady(
+        &cache_server.url(),
+        &[
+            "--counter-url",
+            &counter_server.url(),
+            "--outage-at-secs",
+            "1",
+            "--outage-secs",
+            "1",
+        ],
+    );
+    assert_eq!(line["run"], "steady", "{line}");
+    assert_eq!(line["outage_at_secs"].as_u64(), Some(1), "{line}");
+    assert_eq!(line["outage_secs"].as_u64(), Some(1), "{line}");
+    assert!(
+        line["warn_lines"].is_u64(),
+        "warn_lines is a whole number: {line}"
+    );
+    let timeline = assert_timeline(&line);
+    // The callers go on after the cache's server wakes up: the last second has calls.
+    assert!(timeline[STEADY_SECS as usize - 1].0 > 0, "{line}");
+    // The keys expire every second: computed during the run, and counted where --counter-url
+    // says, none on the cache's server (which the outage froze).
+    let computes = line["computes"].as_u64().expect("computes");
+    assert!(computes > 0, "{line}");
+    assert_eq!(computes_on(&counter_server), computes, "{line}");
+    assert_eq!(computes_on(&cache_server), 0, "{line}");
+}
+
+#[test]
+fn warn_lines_counts_the_workers_warnings_which_still_reach_stderr() {
+    let server = RedisServer::start();
+    // From second 1 on every computation fails and the fail-safe serves the kept value, with a
+    // warning from the crate's log.
+    let (line, stderr) = run_steady(
+        &server.url(),
+        &[
+            "--fail-after-secs",
+            "1",
+            "--fail-safe-secs",
+            "60",
+            "--near-cache",
+            "100",
+            "--serve-while-down-secs",
+            "60",
+        ],
+    );
+    assert_eq!(line["serve_while_down_secs"].as_u64(), Some(60), "{line}");
+    assert_eq!(line["near_cache"].as_u64(), Some(100), "{line}");
+    let forwarded = stderr
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .count() as u64;
+    assert!(forwarded > 0, "the fail-safe logged no warning:\n{stderr}");
+    assert_eq!(
+        line["warn_lines"].as_u64(),
+        Some(forwarded),
+        "{line}\n{stderr}"
+    );
+    assert_timeline(&line);
+}
+
+#[test]
+fn outage_flags_out_of_place_are_usage_errors() {
+    // No DEBUG command on this server, so the outage must be refused with the reason.
+    let server = RedisServer::start();
+    let refused = |flags: &[&str], says: &str| {
+        let output = steady_command(&server.url(), flags)
+            .output()
+            .expect("the load generator starts");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success(),
+            "{flags:?} was accepted:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(says),
+            "{flags:?}: expected {says:?} in:\n{stderr}"
+        );
+        assert!(output.stdout.is_empty(), "{flags:?}: no JSON line");
+    };
+    refused(
+        &["--outage-at-secs", "1"],
+        "--outage-at-secs and --outage-secs go together",
+    );
+    refused(
+        &["--outage-secs", "1"],
+        "--outage-at-secs and --outage-secs go together",
+    );
+    refused(
+        &["--serve-while-down-secs", "5"],
+        "--serve-while-down-secs needs --near-cache",
+    );
+    refused(
+        &["--outage-at-secs", "1", "--outage-secs", "1"],
+        "--enable-debug-command local",
+    );
 }
