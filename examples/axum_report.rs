@@ -212,7 +212,7 @@ async fn write_summary(
         written_by_term: ctx.fencing_token(),
     };
     // Kept for three intervals: if the leader dies, the summary outlives the hand-over.
-    cache
+    let _ = cache
         .set(SUMMARY_KEY, &summary, every.saturating_mul(3))
         .await?;
     runs.fetch_add(1, Ordering::SeqCst);
@@ -287,7 +287,7 @@ async fn refresh(
     let after = app.db.monthly_report(&month).await?;
     // A `get_or_compute` of this month still running read the database before this query: its
     // write is refused (fencing), so it cannot put the older report back over this one.
-    app.cache.set(&month, &after, TTL).await?;
+    let _ = app.cache.set(&month, &after, TTL).await?;
     Ok(Json(
         serde_json::json!({ "before": before, "after": after }),
     ))

@@ -907,7 +907,7 @@ mod worker {
             .await
             .map_err(|e| format!("warm-up failed: {e}"))?;
         if config.mode == Mode::Naive {
-            cache.set(&warmup, &String::new(), config.ttl).await?;
+            let _ = cache.set(&warmup, &String::new(), config.ttl).await?;
         }
 
         // The release: when it came, from which `--fail-after-secs` counts.
@@ -1172,7 +1172,7 @@ mod worker {
             return Ok(v);
         }
         let v = compute(month, counters, config.compute, config.payload).await?;
-        cache
+        let _ = cache
             .set(month, &v, config.ttl)
             .await
             .map_err(|e| e.to_string())?;
