@@ -107,11 +107,17 @@ async fn an_invalidation_made_while_redis_is_down_is_applied_when_it_returns() {
             .await
             .remove(0);
         assert!(!matches!(single, Ok(1)), "served the invalidated value");
-        assert!(!matches!(batch, Ok(1)), "served the invalidated value in a batch");
+        assert!(
+            !matches!(batch, Ok(1)),
+            "served the invalidated value in a batch"
+        );
         if let (Ok(single), Ok(batch)) = (&single, &batch) {
             break (*single, *batch);
         }
-        assert!(Instant::now() < deadline, "still failing: {single:?} {batch:?}");
+        assert!(
+            Instant::now() < deadline,
+            "still failing: {single:?} {batch:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!((single, batch), (2, 2), "computed afresh");
@@ -133,7 +139,10 @@ async fn the_queue_is_replayed_in_the_background_when_redis_returns() {
 
     server.restart_loading();
     assert!(drained(&cache).await, "replayed within the bound");
-    assert!(!exists(&server, &value_key("bg", "k")), "the invalidation was applied");
+    assert!(
+        !exists(&server, &value_key("bg", "k")),
+        "the invalidation was applied"
+    );
 }
 
 /// A `set` queued while this instance could not reach Redis (black-holed), replayed after another
@@ -228,7 +237,10 @@ async fn a_full_queue_refuses_with_a_typed_error_and_keeps_what_it_holds() {
     assert!(refused.to_string().contains("retry it later"), "{refused}");
     // All or nothing: `a` is queued already, `c` does not fit, so neither is taken again.
     let refused = cache.invalidate_many(["a", "c"]).await.unwrap_err();
-    assert!(matches!(refused, Error::RecoveryQueueFull { .. }), "{refused:?}");
+    assert!(
+        matches!(refused, Error::RecoveryQueueFull { .. }),
+        "{refused:?}"
+    );
     // A key already queued still fits: its newer write replaces the older.
     assert_eq!(cache.invalidate("a").await.unwrap(), Written::Queued);
     let stats = cache.stats();
