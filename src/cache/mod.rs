@@ -102,7 +102,7 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, 
 /// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = stampede_guard::Cache::in_memory();
 /// let ttl = Duration::from_secs(300);
-/// cache.set("2019-05", &Report { orders: 5, revenue_cents: 1000 }, ttl).await?;
+/// let _ = cache.set("2019-05", &Report { orders: 5, revenue_cents: 1000 }, ttl).await?;
 /// // The reordered type does not read the old value (it would be `{ revenue_cents: 5, orders: 1000 }`)...
 /// assert_eq!(cache.get::<next_deploy::Report>("2019-05").await?, None);
 /// // ...but computes its own, which replaces it.
@@ -341,7 +341,7 @@ impl<C: Codec> Cache<C> {
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = stampede_guard::Cache::in_memory();
     /// assert_eq!(cache.get::<String>("greeting").await?, None);
-    /// cache.set("greeting", &"hello".to_string(), Duration::from_secs(60)).await?;
+    /// let _ = cache.set("greeting", &"hello".to_string(), Duration::from_secs(60)).await?;
     /// assert_eq!(cache.get::<String>("greeting").await?.as_deref(), Some("hello"));
     /// # Ok(())
     /// # }
@@ -870,7 +870,7 @@ impl<C: Codec> Cache<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = Cache::in_memory();
-    /// cache.set("2026-10", &10u32, Duration::from_secs(3600)).await?;
+    /// let _ = cache.set("2026-10", &10u32, Duration::from_secs(3600)).await?;
     /// let results = cache
     ///     .fetch_many(["2026-10", "2026-11"], Duration::from_secs(3600), |missing| async move {
     ///         // Each key comes with its lease: pass its fencing token to what you write to.

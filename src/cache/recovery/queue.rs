@@ -195,7 +195,7 @@ impl Queue {
     }
 
     /// `key`'s intent `seq` goes to the back (a replay the backend refused: the others go first).
-    pub(crate) fn to_back(&mut self, key: &str, seq: u64) {
+    pub(crate) fn move_to_back(&mut self, key: &str, seq: u64) {
         let Some(slot) = self.slots.get_mut(key).filter(|slot| slot.seq == seq) else {
             return;
         };
@@ -332,7 +332,7 @@ mod tests {
         q.forget(&value_key("b"));
         assert_eq!(order(&q), [value_key("a"), value_key("c")]);
         let (seq, _, gate) = q.pending(&value_key("a")).unwrap();
-        q.to_back(&value_key("a"), seq);
+        q.move_to_back(&value_key("a"), seq);
         assert_eq!(q.oldest(), Some(value_key("c")));
         let (_, _, same_gate) = q.pending(&value_key("a")).unwrap();
         assert!(Arc::ptr_eq(&gate, &same_gate), "one gate per key");

@@ -124,7 +124,7 @@ pub(super) async fn drain(shared: Arc<Shared>) {
                 if !queues(&error) {
                     shared.with_queue(|queue| {
                         if let Some((seq, _, _)) = queue.pending(&key) {
-                            queue.to_back(&key, seq);
+                            queue.move_to_back(&key, seq);
                         }
                     });
                 }
