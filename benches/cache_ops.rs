@@ -181,7 +181,7 @@ fn hit_path(c: &mut Criterion) {
             .build()
             .await
             .expect("a cache");
-        cache.set(KEY, &value(), TTL).await.expect("warm the key");
+        let _ = cache.set(KEY, &value(), TTL).await.expect("warm the key");
         // The same settings as the library's data connection, so only the library's own work
         // differs between the two sides.
         let config = ConnectionManagerConfig::new()
@@ -269,7 +269,7 @@ fn memory_hit(c: &mut Criterion) {
     let cache = Cache::in_memory();
     let moka: moka::future::Cache<String, String> = moka::future::Cache::new(1_000);
     rt.block_on(async {
-        cache.set(KEY, &value(), TTL).await.expect("warm the key");
+        let _ = cache.set(KEY, &value(), TTL).await.expect("warm the key");
         moka.insert(KEY.to_owned(), value()).await;
     });
 
@@ -323,7 +323,7 @@ fn near_hit(c: &mut Criterion) {
             .build()
             .await
             .expect("a cache");
-        cache.set(KEY, &value(), TTL).await.expect("warm the key");
+        let _ = cache.set(KEY, &value(), TTL).await.expect("warm the key");
         // Until the feed is proven live and the copy is in: then every call is a near hit.
         let deadline = Instant::now() + Duration::from_secs(30);
         while cache.stats().near_hits < 100 {
@@ -420,7 +420,7 @@ fn batch_hit(c: &mut Criterion) {
             .await
             .expect("a cache");
         for month in months.iter().chain([&KEY.to_owned()]) {
-            cache.set(month, &value(), TTL).await.expect("warm the key");
+            let _ = cache.set(month, &value(), TTL).await.expect("warm the key");
         }
         cache
     });

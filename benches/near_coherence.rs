@@ -64,12 +64,12 @@ async fn measure(url: &str) -> Vec<Duration> {
     let mut samples = Vec::with_capacity(SAMPLES);
     for i in 0..SAMPLES {
         let old = format!("v{i}");
-        a.set(KEY, &old, TTL).await.expect("set");
+        let _ = a.set(KEY, &old, TTL).await.expect("set");
         near_copy(&b, &old).await;
         if i % 2 == 0 {
-            a.set(KEY, &format!("w{i}"), TTL).await.expect("set");
+            let _ = a.set(KEY, &format!("w{i}"), TTL).await.expect("set");
         } else {
-            a.invalidate(KEY).await.expect("invalidate");
+            let _ = a.invalidate(KEY).await.expect("invalidate");
         }
         let changed = Instant::now();
         while read(&b).await == old {

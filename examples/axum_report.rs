@@ -8,6 +8,10 @@
 //! - `GET /report/{month}`: `get_or_compute`, the query computed once fleet-wide;
 //! - `POST /refresh/{month}`: `get` the cached report, query the database, `set` the new one
 //!   (a computation of that month still running has its write refused: it read older data);
+//! - `POST /orders/{month}`: record an order (commit a row), then `invalidate` the month's
+//!   report: `201 Created` once the row is committed, whether the cache applied the invalidation
+//!   or queued it while Redis is down (auto-recovery; the `x-cache-invalidation` header and the
+//!   `cache` field say which), so a client that retries on an error never inserts twice;
 //! - `GET /summary`: `get` the year's summary, which a `Leader` job writes: of all the instances
 //!   sharing one Redis, only the active one runs it, every `--summary-every-ms`;
 //! - one shutdown signal (Ctrl-C or SIGTERM) stops the HTTP server and the leader together; the
@@ -22,6 +26,7 @@
 //!
 //! curl -i http://127.0.0.1:3000/report/2019-05
 //! curl -i http://127.0.0.1:3000/report/2019
+//! curl -i -X POST http://127.0.0.1:3000/orders/2019-05
 //! curl http://127.0.0.1:3000/stats
 //! ```
 //!
@@ -46,7 +51,7 @@ use axum::{Json, Router};
 use sales::{MonthlyReport, SalesDb};
 use serde::{Deserialize, Serialize};
 use stampede_guard::leader::{JobContext, Leader, Role};
-use stampede_guard::Cache;
+use stampede_guard::{Cache, RecoveryOptions};
 use tokio::sync::watch;
 
 /// How long a report stays cached. Past months do not change; an hour keeps memory bounded.
@@ -86,6 +91,9 @@ async fn main() -> Result<(), BoxError> {
             Cache::builder()
                 .redis_url(redis.as_str())
                 .namespace("axum-report-example")
+                // An invalidation after a commit that cannot reach Redis waits in this process
+                // and is replayed when Redis answers, instead of failing the request.
+                .auto_recovery(RecoveryOptions::default())
                 .build()
                 .await?
         }
@@ -149,6 +157,7 @@ fn router(app: App) -> Router {
     Router::new()
         .route("/report/{month}", get(report))
         .route("/refresh/{month}", post(refresh))
+        .route("/orders/{month}", post(add_order))
         .route("/summary", get(summary))
         .route("/stats", get(stats))
         .with_state(app)
@@ -212,7 +221,7 @@ async fn write_summary(
         written_by_term: ctx.fencing_token(),
     };
     // Kept for three intervals: if the leader dies, the summary outlives the hand-over.
-    cache
+    let _ = cache
         .set(SUMMARY_KEY, &summary, every.saturating_mul(3))
         .await?;
     runs.fetch_add(1, Ordering::SeqCst);
@@ -287,10 +296,42 @@ async fn refresh(
     let after = app.db.monthly_report(&month).await?;
     // A `get_or_compute` of this month still running read the database before this query: its
     // write is refused (fencing), so it cannot put the older report back over this one.
-    app.cache.set(&month, &after, TTL).await?;
+    let _ = app.cache.set(&month, &after, TTL).await?;
     Ok(Json(
         serde_json::json!({ "before": before, "after": after }),
     ))
+}
+
+/// `POST /orders/2019-05`: records an order of the month, then invalidates the month's report.
+///
+/// The row is committed before the cache is touched, so whatever happens to the invalidation the
+/// answer is `201 Created`: a client that retried on an error would insert the order twice. The
+/// invalidation is `applied`, or `queued` (Redis unreachable: replayed within about a second of
+/// its return, and this instance does not serve the month from Redis meanwhile); if it could not
+/// even be queued (`failed`: the queue is full, or Redis refused), the report's TTL bounds how
+/// long the old one is served, and the log says why.
+async fn add_order(
+    State(app): State<App>,
+    Path(month): Path<String>,
+) -> Result<Response, AppError> {
+    if !sales::is_month(&month) {
+        return Err(AppError::BadMonth(month));
+    }
+    let id = app.db.add_order(&month, 1_000).await?;
+    let cache = match app.cache.invalidate(&month).await {
+        Ok(written) => written.as_str(),
+        Err(e) => {
+            eprintln!("order {id} committed; invalidating report {month} failed: {e}");
+            "failed"
+        }
+    };
+    let body = serde_json::json!({ "id": id, "month": month, "cache": cache });
+    Ok((
+        StatusCode::CREATED,
+        [("x-cache-invalidation", cache)],
+        Json(body),
+    )
+        .into_response())
 }
 
 /// `GET /summary`: the year's totals, as the leader job last wrote them.

@@ -128,7 +128,7 @@ async fn copy_counters(
 ) -> Result<(), BoxError> {
     // The "source": a counter in the cache's backend that traffic would be incrementing.
     let hits: u64 = cache.get("hits").await?.unwrap_or(0) + 1;
-    cache.set("hits", &hits, Duration::from_secs(3600)).await?;
+    let _ = cache.set("hits", &hits, Duration::from_secs(3600)).await?;
     let counters = BTreeMap::from([("hits", hits)]);
     if ctx.is_cancelled() {
         return Ok(());

@@ -37,7 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if redis.is_some() {
         // Start cold, as the example promises (only this example's namespace is touched).
-        cache.invalidate_many((0..MONTHS).map(month)).await?;
+        let _ = cache.invalidate_many((0..MONTHS).map(month)).await?;
     }
     println!(
         "backend: {}; {REQUESTS} concurrent requests × {MONTHS} months, one {QUERY_TIME:?} query for all missing months\n",

@@ -159,7 +159,7 @@ async fn cache_aside(cache: &Cache, db: Arc<SalesDb>) -> Result<MonthlyReport, B
         return Ok(report);
     }
     let report = db.monthly_report(MONTH).await?;
-    cache.set(MONTH, &report, TTL).await?;
+    let _ = cache.set(MONTH, &report, TTL).await?;
     Ok(report)
 }
 

@@ -141,6 +141,17 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// The write could not reach the backend (unreachable or busy) and the
+    /// [auto-recovery](crate::CacheBuilder::auto_recovery) queue is full: the write was neither
+    /// applied nor queued. Nothing queued before was dropped to make room. Redis has been out
+    /// for a while: retry the write later (or answer 503 so the client does), and raise the
+    /// bound ([`RecoveryOptions`](crate::RecoveryOptions)) if outages this long are expected.
+    RecoveryQueueFull {
+        /// How many keys wait in the queue.
+        queued: usize,
+        /// The bound the write would have passed.
+        limit: RecoveryLimit,
+    },
     /// The lock was no longer held when it was released: its lease ran out (and perhaps another
     /// holder took it). Work done under it may have overlapped with another holder's; the
     /// fencing token is what protects the systems written to.
@@ -413,6 +424,12 @@ impl fmt::Display for Error {
                 f,
                 "{keys} keys in one call, over the limit of {limit} (MAX_BATCH_KEYS); split them over several calls"
             ),
+            Error::RecoveryQueueFull { queued, limit } => write!(
+                f,
+                "the backend is unavailable and the auto-recovery queue is full ({queued} keys \
+                 queued, {limit}): this write was neither applied nor queued; retry it later, \
+                 or raise RecoveryOptions if outages this long are expected"
+            ),
             Error::NotHeld { name } => write!(
                 f,
                 "lock {name:?} was no longer held: its lease ran out or another holder took it"
@@ -428,6 +445,31 @@ impl std::error::Error for Error {
             Error::Backend { source, .. } => Some(source),
             Error::Encode(e) => Some(&**e),
             _ => None,
+        }
+    }
+}
+
+/// The bound of the auto-recovery queue that a write would have passed
+/// ([`Error::RecoveryQueueFull`]), as set by [`RecoveryOptions`](crate::RecoveryOptions).
+///
+/// ```
+/// use stampede_guard::RecoveryLimit;
+/// assert_eq!(RecoveryLimit::Entries(10_000).to_string(), "limit 10000 keys");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecoveryLimit {
+    /// [`RecoveryOptions::max_entries`](crate::RecoveryOptions::max_entries): this many keys.
+    Entries(usize),
+    /// [`RecoveryOptions::max_bytes`](crate::RecoveryOptions::max_bytes): this many value bytes.
+    Bytes(usize),
+}
+
+impl fmt::Display for RecoveryLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecoveryLimit::Entries(n) => write!(f, "limit {n} keys"),
+            RecoveryLimit::Bytes(n) => write!(f, "limit {n} value bytes"),
         }
     }
 }

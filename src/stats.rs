@@ -10,7 +10,9 @@
 //! `stampede_guard_soft_timeouts_total`, `stampede_guard_hard_timeouts_total`, and with a near tier `stampede_guard_near_hits_total`,
 //! `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
 //! `stampede_guard_near_switched_off_total`, and `stampede_guard_not_stored_total` with a
-//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`).
+//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`); with
+//! auto-recovery `stampede_guard_recovery_replayed_total`, `stampede_guard_recovery_refused_total`
+//! and the gauge `stampede_guard_recovery_queued`.
 //!
 //! Explained in the guide: `docs/observability.md`.
 
@@ -101,6 +103,15 @@ pub struct Stats {
     pub near_switched_off: u64,
     /// Values computed but not stored in the cache, by reason (the value was still returned).
     pub not_stored: NotStored,
+    /// Keys whose write waits in the auto-recovery queue now (a gauge, not a counter):
+    /// [`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery).
+    pub recovery_queued: u64,
+    /// Queued writes replayed once the backend answered (each key's newest intent counts once).
+    pub recovery_replayed: u64,
+    /// Writes refused because the auto-recovery queue was full
+    /// ([`Error::RecoveryQueueFull`](crate::Error::RecoveryQueueFull)); an `invalidate_many`
+    /// refused counts once.
+    pub recovery_refused: u64,
 }
 
 /// Values a cache computed and returned but could not store, by reason: a full Redis, a
@@ -203,7 +214,7 @@ struct LogThrottle {
 impl serde::Serialize for Stats {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Stats", 19)?;
+        let mut s = serializer.serialize_struct("Stats", 22)?;
         s.serialize_field("hits", &self.hits)?;
         s.serialize_field("misses", &self.misses)?;
         s.serialize_field("computes", &self.computes)?;
@@ -223,6 +234,9 @@ impl serde::Serialize for Stats {
         s.serialize_field("near_invalidations", &self.near_invalidations)?;
         s.serialize_field("near_switched_off", &self.near_switched_off)?;
         s.serialize_field("not_stored", &self.not_stored)?;
+        s.serialize_field("recovery_queued", &self.recovery_queued)?;
+        s.serialize_field("recovery_replayed", &self.recovery_replayed)?;
+        s.serialize_field("recovery_refused", &self.recovery_refused)?;
         s.end()
     }
 }
@@ -251,6 +265,10 @@ pub(crate) enum Event {
     NearSwitchedOff,
     /// A computed value was not stored, for this reason.
     NotStored(NotStoredReason),
+    /// A queued write was replayed.
+    RecoveryReplayed,
+    /// A write was refused by the full auto-recovery queue.
+    RecoveryRefused,
 }
 
 /// The live counters behind [`Stats`]; relaxed atomics, since each is an independent tally.
@@ -281,6 +299,10 @@ pub(crate) struct Counters {
     not_stored: [AtomicU64; 4],
     /// The log line of each reason, throttled.
     not_stored_log: [LogThrottle; 4],
+    /// The auto-recovery queue's length, set by the queue on every change (a gauge).
+    recovery_queued: AtomicU64,
+    recovery_replayed: AtomicU64,
+    recovery_refused: AtomicU64,
 }
 
 impl Counters {
@@ -312,8 +334,18 @@ impl Counters {
             Event::NearInvalidation => add(&self.near_invalidations),
             Event::NearSwitchedOff => add(&self.near_switched_off),
             Event::NotStored(reason) => add(&self.not_stored[reason.index()]),
+            Event::RecoveryReplayed => add(&self.recovery_replayed),
+            Event::RecoveryRefused => add(&self.recovery_refused),
         }
         emit(event);
+    }
+
+    /// The auto-recovery queue now holds `len` keys.
+    pub(crate) fn set_recovery_queued(&self, len: usize) {
+        let len = u64::try_from(len).unwrap_or(u64::MAX);
+        self.recovery_queued.store(len, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("stampede_guard_recovery_queued").set(len as f64);
     }
 
     /// The value computed for `key` was not stored, for `reason` (`error` says how): counted,
@@ -375,6 +407,9 @@ impl Counters {
                 fence_lost: get(&self.not_stored[NotStoredReason::FenceLost.index()]),
                 backend_failed: get(&self.not_stored[NotStoredReason::BackendFailed.index()]),
             },
+            recovery_queued: get(&self.recovery_queued),
+            recovery_replayed: get(&self.recovery_replayed),
+            recovery_refused: get(&self.recovery_refused),
         }
     }
 }
@@ -407,6 +442,8 @@ fn emit(event: Event) {
         Event::NearMiss => "stampede_guard_near_misses_total",
         Event::NearInvalidation => "stampede_guard_near_invalidations_total",
         Event::NearSwitchedOff => "stampede_guard_near_switched_off_total",
+        Event::RecoveryReplayed => "stampede_guard_recovery_replayed_total",
+        Event::RecoveryRefused => "stampede_guard_recovery_refused_total",
         Event::NotStored(reason) => {
             metrics::counter!("stampede_guard_not_stored_total", "reason" => reason.as_str())
                 .increment(1);
@@ -507,6 +544,7 @@ mod tests {
                 "hard_timeouts": 0, "near_hits": 0, "near_misses": 0,
                 "near_invalidations": 0, "near_switched_off": 0,
                 "not_stored": {"out_of_memory": 0, "refused": 0, "fence_lost": 0, "backend_failed": 0},
+                "recovery_queued": 0, "recovery_replayed": 0, "recovery_refused": 0,
             })
         );
     }

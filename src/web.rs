@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`Error::Backend`] unreachable, busy, out of memory or other ([`BackendErrorKind`](crate::BackendErrorKind)), [`Error::NoQuorum`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down, unreachable, loading, busy or full: it passes by itself (the connection retries, the load or script ends, keys expire) |
 //! | [`Error::Backend`] refused ([`Error::is_refused`]: `NOPERM`, `WRONGPASS`, `READONLY`...) or a foreign key type (`WRONGTYPE`) | 500 Internal Server Error | a misconfiguration (the ACL user, the URL, the namespace) that retrying cannot fix; the log line says what to change |
+//! | [`Error::RecoveryQueueFull`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down and the auto-recovery queue is full: the write was not made; a retry later succeeds |
 //! | [`Error::WaitTimeout`] | 503 Service Unavailable, `Retry-After: 1` | another caller's computation is taking longer than the wait bound; the value may be there soon |
 //! | [`Error::ComputeTimeout`] | 503 Service Unavailable, `Retry-After: 1` | the computation hit its hard timeout ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and no fail-safe value was kept; the source is slow now |
 //! | [`Error::Compute`] whose source is unavailable ([`Error::is_source_unavailable`]: a [`SourceUnavailable`](crate::SourceUnavailable) or a lost connection in its chain) | 503 Service Unavailable, `Retry-After` (1 s, or the wait the computation suggested) | your database or upstream is down or unreachable: an outage that passes, even for a key never cached |
@@ -124,7 +125,8 @@ pub fn status(error: &Error) -> StatusCode {
         Error::Backend { .. }
         | Error::NoQuorum { .. }
         | Error::WaitTimeout { .. }
-        | Error::ComputeTimeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        | Error::ComputeTimeout { .. }
+        | Error::RecoveryQueueFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
         Error::InvalidKey { .. } | Error::TooManyKeys { .. } => StatusCode::BAD_REQUEST,
         Error::Compute(_)
         | Error::RecentFailure { .. }
@@ -142,7 +144,7 @@ fn public_message(error: &Error) -> String {
         Error::Backend { kind, .. } if !kind.computes_uncached() => {
             "internal server error".to_owned()
         }
-        Error::Backend { .. } | Error::NoQuorum { .. } => {
+        Error::Backend { .. } | Error::NoQuorum { .. } | Error::RecoveryQueueFull { .. } => {
             "the cache is unavailable; try again shortly".to_owned()
         }
         Error::Compute(_) if error.is_source_unavailable() => {

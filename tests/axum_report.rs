@@ -130,6 +130,16 @@ impl Service {
         http_client::get(&self.addr, path).await
     }
 
+    async fn post(&self, path: &str) -> http_client::Response {
+        http_client::post(&self.addr, path).await
+    }
+
+    /// The orders in the month's report, as the service answers it now (`None` if not a 200).
+    async fn orders(&self, month: &str) -> Option<i64> {
+        let response = self.get(&format!("/report/{month}")).await;
+        (response.status == 200).then(|| response.json()["orders"].as_i64().expect("orders"))
+    }
+
     async fn queries(&self) -> u64 {
         let stats = self.get("/stats").await;
         assert_eq!(stats.status, 200, "{stats:?}");
@@ -380,6 +390,47 @@ async fn of_two_instances_one_leads_and_a_shut_down_leader_hands_over_at_once() 
         summary["written_by_term"]
             .as_u64()
             .is_some_and(|t| t > first_term)
+    })
+    .await;
+}
+
+/// `POST /orders/{month}` commits the order, invalidates the cached report (the next read sees
+/// the order) and answers 201, saying the invalidation was applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_is_committed_and_its_cached_report_invalidated() {
+    let redis = RedisServer::start();
+    let service = Service::start(&["--redis", &redis.url()]);
+    let before = service.orders("2019-05").await.expect("a report");
+
+    let response = service.post("/orders/2019-05").await;
+    assert_eq!(response.status, 201, "{response:?}");
+    assert_eq!(response.header("x-cache-invalidation"), Some("applied"));
+    assert_eq!(response.json()["cache"], "applied");
+    assert_eq!(service.orders("2019-05").await, Some(before + 1));
+}
+
+/// With Redis down, an order is still a 201 (the row is committed: a client retrying on an
+/// error would insert it twice), its invalidation queued; once Redis is back with the old
+/// report on disk, the report read includes the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_made_while_redis_is_down_is_a_201_and_its_invalidation_is_replayed() {
+    let mut redis = RedisServer::start();
+    let service = Service::start(&["--redis", &redis.url()]);
+    let before = service.orders("2019-05").await.expect("a report");
+    // The cached report goes to disk, to come back with the server.
+    redis::cmd("SAVE").exec(&mut redis.conn()).unwrap();
+    redis.kill();
+
+    let response = service.post("/orders/2019-05").await;
+    assert_eq!(response.status, 201, "{response:?}");
+    assert_eq!(response.header("x-cache-invalidation"), Some("queued"));
+    assert_eq!(response.json()["cache"], "queued");
+
+    redis.restart_loading();
+    eventually("the report includes the order", || async {
+        let orders = service.orders("2019-05").await;
+        assert_ne!(orders, Some(before), "the invalidated report was served");
+        orders == Some(before + 1)
     })
     .await;
 }

@@ -125,7 +125,7 @@ async fn order_and_duplicates_are_kept_and_a_duplicate_is_computed_once() {
     let server = RedisServer::start();
     let cache = cache(&server, "batch", CallOptions::default()).await;
     let calls = Calls::default();
-    cache
+    let _ = cache
         .set("2019-03", &"2019-03:v".to_string(), TTL)
         .await
         .unwrap();
@@ -357,7 +357,7 @@ async fn a_key_left_out_fails_alone_and_frees_its_lock_in_memory() {
 async fn an_error_fails_all_and_only_the_keys_it_was_computing() {
     let server = RedisServer::start();
     let cache = cache(&server, "batch", CallOptions::default()).await;
-    cache.set("2019-01", &1u32, TTL).await.unwrap();
+    let _ = cache.set("2019-01", &1u32, TTL).await.unwrap();
     let got = cache
         .get_or_compute_many(["2019-01", "2019-02", "2019-03"], TTL, |_keys| async {
             Err::<Vec<(String, u32)>, _>(std::io::Error::other("the database is down"))
@@ -389,7 +389,7 @@ async fn failures_are_remembered_per_key_with_a_negative_ttl() {
     let server = RedisServer::start();
     let options = CallOptions::default().negative_ttl(Some(Duration::from_secs(60)));
     let cache = cache(&server, "batch", options).await;
-    cache.set("2019-01", &1u32, TTL).await.unwrap();
+    let _ = cache.set("2019-01", &1u32, TTL).await.unwrap();
     let got = cache
         .get_or_compute_many(["2019-01", "2019-02"], TTL, |_keys| async {
             Err::<Vec<(String, u32)>, _>("no rows".to_string())
@@ -426,7 +426,7 @@ async fn an_invalidation_during_the_batch_refuses_that_keys_write_only() {
         .get_or_compute_many(["2019-01", "2019-02", "2019-03"], TTL, move |keys| {
             let invalidator = invalidator.clone();
             async move {
-                invalidator
+                let _ = invalidator
                     .invalidate("2019-02")
                     .await
                     .map_err(|e| e.to_string())?;
@@ -557,11 +557,11 @@ async fn invalidate_many_is_one_round_trip() {
     let server = RedisServer::start();
     let cache = cache(&server, "batch", CallOptions::default()).await;
     for key in year() {
-        cache.set(&key, &1u8, TTL).await.unwrap();
+        let _ = cache.set(&key, &1u8, TTL).await.unwrap();
     }
-    cache.invalidate_many(["warm-up"]).await.unwrap(); // loads the script
+    let _ = cache.invalidate_many(["warm-up"]).await.unwrap(); // loads the script
     let monitor = Monitor::start(&server);
-    cache.invalidate_many(year()).await.unwrap();
+    let _ = cache.invalidate_many(year()).await.unwrap();
     let commands = monitor.commands_until_now(&server);
     assert_eq!(commands, vec!["EVALSHA"], "{commands:?}");
     for key in year() {
@@ -741,7 +741,7 @@ async fn stale_keys_of_a_batch_are_refreshed_one_by_one_under_their_own_leases()
         .iter()
         .all(|r| r.as_ref().unwrap().source == Source::Computed));
     tokio::time::advance(Duration::from_secs(120)).await;
-    cache.set("c", &0usize, ttl).await.unwrap();
+    let _ = cache.set("c", &0usize, ttl).await.unwrap();
     let second = cache.fetch_many(["a", "b", "c"], ttl, f).await;
     let served: Vec<(usize, Source)> = second
         .iter()
@@ -920,7 +920,7 @@ async fn a_big_cold_batch_reaches_redis_in_bounded_chunks() {
             .get_or_compute_many(["warm-up"], TTL, report(&calls, Duration::ZERO))
             .await,
     );
-    cache
+    let _ = cache
         .invalidate_many(["warm-up"])
         .await
         .expect("invalidated");
@@ -976,7 +976,7 @@ async fn a_big_cold_batch_reaches_redis_in_bounded_chunks() {
     );
 
     log_every_command(&mut admin);
-    cache.invalidate_many(&days).await.expect("invalidated");
+    let _ = cache.invalidate_many(&days).await.expect("invalidated");
     let log = slow_log(&mut admin);
     let scripts: Vec<&Logged> = log.iter().filter(|c| c.name() == "EVALSHA").collect();
     // Invalidate takes two keys per entry (value, fence).
@@ -1000,7 +1000,7 @@ async fn a_big_cold_batch_reaches_redis_in_bounded_chunks() {
 async fn a_call_over_the_key_limit_is_refused_whole() {
     let cache = Cache::in_memory();
     let calls = Calls::default();
-    cache.set("day-0", &"kept".to_owned(), TTL).await.unwrap();
+    let _ = cache.set("day-0", &"kept".to_owned(), TTL).await.unwrap();
     let over: Vec<String> = (0..=stampede_guard::MAX_BATCH_KEYS)
         .map(|i| format!("day-{i}"))
         .collect();
@@ -1026,6 +1026,6 @@ async fn a_call_over_the_key_limit_is_refused_whole() {
 
     // At the limit, the call goes through.
     let at = &over[..stampede_guard::MAX_BATCH_KEYS];
-    cache.invalidate_many(at).await.expect("at the limit");
+    let _ = cache.invalidate_many(at).await.expect("at the limit");
     assert_eq!(cache.get::<String>("day-0").await.unwrap(), None);
 }

@@ -90,7 +90,7 @@ fn a_caller_dropped_during_lock_acquisition_frees_the_lock() {
         .await;
         // Connect (and calibrate the clock) first, so that every drop below falls into a
         // request, not the connection set-up.
-        cache
+        let _ = cache
             .set("warm-up", &"ready".to_string(), Duration::from_secs(60))
             .await
             .expect("the proxy passes");

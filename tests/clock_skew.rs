@@ -100,7 +100,7 @@ fn a_reader_whose_clock_runs_ahead_still_gets_fresh_hits() {
     let server = RedisServer::start();
     runtime().block_on(async {
         let cache = cache(&server, "skew", options()).await;
-        cache
+        let _ = cache
             .set("2019-05", &"report".to_string(), TTL)
             .await
             .expect("written");

@@ -297,11 +297,11 @@ async fn a_near_tier_on_a_cluster_hears_every_master_and_stops_when_one_dies() {
     let months = months_on_every_master(&cluster);
 
     for m in &months {
-        writer.set(m, &format!("{m} v1"), TTL).await.unwrap();
+        let _ = writer.set(m, &format!("{m} v1"), TTL).await.unwrap();
         assert_eq!(until_near_hit(&reader, m).await, format!("{m} v1"));
     }
     for m in &months {
-        writer.set(m, &format!("{m} v2"), TTL).await.unwrap();
+        let _ = writer.set(m, &format!("{m} v2"), TTL).await.unwrap();
     }
     // Once the changes are max_staleness old, no read returns what they replaced.
     tokio::time::sleep(MAX_STALENESS).await;
@@ -455,7 +455,7 @@ async fn batches_on_a_cluster_lock_per_slot_and_compute_each_key_once() {
         .await;
     assert!(got.iter().all(Result::is_ok), "{got:?}");
 
-    caches[1].invalidate_many(&months).await.unwrap();
+    let _ = caches[1].invalidate_many(&months).await.unwrap();
     for m in &months {
         assert_eq!(caches[2].get::<String>(m).await.unwrap(), None, "{m}");
     }

@@ -21,8 +21,8 @@ async fn handler(cache: &Cache, month: &str) -> Result<u64, Error> {
     let total = cache
         .get_or_compute(month, TTL, || async { Ok::<_, std::io::Error>(42u64) })
         .await?;
-    cache.set("last-month", &total, TTL).await?;
-    cache.invalidate("last-month").await?;
+    let _ = cache.set("last-month", &total, TTL).await?;
+    let _ = cache.invalidate("last-month").await?;
     guard.release().await?;
     Ok(total)
 }
@@ -37,8 +37,8 @@ async fn boxed_handler(
     let total = cache
         .get_or_compute(month, TTL, || async { Ok::<_, String>(7u64) })
         .await?;
-    cache.set("last-month", &total, TTL).await?;
-    cache.invalidate("last-month").await?;
+    let _ = cache.set("last-month", &total, TTL).await?;
+    let _ = cache.invalidate("last-month").await?;
     guard.release().await?;
     Ok(cache.get::<u64>(month).await?.unwrap_or(0))
 }

@@ -27,7 +27,7 @@ async fn cache_on_a_stopped_server(fallback: OnBackendError) -> (RedisServer, Ca
         .await
         .unwrap();
     // Connected and working first, so the failures below are the server going away.
-    cache.set("2019-05", &1u32, TTL).await.unwrap();
+    let _ = cache.set("2019-05", &1u32, TTL).await.unwrap();
     redis.kill();
     (redis, cache)
 }
@@ -64,7 +64,7 @@ async fn without_the_fallback_every_call_fails_with_a_backend_error() {
 async fn with_the_fallback_get_is_a_miss_set_is_skipped_and_invalidate_and_locks_fail() {
     let (mut redis, cache) = cache_on_a_stopped_server(OnBackendError::ComputeUncached).await;
     assert_eq!(cache.get::<u32>("2019-05").await.unwrap(), None, "a miss");
-    cache.set("2019-05", &2u32, TTL).await.unwrap();
+    let _ = cache.set("2019-05", &2u32, TTL).await.unwrap();
     // A lost invalidation would serve stale data once Redis is back: the caller must know.
     assert!(backend(cache.invalidate("2019-05").await));
     assert!(backend(cache.lock("nightly").unwrap().try_acquire().await));
@@ -86,7 +86,7 @@ async fn with_the_fallback_get_is_a_miss_set_is_skipped_and_invalidate_and_locks
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(cache.get::<u32>("2019-05").await.unwrap(), None);
-    cache.set("2019-05", &3u32, TTL).await.unwrap();
+    let _ = cache.set("2019-05", &3u32, TTL).await.unwrap();
     assert_eq!(cache.get::<u32>("2019-05").await.unwrap(), Some(3));
     let guard = cache.lock("nightly").unwrap().try_acquire().await.unwrap();
     guard.expect("free").release().await.unwrap();

@@ -213,7 +213,7 @@ async fn an_invalidation_during_a_background_refresh_refuses_its_write() {
         Source::Stale
     );
     settle(SECOND / 2).await; // the refresh is half-way
-    cache.invalidate("2019-05").await.unwrap();
+    let _ = cache.invalidate("2019-05").await.unwrap();
     settle(SECOND).await; // the refresh finishes; its write is refused
     assert_eq!(counter.runs(), 2);
     assert_eq!(cache.get::<usize>("2019-05").await.unwrap(), None);

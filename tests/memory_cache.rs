@@ -151,7 +151,7 @@ async fn failures_panics_and_cancellations_leave_no_lock_behind() {
     assert!(matches!(failed, Err(Error::Compute(_))));
     assert_eq!(cache.in_flight(), 0);
     assert_eq!(next(cache.clone()).await.unwrap(), 9);
-    cache.invalidate("2019-05").await.unwrap();
+    let _ = cache.invalidate("2019-05").await.unwrap();
 
     let panicking = {
         let cache = cache.clone();
@@ -168,7 +168,7 @@ async fn failures_panics_and_cancellations_leave_no_lock_behind() {
     assert!(panicking.await.is_err_and(|e| e.is_panic()));
     assert_eq!(cache.in_flight(), 0);
     assert_eq!(next(cache.clone()).await.unwrap(), 9);
-    cache.invalidate("2019-05").await.unwrap();
+    let _ = cache.invalidate("2019-05").await.unwrap();
 
     let hanging = {
         let cache = cache.clone();
@@ -205,7 +205,7 @@ async fn an_invalidation_during_the_computation_refuses_its_write() {
         })
     };
     tokio::time::sleep(SECOND / 2).await;
-    cache.invalidate("2019-05").await.unwrap();
+    let _ = cache.invalidate("2019-05").await.unwrap();
     assert_eq!(computing.await.unwrap().unwrap(), "stale");
     assert_eq!(cache.get::<String>("2019-05").await.unwrap(), None);
 }
@@ -225,7 +225,7 @@ async fn a_set_during_the_computation_wins_over_it() {
         })
     };
     tokio::time::sleep(SECOND / 2).await;
-    cache
+    let _ = cache
         .set("2019-05", &"set by hand".to_string(), 60 * SECOND)
         .await
         .unwrap();

@@ -91,7 +91,7 @@ async fn a_near_hit_costs_no_command_and_changes_reach_every_instance() {
     let server = RedisServer::start();
     let a = near_cache(server.url()).await;
     let b = near_cache(server.url()).await;
-    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v1".to_owned(), TTL).await.unwrap();
     assert_eq!(until_near_hit(&b, "k").await, "v1");
 
     // Hits on the near tier read nothing from Redis (the monitor sees heartbeats, and the
@@ -115,18 +115,18 @@ async fn a_near_hit_costs_no_command_and_changes_reach_every_instance() {
 
     // `set` on A reaches B's near tier (whose stream stays live all along: only the
     // announcement can make it drop its copy).
-    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v2".to_owned(), TTL).await.unwrap();
     tokio::time::sleep(MAX_STALENESS).await;
     never_old_until_new(&b, "k", "v1", "v2").await;
     assert_eq!(until_near_hit(&b, "k").await, "v2");
     // So does `invalidate`: B computes afresh.
-    a.invalidate("k").await.unwrap();
+    let _ = a.invalidate("k").await.unwrap();
     tokio::time::sleep(MAX_STALENESS).await;
     never_old_until_new(&b, "k", "v2", "computed").await;
     assert_eq!(b.stats().near_switched_off, 0, "{:?}", b.stats());
     // And the instance that changed the entry never serves its own old copy.
     assert_eq!(until_near_hit(&a, "k").await, "computed");
-    a.set("k", &"v3".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v3".to_owned(), TTL).await.unwrap();
     assert_eq!(read(&a, "k").await.unwrap(), "v3");
     let stats = b.stats();
     assert!(stats.near_invalidations >= 2, "{stats:?}");
@@ -190,8 +190,8 @@ async fn announced_writes(server: &RedisServer, a: &Cache) {
         .set("near:{garbled}", b"not an envelope")
         .unwrap();
     assert_eq!(read(a, "garbled").await.unwrap(), "computed");
-    a.invalidate("gone").await.unwrap();
-    a.set("set", &1u8, TTL).await.unwrap();
+    let _ = a.invalidate("gone").await.unwrap();
+    let _ = a.set("set", &1u8, TTL).await.unwrap();
     // Announcements arrive in the order of the writes: the cold fill, first, made none.
     let next = || heard.recv_timeout(PATIENCE).expect("an announcement");
     let keys: Vec<String> = (0..3)
@@ -248,13 +248,13 @@ async fn a_near_tier_over_redlock_locks_hears_every_change() {
 /// A `set` and an `invalidate` on `a` stop `b` serving the old value once they are
 /// `max_staleness` old (b's stream stays live all along: only announcements can do it).
 async fn changes_reach(a: &Cache, b: &Cache) {
-    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v1".to_owned(), TTL).await.unwrap();
     assert_eq!(until_near_hit(b, "k").await, "v1");
-    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v2".to_owned(), TTL).await.unwrap();
     tokio::time::sleep(MAX_STALENESS).await;
     never_old_until_new(b, "k", "v1", "v2").await;
     assert_eq!(until_near_hit(b, "k").await, "v2");
-    a.invalidate("k").await.unwrap();
+    let _ = a.invalidate("k").await.unwrap();
     tokio::time::sleep(MAX_STALENESS).await;
     never_old_until_new(b, "k", "v2", "computed").await;
     let stats = b.stats();
@@ -277,12 +277,12 @@ fn a_black_holed_stream_stops_near_hits_within_max_staleness() {
 async fn black_holed(server: &mut RedisServer, proxy: &Proxy) {
     let a = near_cache(server.url()).await;
     let b = near_cache(proxy.url()).await;
-    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v1".to_owned(), TTL).await.unwrap();
     assert_eq!(until_near_hit(&b, "k").await, "v1");
 
     // B hears nothing from now on, and no error tells it so.
     proxy.set_mode(Mode::Blackhole);
-    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v2".to_owned(), TTL).await.unwrap();
     tokio::time::sleep(MAX_STALENESS).await;
     // Once max_staleness has passed since the change, B must not serve v1: it has no proof of a
     // current stream, so it goes to Redis (black-holed: an error) instead of its copy.
@@ -308,12 +308,12 @@ fn a_cut_connection_or_a_restarted_server_loses_no_change() {
 async fn cut_and_restarted(server: &mut RedisServer, proxy: &Proxy) {
     let a = near_cache(server.url()).await;
     let b = near_cache(proxy.url()).await;
-    a.set("k", &"v1".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v1".to_owned(), TTL).await.unwrap();
     assert_eq!(until_near_hit(&b, "k").await, "v1");
 
     // A cut: the announcement of v2 may be sent while B has no connection to hear it.
     proxy.cut();
-    a.set("k", &"v2".to_owned(), TTL).await.unwrap();
+    let _ = a.set("k", &"v2".to_owned(), TTL).await.unwrap();
     tokio::time::sleep(MAX_STALENESS).await;
     never_old_until_new(&b, "k", "v1", "v2").await;
     assert_eq!(until_near_hit(&b, "k").await, "v2");
@@ -359,7 +359,7 @@ fn feeds(server: &RedisServer) -> usize {
 async fn dropping_the_cache_stops_its_feed() {
     let server = RedisServer::start();
     let cache = near_cache(server.url()).await;
-    cache.set("k", &"v".to_owned(), TTL).await.unwrap();
+    let _ = cache.set("k", &"v".to_owned(), TTL).await.unwrap();
     until_near_hit(&cache, "k").await;
     assert_eq!(feeds(&server), 1);
     drop(cache);

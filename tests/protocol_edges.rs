@@ -98,7 +98,7 @@ async fn a_ttl_of_duration_max_caches_forever_in_memory() {
         .await
         .unwrap();
     assert_eq!(own.value, 7);
-    cache.set("set", &8u8, Duration::MAX).await.unwrap();
+    let _ = cache.set("set", &8u8, Duration::MAX).await.unwrap();
     settle(Duration::from_secs(200 * 365 * 24 * 3600)).await;
     assert_eq!(cache.get::<u8>("own").await.unwrap(), Some(7));
     assert_eq!(cache.get::<u8>("set").await.unwrap(), Some(8));
@@ -135,7 +135,7 @@ async fn every_call_option_accepts_duration_max_in_memory() {
         settle(Duration::from_millis(50)).await;
         guard.release().await.unwrap();
         assert_eq!(waiter.await.unwrap().unwrap(), 1, "{name}");
-        cache.set("set", &2u8, SECOND).await.unwrap();
+        let _ = cache.set("set", &2u8, SECOND).await.unwrap();
         assert_eq!(cache.get::<u8>("set").await.unwrap(), Some(2), "{name}");
         assert_eq!(runs.count(), 2, "{name}: each key computed once");
     }
@@ -161,7 +161,7 @@ async fn a_ttl_of_duration_max_caches_forever_on_redis() {
     assert_eq!(pttl, -1, "a forever value has no expiry");
     let fence: i64 = conn.pttl(format!("{NS}:{{k}}_fence")).unwrap();
     assert_eq!(fence, -1, "nor has the fencing counter that guards it");
-    cache.set("set", &8u8, Duration::MAX).await.unwrap();
+    let _ = cache.set("set", &8u8, Duration::MAX).await.unwrap();
     let pttl: i64 = conn.pttl(format!("{NS}:{{set}}")).unwrap();
     assert_eq!(pttl, -1);
     assert_eq!(cache.get::<u8>("set").await.unwrap(), Some(8));
@@ -200,7 +200,7 @@ async fn every_call_option_accepts_duration_max_on_redis() {
             assert!(pttl > 0, "{name}: {pttl}");
         }
         guard.release().await.unwrap();
-        cache
+        let _ = cache
             .set(&format!("{name}-set"), &2u8, SECOND * 60)
             .await
             .unwrap();
@@ -272,7 +272,7 @@ async fn the_fencing_counter_outlives_many_leases_while_its_value_lives_on_redis
 /// A stale value whose refresh fails after another writer's `set` landed: the set survives.
 async fn a_failed_refresh_keeps_a_newer_value(cache: Cache, writer: Cache) {
     let ttl = SECOND;
-    cache.set("k", &1u32, ttl).await.unwrap();
+    let _ = cache.set("k", &1u32, ttl).await.unwrap();
     tokio::time::sleep(ttl + Duration::from_millis(100)).await;
     let gate = Arc::new(tokio::sync::Notify::new());
     let ran = Arc::new(AtomicUsize::new(0));
@@ -290,7 +290,7 @@ async fn a_failed_refresh_keeps_a_newer_value(cache: Cache, writer: Cache) {
     while ran.load(Ordering::SeqCst) < 1 {
         settle(Duration::from_millis(10)).await;
     }
-    writer
+    let _ = writer
         .set("k", &2u32, Duration::from_secs(60))
         .await
         .unwrap();
@@ -354,9 +354,9 @@ async fn wake_ups_do_not_cross_databases() {
             return channel;
         }
     };
-    zero.set("k", &1u8, SECOND * 60).await.unwrap();
+    let _ = zero.set("k", &1u8, SECOND * 60).await.unwrap();
     let on_zero = wake_up_channel();
-    one.set("k", &1u8, SECOND * 60).await.unwrap();
+    let _ = one.set("k", &1u8, SECOND * 60).await.unwrap();
     let on_one = wake_up_channel();
     assert_ne!(on_zero, on_one, "one channel per database");
     for channel in [&on_zero, &on_one] {
@@ -365,7 +365,7 @@ async fn wake_ups_do_not_cross_databases() {
     drop(pubsub);
 
     // A waiter on /1 behind a held lock listens on /1's channel only.
-    one.invalidate("k").await.unwrap();
+    let _ = one.invalidate("k").await.unwrap();
     let guard = one.lock("k").unwrap().acquire().await.unwrap();
     let waiter = {
         let one = one.clone();
@@ -465,7 +465,7 @@ async fn through_redlock_an_invalidation_outlives_a_long_renewed_computation() {
         })
     };
     started.notified().await;
-    other.invalidate("k").await.unwrap();
+    let _ = other.invalidate("k").await.unwrap();
     let value = computation.await.unwrap().unwrap();
     assert_eq!(
         value, "computed before the invalidation",

@@ -379,7 +379,7 @@ async fn invalidation_during_a_computation_refuses_its_write() {
         })
     };
     started_rx.await.unwrap();
-    cache.invalidate("2019-05").await.unwrap();
+    let _ = cache.invalidate("2019-05").await.unwrap();
     go_tx.send(()).unwrap();
     assert_eq!(
         computing.await.unwrap().unwrap(),
@@ -747,6 +747,6 @@ async fn caches_with_other_namespaces_do_not_share() {
     let server = RedisServer::start();
     let a = cache(&server, "reports", CallOptions::default()).await;
     let b = cache(&server, "other", CallOptions::default()).await;
-    a.set("k", &1u8, TTL).await.unwrap();
+    let _ = a.set("k", &1u8, TTL).await.unwrap();
     assert_eq!(b.get::<u8>("k").await.unwrap(), None);
 }

@@ -231,7 +231,7 @@ async fn a_cache_can_take_its_per_key_locks_through_redlock() {
         .exists::<_, bool>("reports:{2019-05}_lock")
         .unwrap());
     // An invalidation during the computation refuses its write, across the two stores.
-    caches[1].invalidate("2019-05").await.unwrap();
+    let _ = caches[1].invalidate("2019-05").await.unwrap();
     go_tx.send(()).unwrap();
     assert_eq!(
         computing.await.unwrap().unwrap(),

@@ -119,11 +119,11 @@ async fn an_acl_user_works_and_its_key_patterns_confine_the_cache_to_its_namespa
         .unwrap();
     assert_eq!(waited, "from alice");
     assert_eq!(computing.await.unwrap().unwrap(), "from alice");
-    waiter
+    let _ = waiter
         .set("2019-06", &"set".to_string(), TTL)
         .await
         .unwrap();
-    waiter.invalidate("2019-06").await.unwrap();
+    let _ = waiter.invalidate("2019-06").await.unwrap();
     let guard = waiter.lock("sync").unwrap().acquire().await.unwrap();
     assert!(guard.extend().await.unwrap());
     guard.release().await.unwrap();
@@ -314,7 +314,7 @@ async fn oversize_keys_and_values_are_refused_on_redis_at_the_documented_limits(
     // refused with a message naming the limit, and neither a value nor a lock is left behind.
     // (A String encodes as a 5-byte length prefix for this size, then its bytes.)
     let at_limit = "v".repeat(MAX_VALUE_BYTES - 5);
-    cache.set("big", &at_limit, TTL).await.unwrap();
+    let _ = cache.set("big", &at_limit, TTL).await.unwrap();
     let back: String = cache.get("big").await.unwrap().expect("the value is there");
     assert_eq!(back.len(), at_limit.len());
     drop((at_limit, back));

@@ -223,7 +223,7 @@ async fn every_type_that_worked_keeps_working() {
     };
     computed_once_then_hit(&cache, "guarded", guarded).await;
     // Two types of one shape read each other's values (a `String` and a `Box<str>`).
-    cache.set("same", &"one".to_string(), TTL).await.unwrap();
+    let _ = cache.set("same", &"one".to_string(), TTL).await.unwrap();
     assert_eq!(
         cache.get::<Box<str>>("same").await.unwrap().as_deref(),
         Some("one")

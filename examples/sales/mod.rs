@@ -258,6 +258,23 @@ impl SalesDb {
         self.pool.close().await;
     }
 
+    /// Records one order of `amount_cents` in `month` (region `north`) and commits it; returns
+    /// its id. Not a report query, so not counted in [`SalesDb::queries`].
+    pub async fn add_order(&self, month: &str, amount_cents: i64) -> Result<i64, sqlx::Error> {
+        // One statement, so the id and the row commit together (two concurrent inserts may
+        // pick the same id on PostgreSQL: one then fails; fine for an example).
+        let (id,): (i64,) = sqlx::query_as(&format!(
+            "INSERT INTO {TABLE} (id, month, region, amount_cents)
+             SELECT COALESCE(MAX(id), 0) + 1, $1, 'north', $2 FROM {TABLE}
+             RETURNING id"
+        ))
+        .bind(month)
+        .bind(amount_cents)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
     /// Every seeded month's orders and revenue in one aggregate: the year summary that the
     /// `axum_report` example's leader job writes into the cache. Not a report query, so not
     /// counted in [`SalesDb::queries`].

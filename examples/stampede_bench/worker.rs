@@ -60,7 +60,7 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
         .await
         .map_err(|e| format!("warm-up failed: {e}"))?;
     if config.mode == Mode::Naive {
-        cache.set(&warmup, &String::new(), config.ttl).await?;
+        let _ = cache.set(&warmup, &String::new(), config.ttl).await?;
     }
 
     // The release, on this process's clock: the steady clock's second 0, from which
@@ -390,7 +390,7 @@ async fn naive(
         return Ok(v);
     }
     let v = compute(month, counters, config.compute, config.payload).await?;
-    cache
+    let _ = cache
         .set(month, &v, config.ttl)
         .await
         .map_err(|e| e.to_string())?;

@@ -3,6 +3,7 @@
 //! Explained in the guide: `docs/configuration.md` (every setting, its default and bounds).
 
 use crate::cache::near::{NearCacheOptions, NearTier};
+use crate::cache::recovery::{Recovery, RecoveryOptions};
 use crate::cache::Cache;
 use crate::store::{Backend, ConnectionOptions};
 use crate::wire::codec::{Bincode, Codec};
@@ -40,6 +41,8 @@ pub struct CacheBuilder<C = Bincode> {
     connection: ConnectionOptions,
     codec: C,
     near: Option<NearCacheOptions>,
+    /// Off (`None`) by default: a write that fails is the caller's to see.
+    recovery: Option<RecoveryOptions>,
 }
 
 impl<C> std::fmt::Debug for CacheBuilder<C> {
@@ -51,6 +54,7 @@ impl<C> std::fmt::Debug for CacheBuilder<C> {
             .field("options", &self.options)
             .field("connection", &self.connection)
             .field("near", &self.near)
+            .field("recovery", &self.recovery)
             .finish_non_exhaustive()
     }
 }
@@ -65,6 +69,7 @@ impl CacheBuilder {
             connection: ConnectionOptions::default(),
             codec: Bincode,
             near: None,
+            recovery: None,
         }
     }
 }
@@ -176,6 +181,7 @@ impl<C: Codec> CacheBuilder<C> {
             connection: self.connection,
             codec,
             near: self.near,
+            recovery: self.recovery,
         }
     }
 
@@ -223,6 +229,54 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
+    /// Queue the writes that cannot reach the backend, and replay them when it answers
+    /// (off by default). A [`set`](Cache::set), [`invalidate`](Cache::invalidate) or
+    /// [`invalidate_many`](Cache::invalidate_many) that fails because Redis is unreachable or
+    /// busy then returns `Ok(`[`Written::Queued`](crate::Written::Queued)`)` instead of an
+    /// error; a refusal (permission, a replica, a full memory) is still the caller's error.
+    ///
+    /// - Per key one write waits, the newest (an invalidation replaces an older `set`, a `set`
+    ///   an older invalidation); the queue is bounded by `options` and, when full, refuses with
+    ///   [`Error::RecoveryQueueFull`], never dropping what it holds.
+    /// - A background task replays the writes oldest first as soon as the backend answers,
+    ///   retrying every 100 ms to 1 s meanwhile: an invalidation made during an outage is
+    ///   applied within about a second of the server's return. It logs once when replays start
+    ///   failing and once when the queue has drained. It stops when the last handle of the
+    ///   cache is dropped; what is still queued then is lost (the queue lives in this process:
+    ///   see the guide's [after a commit](https://github.com/stampede-guard/stampede-guard/blob/main/docs/after-commit.md)).
+    /// - A replayed invalidation is the normal fenced one. A replayed `set` never overwrites a
+    ///   value: into an empty slot it is written (with what is left of its TTL); over a value,
+    ///   which may be newer, it deletes that value instead, so the next call computes afresh.
+    /// - Until a key's write is replayed, this instance does not read that key from Redis: a
+    ///   read replays it first, and if that fails the read fails as the backend does
+    ///   ([`OnBackendError`](crate::OnBackendError) applies).
+    /// - The fail-safe's throttled copies are not queued: replayed after an outage, a copy
+    ///   meant to hold off recomputation for a few seconds would be stale advice.
+    ///
+    /// ```no_run
+    /// use stampede_guard::{Cache, RecoveryOptions, Written};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::builder()
+    ///     .redis_url("redis://127.0.0.1:6379/0")
+    ///     .auto_recovery(RecoveryOptions::default().max_entries(50_000))
+    ///     .build()
+    ///     .await?;
+    /// // After the row is committed:
+    /// match cache.invalidate("2019-05").await? {
+    ///     Written::Applied => {}
+    ///     Written::Queued => tracing::info!("invalidation queued until Redis answers"),
+    ///     _ => {}
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn auto_recovery(mut self, options: RecoveryOptions) -> Self {
+        self.recovery = Some(options);
+        self
+    }
+
     /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:
     /// a cache built while Redis is down works as soon as it is up.
     ///
@@ -259,6 +313,10 @@ impl<C: Codec> CacheBuilder<C> {
                 locks: Arc::new(locks),
             });
         }
+        // Spawned here, on the caller's runtime; stopped by the cache's drop guard.
+        let recovery = self
+            .recovery
+            .map(|options| Recovery::start(options, Arc::clone(&store), Arc::clone(&counters)));
         Ok(Cache::with_near(
             store,
             self.codec,
@@ -266,6 +324,7 @@ impl<C: Codec> CacheBuilder<C> {
             self.options,
             tier,
             counters,
+            recovery,
         ))
     }
 }

@@ -360,7 +360,7 @@ mod tests {
 
     /// Writes `value` fresh for a second, then lets it expire (the fail-safe keeps it stored).
     async fn expired_value(cache: &Cache, key: &str, value: u64) {
-        cache
+        let _ = cache
             .set(key, &value, Duration::from_secs(1))
             .await
             .unwrap();
@@ -489,7 +489,7 @@ mod tests {
             async move { claim(&cache, &keys).await }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        cache.invalidate("k").await.unwrap();
+        let _ = cache.invalidate("k").await.unwrap();
         match waiter.await.unwrap() {
             Claim::Failed(Error::WaitTimeout { .. }) => {}
             Claim::Fallback(_) => panic!("the invalidated value was served as the fallback"),

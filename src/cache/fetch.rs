@@ -161,7 +161,12 @@ impl<C: Codec> Cache<C> {
         // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
         // window is not a hit: it goes on to the lock, taken over it.
         let mut start = Start::Read;
-        match self.inner.store.get(&keys).await {
+        // A write of this key still queued goes first (auto-recovery); failing, it fails the read.
+        let read = match self.replay_queued(&[&keys]).await {
+            Ok(()) => self.inner.store.get(&keys).await,
+            Err(e) => Err(e),
+        };
+        match read {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
                     match self.sort(entry) {

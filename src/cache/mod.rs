@@ -3,7 +3,8 @@
 //! `hit.rs` (the near tier's and the embedded store's hits), `entry.rs` (the stored entry: read,
 //! encode, fresh-until), `claim.rs` (the wait-or-lock loop), `compute.rs` (computing under the
 //! lock), `serve.rs` (serving a stored entry), `uncached.rs` (the backend-down fallback),
-//! `batch.rs` (many keys in one call) and `refresh.rs` (background refreshes); `failsafe.rs`
+//! `batch.rs` (many keys in one call), `refresh.rs` (background refreshes) and `recovery.rs`
+//! (writes queued while the backend is unreachable, replayed when it answers); `failsafe.rs`
 //! decides what a caller gets when the computation fails or runs long, `freshness.rs` judges
 //! stored values, `builder.rs` builds the handle.
 //!
@@ -21,6 +22,7 @@ mod fetch;
 pub(crate) mod freshness;
 mod hit;
 pub(crate) mod near;
+pub(crate) mod recovery;
 mod refresh;
 pub(crate) mod serve;
 mod uncached;
@@ -36,6 +38,7 @@ use tracing::Instrument;
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::freshness::Standing;
 use crate::cache::near::NearTier;
+use crate::cache::recovery::{Intent, Queued, Recovery};
 use crate::cache::refresh::Refreshes;
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
@@ -45,7 +48,7 @@ use crate::time::saturate;
 use crate::wait::flight::Flights;
 use crate::wire::codec::{Bincode, Codec};
 use crate::wire::key::EntryKeys;
-use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats};
+use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats, Written};
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
 /// for it at the same time.
@@ -99,7 +102,7 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, 
 /// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = stampede_guard::Cache::in_memory();
 /// let ttl = Duration::from_secs(300);
-/// cache.set("2019-05", &Report { orders: 5, revenue_cents: 1000 }, ttl).await?;
+/// let _ = cache.set("2019-05", &Report { orders: 5, revenue_cents: 1000 }, ttl).await?;
 /// // The reordered type does not read the old value (it would be `{ revenue_cents: 5, orders: 1000 }`)...
 /// assert_eq!(cache.get::<next_deploy::Report>("2019-05").await?, None);
 /// // ...but computes its own, which replaces it.
@@ -131,6 +134,9 @@ pub(crate) struct Inner<C> {
     /// The near tier, if the builder was given one ([`CacheBuilder::near_cache`]). Its feed
     /// task holds it weakly, so dropping the last handle stops the feed.
     pub(crate) near: Option<Arc<NearTier>>,
+    /// The auto-recovery queue, if the builder was given one ([`CacheBuilder::auto_recovery`]).
+    /// It is the drop guard of its background task: dropping the last handle stops it.
+    pub(crate) recovery: Option<Recovery>,
 }
 
 impl<C> Clone for Cache<C> {
@@ -201,10 +207,11 @@ impl<C: Codec> Cache<C> {
         namespace: String,
         options: CallOptions,
     ) -> Self {
-        Cache::with_near(store, codec, namespace, options, None, Arc::default())
+        Cache::with_near(store, codec, namespace, options, None, Arc::default(), None)
     }
 
-    /// A cache with a near tier (which counts into `counters`, the cache's own).
+    /// A cache with a near tier (which counts into `counters`, the cache's own) and an
+    /// auto-recovery queue (which counts there too).
     pub(crate) fn with_near(
         store: Arc<dyn Store>,
         codec: C,
@@ -212,6 +219,7 @@ impl<C: Codec> Cache<C> {
         options: CallOptions,
         near: Option<Arc<NearTier>>,
         counters: Arc<Counters>,
+        recovery: Option<Recovery>,
     ) -> Self {
         Cache {
             inner: Arc::new(Inner {
@@ -222,6 +230,7 @@ impl<C: Codec> Cache<C> {
                 refreshes: Arc::default(),
                 counters,
                 near,
+                recovery,
             }),
             options,
         }
@@ -332,14 +341,19 @@ impl<C: Codec> Cache<C> {
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = stampede_guard::Cache::in_memory();
     /// assert_eq!(cache.get::<String>("greeting").await?, None);
-    /// cache.set("greeting", &"hello".to_string(), Duration::from_secs(60)).await?;
+    /// let _ = cache.set("greeting", &"hello".to_string(), Duration::from_secs(60)).await?;
     /// assert_eq!(cache.get::<String>("greeting").await?.as_deref(), Some("hello"));
     /// # Ok(())
     /// # }
     /// ```
     pub async fn get<T: DeserializeOwned + 'static>(&self, key: &str) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        let bytes = match self.inner.store.get(&keys).await {
+        // A write of this key still queued goes first: Redis may hold what it replaced.
+        let read = match self.replay_queued(&[&keys]).await {
+            Ok(()) => self.inner.store.get(&keys).await,
+            Err(e) => Err(e),
+        };
+        let bytes = match read {
             Ok(bytes) => bytes,
             Err(e) => {
                 self.fail_open("get", &keys, e, "reading it as a miss")?;
@@ -358,20 +372,26 @@ impl<C: Codec> Cache<C> {
     /// [`FOREVER`](crate::FOREVER) or more (`Duration::MAX`) means no expiry. A computation of this key that is running
     /// now will not overwrite it: its write is refused by the fencing check.
     ///
-    /// When the backend fails: [`Error::Backend`], or with
-    /// [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached) `Ok(())`, the write skipped
-    /// (as if the value had been evicted at once), logged and counted in
-    /// [`Stats::backend_errors`](crate::Stats::backend_errors).
+    /// Returns [`Written::Applied`] when the backend took it. When the backend fails:
+    /// - unreachable or busy, with [auto-recovery](CacheBuilder::auto_recovery) on:
+    ///   [`Written::Queued`], replayed when it answers (never over a value written meanwhile),
+    ///   or [`Error::RecoveryQueueFull`] if the queue is full;
+    /// - otherwise [`Error::Backend`], or with
+    ///   [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)
+    ///   [`Written::Skipped`] (as if the value had been evicted at once), logged and counted in
+    ///   [`Stats::backend_errors`](crate::Stats::backend_errors).
     ///
     /// `T` must also be `DeserializeOwned`: the value records the shape of the type it is to be
     /// read as (see [Changing a cached type](Cache#changing-a-cached-type)).
     ///
     /// ```
+    /// use stampede_guard::Written;
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = stampede_guard::Cache::in_memory();
-    /// cache.set("2019-05", &vec![1u32, 2, 3], Duration::from_secs(60)).await?;
+    /// let written = cache.set("2019-05", &vec![1u32, 2, 3], Duration::from_secs(60)).await?;
+    /// assert_eq!(written, Written::Applied);
     /// assert_eq!(cache.get::<Vec<u32>>("2019-05").await?, Some(vec![1, 2, 3]));
     /// # Ok(())
     /// # }
@@ -381,57 +401,79 @@ impl<C: Codec> Cache<C> {
         key: &str,
         value: &T,
         ttl: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<Written, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         let ttl = saturate(ttl);
         self.clock_ready().await;
         let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
+        let stored_for = self.options.stored_for(ttl);
+        // Kept for the queue only when there is one: a copy of the value per write otherwise.
+        let kept = self.inner.recovery.as_ref().map(|_| bytes.clone());
         let written = self
             .inner
             .store
-            .set(
-                &keys,
-                bytes,
-                self.options.stored_for(ttl),
-                self.options.lease,
-            )
+            .set(&keys, bytes, stored_for, self.options.lease)
             .await;
         // Also after a failure: the write may have been applied.
         self.forget_near(&keys);
-        match written {
-            Ok(()) => Ok(()),
-            Err(e) => self.fail_open("set", &keys, e, "the write is skipped"),
+        let error = match written {
+            Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
+            Err(e) => e,
+        };
+        if let Some(bytes) = kept {
+            let intent = Intent::Set { bytes, stored_for };
+            let batch = vec![self.queued(keys.clone(), intent)];
+            if let Some(queued) = self.queue_failed("set", batch, &error) {
+                return queued;
+            }
         }
+        self.fail_open("set", &keys, error, "the write is skipped")
+            .map(|()| Written::Skipped)
     }
 
     /// Deletes a value. A computation of this key that is running now will not write its result
     /// (it started before the invalidation, so its result may be stale); the next call computes
     /// afresh.
     ///
-    /// When the backend fails: [`Error::Backend`], whatever the [`OnBackendError`](crate::OnBackendError),
-    /// since a lost invalidation would serve the old value again once the backend is back. Retry
-    /// it, or let the value's TTL bound how long it can be served.
+    /// Returns [`Written::Applied`] when the backend took it. When the backend is unreachable or
+    /// busy and [auto-recovery](CacheBuilder::auto_recovery) is on, [`Written::Queued`]: replayed
+    /// when it answers, and until then this instance does not serve the key from Redis (or
+    /// [`Error::RecoveryQueueFull`] if the queue is full). Otherwise a failure is
+    /// [`Error::Backend`], whatever the [`OnBackendError`](crate::OnBackendError), since a lost
+    /// invalidation would serve the old value again once the backend is back.
+    ///
+    /// After a database commit, a failed invalidation must not turn the request into a failure
+    /// that a client retries (inserting twice): the guide's
+    /// [I committed a row and the invalidation failed: what now?](https://github.com/stampede-guard/stampede-guard/blob/main/docs/after-commit.md)
+    /// compares the options (this queue, a bounded retry, an outbox).
     ///
     /// ```
+    /// use stampede_guard::Written;
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = stampede_guard::Cache::in_memory();
-    /// cache.set("2019-05", &1u8, Duration::from_secs(60)).await?;
-    /// cache.invalidate("2019-05").await?;
+    /// let _ = cache.set("2019-05", &1u8, Duration::from_secs(60)).await?;
+    /// assert_eq!(cache.invalidate("2019-05").await?, Written::Applied);
     /// assert_eq!(cache.get::<u8>("2019-05").await?, None);
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn invalidate(&self, key: &str) -> Result<(), Error> {
+    pub async fn invalidate(&self, key: &str) -> Result<Written, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         let done = self.inner.store.invalidate(&keys, self.options.lease).await;
         // Also after a failure: the invalidation may have been applied.
         self.forget_near(&keys);
-        done.map_err(|e| {
-            self.inner.counters.record(Event::BackendError);
-            Error::backend("invalidate", e)
-        })
+        let error = match done {
+            Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
+            Err(e) => e,
+        };
+        let batch = vec![self.queued(keys, Intent::Invalidate)];
+        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
+            return queued;
+        }
+        self.inner.counters.record(Event::BackendError);
+        Err(Error::backend("invalidate", error))
     }
 
     /// Deletes many values in one round trip: what [`invalidate`](Self::invalidate) does, for
@@ -439,25 +481,32 @@ impl<C: Codec> Cache<C> {
     /// once (pipelined; on Redis Cluster, per slot), so a long list does not hold the server
     /// for other clients.
     ///
+    /// Returns [`Written::Applied`], or with [auto-recovery](CacheBuilder::auto_recovery) on and
+    /// the backend unreachable or busy, [`Written::Queued`]: every key queued, or none
+    /// ([`Error::RecoveryQueueFull`]).
+    ///
     /// # Errors
     /// [`Error::InvalidKey`] for the first empty or over-long key, [`Error::TooManyKeys`] for
     /// more than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS) keys (then nothing is invalidated);
     /// [`Error::Backend`] when the backend fails, whatever the [`OnBackendError`](crate::OnBackendError)
-    /// (some keys may have been invalidated: retry the call, which is harmless).
+    /// (some keys may have been invalidated: retry the call, which is harmless);
+    /// [`Error::RecoveryQueueFull`].
     ///
     /// ```
+    /// use stampede_guard::Written;
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = stampede_guard::Cache::in_memory();
-    /// cache.set("2019-05", &1u8, Duration::from_secs(60)).await?;
-    /// cache.set("2019-06", &2u8, Duration::from_secs(60)).await?;
-    /// cache.invalidate_many(["2019-05", "2019-06"]).await?;
+    /// let _ = cache.set("2019-05", &1u8, Duration::from_secs(60)).await?;
+    /// let _ = cache.set("2019-06", &2u8, Duration::from_secs(60)).await?;
+    /// let written = cache.invalidate_many(["2019-05", "2019-06"]).await?;
+    /// assert_eq!(written, Written::Applied);
     /// assert_eq!(cache.get::<u8>("2019-06").await?, None);
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn invalidate_many<K>(&self, keys: K) -> Result<(), Error>
+    pub async fn invalidate_many<K>(&self, keys: K) -> Result<Written, Error>
     where
         K: IntoIterator,
         K::Item: AsRef<str>,
@@ -482,10 +531,31 @@ impl<C: Codec> Cache<C> {
         for keys in &entries {
             self.forget_near(keys);
         }
-        done.map_err(|e| {
-            self.inner.counters.record(Event::BackendError);
-            Error::backend("invalidate", e)
-        })
+        let error = match done {
+            Ok(()) => return Ok(self.written(&entries)),
+            Err(e) => e,
+        };
+        // Every key, applied or not: which ones the backend took is unknown, and replaying an
+        // invalidation twice is harmless.
+        let batch = entries
+            .into_iter()
+            .map(|keys| self.queued(keys, Intent::Invalidate))
+            .collect();
+        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
+            return queued;
+        }
+        self.inner.counters.record(Event::BackendError);
+        Err(Error::backend("invalidate", error))
+    }
+
+    /// A write of `keys` that could not be made now, for the auto-recovery queue.
+    fn queued(&self, keys: EntryKeys, intent: Intent) -> Queued {
+        Queued {
+            keys,
+            intent,
+            lease: self.options.lease,
+            at: tokio::time::Instant::now(),
+        }
     }
 
     /// Returns the value under `key`, or computes it with `f`, caches it for `ttl` and returns it.
@@ -800,7 +870,7 @@ impl<C: Codec> Cache<C> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = Cache::in_memory();
-    /// cache.set("2026-10", &10u32, Duration::from_secs(3600)).await?;
+    /// let _ = cache.set("2026-10", &10u32, Duration::from_secs(3600)).await?;
     /// let results = cache
     ///     .fetch_many(["2026-10", "2026-11"], Duration::from_secs(3600), |missing| async move {
     ///         // Each key comes with its lease: pass its fencing token to what you write to.

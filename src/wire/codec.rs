@@ -37,7 +37,7 @@ pub type CodecError = Box<dyn std::error::Error + Send + Sync>;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = Cache::builder().codec(MyCodec).build().await?;
-/// cache.set("k", &1u8, std::time::Duration::from_secs(1)).await?;
+/// let _ = cache.set("k", &1u8, std::time::Duration::from_secs(1)).await?;
 /// assert_eq!(cache.get::<u8>("k").await?, Some(1));
 /// # Ok(())
 /// # }

@@ -1162,7 +1162,7 @@ async fn one_call(
     ctx.log.event(format!("begin {id} {op} {key} {start}"));
     let outcome = match op {
         "invalidate" => match ctx.cache.invalidate(&key).await {
-            Ok(()) => "done".to_string(),
+            Ok(_) => "done".to_string(),
             Err(e) => format!("err {}", kind(&e)),
         },
         "set" => {
@@ -1172,7 +1172,7 @@ async fn one_call(
                 .set(&key, &value, Duration::from_millis(1500))
                 .await
             {
-                Ok(()) => "done".to_string(),
+                Ok(_) => "done".to_string(),
                 Err(e) => format!("err {}", kind(&e)),
             }
         }

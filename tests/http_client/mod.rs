@@ -1,4 +1,4 @@
-//! A minimal HTTP/1.1 client for the tests: one `GET` per connection (`Connection: close`), the
+//! A minimal HTTP/1.1 client for the tests: one `GET` or `POST` per connection (`Connection: close`), the
 //! response read to the end. Real requests over a real socket, and no HTTP client crate to build.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
@@ -32,15 +32,26 @@ impl Response {
 
 /// `GET path` on `addr` (`host:port`); panics if there is no complete response within 30 s.
 pub async fn get(addr: &str, path: &str) -> Response {
-    tokio::time::timeout(Duration::from_secs(30), try_get(addr, path))
-        .await
-        .unwrap_or_else(|_| panic!("GET {path} on {addr}: no response within 30 s"))
-        .unwrap_or_else(|e| panic!("GET {path} on {addr}: {e}"))
+    request("GET", addr, path).await
 }
 
-async fn try_get(addr: &str, path: &str) -> std::io::Result<Response> {
+/// `POST path` on `addr`, with an empty body; as [`get`] otherwise.
+pub async fn post(addr: &str, path: &str) -> Response {
+    request("POST", addr, path).await
+}
+
+async fn request(method: &str, addr: &str, path: &str) -> Response {
+    tokio::time::timeout(Duration::from_secs(30), try_request(method, addr, path))
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path} on {addr}: no response within 30 s"))
+        .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
+}
+
+async fn try_request(method: &str, addr: &str, path: &str) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;

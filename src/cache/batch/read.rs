@@ -58,7 +58,12 @@ where
             })
             .collect();
         let entries: Vec<&EntryKeys> = remote.iter().map(|&slot| &*distinct[slot]).collect();
-        match cache.inner.store.get_many(&entries).await {
+        // Writes of these keys still queued go first (auto-recovery); failing, they fail the read.
+        let read = match cache.replay_queued(&entries).await {
+            Ok(()) => cache.inner.store.get_many(&entries).await,
+            Err(e) => Err(e),
+        };
+        match read {
             Ok(values) => {
                 for ((&slot, ticket), bytes) in remote.iter().zip(tickets).zip(values) {
                     let keys = &distinct[slot];

@@ -1,0 +1,154 @@
+//! Replaying queued writes: one key at a time under its gate ([`replay_key`], also called inline
+//! by a read of a queued key), and the background task that drains the queue oldest first,
+//! retrying with a capped backoff while the backend does not answer ([`drain`]).
+//!
+//! Fencing: a replayed invalidation is the normal fenced invalidation (fence bumped, value
+//! deleted, announced). A replayed `set` is the `replay_set` script: it writes only into an
+//! empty slot and invalidates over a value, since a value there may be newer than the queued
+//! one (FusionCache's lesson #163: the distributed entry is expired on replay).
+//!
+//! Cancellation: a replay dropped half-way (a reader's future dropped) leaves its intent queued;
+//! if the script had run, running it again deletes the value it wrote (a miss, never a stale
+//! value).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::queue::{Intent, Queued};
+use super::{queues, Shared};
+use crate::stats::Event;
+use crate::store::{Store, StoreResult};
+use crate::time::FOREVER;
+
+/// The first wait after a failed replay; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The longest wait between two attempts: an invalidation made during an outage is applied
+/// within about this long of the server's return.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Replays the intent queued for `key` (a value key), if one still is: true if one was.
+pub(super) async fn replay_key(shared: &Shared, key: &str) -> StoreResult<bool> {
+    let Some((_, _, gate)) = peek(shared, |queue| queue.pending(key)) else {
+        return Ok(false);
+    };
+    let _turn = gate.lock().await;
+    // Read again with the gate held: the replay before ours may have completed the intent, or a
+    // newer write replaced it.
+    let Some((seq, queued, _)) = peek(shared, |queue| queue.pending(key)) else {
+        return Ok(false);
+    };
+    apply(shared.store.as_ref(), &queued).await?;
+    if shared.with_queue(|queue| queue.complete(key, seq)) {
+        shared.counters.record(Event::RecoveryReplayed);
+    }
+    Ok(true)
+}
+
+/// Reads the queue without publishing its length (nothing changes).
+fn peek<R>(shared: &Shared, f: impl FnOnce(&super::Queue) -> R) -> R {
+    f(&crate::sync::lock(&shared.queue))
+}
+
+/// Carries out one queued write.
+async fn apply(store: &dyn Store, queued: &Queued) -> StoreResult<()> {
+    let keys = &queued.keys;
+    match &queued.intent {
+        Intent::Invalidate => store.invalidate(keys, queued.lease).await,
+        Intent::Set { bytes, stored_for } => {
+            match life_left(*stored_for, queued.at.elapsed()) {
+                Some(ttl) => store
+                    .replay_set(keys, bytes.clone(), ttl, queued.lease)
+                    .await
+                    .map(drop),
+                // It would have expired by now: what is left of it is the invalidation.
+                None => store.invalidate(keys, queued.lease).await,
+            }
+        }
+    }
+}
+
+/// What is left of a value's life `stored_for` once `elapsed` has passed since the call; `None`
+/// if nothing. [`FOREVER`] stays for ever.
+fn life_left(stored_for: Duration, elapsed: Duration) -> Option<Duration> {
+    if stored_for >= FOREVER {
+        return Some(stored_for);
+    }
+    stored_for
+        .checked_sub(elapsed)
+        .filter(|left| !left.is_zero())
+}
+
+/// The background task: replays the oldest queued key while there is one, waits to be woken
+/// when there is none, and ends when the cache's drop guard stops it. While the backend does
+/// not answer it retries every 100 ms, doubling up to 1 s; it logs once when replays start
+/// failing (with the cause: FusionCache's lesson #312) and once when the queue has drained,
+/// never once per write.
+pub(super) async fn drain(shared: Arc<Shared>) {
+    let mut backoff = FIRST_BACKOFF;
+    // Since the first failure: how many writes were replayed, and how many attempts failed.
+    let mut failing: Option<(u64, u64)> = None;
+    while !shared.stopped.load(Ordering::Acquire) {
+        let Some(key) = peek(&shared, |queue| queue.oldest()) else {
+            if let Some((replayed, failed)) = failing.take() {
+                tracing::info!(
+                    replayed,
+                    failed_attempts = failed,
+                    "auto-recovery: the backend answers again; every queued write was replayed"
+                );
+            }
+            shared.wake.notified().await;
+            continue;
+        };
+        match replay_key(&shared, &key).await {
+            Ok(replayed) => {
+                backoff = FIRST_BACKOFF;
+                if let Some((count, _)) = failing.as_mut() {
+                    *count += u64::from(replayed);
+                }
+            }
+            Err(error) => {
+                match failing.as_mut() {
+                    Some((_, failed)) => *failed += 1,
+                    None => {
+                        tracing::warn!(queued = shared.len.load(Ordering::Relaxed),
+                            kind = %error.kind(), error = %error,
+                            "auto-recovery: queued writes cannot be replayed yet; retrying every second at most (logged once, and once more when the queue has drained)");
+                        failing = Some((0, 1));
+                    }
+                }
+                // A failure that does not pass by itself (a refusal) must not hold up the
+                // other keys: this one goes last. Each key has one intent, so the order between
+                // keys carries no meaning.
+                if !queues(&error) {
+                    shared.with_queue(|queue| {
+                        if let Some((seq, _, _)) = queue.pending(&key) {
+                            queue.move_to_back(&key, seq);
+                        }
+                    });
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replayed_value_lives_what_is_left_of_its_life() {
+        let s = Duration::from_secs;
+        assert_eq!(life_left(s(60), s(20)), Some(s(40)));
+        assert_eq!(
+            life_left(s(60), s(60)),
+            None,
+            "expired: invalidated instead"
+        );
+        assert_eq!(life_left(s(60), s(600)), None);
+        assert_eq!(life_left(FOREVER, s(600)), Some(FOREVER));
+    }
+}

@@ -1,0 +1,299 @@
+//! Auto-recovery on real redis-servers that are stopped, restarted (empty, or with their data)
+//! and black-holed: writes that could not reach Redis are queued, replayed when it answers,
+//! fenced (a replayed `set` never overwrites a newer value), and this instance never serves a key
+//! from Redis before its queued write; a full queue refuses with a typed error; with recovery
+//! off, a failed write is the caller's error as before.
+
+/// The shared helpers this file uses, one module each (tests/support/).
+mod support {
+    pub mod proxy;
+    pub mod runtime;
+    pub mod server;
+    pub use server::*;
+}
+
+use std::time::{Duration, Instant};
+
+use stampede_guard::{
+    Cache, CallOptions, ConnectionOptions, Error, RecoveryLimit, RecoveryOptions, Written,
+};
+use support::proxy::{Mode, Proxy};
+use support::RedisServer;
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// How long a replay may take to show, at most, before a test fails: generous, since the tests
+/// assert what happens, not how fast.
+const REPLAYED_WITHIN: Duration = Duration::from_secs(15);
+
+/// A cache on `url` with auto-recovery bounded by `recovery`, failing fast on a dead server.
+async fn recovering(url: String, namespace: &str, recovery: RecoveryOptions) -> Cache {
+    Cache::builder()
+        .redis_url(url)
+        .namespace(namespace)
+        .connection(fast_failing())
+        .auto_recovery(recovery)
+        .build()
+        .await
+        .expect("a cache on the test server")
+}
+
+/// Short time-outs: a black-holed request fails in half a second rather than five.
+fn fast_failing() -> ConnectionOptions {
+    ConnectionOptions::default()
+        .connect_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(500))
+}
+
+/// Waits, polling, until the cache's queue is empty; false if it is not within the bound.
+async fn drained(cache: &Cache) -> bool {
+    let deadline = Instant::now() + REPLAYED_WITHIN;
+    while cache.stats().recovery_queued > 0 {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// A value key as the cache lays it out, to look at with a plain client.
+fn value_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}:{{{key}}}")
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<bool>(&mut server.conn())
+        .expect("EXISTS on the test server")
+}
+
+/// Invalidations made while the server is down are queued, and applied once it is back with
+/// its old data (restarted from its RDB file); meanwhile and afterwards this instance never
+/// serves the invalidated value from Redis, through the single-key path or a batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_made_while_redis_is_down_is_applied_when_it_returns() {
+    let mut server = RedisServer::start();
+    let cache = recovering(server.url(), "inv", RecoveryOptions::default()).await;
+    for key in ["single", "batch"] {
+        assert_eq!(cache.set(key, &1u32, TTL).await.unwrap(), Written::Applied);
+    }
+    // The old values go to disk, to come back with the server.
+    redis::cmd("SAVE").exec(&mut server.conn()).unwrap();
+    server.kill();
+
+    assert_eq!(cache.invalidate("single").await.unwrap(), Written::Queued);
+    assert_eq!(
+        cache.invalidate_many(["batch"]).await.unwrap(),
+        Written::Queued
+    );
+    assert_eq!(cache.stats().recovery_queued, 2);
+    // Long enough for the replay's backoff to reach its cap: the reads below come before it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    server.restart_loading();
+    // Until the replay, a read fails (the server loads, or the replay fails first); it never
+    // answers the invalidated 1 that the restarted server holds.
+    let deadline = Instant::now() + REPLAYED_WITHIN;
+    let (single, batch) = loop {
+        let single = cache
+            .get_or_compute("single", TTL, || async { Ok::<_, String>(2u32) })
+            .await;
+        let batch = cache
+            .get_or_compute_many(["batch"], TTL, |keys: Vec<String>| async move {
+                Ok::<_, String>(keys.into_iter().map(|k| (k, 2u32)).collect::<Vec<_>>())
+            })
+            .await
+            .remove(0);
+        assert!(!matches!(single, Ok(1)), "served the invalidated value");
+        assert!(
+            !matches!(batch, Ok(1)),
+            "served the invalidated value in a batch"
+        );
+        if let (Ok(single), Ok(batch)) = (&single, &batch) {
+            break (*single, *batch);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still failing: {single:?} {batch:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!((single, batch), (2, 2), "computed afresh");
+    assert!(drained(&cache).await, "the queue drained");
+    let stats = cache.stats();
+    assert_eq!((stats.recovery_replayed, stats.recovery_refused), (2, 0));
+}
+
+/// The background replay applies a queued invalidation by itself, without any read of the key:
+/// a plain client sees the old value (restored from disk) go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_is_replayed_in_the_background_when_redis_returns() {
+    let mut server = RedisServer::start();
+    let cache = recovering(server.url(), "bg", RecoveryOptions::default()).await;
+    let _ = cache.set("k", &1u32, TTL).await.unwrap();
+    redis::cmd("SAVE").exec(&mut server.conn()).unwrap();
+    server.kill();
+    assert_eq!(cache.invalidate("k").await.unwrap(), Written::Queued);
+
+    server.restart_loading();
+    assert!(drained(&cache).await, "replayed within the bound");
+    assert!(
+        !exists(&server, &value_key("bg", "k")),
+        "the invalidation was applied"
+    );
+}
+
+/// A `set` queued while this instance could not reach Redis (black-holed), replayed after another
+/// instance wrote a newer value, does not overwrite it: it deletes it instead (a miss), since the
+/// queue cannot tell which is newer.
+#[test]
+fn a_replayed_set_never_overwrites_a_value_written_meanwhile() {
+    let server = RedisServer::start();
+    // Outside the test's runtime: the proxy runs its own.
+    let proxy = Proxy::start(server.port());
+    support::runtime::runtime().block_on(async {
+        let cache = recovering(proxy.url(), "fence", RecoveryOptions::default()).await;
+        let other = Cache::builder()
+            .redis_url(server.url())
+            .namespace("fence")
+            .build()
+            .await
+            .unwrap();
+        let _ = cache.set("k", &"first".to_owned(), TTL).await.unwrap();
+
+        proxy.set_mode(Mode::Blackhole);
+        let queued = cache.set("k", &"queued".to_owned(), TTL).await.unwrap();
+        assert_eq!(queued, Written::Queued);
+        // Another instance writes a newer value while this one is cut off.
+        let _ = other.set("k", &"newer".to_owned(), TTL).await.unwrap();
+        // The held request is dropped with its connection, never delivered late.
+        proxy.cut();
+        proxy.set_mode(Mode::Pass);
+
+        assert!(drained(&cache).await, "replayed within the bound");
+        let now: Option<String> = other.get("k").await.unwrap();
+        assert_eq!(
+            now, None,
+            "the newer value was deleted, not overwritten by the queued one"
+        );
+        assert_eq!(cache.stats().recovery_replayed, 1);
+    });
+}
+
+/// Per key the newest write waits, and is what lands: on a server restarted empty, the last of
+/// two queued sets is written, and an invalidation followed by a set ends as the set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_newest_write_of_a_key_wins() {
+    let mut server = RedisServer::start();
+    let cache = recovering(server.url(), "newest", RecoveryOptions::default()).await;
+    let _ = cache.set("warm", &0u32, TTL).await.unwrap();
+    server.kill();
+
+    assert_eq!(cache.set("a", &1u32, TTL).await.unwrap(), Written::Queued);
+    assert_eq!(cache.set("a", &2u32, TTL).await.unwrap(), Written::Queued);
+    assert_eq!(cache.invalidate("b").await.unwrap(), Written::Queued);
+    assert_eq!(cache.set("b", &5u32, TTL).await.unwrap(), Written::Queued);
+    assert_eq!(cache.stats().recovery_queued, 2, "one intent per key");
+
+    server.restart();
+    assert!(drained(&cache).await, "replayed within the bound");
+    assert_eq!(cache.get::<u32>("a").await.unwrap(), Some(2));
+    assert_eq!(cache.get::<u32>("b").await.unwrap(), Some(5));
+    assert_eq!(cache.stats().recovery_replayed, 2);
+}
+
+/// A full queue refuses with the typed error and its count, keeps every write it holds (they are
+/// all replayed), and queues a many-key invalidation whole or not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_with_a_typed_error_and_keeps_what_it_holds() {
+    let mut server = RedisServer::start();
+    let cache = recovering(
+        server.url(),
+        "full",
+        RecoveryOptions::default().max_entries(2),
+    )
+    .await;
+    for key in ["a", "b", "c"] {
+        let _ = cache.set(key, &1u32, TTL).await.unwrap();
+    }
+    redis::cmd("SAVE").exec(&mut server.conn()).unwrap();
+    server.kill();
+
+    assert_eq!(cache.invalidate("a").await.unwrap(), Written::Queued);
+    assert_eq!(cache.invalidate("b").await.unwrap(), Written::Queued);
+    let refused = cache.invalidate("c").await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            Error::RecoveryQueueFull {
+                queued: 2,
+                limit: RecoveryLimit::Entries(2)
+            }
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("retry it later"), "{refused}");
+    // All or nothing: `a` is queued already, `c` does not fit, so neither is taken again.
+    let refused = cache.invalidate_many(["a", "c"]).await.unwrap_err();
+    assert!(
+        matches!(refused, Error::RecoveryQueueFull { .. }),
+        "{refused:?}"
+    );
+    // A key already queued still fits: its newer write replaces the older.
+    assert_eq!(cache.invalidate("a").await.unwrap(), Written::Queued);
+    let stats = cache.stats();
+    assert_eq!((stats.recovery_queued, stats.recovery_refused), (2, 2));
+
+    server.restart_loading();
+    assert!(drained(&cache).await, "replayed within the bound");
+    assert!(!exists(&server, &value_key("full", "a")));
+    assert!(!exists(&server, &value_key("full", "b")));
+    assert!(
+        exists(&server, &value_key("full", "c")),
+        "the refused invalidation was not made, as its error said"
+    );
+}
+
+/// Without `auto_recovery`, a write to a stopped server is the caller's error, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_recovery_off_a_failed_write_is_an_error() {
+    let mut server = RedisServer::start();
+    let cache = Cache::builder()
+        .redis_url(server.url())
+        .connection(fast_failing())
+        .options(CallOptions::default())
+        .build()
+        .await
+        .unwrap();
+    let _ = cache.set("k", &1u32, TTL).await.unwrap();
+    server.kill();
+
+    let failed = cache.invalidate("k").await.unwrap_err();
+    assert!(failed.is_backend() && failed.is_unreachable(), "{failed:?}");
+    let failed = cache.set("k", &2u32, TTL).await.unwrap_err();
+    assert!(failed.is_unreachable(), "{failed:?}");
+    let failed = cache.invalidate_many(["k"]).await.unwrap_err();
+    assert!(failed.is_unreachable(), "{failed:?}");
+    assert_eq!(cache.stats().recovery_queued, 0);
+}
+
+/// A refusal (here, a read-only replica) is not queued, even with recovery on: replaying would
+/// meet it again. The caller sees it, as without recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_write_is_not_queued() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_with(
+        &[
+            "--replicaof".to_owned(),
+            "127.0.0.1".to_owned(),
+            primary.port().to_string(),
+        ],
+        "",
+    );
+    let cache = recovering(replica.url(), "ro", RecoveryOptions::default()).await;
+    let refused = cache.invalidate("k").await.unwrap_err();
+    assert!(refused.is_refused(), "{refused:?}");
+    assert_eq!(cache.stats().recovery_queued, 0);
+}
