@@ -10,7 +10,10 @@
 //! `stampede_guard_soft_timeouts_total`, `stampede_guard_hard_timeouts_total`, and with a near tier `stampede_guard_near_hits_total`,
 //! `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
 //! `stampede_guard_near_switched_off_total`, and `stampede_guard_not_stored_total` with a
-//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`).
+//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`); for the circuit
+//! breaker `stampede_guard_fast_failures_total`, `stampede_guard_breaker_transitions_total` with a
+//! `to` label (`open`, `half-open`, `closed`) and the gauge `stampede_guard_breaker_open` (1 while
+//! not closed); with `serve_while_down`, `stampede_guard_held_served_total`.
 //!
 //! Explained in the guide: `docs/observability.md`.
 
@@ -101,6 +104,72 @@ pub struct Stats {
     pub near_switched_off: u64,
     /// Values computed but not stored in the cache, by reason (the value was still returned).
     pub not_stored: NotStored,
+    /// The circuit breaker in front of the backend now ([`BreakerOptions`](crate::BreakerOptions)):
+    /// closed unless the backend stopped answering.
+    pub breaker: BreakerState,
+    /// Times the circuit breaker opened.
+    pub breaker_opened: u64,
+    /// Backend operations the open breaker failed at once, without reaching the backend.
+    pub fast_failures: u64,
+    /// Calls answered with a near copy while the backend was unreachable
+    /// ([`Source::Held`](crate::Source::Held), [`serve_while_down`](crate::NearCacheOptions::serve_while_down)).
+    pub held_served: u64,
+}
+
+/// The state of a cache's circuit breaker (resilience4j's and Polly's names), in [`Stats`] and
+/// the health report. Serialized as `"closed"`, `"open"` or `"half-open"`.
+///
+/// ```
+/// use stampede_guard::{BreakerState, Cache};
+/// assert_eq!(Cache::in_memory().stats().breaker, BreakerState::Closed);
+/// assert_eq!(BreakerState::HalfOpen.to_string(), "half-open");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Calls go to the backend.
+    #[default]
+    Closed,
+    /// The backend failed too often in a row: calls fail fast (or take their fallback) without
+    /// reaching it, until the cool-down ends.
+    Open,
+    /// One probe is checking whether the backend answers again; calls still fail fast.
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// The state's name: `closed`, `open` or `half-open`.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::BreakerState::Open.as_str(), "open");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half-open",
+        }
+    }
+
+    fn index(self) -> u8 {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::Open => 1,
+            BreakerState::HalfOpen => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for BreakerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for BreakerState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
 }
 
 /// Values a cache computed and returned but could not store, by reason: a full Redis, a
@@ -203,7 +272,7 @@ struct LogThrottle {
 impl serde::Serialize for Stats {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Stats", 19)?;
+        let mut s = serializer.serialize_struct("Stats", 23)?;
         s.serialize_field("hits", &self.hits)?;
         s.serialize_field("misses", &self.misses)?;
         s.serialize_field("computes", &self.computes)?;
@@ -223,6 +292,10 @@ impl serde::Serialize for Stats {
         s.serialize_field("near_invalidations", &self.near_invalidations)?;
         s.serialize_field("near_switched_off", &self.near_switched_off)?;
         s.serialize_field("not_stored", &self.not_stored)?;
+        s.serialize_field("breaker", &self.breaker)?;
+        s.serialize_field("breaker_opened", &self.breaker_opened)?;
+        s.serialize_field("fast_failures", &self.fast_failures)?;
+        s.serialize_field("held_served", &self.held_served)?;
         s.end()
     }
 }
@@ -251,6 +324,10 @@ pub(crate) enum Event {
     NearSwitchedOff,
     /// A computed value was not stored, for this reason.
     NotStored(NotStoredReason),
+    /// The open circuit breaker failed a backend operation at once.
+    FastFailure,
+    /// A call was answered with a near copy held while the backend was unreachable.
+    HeldServed,
 }
 
 /// The live counters behind [`Stats`]; relaxed atomics, since each is an independent tally.
@@ -281,6 +358,11 @@ pub(crate) struct Counters {
     not_stored: [AtomicU64; 4],
     /// The log line of each reason, throttled.
     not_stored_log: [LogThrottle; 4],
+    /// The circuit breaker's state ([`BreakerState::index`]), set on each transition.
+    breaker: std::sync::atomic::AtomicU8,
+    breaker_opened: AtomicU64,
+    fast_failures: AtomicU64,
+    held_served: AtomicU64,
 }
 
 impl Counters {
@@ -312,8 +394,28 @@ impl Counters {
             Event::NearInvalidation => add(&self.near_invalidations),
             Event::NearSwitchedOff => add(&self.near_switched_off),
             Event::NotStored(reason) => add(&self.not_stored[reason.index()]),
+            Event::FastFailure => add(&self.fast_failures),
+            Event::HeldServed => add(&self.held_served),
         }
         emit(event);
+    }
+
+    /// The circuit breaker moved to `state`.
+    pub(crate) fn breaker(&self, state: BreakerState) {
+        self.breaker.store(state.index(), Ordering::Relaxed);
+        if state == BreakerState::Open {
+            self.breaker_opened.fetch_add(1, Ordering::Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("stampede_guard_breaker_open").set(if state == BreakerState::Closed {
+                0.0
+            } else {
+                1.0
+            });
+            metrics::counter!("stampede_guard_breaker_transitions_total", "to" => state.as_str())
+                .increment(1);
+        }
     }
 
     /// The value computed for `key` was not stored, for `reason` (`error` says how): counted,
@@ -375,6 +477,14 @@ impl Counters {
                 fence_lost: get(&self.not_stored[NotStoredReason::FenceLost.index()]),
                 backend_failed: get(&self.not_stored[NotStoredReason::BackendFailed.index()]),
             },
+            breaker: match self.breaker.load(Ordering::Relaxed) {
+                1 => BreakerState::Open,
+                2 => BreakerState::HalfOpen,
+                _ => BreakerState::Closed,
+            },
+            breaker_opened: get(&self.breaker_opened),
+            fast_failures: get(&self.fast_failures),
+            held_served: get(&self.held_served),
         }
     }
 }
@@ -412,6 +522,8 @@ fn emit(event: Event) {
                 .increment(1);
             return;
         }
+        Event::FastFailure => "stampede_guard_fast_failures_total",
+        Event::HeldServed => "stampede_guard_held_served_total",
     };
     metrics::counter!(name).increment(1);
 }

@@ -4,7 +4,9 @@
 
 use crate::cache::near::{NearCacheOptions, NearTier};
 use crate::cache::Cache;
-use crate::store::{Backend, ConnectionOptions};
+use crate::store::breaker::Breaker;
+use crate::store::guarded::GuardedStore;
+use crate::store::{Backend, BreakerOptions, ConnectionOptions};
 use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
@@ -40,6 +42,7 @@ pub struct CacheBuilder<C = Bincode> {
     connection: ConnectionOptions,
     codec: C,
     near: Option<NearCacheOptions>,
+    breaker: BreakerOptions,
 }
 
 impl<C> std::fmt::Debug for CacheBuilder<C> {
@@ -51,6 +54,7 @@ impl<C> std::fmt::Debug for CacheBuilder<C> {
             .field("options", &self.options)
             .field("connection", &self.connection)
             .field("near", &self.near)
+            .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -65,6 +69,7 @@ impl CacheBuilder {
             connection: ConnectionOptions::default(),
             codec: Bincode,
             near: None,
+            breaker: BreakerOptions::default(),
         }
     }
 }
@@ -176,6 +181,7 @@ impl<C: Codec> CacheBuilder<C> {
             connection: self.connection,
             codec,
             near: self.near,
+            breaker: self.breaker,
         }
     }
 
@@ -223,6 +229,33 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
+    /// The circuit breaker in front of Redis (on by default: see [`BreakerOptions`] for its
+    /// settings, [`BreakerOptions::disabled`] to turn it off). After a run of unreachable or busy
+    /// answers it opens, and every call fails fast with [`Error::Backend`] (unreachable), or takes
+    /// its fallback ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached),
+    /// [`serve_while_down`](NearCacheOptions::serve_while_down)), instead of paying a time-out
+    /// each; a probe in the background closes it when Redis answers again. The embedded store
+    /// has none (it cannot fail).
+    ///
+    /// ```
+    /// use stampede_guard::{BreakerOptions, Cache};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::builder()
+    ///     .breaker(BreakerOptions::default().cool_down(Duration::from_millis(500)))
+    ///     .build() // .redis_url(..) for Redis
+    ///     .await?;
+    /// # let _ = cache;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn breaker(mut self, breaker: BreakerOptions) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
     /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:
     /// a cache built while Redis is down works as soon as it is up.
     ///
@@ -258,6 +291,11 @@ impl<C: Codec> CacheBuilder<C> {
                 values: store,
                 locks: Arc::new(locks),
             });
+        }
+        // Not the embedded store: it cannot fail, and its hit path should not pay for a check.
+        if self.breaker.enabled() && store.as_memory().is_none() {
+            let breaker = Arc::new(Breaker::new(self.breaker, Arc::clone(&counters)));
+            store = Arc::new(GuardedStore::new(store, breaker));
         }
         Ok(Cache::with_near(
             store,
