@@ -609,6 +609,8 @@ mod tests {
             counters.record(event);
         }
         counters.record(Event::Wait(Duration::from_millis(1500)));
+        counters.record(Event::FastFailure);
+        counters.breaker(BreakerState::HalfOpen);
         let json = serde_json::to_value(counters.snapshot()).unwrap();
         assert_eq!(
             json,
@@ -619,6 +621,7 @@ mod tests {
                 "hard_timeouts": 0, "near_hits": 0, "near_misses": 0,
                 "near_invalidations": 0, "near_switched_off": 0,
                 "not_stored": {"out_of_memory": 0, "refused": 0, "fence_lost": 0, "backend_failed": 0},
+                "breaker": "half-open", "breaker_opened": 0, "fast_failures": 1, "held_served": 0,
             })
         );
     }
