@@ -13,6 +13,10 @@
 //! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`); with
 //! auto-recovery `stampede_guard_recovery_replayed_total`, `stampede_guard_recovery_refused_total`
 //! and the gauge `stampede_guard_recovery_queued`.
+//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`); for the circuit
+//! breaker `stampede_guard_fast_failures_total`, `stampede_guard_breaker_transitions_total` with a
+//! `to` label (`open`, `half-open`, `closed`) and the gauge `stampede_guard_breaker_open` (1 while
+//! not closed); with `serve_while_down`, `stampede_guard_held_served_total`.
 //!
 //! Explained in the guide: `docs/observability.md`.
 
@@ -112,6 +116,72 @@ pub struct Stats {
     /// ([`Error::RecoveryQueueFull`](crate::Error::RecoveryQueueFull)); an `invalidate_many`
     /// refused counts once.
     pub recovery_refused: u64,
+    /// The circuit breaker in front of the backend now ([`BreakerOptions`](crate::BreakerOptions)):
+    /// closed unless the backend stopped answering.
+    pub breaker: BreakerState,
+    /// Times the circuit breaker opened.
+    pub breaker_opened: u64,
+    /// Backend operations the open breaker failed at once, without reaching the backend.
+    pub fast_failures: u64,
+    /// Calls answered with a near copy while the backend was unreachable
+    /// ([`Source::Held`](crate::Source::Held), [`serve_while_down`](crate::NearCacheOptions::serve_while_down)).
+    pub held_served: u64,
+}
+
+/// The state of a cache's circuit breaker (resilience4j's and Polly's names), in [`Stats`] and
+/// the health report. Serialized as `"closed"`, `"open"` or `"half-open"`.
+///
+/// ```
+/// use stampede_guard::{BreakerState, Cache};
+/// assert_eq!(Cache::in_memory().stats().breaker, BreakerState::Closed);
+/// assert_eq!(BreakerState::HalfOpen.to_string(), "half-open");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Calls go to the backend.
+    #[default]
+    Closed,
+    /// The backend failed too often in a row: calls fail fast (or take their fallback) without
+    /// reaching it, until the cool-down ends.
+    Open,
+    /// One probe is checking whether the backend answers again; calls still fail fast.
+    HalfOpen,
+}
+
+impl BreakerState {
+    /// The state's name: `closed`, `open` or `half-open`.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::BreakerState::Open.as_str(), "open");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half-open",
+        }
+    }
+
+    fn index(self) -> u8 {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::Open => 1,
+            BreakerState::HalfOpen => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for BreakerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for BreakerState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
 }
 
 /// Values a cache computed and returned but could not store, by reason: a full Redis, a
@@ -214,7 +284,7 @@ struct LogThrottle {
 impl serde::Serialize for Stats {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Stats", 22)?;
+        let mut s = serializer.serialize_struct("Stats", 26)?;
         s.serialize_field("hits", &self.hits)?;
         s.serialize_field("misses", &self.misses)?;
         s.serialize_field("computes", &self.computes)?;
@@ -237,6 +307,10 @@ impl serde::Serialize for Stats {
         s.serialize_field("recovery_queued", &self.recovery_queued)?;
         s.serialize_field("recovery_replayed", &self.recovery_replayed)?;
         s.serialize_field("recovery_refused", &self.recovery_refused)?;
+        s.serialize_field("breaker", &self.breaker)?;
+        s.serialize_field("breaker_opened", &self.breaker_opened)?;
+        s.serialize_field("fast_failures", &self.fast_failures)?;
+        s.serialize_field("held_served", &self.held_served)?;
         s.end()
     }
 }
@@ -269,6 +343,10 @@ pub(crate) enum Event {
     RecoveryReplayed,
     /// A write was refused by the full auto-recovery queue.
     RecoveryRefused,
+    /// The open circuit breaker failed a backend operation at once.
+    FastFailure,
+    /// A call was answered with a near copy held while the backend was unreachable.
+    HeldServed,
 }
 
 /// The live counters behind [`Stats`]; relaxed atomics, since each is an independent tally.
@@ -303,6 +381,11 @@ pub(crate) struct Counters {
     recovery_queued: AtomicU64,
     recovery_replayed: AtomicU64,
     recovery_refused: AtomicU64,
+    /// The circuit breaker's state ([`BreakerState::index`]), set on each transition.
+    breaker: std::sync::atomic::AtomicU8,
+    breaker_opened: AtomicU64,
+    fast_failures: AtomicU64,
+    held_served: AtomicU64,
 }
 
 impl Counters {
@@ -336,6 +419,8 @@ impl Counters {
             Event::NotStored(reason) => add(&self.not_stored[reason.index()]),
             Event::RecoveryReplayed => add(&self.recovery_replayed),
             Event::RecoveryRefused => add(&self.recovery_refused),
+            Event::FastFailure => add(&self.fast_failures),
+            Event::HeldServed => add(&self.held_served),
         }
         emit(event);
     }
@@ -346,6 +431,24 @@ impl Counters {
         self.recovery_queued.store(len, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         metrics::gauge!("stampede_guard_recovery_queued").set(len as f64);
+    }
+
+    /// The circuit breaker moved to `state`.
+    pub(crate) fn breaker(&self, state: BreakerState) {
+        self.breaker.store(state.index(), Ordering::Relaxed);
+        if state == BreakerState::Open {
+            self.breaker_opened.fetch_add(1, Ordering::Relaxed);
+        }
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("stampede_guard_breaker_open").set(if state == BreakerState::Closed {
+                0.0
+            } else {
+                1.0
+            });
+            metrics::counter!("stampede_guard_breaker_transitions_total", "to" => state.as_str())
+                .increment(1);
+        }
     }
 
     /// The value computed for `key` was not stored, for `reason` (`error` says how): counted,
@@ -410,6 +513,14 @@ impl Counters {
             recovery_queued: get(&self.recovery_queued),
             recovery_replayed: get(&self.recovery_replayed),
             recovery_refused: get(&self.recovery_refused),
+            breaker: match self.breaker.load(Ordering::Relaxed) {
+                1 => BreakerState::Open,
+                2 => BreakerState::HalfOpen,
+                _ => BreakerState::Closed,
+            },
+            breaker_opened: get(&self.breaker_opened),
+            fast_failures: get(&self.fast_failures),
+            held_served: get(&self.held_served),
         }
     }
 }
@@ -449,6 +560,8 @@ fn emit(event: Event) {
                 .increment(1);
             return;
         }
+        Event::FastFailure => "stampede_guard_fast_failures_total",
+        Event::HeldServed => "stampede_guard_held_served_total",
     };
     metrics::counter!(name).increment(1);
 }
@@ -534,6 +647,8 @@ mod tests {
             counters.record(event);
         }
         counters.record(Event::Wait(Duration::from_millis(1500)));
+        counters.record(Event::FastFailure);
+        counters.breaker(BreakerState::HalfOpen);
         let json = serde_json::to_value(counters.snapshot()).unwrap();
         assert_eq!(
             json,
@@ -545,6 +660,7 @@ mod tests {
                 "near_invalidations": 0, "near_switched_off": 0,
                 "not_stored": {"out_of_memory": 0, "refused": 0, "fence_lost": 0, "backend_failed": 0},
                 "recovery_queued": 0, "recovery_replayed": 0, "recovery_refused": 0,
+                "breaker": "half-open", "breaker_opened": 0, "fast_failures": 1, "held_served": 0,
             })
         );
     }

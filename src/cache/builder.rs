@@ -5,7 +5,9 @@
 use crate::cache::near::{NearCacheOptions, NearTier};
 use crate::cache::recovery::{Recovery, RecoveryOptions};
 use crate::cache::Cache;
-use crate::store::{Backend, ConnectionOptions};
+use crate::store::breaker::Breaker;
+use crate::store::guarded::GuardedStore;
+use crate::store::{Backend, BreakerOptions, ConnectionOptions};
 use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
@@ -43,6 +45,7 @@ pub struct CacheBuilder<C = Bincode> {
     near: Option<NearCacheOptions>,
     /// Off (`None`) by default: a write that fails is the caller's to see.
     recovery: Option<RecoveryOptions>,
+    breaker: BreakerOptions,
 }
 
 impl<C> std::fmt::Debug for CacheBuilder<C> {
@@ -55,6 +58,7 @@ impl<C> std::fmt::Debug for CacheBuilder<C> {
             .field("connection", &self.connection)
             .field("near", &self.near)
             .field("recovery", &self.recovery)
+            .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -70,6 +74,7 @@ impl CacheBuilder {
             codec: Bincode,
             near: None,
             recovery: None,
+            breaker: BreakerOptions::default(),
         }
     }
 }
@@ -182,6 +187,7 @@ impl<C: Codec> CacheBuilder<C> {
             codec,
             near: self.near,
             recovery: self.recovery,
+            breaker: self.breaker,
         }
     }
 
@@ -277,6 +283,33 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
+    /// The circuit breaker in front of Redis (on by default: see [`BreakerOptions`] for its
+    /// settings, [`BreakerOptions::disabled`] to turn it off). After a run of unreachable or busy
+    /// answers it opens, and every call fails fast with [`Error::Backend`] (unreachable), or takes
+    /// its fallback ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached),
+    /// [`serve_while_down`](NearCacheOptions::serve_while_down)), instead of paying a time-out
+    /// each; a probe in the background closes it when Redis answers again. The embedded store
+    /// has none (it cannot fail).
+    ///
+    /// ```
+    /// use stampede_guard::{BreakerOptions, Cache};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::builder()
+    ///     .breaker(BreakerOptions::default().cool_down(Duration::from_millis(500)))
+    ///     .build() // .redis_url(..) for Redis
+    ///     .await?;
+    /// # let _ = cache;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn breaker(mut self, breaker: BreakerOptions) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
     /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:
     /// a cache built while Redis is down works as soon as it is up.
     ///
@@ -312,6 +345,11 @@ impl<C: Codec> CacheBuilder<C> {
                 values: store,
                 locks: Arc::new(locks),
             });
+        }
+        // Not the embedded store: it cannot fail, and its hit path should not pay for a check.
+        if self.breaker.enabled() && store.as_memory().is_none() {
+            let breaker = Arc::new(Breaker::new(self.breaker, Arc::clone(&counters)));
+            store = Arc::new(GuardedStore::new(store, breaker));
         }
         // Spawned here, on the caller's runtime; stopped by the cache's drop guard.
         let recovery = self

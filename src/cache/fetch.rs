@@ -101,6 +101,8 @@ impl<C: Codec> Cache<C> {
                     counters.record(Event::Fallback);
                     "fail-safe"
                 }
+                // Counted where it was served (`held_served`).
+                Source::Held => "held",
             },
             Err(Error::ComputeTimeout { .. }) => {
                 miss();
@@ -180,11 +182,15 @@ impl<C: Codec> Cache<C> {
                 }
             }
             Ok(None) => {}
-            Err(e) if !e.falls_back(self.options.on_backend_error) => {
-                return Err(Error::backend("get", e));
+            Err(e) => {
+                if let Some(held) = self.held::<T>(key, &e) {
+                    return Ok(held);
+                }
+                if !e.falls_back(self.options.on_backend_error) {
+                    return Err(Error::backend("get", e));
+                }
+                // The fallback applies in `load`, under the single flight.
             }
-            // The fallback applies in `load`, under the single flight.
-            Err(_) => {}
         }
 
         let started = Instant::now();

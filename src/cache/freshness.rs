@@ -123,6 +123,11 @@ pub enum Source {
     /// | a throttled copy (a computation failed less than a throttle ago) | the kept value, `FailSafe`, without computing |
     /// | gone (never written, invalidated, or past the fail-safe window), the computation fails | the error |
     FailSafe,
+    /// A copy this process held, served because the backend was unreachable
+    /// ([`NearCacheOptions::serve_while_down`](crate::NearCacheOptions::serve_while_down)): it
+    /// may miss changes made up to that bound plus `max_staleness` before the call. Nothing
+    /// was computed.
+    Held,
 }
 
 /// A value and where it came from: what [`Cache::fetch`](crate::Cache::fetch) returns.

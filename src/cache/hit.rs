@@ -3,11 +3,12 @@
 
 use crate::cache::entry::StoredEntry;
 use crate::cache::near::Ticket;
+use crate::error::BackendErrorKind;
 use crate::stats::Event;
-use crate::store::{Blob, Store};
+use crate::store::{Blob, Store, StoreError};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::Cache;
+use crate::{Cache, Fetched, Source};
 
 impl<C: Codec> Cache<C> {
     /// A near hit, or a hit of a value the embedded store holds decoded, counted: it needs no
@@ -22,6 +23,29 @@ impl<C: Codec> Cache<C> {
         let value = self.memory_hit::<T>(key)?;
         self.inner.counters.record(Event::Hit);
         Some(value)
+    }
+
+    /// The backend failed with `error`: if that is an outage (unreachable or busy, or the
+    /// circuit breaker failing fast) and the near tier holds a copy it may serve while the
+    /// backend is down ([`serve_while_down`](crate::NearCacheOptions::serve_while_down)), that copy,
+    /// as [`Source::Held`].
+    pub(crate) fn held<T: Clone + 'static>(
+        &self,
+        key: &str,
+        error: &StoreError,
+    ) -> Option<Fetched<T>> {
+        if !matches!(
+            error.kind(),
+            BackendErrorKind::Unreachable | BackendErrorKind::Busy
+        ) {
+            return None;
+        }
+        let near = self.inner.near.as_ref()?;
+        let value = near.held::<T>(key, self.options.fail_safe_for)?;
+        Some(Fetched {
+            value,
+            source: Source::Held,
+        })
     }
 
     /// This instance changed the entry: its own near copy goes now, without waiting for the

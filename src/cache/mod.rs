@@ -20,6 +20,7 @@ pub(crate) mod entry;
 pub(crate) mod failsafe;
 mod fetch;
 pub(crate) mod freshness;
+pub(crate) mod health;
 mod hit;
 pub(crate) mod near;
 pub(crate) mod recovery;
@@ -274,6 +275,25 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub fn namespace(&self) -> &str {
         &self.inner.namespace
+    }
+
+    /// The health of the cache's backend, for a readiness probe or a status page: whether it
+    /// answers a `PING` now (waiting at most a second; not asked while the circuit breaker is
+    /// open), the breaker's state, how long the backend has been failing, whether the near
+    /// tier's feed is proven, and how many writes wait in the auto-recovery queue. See
+    /// [`Health`](crate::Health).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// let health = cache.health().await;
+    /// assert!(health.is_ready());
+    /// assert_eq!(health.near_feed_proven, None); // no near tier
+    /// # }
+    /// ```
+    pub async fn health(&self) -> crate::Health {
+        self.health_report().await
     }
 
     /// How many keys this process is computing or waiting for right now, through this cache.

@@ -114,8 +114,14 @@ pub(crate) struct NearTier {
     live_until: AtomicU64,
     /// Whether the tier counts as serving, to count and clear once per lapse.
     serving: AtomicBool,
+    /// The latest `live_until` any proof gave, never reset: a held copy is served for at most
+    /// `serve_while_down` past it.
+    proven_until: AtomicU64,
     base: Instant,
     max_staleness: Duration,
+    /// How long past the last proof copies are served while the backend is unreachable; zero
+    /// (off) drops them when the proof lapses, as before the option existed.
+    serve_while_down: Duration,
     namespace: String,
     counters: Arc<Counters>,
 }
@@ -157,6 +163,11 @@ impl Weights {
     }
 }
 
+/// `d` in nanoseconds, saturated (`Duration::MAX` is "for ever").
+fn as_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// The fixed cost counted per copy besides its encoded bytes and key (the entry's bookkeeping).
 const OVERHEAD_BYTES: usize = 64;
 
@@ -179,8 +190,10 @@ impl NearTier {
             latest: AtomicU64::new(0),
             live_until: AtomicU64::new(0),
             serving: AtomicBool::new(false),
+            proven_until: AtomicU64::new(0),
             base: Instant::now(),
             max_staleness: config.max_staleness,
+            serve_while_down: config.serve_while_down,
             namespace: namespace.to_owned(),
             counters,
         }
@@ -218,7 +231,10 @@ impl NearTier {
         let served = found.and_then(|copy| {
             if copy.fresh_until_nanos <= now {
                 // Past its fresh-until: the normal path decides (stale window, refresh, miss).
-                self.copies.invalidate(key);
+                // Held for the fail-safe while the backend is down, if that is on.
+                if !self.holds() {
+                    self.copies.invalidate(key);
+                }
                 return None;
             }
             if copy.type_id != TypeId::of::<T>() {
@@ -248,9 +264,57 @@ impl NearTier {
         }
         if self.serving.swap(false, Ordering::AcqRel) {
             self.counters.record(Event::NearSwitchedOff);
-            self.drop_all();
+            self.let_go();
         }
         false
+    }
+
+    /// Whether copies are held while the backend is down ([`NearCacheOptions::serve_while_down`]).
+    fn holds(&self) -> bool {
+        !self.serve_while_down.is_zero()
+    }
+
+    /// The proof lapsed or the connection changed: every copy stops being served. Without
+    /// `serve_while_down` they are dropped; with it they are held (for [`held`](Self::held))
+    /// until the next proof drops them. Either way tickets taken before cannot insert.
+    fn let_go(&self) {
+        if self.holds() {
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.drop_all();
+        }
+    }
+
+    /// The copy of `key` as a `T`, served while the backend is unreachable: only with
+    /// `serve_while_down`, for at most that long past the last proof, and past the copy's
+    /// fresh-until for at most `past_fresh` (the call's fail-safe window). Counted as held.
+    /// The caller has seen the backend fail; this tier does not judge that.
+    pub(crate) fn held<T: Clone + 'static>(&self, key: &str, past_fresh: Duration) -> Option<T> {
+        if !self.holds() {
+            return None;
+        }
+        let now = self.nanos(Instant::now());
+        let bound = self
+            .proven_until
+            .load(Ordering::Acquire)
+            .saturating_add(as_nanos(self.serve_while_down));
+        if now > bound {
+            return None;
+        }
+        let copy = self.copies.get(key)?;
+        if copy.type_id != TypeId::of::<T>()
+            || copy.fresh_until_nanos.saturating_add(as_nanos(past_fresh)) <= now
+        {
+            return None;
+        }
+        let value = copy.value.downcast_ref::<T>()?.clone();
+        self.counters.record(Event::HeldServed);
+        Some(value)
+    }
+
+    /// Whether the feed is proven current now, so that copies are served.
+    pub(crate) fn proven(&self) -> bool {
+        self.live()
     }
 
     /// A ticket for a read of `key` about to be sent, or `None` if no announcement stream
@@ -355,7 +419,7 @@ impl FeedSink for NearTier {
         self.latest.fetch_max(connection, Ordering::SeqCst);
         self.connection.store(0, Ordering::SeqCst);
         self.live_until.store(0, Ordering::Release);
-        self.drop_all();
+        self.let_go();
         if self.serving.swap(false, Ordering::AcqRel) {
             self.counters.record(Event::NearSwitchedOff);
         }
@@ -400,7 +464,13 @@ impl FeedSink for NearTier {
             return;
         }
         let until = self.nanos(sent + self.max_staleness);
+        // The first proof after a lapse: copies held meanwhile are of an unproven time, and go
+        // before anything is served again.
+        if self.holds() && !self.serving.load(Ordering::Acquire) {
+            self.drop_all();
+        }
         self.live_until.fetch_max(until, Ordering::AcqRel);
+        self.proven_until.fetch_max(until, Ordering::AcqRel);
         self.serving.store(true, Ordering::Release);
     }
 

@@ -1,4 +1,5 @@
-//! When the backend fails before a key is read or locked: fail, or compute without the cache
+//! When the backend fails before a key is read or locked: serve a copy held while it is down,
+//! fail, or compute without the cache
 //! ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)), as the call's
 //! options and the failure's kind say (the table in `docs/guarantees.md`).
 
@@ -26,7 +27,9 @@ impl<C: Codec> Cache<C> {
         if !error.falls_back(self.options.on_backend_error) {
             return Err(Error::backend(op, error));
         }
-        tracing::warn!(key = %keys.user, op, kind = %error.kind(), error = %error,
+        // Not a warning per call: an outage would log every call (the circuit breaker logs
+        // when it opens and closes; `Stats::backend_errors` counts each).
+        tracing::debug!(key = %keys.user, op, kind = %error.kind(), error = %error,
             "backend unavailable; {instead}");
         Ok(())
     }
@@ -49,10 +52,14 @@ impl<C: Codec> Cache<C> {
         f: F,
     ) -> Result<Fetched<T>, Error>
     where
+        T: Clone + 'static,
         E: ComputeFailure,
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
+        if let Some(held) = self.held::<T>(&keys.user, &error) {
+            return Ok(held);
+        }
         if !error.falls_back(self.options.on_backend_error) {
             return Err(Error::backend(op, error));
         }

@@ -14,6 +14,8 @@ use crate::options::OnBackendError;
 use crate::wire::key::EntryKeys;
 
 mod backend;
+pub(crate) mod breaker;
+pub(crate) mod guarded;
 mod memory;
 pub(crate) mod quorum;
 pub(crate) mod redis;
@@ -21,6 +23,7 @@ mod split;
 pub(crate) mod wakeup;
 
 pub(crate) use backend::Backend;
+pub use breaker::BreakerOptions;
 pub use memory::MemoryLimits;
 pub(crate) use memory::MemoryStore;
 pub use redis::ConnectionOptions;
@@ -441,6 +444,12 @@ pub(crate) trait Store: LockStore {
     /// the lock side freed a lock without a value landing).
     fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>>;
 
+    /// Asks the backend whether it answers (`PING` on Redis): the circuit breaker's probe and
+    /// the health report's check. The embedded store always answers.
+    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     /// Wall-clock milliseconds since the Unix epoch, by which values' freshness is stamped and
     /// judged. Redis: the server's clock, as estimated from this process (see `clock.rs`), so
     /// machines whose clocks disagree still agree on freshness. Memory: the clock at creation
@@ -450,6 +459,11 @@ pub(crate) trait Store: LockStore {
     /// Whether [`now_ms`](Self::now_ms) is calibrated (or needs no calibration).
     fn clock_synced(&self) -> bool {
         true
+    }
+
+    /// The circuit breaker in front of this store, if it has one (Redis does, by default).
+    fn breaker(&self) -> Option<&breaker::Breaker> {
+        None
     }
 
     /// The embedded store itself, whose hit path skips decoding ([`MemoryStore::fresh`]).

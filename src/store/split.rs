@@ -248,6 +248,10 @@ impl Store for SplitStore {
         self.values.wake(keys)
     }
 
+    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
+        self.values.ping()
+    }
+
     fn now_ms(&self) -> u64 {
         self.values.now_ms()
     }

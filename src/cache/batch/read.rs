@@ -79,13 +79,18 @@ where
                     }
                 }
             }
-            Err(e) if !e.falls_back(cache.options.on_backend_error) => {
+            Err(e) => {
+                // Copies held while the backend is down answer their keys; the others fail,
+                // or take the fallback when locking, under the single flight, as for one key.
+                let falls_back = e.falls_back(cache.options.on_backend_error);
                 for &slot in &remote {
-                    outcomes[slot] = Some(Err(Error::backend("get", e.clone())));
+                    if let Some(held) = cache.held::<T>(&distinct[slot].user, &e) {
+                        outcomes[slot] = Some(Ok(held));
+                    } else if !falls_back {
+                        outcomes[slot] = Some(Err(Error::backend("get", e.clone())));
+                    }
                 }
             }
-            // The fallback applies when locking, under the single flight, as for one key.
-            Err(_) => {}
         }
         replace
     }

@@ -19,6 +19,7 @@ use std::time::Duration;
 /// | [`max_entries`](Self::new) | (required) |
 /// | [`max_bytes`](Self::max_bytes) | 64 MiB |
 /// | [`max_staleness`](Self::max_staleness) | 1 s |
+/// | [`serve_while_down`](Self::serve_while_down) | off |
 ///
 /// ```
 /// use stampede_guard::NearCacheOptions;
@@ -38,6 +39,7 @@ pub struct NearCacheOptions {
     pub(crate) max_entries: u64,
     pub(crate) max_bytes: u64,
     pub(crate) max_staleness: Duration,
+    pub(crate) serve_while_down: Duration,
 }
 
 impl NearCacheOptions {
@@ -53,7 +55,46 @@ impl NearCacheOptions {
             max_entries: max_entries.max(1),
             max_bytes: 64 << 20,
             max_staleness: Duration::from_secs(1),
+            serve_while_down: Duration::ZERO,
         }
+    }
+
+    /// While Redis is unreachable, serve this instance's copies for at most `bound` after its
+    /// invalidation feed stopped being proven (default off: [`Duration::ZERO`];
+    /// [`Duration::MAX`]: until Redis answers again). Relaxed bound, in one sentence: **while
+    /// Redis is unreachable, a value served may miss changes that completed up to
+    /// `bound + max_staleness` before the call, instead of `max_staleness`.**
+    ///
+    /// Such a call is answered with [`Source::Held`](crate::Source::Held) (counted in
+    /// [`Stats::held_served`](crate::Stats::held_served)). With the option on, a copy is kept
+    /// when the feed's proof lapses instead of being dropped (it is not served while Redis
+    /// answers), and kept past its fresh-until for the call's
+    /// [`fail_safe_for`](crate::CallOptions::fail_safe_for): with the fail-safe on, a copy past
+    /// its fresh-until is served too while Redis is unreachable, as Redis itself would serve it
+    /// as a fallback. Every held copy is dropped when the feed is proven again. "Unreachable"
+    /// means the call's request failed as unreachable or busy, or the circuit breaker failed it
+    /// fast ([`BreakerOptions`](crate::BreakerOptions)); a refusal is not an outage.
+    ///
+    /// ```
+    /// use stampede_guard::NearCacheOptions;
+    /// use std::time::Duration;
+    ///
+    /// let near = NearCacheOptions::new(10_000).serve_while_down(Duration::from_secs(60));
+    /// assert_eq!(near.get_serve_while_down(), Duration::from_secs(60));
+    /// ```
+    pub fn serve_while_down(mut self, bound: Duration) -> Self {
+        self.serve_while_down = bound;
+        self
+    }
+
+    /// The serve-while-down bound in force ([`Duration::ZERO`]: off).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// assert_eq!(stampede_guard::NearCacheOptions::new(10).get_serve_while_down(), Duration::ZERO);
+    /// ```
+    pub fn get_serve_while_down(&self) -> Duration {
+        self.serve_while_down
     }
 
     /// At most this many bytes of values (default 64 MiB, at least 1), counted as their encoded

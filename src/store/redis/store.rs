@@ -539,6 +539,16 @@ where
         })
     }
 
+    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
+        Box::pin(async move {
+            let mut conn = self.conn.clone();
+            redis::cmd("PING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(StoreError::from)
+        })
+    }
+
     fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }

@@ -1,0 +1,401 @@
+//! The circuit breaker in front of a cache's backend connection: after a run of failures it
+//! opens, and every call fails fast (as unreachable) instead of paying a time-out each, until a
+//! probe sent in the background finds the backend answering again.
+//!
+//! # States (resilience4j's and Polly's names)
+//! - **closed**: calls go through; `failures` unreachable or busy answers in a row open it. Any
+//!   answer (a value, a miss, even a refusal: the server spoke) resets the count.
+//! - **open**: calls fail at once with an unreachable [`StoreError`]; after `cool_down` the
+//!   first call to arrive starts one probe (a `PING` over the same connection) and fails fast
+//!   itself: no caller ever waits on a probe.
+//! - **half-open**: the probe is in flight; calls still fail fast. Its success closes the
+//!   breaker; its failure opens it for another `cool_down`.
+//!
+//! A success that comes back while the breaker is open (a request sent before it opened, a
+//! frozen server that thaws) closes it too: it is the same evidence a probe gives.
+//!
+//! # Why counting time-outs is enough for a black hole
+//! A connection that nothing answers (no RST: a frozen server, a dropped route) fails each
+//! request at the response time-out. Requests in flight together time out together, so the
+//! breaker opens one time-out after the hole appears, as it opens after `failures` refused
+//! connections; from then on no call waits. What the calls that were already waiting do is
+//! up to the fallback (`serve_while_down`, `ComputeUncached`).
+//!
+//! # Logging
+//! One warning when it opens and one line when it closes, with the counts in between; the
+//! probes' comings and goings are at debug level. Never a line per call.
+//!
+//! Explained in the guide: `docs/outages.md`.
+
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::StoreError;
+use crate::error::BackendErrorKind;
+use crate::stats::{BreakerState, Counters, Event};
+
+/// The circuit breaker's settings, given to
+/// [`CacheBuilder::breaker`](crate::CacheBuilder::breaker). On by default for Redis (the
+/// embedded store cannot fail).
+///
+/// | setting | default | what it does |
+/// |---|---|---|
+/// | [`failures`](Self::failures) | 3 | unreachable or busy answers in a row that open the breaker |
+/// | [`cool_down`](Self::cool_down) | 1 s | how long it stays open before a probe is sent |
+///
+/// ```
+/// use stampede_guard::{BreakerOptions, Cache};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), stampede_guard::Error> {
+/// let breaker = BreakerOptions::default()
+///     .failures(5)
+///     .cool_down(Duration::from_millis(500));
+/// assert_eq!(breaker.get_failures(), 5);
+/// let cache = Cache::builder().breaker(breaker).build().await?; // .redis_url(..) for Redis
+/// # let _ = cache;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+#[must_use]
+pub struct BreakerOptions {
+    failures: u32,
+    cool_down: Duration,
+}
+
+impl Default for BreakerOptions {
+    fn default() -> Self {
+        BreakerOptions {
+            // Three in a row is rare on a healthy server, and a caller who meets a dead one
+            // pays at most three failures before everyone fails fast.
+            failures: 3,
+            // Short enough that service is back within about a second of the server.
+            cool_down: Duration::from_secs(1),
+        }
+    }
+}
+
+impl BreakerOptions {
+    /// No breaker: every call tries the backend and pays its time-out (the behaviour before
+    /// the breaker existed).
+    ///
+    /// ```
+    /// let off = stampede_guard::BreakerOptions::disabled();
+    /// assert_eq!(off.get_failures(), 0);
+    /// ```
+    pub fn disabled() -> Self {
+        BreakerOptions {
+            failures: 0,
+            ..Self::default()
+        }
+    }
+
+    /// How many unreachable or busy answers in a row open the breaker (default 3; 0 turns it
+    /// off, as [`disabled`](Self::disabled) does).
+    pub fn failures(mut self, failures: u32) -> Self {
+        self.failures = failures;
+        self
+    }
+
+    /// How long the breaker stays open before it sends a probe (default 1 s). Taken whole: any
+    /// `Duration`, saturated where it is used.
+    pub fn cool_down(mut self, cool_down: Duration) -> Self {
+        self.cool_down = crate::time::saturate(cool_down);
+        self
+    }
+
+    /// The number of failures in a row that opens the breaker (0: never).
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::BreakerOptions::default().get_failures(), 3);
+    /// ```
+    pub fn get_failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The cool-down in force.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let options = stampede_guard::BreakerOptions::default();
+    /// assert_eq!(options.get_cool_down(), Duration::from_secs(1));
+    /// ```
+    pub fn get_cool_down(&self) -> Duration {
+        self.cool_down
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.failures > 0
+    }
+}
+
+/// What the breaker lets a call do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Go to the backend.
+    Pass,
+    /// Fail fast.
+    Refuse,
+    /// Fail fast, and send the probe: the cool-down is over and this call came first.
+    RefuseAndProbe,
+}
+
+/// A circuit breaker's state, shared by every handle of one cache.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    options: BreakerOptions,
+    /// The [`BreakerState`] as a number, read without a lock on every call.
+    state: AtomicU8,
+    /// Unreachable or busy answers in a row; reset by any answer.
+    in_a_row: AtomicU32,
+    /// What the transitions need; taken only when a call fails or the breaker is not closed.
+    spell: Mutex<Spell>,
+    counters: Arc<Counters>,
+}
+
+/// The bookkeeping of the current run of failures (a lock guards it: it changes on failures
+/// and transitions only, never on the hot path of a healthy backend).
+#[derive(Debug, Default)]
+struct Spell {
+    /// When the run of failures began (the first of them): "unreachable since".
+    since: Option<Instant>,
+    /// When the breaker last opened, or its last probe failed.
+    opened_at: Option<Instant>,
+    /// Calls failed fast since it opened, for the line that says it closed.
+    refused: u64,
+    /// The last failure, for the warning that says it opened.
+    last_error: Option<String>,
+}
+
+const CLOSED: u8 = 0;
+const OPEN: u8 = 1;
+const HALF_OPEN: u8 = 2;
+
+impl Breaker {
+    pub(crate) fn new(options: BreakerOptions, counters: Arc<Counters>) -> Self {
+        Breaker {
+            options,
+            state: AtomicU8::new(CLOSED),
+            in_a_row: AtomicU32::new(0),
+            spell: Mutex::default(),
+            counters,
+        }
+    }
+
+    /// The state now.
+    pub(crate) fn state(&self) -> BreakerState {
+        match self.state.load(Ordering::Acquire) {
+            OPEN => BreakerState::Open,
+            HALF_OPEN => BreakerState::HalfOpen,
+            _ => BreakerState::Closed,
+        }
+    }
+
+    /// How long the backend has been failing, if the last answer was a failure (closed with
+    /// failures in a row, or not closed).
+    pub(crate) fn failing_for(&self) -> Option<Duration> {
+        let since = crate::sync::lock(&self.spell).since?;
+        Some(since.elapsed())
+    }
+
+    /// Whether a call may go to the backend now.
+    pub(crate) fn admit(&self) -> Admit {
+        if self.state.load(Ordering::Acquire) == CLOSED {
+            return Admit::Pass;
+        }
+        let mut spell = crate::sync::lock(&self.spell);
+        spell.refused += 1;
+        self.counters.record(Event::FastFailure);
+        let cooled = spell
+            .opened_at
+            .is_some_and(|at| at.elapsed() >= self.options.cool_down);
+        if cooled
+            && self
+                .state
+                .compare_exchange(OPEN, HALF_OPEN, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            tracing::debug!("circuit breaker half-open: probing the backend");
+            return Admit::RefuseAndProbe;
+        }
+        Admit::Refuse
+    }
+
+    /// The error a refused call fails with: unreachable, saying why and for how long.
+    pub(crate) fn refusal(&self) -> StoreError {
+        let for_ms = self.failing_for().map_or(0, |d| d.as_millis());
+        let message = format!(
+            "circuit breaker open: the backend failed {} times in a row and has been failing \
+             for {for_ms} ms; calls skip it until a probe finds it answering",
+            self.options.failures
+        );
+        StoreError::Redis {
+            source: std::io::Error::new(std::io::ErrorKind::NotConnected, message).into(),
+            kind: BackendErrorKind::Unreachable,
+            key: None,
+        }
+    }
+
+    /// Records what the backend answered (or failed to).
+    pub(crate) fn record(&self, failed: Option<&StoreError>) {
+        match failed {
+            Some(e) if counts(e) => self.failed(e),
+            _ => self.answered(),
+        }
+    }
+
+    /// The backend answered: a run of failures ends, and a breaker that was not closed closes.
+    fn answered(&self) {
+        if self.in_a_row.load(Ordering::Relaxed) == 0
+            && self.state.load(Ordering::Acquire) == CLOSED
+        {
+            return;
+        }
+        let mut spell = crate::sync::lock(&self.spell);
+        self.in_a_row.store(0, Ordering::Relaxed);
+        let was = self.state.swap(CLOSED, Ordering::AcqRel);
+        let since = spell.since.take();
+        if was == CLOSED {
+            return;
+        }
+        let refused = std::mem::take(&mut spell.refused);
+        spell.opened_at = None;
+        drop(spell);
+        self.counters.breaker(BreakerState::Closed);
+        let down_ms = since.map_or(0, |at| at.elapsed().as_millis());
+        tracing::info!(
+            down_ms,
+            failed_fast = refused,
+            "circuit breaker closed: the backend answers again"
+        );
+    }
+
+    fn failed(&self, e: &StoreError) {
+        let in_a_row = self.in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut spell = crate::sync::lock(&self.spell);
+        let now = Instant::now();
+        spell.since.get_or_insert(now);
+        match self.state.load(Ordering::Acquire) {
+            CLOSED if in_a_row >= self.options.failures => {
+                self.state.store(OPEN, Ordering::Release);
+                spell.opened_at = Some(now);
+                spell.refused = 0;
+                drop(spell);
+                self.counters.breaker(BreakerState::Open);
+                tracing::warn!(failures = in_a_row, kind = %e.kind(), error = %e,
+                    "circuit breaker open: the backend failed {in_a_row} times in a row; \
+                     calls fail fast (or take their fallback) until a probe finds it answering");
+            }
+            HALF_OPEN => {
+                // The probe failed: another cool-down.
+                self.state.store(OPEN, Ordering::Release);
+                spell.opened_at = Some(now);
+                spell.last_error = Some(e.to_string());
+                tracing::debug!(error = %e, "circuit breaker probe failed; open again");
+            }
+            _ => spell.last_error = Some(e.to_string()),
+        }
+    }
+}
+
+/// Whether a failure counts against the backend: it did not answer (unreachable) or said it
+/// cannot now (busy, loading). A refusal, a full memory or a wrong type is an answer.
+fn counts(e: &StoreError) -> bool {
+    matches!(
+        e.kind(),
+        BackendErrorKind::Unreachable | BackendErrorKind::Busy
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unreachable() -> StoreError {
+        StoreError::Redis {
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+            kind: BackendErrorKind::Unreachable,
+            key: None,
+        }
+    }
+
+    fn refused() -> StoreError {
+        StoreError::Redis {
+            source: redis::RedisError::from((redis::ErrorKind::Client, "NOPERM")),
+            kind: BackendErrorKind::RefusedPermission,
+            key: None,
+        }
+    }
+
+    fn breaker() -> (Breaker, Arc<Counters>) {
+        let counters = Arc::new(Counters::default());
+        let options = BreakerOptions::default()
+            .failures(3)
+            .cool_down(Duration::from_secs(1));
+        (Breaker::new(options, Arc::clone(&counters)), counters)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_failures_in_a_row_and_a_probe_closes_it() {
+        let (b, counters) = breaker();
+        b.record(Some(&unreachable()));
+        b.record(Some(&unreachable()));
+        b.record(None);
+        b.record(Some(&unreachable()));
+        b.record(Some(&unreachable()));
+        assert_eq!(b.state(), BreakerState::Closed, "an answer resets the run");
+        b.record(Some(&unreachable()));
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(b.admit(), Admit::Refuse);
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(b.admit(), Admit::Refuse);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(b.admit(), Admit::RefuseAndProbe, "one probe");
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert_eq!(b.admit(), Admit::Refuse, "only one");
+        b.record(None);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.admit(), Admit::Pass);
+        let stats = counters.snapshot();
+        assert_eq!((stats.breaker_opened, stats.fast_failures), (1, 4));
+        assert_eq!(stats.breaker, BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_probe_opens_it_for_another_cool_down() {
+        let (b, counters) = breaker();
+        for _ in 0..3 {
+            b.record(Some(&unreachable()));
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(b.admit(), Admit::RefuseAndProbe);
+        b.record(Some(&unreachable()));
+        assert_eq!(b.state(), BreakerState::Open);
+        assert_eq!(counters.snapshot().breaker, BreakerState::Open);
+        assert_eq!(b.admit(), Admit::Refuse, "a new cool-down began");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(b.admit(), Admit::RefuseAndProbe);
+        assert_eq!(counters.snapshot().breaker_opened, 1, "still one opening");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_an_answer_and_failing_for_counts_from_the_first_failure() {
+        let (b, _) = breaker();
+        b.record(Some(&unreachable()));
+        tokio::time::advance(Duration::from_millis(300)).await;
+        b.record(Some(&refused()));
+        assert_eq!(b.failing_for(), None, "the server spoke");
+        b.record(Some(&unreachable()));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        b.record(Some(&unreachable()));
+        assert_eq!(b.failing_for(), Some(Duration::from_millis(200)));
+        assert!(b.refusal().to_string().contains("circuit breaker open"));
+        assert_eq!(b.refusal().kind(), BackendErrorKind::Unreachable);
+    }
+}

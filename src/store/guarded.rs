@@ -1,0 +1,260 @@
+//! A store behind its circuit breaker: every operation asks the [`Breaker`] first and reports
+//! what the backend answered; a refused operation fails at once, unreachable, without touching
+//! the backend. The embedded store is never wrapped (it cannot fail).
+//!
+//! Explained in the guide: `docs/outages.md`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::breaker::{Admit, Breaker};
+use super::wakeup::Listener;
+use super::{
+    Acquire, Blob, BoxFuture, LockStore, MemoryStore, ReadOrLock, Store, StoreResult, Stored, Write,
+};
+use crate::wire::key::EntryKeys;
+
+/// `inner`, whose every operation goes through `breaker`.
+pub(crate) struct GuardedStore {
+    inner: Arc<dyn Store>,
+    breaker: Arc<Breaker>,
+}
+
+impl GuardedStore {
+    pub(crate) fn new(inner: Arc<dyn Store>, breaker: Arc<Breaker>) -> Self {
+        GuardedStore { inner, breaker }
+    }
+
+    /// `op` if the breaker lets it through, with its outcome recorded; otherwise the
+    /// breaker's refusal at once (`op` is dropped unpolled: nothing was sent).
+    fn through<'a, T: Send + 'a>(
+        &'a self,
+        op: BoxFuture<'a, StoreResult<T>>,
+    ) -> BoxFuture<'a, StoreResult<T>> {
+        match self.admit() {
+            Ok(()) => Box::pin(async move {
+                let outcome = op.await;
+                self.breaker.record(outcome.as_ref().err());
+                outcome
+            }),
+            Err(refused) => Box::pin(std::future::ready(Err(refused))),
+        }
+    }
+
+    fn admit(&self) -> StoreResult<()> {
+        match self.breaker.admit() {
+            Admit::Pass => Ok(()),
+            Admit::Refuse => Err(self.breaker.refusal()),
+            Admit::RefuseAndProbe => {
+                self.probe();
+                Err(self.breaker.refusal())
+            }
+        }
+    }
+
+    /// One `PING` over the backend's connection, in the background: no caller waits on it,
+    /// and its outcome closes the breaker or opens it for another cool-down.
+    fn probe(&self) {
+        let inner = Arc::clone(&self.inner);
+        let breaker = Arc::clone(&self.breaker);
+        tokio::spawn(async move {
+            let outcome = inner.ping().await;
+            breaker.record(outcome.as_ref().err());
+        });
+    }
+}
+
+impl LockStore for GuardedStore {
+    fn try_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<Acquire>> {
+        self.through(self.inner.try_lock(keys, token, lease))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.through(self.inner.extend(keys, token, lease))
+    }
+
+    fn unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.through(self.inner.unlock(keys, token))
+    }
+
+    fn next_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<u64>> {
+        self.through(self.inner.next_fence(keys, lease))
+    }
+
+    fn raise_fence<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        floor: u64,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.through(self.inner.raise_fence(keys, floor, lease))
+    }
+
+    fn record_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        keep: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.through(self.inner.record_run(keys, fence, keep))
+    }
+
+    fn since_last_run<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+        self.through(self.inner.since_last_run(keys))
+    }
+
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        self.through(self.inner.listen(keys))
+    }
+
+    fn clock_drift(&self, lease: Duration) -> Duration {
+        self.inner.clock_drift(lease)
+    }
+}
+
+impl Store for GuardedStore {
+    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
+        self.through(self.inner.get(keys))
+    }
+
+    fn read_or_lock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+        read_value: bool,
+    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
+        self.through(self.inner.read_or_lock(keys, token, lease, read_value))
+    }
+
+    fn store_and_unlock<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        fence: u64,
+        write: Write,
+    ) -> BoxFuture<'a, StoreResult<Stored>> {
+        self.through(self.inner.store_and_unlock(keys, token, fence, write))
+    }
+
+    fn write_fenced<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        fence: u64,
+        write: Write,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.through(self.inner.write_fenced(keys, fence, write, lease))
+    }
+
+    fn set<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.through(self.inner.set(keys, value, ttl, lease))
+    }
+
+    fn replay_set<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<bool>> {
+        self.through(self.inner.replay_set(keys, value, ttl, lease))
+    }
+
+    fn invalidate<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.through(self.inner.invalidate(keys, lease))
+    }
+
+    fn get_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
+        self.through(self.inner.get_many(entries))
+    }
+
+    fn read_or_lock_many<'a>(
+        &'a self,
+        entries: &'a [(&'a EntryKeys, &'a str, bool)],
+        lease: Duration,
+    ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
+        if let Err(refused) = self.admit() {
+            let answers = entries.iter().map(|_| Err(refused.clone())).collect();
+            return Box::pin(std::future::ready(answers));
+        }
+        Box::pin(async move {
+            let answers = self.inner.read_or_lock_many(entries, lease).await;
+            // One answer is enough to know the backend answers; otherwise the first failure.
+            let answered = answers.iter().any(Result::is_ok);
+            let failure = answers.iter().find_map(|a| a.as_ref().err());
+            self.breaker.record(if answered { None } else { failure });
+            answers
+        })
+    }
+
+    fn invalidate_many<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        lease: Duration,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.through(self.inner.invalidate_many(entries, lease))
+    }
+
+    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
+        self.through(self.inner.wake(keys))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
+        self.through(self.inner.ping())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.inner.now_ms()
+    }
+
+    fn clock_synced(&self) -> bool {
+        self.inner.clock_synced()
+    }
+
+    fn breaker(&self) -> Option<&Breaker> {
+        Some(&self.breaker)
+    }
+
+    fn as_memory(&self) -> Option<&MemoryStore> {
+        self.inner.as_memory()
+    }
+
+    fn sync_clock(&self) -> BoxFuture<'_, ()> {
+        self.inner.sync_clock()
+    }
+}

@@ -1,0 +1,315 @@
+//! A Redis outage is not a service outage (issue 21), on real servers: the circuit breaker opens
+//! on refused and on black-holed connections and then fails calls fast without reaching Redis;
+//! a near tier with `serve_while_down` answers from the copies it holds, within its bound; with
+//! `ComputeUncached` one computation per key runs in the process; the health report says all
+//! of it; and once Redis answers again the breaker closes by itself.
+
+mod support {
+    pub mod poll;
+    pub mod proxy;
+    pub mod server;
+    pub use poll::*;
+    pub use proxy::*;
+    pub use server::*;
+}
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stampede_guard::{
+    BreakerOptions, BreakerState, Cache, CallOptions, Computed, ConnectionOptions, Error,
+    NearCacheOptions, OnBackendError, Source,
+};
+use support::{eventually, Mode, Proxy, RedisServer};
+
+const TTL: Duration = Duration::from_secs(60);
+
+/// A cache on `url` whose connection fails fast (one attempt, short time-outs), so that the
+/// breaker, not the client's own retries, is what the test sees.
+async fn cache_on(url: &str, options: CallOptions, near: Option<NearCacheOptions>) -> Cache {
+    let mut builder = Cache::builder()
+        .redis_url(url)
+        .namespace("outage")
+        .options(options)
+        .connection(
+            ConnectionOptions::default()
+                .connect_timeout(Duration::from_millis(300))
+                .response_timeout(Duration::from_millis(300))
+                .reconnect_retries(0),
+        )
+        .breaker(
+            BreakerOptions::default()
+                .failures(3)
+                .cool_down(Duration::from_millis(200)),
+        );
+    if let Some(near) = near {
+        builder = builder.near_cache(near);
+    }
+    builder.build().await.expect("a cache")
+}
+
+/// A computation that must not run (the value is held, or the breaker is open and the call
+/// has no fallback).
+async fn never() -> Result<u32, String> {
+    Err("the computation ran".to_owned())
+}
+
+fn unreachable<T: std::fmt::Debug>(result: &Result<T, Error>) -> bool {
+    matches!(result, Err(e) if e.is_backend() && e.is_unreachable())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_open_the_breaker_then_calls_fail_fast_and_it_closes_when_redis_returns(
+) {
+    let mut redis = RedisServer::start();
+    let cache = cache_on(&redis.url(), CallOptions::default(), None).await;
+    assert!(cache.set("2019-05", &1u32, TTL).await.unwrap().is_applied());
+    redis.kill();
+
+    for _ in 0..3 {
+        assert!(unreachable(&cache.get::<u32>("2019-05").await));
+    }
+    let stats = cache.stats();
+    assert_eq!(stats.breaker, BreakerState::Open, "{stats:?}");
+    assert_eq!(stats.breaker_opened, 1);
+    let before = stats.fast_failures;
+    let failed = cache.get::<u32>("2019-05").await;
+    assert!(unreachable(&failed), "{failed:?}");
+    let error = failed.unwrap_err();
+    let cause = std::error::Error::source(&error).map(ToString::to_string);
+    assert!(
+        cause
+            .as_deref()
+            .is_some_and(|c| c.contains("circuit breaker open")),
+        "{error}: {cause:?}"
+    );
+    assert!(
+        cache.stats().fast_failures > before,
+        "failed without trying"
+    );
+
+    let health = cache.health().await;
+    assert!(!health.reachable && !health.is_ready(), "{health:?}");
+    assert_ne!(health.breaker, BreakerState::Closed);
+    assert!(health.failing_for.is_some());
+
+    redis.restart();
+    cache_answers_again(&cache).await;
+    let health = cache.health().await;
+    assert!(health.is_ready(), "{health:?}");
+    assert_eq!(health.failing_for, None);
+    assert_eq!(
+        cache.stats().breaker_opened,
+        1,
+        "opened once for one outage"
+    );
+}
+
+/// Polls until a call goes through again (the probe closed the breaker).
+async fn cache_answers_again(cache: &Cache) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if cache.get::<u32>("2019-05").await.is_ok() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the breaker never closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cache.stats().breaker, BreakerState::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_opens_the_breaker_as_surely_and_then_no_call_waits_on_it() {
+    let redis = RedisServer::start();
+    // The proxy runs its own runtime, which cannot start inside this one.
+    let port = redis.port();
+    let proxy = std::thread::spawn(move || Proxy::start(port))
+        .join()
+        .unwrap();
+    let cache = cache_on(&proxy.url(), CallOptions::default(), None).await;
+    assert!(cache.set("2019-05", &1u32, TTL).await.unwrap().is_applied());
+    proxy.set_mode(Mode::Blackhole);
+
+    // Three calls at once: each waits for its response time-out, and together they open it.
+    let calls = (0..3).map(|_| {
+        let cache = cache.clone();
+        tokio::spawn(async move { cache.get::<u32>("2019-05").await })
+    });
+    for call in calls {
+        assert!(unreachable(&call.await.unwrap()));
+    }
+    assert_eq!(cache.stats().breaker, BreakerState::Open);
+
+    // From now on no call reaches the hole: each fails fast, counted as such (a call that went
+    // to the connection would not be counted there, and would wait for its time-out).
+    let fast = cache.stats().fast_failures;
+    for _ in 0..20 {
+        assert!(unreachable(&cache.get::<u32>("2019-05").await));
+    }
+    assert!(cache.stats().fast_failures >= fast + 20);
+
+    proxy.set_mode(Mode::Pass);
+    cache_answers_again(&cache).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_serve_while_down_the_near_tier_answers_from_what_it_holds() {
+    let mut redis = RedisServer::start();
+    let near = NearCacheOptions::new(100)
+        .max_staleness(Duration::from_millis(200))
+        .serve_while_down(Duration::from_secs(60));
+    let cache = cache_on(&redis.url(), CallOptions::default(), Some(near)).await;
+    let first = cache
+        .fetch("2019-05", TTL, |_| async {
+            Ok::<_, String>(Computed::new(7u32))
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.source, Source::Computed);
+    // Read again, until the near tier holds a copy and serves it.
+    until_near_hit(&cache, "2019-05").await;
+    redis.kill();
+    // Past the feed's proof, the copy is no longer served as a hit: it is held.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    for _ in 0..10 {
+        let served = cache
+            .fetch("2019-05", TTL, |_| async {
+                never().await.map(Computed::new)
+            })
+            .await
+            .expect("served from what the process holds");
+        assert_eq!((served.value, served.source), (7, Source::Held));
+    }
+    // A key it does not hold still fails, as without the option.
+    let other = cache
+        .fetch("2019-06", TTL, |_| async {
+            never().await.map(Computed::new)
+        })
+        .await;
+    assert!(unreachable(&other), "{other:?}");
+    let stats = cache.stats();
+    assert_eq!(stats.held_served, 10);
+    assert_eq!(stats.computes, 1);
+
+    let health = cache.health().await;
+    assert_eq!(health.near_feed_proven, Some(false));
+}
+
+/// Reads `key` until the near tier answers it (its feed is proven and it holds a copy).
+async fn until_near_hit(cache: &Cache, key: &str) {
+    for _ in 0..100 {
+        let hits = cache.stats().near_hits;
+        cache
+            .fetch(key, TTL, |_| async { never().await.map(Computed::new) })
+            .await
+            .expect("a hit");
+        if cache.stats().near_hits > hits {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the near tier never served {key}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_serve_while_down_nothing_held_is_served() {
+    let mut redis = RedisServer::start();
+    let near = NearCacheOptions::new(100).max_staleness(Duration::from_millis(200));
+    let cache = cache_on(&redis.url(), CallOptions::default(), Some(near)).await;
+    cache
+        .fetch("2019-05", TTL, |_| async {
+            Ok::<_, String>(Computed::new(7u32))
+        })
+        .await
+        .unwrap();
+    until_near_hit(&cache, "2019-05").await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let served = cache
+        .fetch("2019-05", TTL, |_| async {
+            never().await.map(Computed::new)
+        })
+        .await;
+    assert!(unreachable(&served), "{served:?}");
+    assert_eq!(cache.stats().held_served, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serve_while_down_bound_ends_serving() {
+    let mut redis = RedisServer::start();
+    let near = NearCacheOptions::new(100)
+        .max_staleness(Duration::from_millis(200))
+        .serve_while_down(Duration::from_millis(500));
+    let cache = cache_on(&redis.url(), CallOptions::default(), Some(near)).await;
+    cache
+        .fetch("2019-05", TTL, |_| async {
+            Ok::<_, String>(Computed::new(7u32))
+        })
+        .await
+        .unwrap();
+    until_near_hit(&cache, "2019-05").await;
+    redis.kill();
+    // The proof lapses within 200 ms, the bound 500 ms after that: after 1.5 s it is over.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let served = cache
+        .fetch("2019-05", TTL, |_| async {
+            never().await.map(Computed::new)
+        })
+        .await;
+    assert!(unreachable(&served), "{served:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_compute_uncached_and_the_breaker_open_one_computation_per_key_runs_here() {
+    let mut redis = RedisServer::start();
+    let options = CallOptions::default().on_backend_error(OnBackendError::ComputeUncached);
+    let cache = cache_on(&redis.url(), options, None).await;
+    assert!(cache.set("warm", &1u32, TTL).await.unwrap().is_applied());
+    redis.kill();
+    for _ in 0..3 {
+        let _ = cache.get::<u32>("warm").await;
+    }
+    assert_eq!(cache.stats().breaker, BreakerState::Open);
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (release, gate) = tokio::sync::watch::channel(false);
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let cache = cache.clone();
+            let runs = Arc::clone(&runs);
+            let mut gate = gate.clone();
+            tokio::spawn(async move {
+                cache
+                    .fetch("2019-05", TTL, move |_| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        // Held until every caller has joined the flight.
+                        let _ = gate.wait_for(|open| *open).await;
+                        Ok::<_, String>(Computed::new(5u32))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || cache.in_flight() == 1));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    release.send_replace(true);
+    let mut sources = Vec::new();
+    for call in calls {
+        let fetched = call.await.unwrap().expect("computed without the cache");
+        assert_eq!(fetched.value, 5);
+        sources.push(fetched.source);
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "one computation in the process"
+    );
+    assert!(sources.contains(&Source::Uncached), "{sources:?}");
+    let stats = cache.stats();
+    assert_eq!(stats.breaker, BreakerState::Open, "{stats:?}");
+}
