@@ -869,6 +869,7 @@ fn read_worker_log(
                         start_us: num(4),
                         end_us: None,
                         outcome: Outcome::Pending,
+                        held: false,
                     },
                 );
             }
@@ -880,6 +881,8 @@ fn read_worker_log(
                     "done" => Outcome::Done,
                     _ => Outcome::Error(f[7].to_string()),
                 };
+                // A value's source follows it: `held` is judged by rule (g).
+                call.held = f[6] == "ok" && f.get(8) == Some(&"held");
             }
             "compute" => h.computes.push(Compute {
                 instance: instance.to_string(),
@@ -916,6 +919,10 @@ fn read_worker_log(
             }
             "near" => {
                 h.near_instances.insert(instance.to_string(), num(1));
+                // The serve-while-down bound, for the workers that hold copies.
+                if f.len() > 2 {
+                    h.held_bounds.insert(instance.to_string(), num(2));
+                }
             }
             "stats" => {
                 for (i, total) in near_stats.iter_mut().enumerate() {
