@@ -1380,7 +1380,8 @@ async fn batch_call(
     let end = now_us();
     for ((id, key), result) in ids.iter().zip(&keys).zip(got) {
         let outcome = match result {
-            Ok(fetched) => format!("ok {}", fetched.value),
+            // A batch serves held copies too, key by key.
+            Ok(fetched) => format!("ok {} {}", fetched.value, source(&fetched.source)),
             Err(e) => format!("err {}", kind(&e)),
         };
         ctx.log
