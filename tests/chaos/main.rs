@@ -8,7 +8,8 @@
 //! side from the other) to one real redis-server. Driven by a seeded RNG, one *round*
 //! at a time (a pause of 20–100 ms, then at most one new fault), it SIGKILLs workers (and starts
 //! new ones), SIGSTOPs them for longer than the lease, restarts redis-server, freezes it
-//! (SIGSTOP, an outage in which nothing answers, then SIGCONT), cuts, delays or
+//! (SIGSTOP, an outage in which nothing answers, then SIGCONT), partitions the side of the
+//! worker that serves while down (a black-hole of its proxy past its bound), cuts, delays or
 //! black-holes the proxied connections, and puts the server under memory pressure (a low
 //! `maxmemory` with an evicting policy, switched on and off with `CONFIG SET`, and filler data
 //! so that it really evicts). The workers of even slots run a near tier (`max_staleness` 200 ms,
@@ -81,6 +82,10 @@ const HELD_RESPONSE_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long a freeze of redis-server (SIGSTOP, then SIGCONT) lasts, in ms: from shorter than
 /// the shortest serve-while-down bound to longer than the longest plus `max_staleness`.
 const FREEZE_MS: std::ops::Range<u64> = 200..1800;
+/// The proxy side of [`HELD_SLOT`], and how long (ms) the partition fault black-holes it
+/// (ended by a cut): past the longest serve-while-down bound plus `max_staleness`.
+const HELD_SIDE: Side = Side::Second;
+const HELD_PARTITION_MS: std::ops::Range<u64> = 500..2500;
 /// The longest a call may take, pauses excluded: the wait bound, the longest computation, and a
 /// few backend operations each bounded by the connection (2 s) and response (5 s) time-outs.
 const CALL_BOUND: Duration = Duration::from_secs(3 + 1 + 4 * 7);
@@ -689,6 +694,17 @@ fn chaos_run() {
                 pressure.start(&server, policy, now + span);
                 *c.faults.entry("eviction_pressure").or_default() += 1;
             }
+            27..30 if proxy_fault_until.is_none() => {
+                // A partition of the side whose near tier serves while down, for longer than
+                // its bound (and its breaker's cool-down): the other side goes on changing the
+                // keys it holds, which is what rule (g) is about (a frozen server changes
+                // nothing, so its held copies cannot miss a change).
+                one_side += 1;
+                proxies.set_mode(HELD_SIDE, Mode::Blackhole);
+                let span = Duration::from_millis(rng.random_range(HELD_PARTITION_MS));
+                proxy_fault_until = Some((now + span, true, HELD_SIDE));
+                *c.faults.entry("partition_of_held").or_default() += 1;
+            }
             24..27 if !freeze.frozen() => {
                 let span = Duration::from_millis(rng.random_range(FREEZE_MS));
                 freeze.start(&server, now + span);
@@ -907,6 +923,7 @@ fn chaos_run() {
             "delay",
             "eviction_pressure",
             "redis_freeze",
+            "partition_of_held",
         ] {
             assert!(
                 c.faults.get(kind).is_some_and(|n| *n > 0),
