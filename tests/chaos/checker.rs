@@ -24,7 +24,13 @@
 //!   Excused: a computed write into a key that Redis emptied by evicting the value (a fill of an
 //!   empty key is not announced); a `set` and an invalidation, always announced, count even
 //!   then. An eviction counts from the value's write to two leases after the call began (its
-//!   notification is read late, as in rule (a)).
+//!   notification is read late, as in rule (a)). A value served from a held copy is judged by
+//!   rule (g) instead;
+//! - (g) the relaxed bound of `serve_while_down`: a value a worker was served from a copy its
+//!   near tier held while the backend was unreachable (`Source::Held`) is never older than a
+//!   change of its key that the server ran more than that worker's bound plus its
+//!   `max_staleness` before the call began, with rule (f)'s excuses; only a worker that serves
+//!   while down gets such values.
 
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
@@ -78,6 +84,10 @@ pub const TESTS: &[(&str, fn())] = &[
         "checker_holds_near_reads_to_max_staleness",
         checker_holds_near_reads_to_max_staleness,
     ),
+    (
+        "checker_holds_held_reads_to_the_relaxed_bound",
+        checker_holds_held_reads_to_the_relaxed_bound,
+    ),
 ];
 
 /// Every rule's findings, rule by rule.
@@ -91,6 +101,7 @@ pub fn check(h: &History) -> Vec<Violation> {
         calls_end_in_time_with_a_good_outcome(h),
         nothing_stranded(h),
         near_reads_within_max_staleness(h),
+        held_reads_within_the_relaxed_bound(h),
     ]
     .concat()
 }
@@ -505,37 +516,47 @@ fn nothing_stranded(h: &History) -> Vec<Violation> {
     out
 }
 
-/// Rule (f): each value returned to a near-tier worker, against the changes of its key that the
-/// server ran after writing it; one finding per call at most.
-fn near_reads_within_max_staleness(h: &History) -> Vec<Violation> {
-    // Each key's changes in server order, and where each written value sits among them.
-    let mut by_key: HashMap<&str, Vec<&Change>> = HashMap::new();
-    let mut written: HashMap<&str, (&str, usize)> = HashMap::new();
-    for c in &h.changes {
-        let list = by_key.entry(&c.key).or_default();
-        if let Some(v) = &c.value {
-            written.insert(v, (&c.key, list.len()));
+/// Each key's changes in the server's order, and where each written value sits among them:
+/// the evidence of rules (f) and (g).
+struct Changes<'h> {
+    by_key: HashMap<&'h str, Vec<&'h Change>>,
+    written: HashMap<&'h str, (&'h str, usize)>,
+    /// How late an eviction's notification may be seen, as for rule (a).
+    notification_slack_us: u64,
+    value_evictions: &'h [(u64, String)],
+}
+
+impl<'h> Changes<'h> {
+    fn of(h: &'h History) -> Self {
+        let mut by_key: HashMap<&str, Vec<&Change>> = HashMap::new();
+        let mut written: HashMap<&str, (&str, usize)> = HashMap::new();
+        for c in &h.changes {
+            let list = by_key.entry(&c.key).or_default();
+            if let Some(v) = &c.value {
+                written.insert(v, (&c.key, list.len()));
+            }
+            list.push(c);
         }
-        list.push(c);
+        Changes {
+            by_key,
+            written,
+            notification_slack_us: 2 * h.lease_ms * 1000,
+            value_evictions: &h.value_evictions,
+        }
     }
-    let notification_slack_us = 2 * h.lease_ms * 1000;
-    let mut found = Vec::new();
-    for call in &h.calls {
-        let Some(&bound) = h.near_instances.get(&call.instance) else {
-            continue;
-        };
-        let Outcome::Value(v) = &call.outcome else {
-            continue;
-        };
-        // A value the server never took came from the caller's own computation, not a copy.
-        let Some(&(key, at)) = written.get(v.as_str()) else {
-            continue;
-        };
-        let since = by_key[key][at].at_us;
+
+    /// The first change of the key of `v`, after the write of `v`, that the server ran more
+    /// than `bound_us` before `at_us`: the change a copy of `v` served at `at_us` missed,
+    /// beyond `bound_us`. `None` for a value the server never took (the caller's own
+    /// computation, not a copy).
+    fn missed(&self, v: &str, at_us: u64, bound_us: u64) -> Option<&'h Change> {
+        let &(key, at) = self.written.get(v)?;
+        let changes = &self.by_key[key];
+        let since = changes[at].at_us;
         // Seen through a notification on another connection, read by a busy controller: it
         // may come late, as for rule (a).
-        let evicted = h.value_evictions.iter().any(|(seen, name)| {
-            name == key && *seen >= since && *seen <= call.start_us + notification_slack_us
+        let evicted = self.value_evictions.iter().any(|(seen, name)| {
+            name == key && *seen >= since && *seen <= at_us + self.notification_slack_us
         });
         // A computed write into an empty key is not announced: no copy can exist of a value
         // that is not there, unless Redis emptied the key by evicting it, which nobody
@@ -543,40 +564,89 @@ fn near_reads_within_max_staleness(h: &History) -> Vec<Violation> {
         // not only the first, since the key may be evicted and filled again and again under
         // memory pressure (a 10,000-round run showed two unannounced fills in 41 ms). Only the
         // changes that are always announced still count then: a `set` and an invalidation.
-        let mut newer = None;
-        for c in &by_key[key][at + 1..] {
+        changes[at + 1..].iter().copied().find(|c| {
             let computed = c
                 .value
                 .as_deref()
                 .and_then(parse_value)
                 .is_some_and(|p| p.computed);
-            if evicted && computed {
-                continue;
-            }
-            if c.at_us.saturating_add(bound) < call.start_us {
-                newer = Some(c);
-                break;
-            }
+            !(evicted && computed) && c.at_us.saturating_add(bound_us) < at_us
+        })
+    }
+}
+
+/// What a stale read missed, for a finding of rule (f) or (g).
+fn missed_change(call: &Call, v: &str, newer: &Change, bound: &str) -> String {
+    format!(
+        "{} call #{} for {} began at {} and returned {v}, older than {} the server ran at {} \
+         ({} ms before the call; {bound})",
+        call.instance,
+        call.id,
+        call.key,
+        call.start_us,
+        match &newer.value {
+            Some(w) => format!("the write of {w}"),
+            None => "a delete".to_string(),
+        },
+        newer.at_us,
+        (call.start_us - newer.at_us) / 1000,
+    )
+}
+
+/// Rule (f): each value returned to a near-tier worker, against the changes of its key that the
+/// server ran after writing it; one finding per call at most. A value served from a held copy
+/// (rule (g)) is not judged here: only it gets the relaxed bound.
+fn near_reads_within_max_staleness(h: &History) -> Vec<Violation> {
+    let changes = Changes::of(h);
+    let mut found = Vec::new();
+    for call in h.calls.iter().filter(|c| !c.held) {
+        let Some(&bound) = h.near_instances.get(&call.instance) else {
+            continue;
+        };
+        let Outcome::Value(v) = &call.outcome else {
+            continue;
+        };
+        if let Some(newer) = changes.missed(v, call.start_us, bound) {
+            let bound = format!("max_staleness {} ms", bound / 1000);
+            found.push(violation('f', missed_change(call, v, newer, &bound)));
         }
-        if let Some(newer) = newer {
+    }
+    found
+}
+
+/// Rule (g): a value served from a copy held while the backend was unreachable
+/// (`Source::Held`) is never older than a change of its key that the server ran more than the
+/// worker's `serve_while_down` bound plus its `max_staleness` before the call began (the
+/// relaxed bound of docs/outages.md; the copy was proven current at most that long before it
+/// was served, which is no earlier than the call's start). Only an instance that serves while
+/// down may return a held value at all.
+fn held_reads_within_the_relaxed_bound(h: &History) -> Vec<Violation> {
+    let changes = Changes::of(h);
+    let mut found = Vec::new();
+    for call in h.calls.iter().filter(|c| c.held) {
+        let Outcome::Value(v) = &call.outcome else {
+            continue;
+        };
+        let (Some(&staleness), Some(&held)) = (
+            h.near_instances.get(&call.instance),
+            h.held_bounds.get(&call.instance),
+        ) else {
             found.push(violation(
-                'f',
+                'g',
                 format!(
-                "{} call #{} for {} began at {} and returned {v}, older than {} the server ran \
-                 at {} ({} ms before the call; max_staleness {} ms)",
-                call.instance,
-                call.id,
-                call.key,
-                call.start_us,
-                match &newer.value {
-                    Some(w) => format!("the write of {w}"),
-                    None => "a delete".to_string(),
-                },
-                newer.at_us,
-                (call.start_us - newer.at_us) / 1000,
-                bound / 1000
-            ),
+                    "{} call #{} for {} returned {v} as held, but {} does not serve while down",
+                    call.instance, call.id, call.key, call.instance
+                ),
             ));
+            continue;
+        };
+        if let Some(newer) = changes.missed(v, call.start_us, held.saturating_add(staleness)) {
+            let bound = format!(
+                "serve_while_down {} ms + max_staleness {} ms",
+                held / 1000,
+                staleness / 1000
+            );
+            found.push(violation('g', missed_change(call, v, newer, &bound)));
         }
     }
     found
@@ -627,6 +697,7 @@ fn good_history() -> History {
         start_us,
         end_us: Some(end_us),
         outcome,
+        held: false,
     };
     let section = |instance: &str, token, asked_us, start_us, end_us| Section {
         instance: instance.into(),
@@ -710,6 +781,8 @@ fn good_history() -> History {
         // b runs a near tier with a bound of 10 ms; the changes are the writes and the
         // invalidation above, with the times the server ran them.
         near_instances: HashMap::from([("b".to_string(), 10_000)]),
+        // b serves what it holds for 20 ms past its last proof while Redis is unreachable.
+        held_bounds: HashMap::from([("b".to_string(), 20_000)]),
         changes: vec![
             change(25_000, Some(value("k0", 10, "a"))),
             change(35_000, None),
@@ -939,6 +1012,7 @@ fn checker_holds_near_reads_to_max_staleness() {
             start_us,
             end_us: Some(start_us + 100),
             outcome: Outcome::Value(value("k0", 10, "a")),
+            held: false,
         });
         h
     };
@@ -990,5 +1064,51 @@ fn checker_holds_near_reads_to_max_staleness() {
     // A value the server never took (the caller's own computation, refused) is not a copy.
     let mut h = read_at(50_000);
     h.changes.remove(0);
+    assert_eq!(check(&h), vec![]);
+}
+
+/// Rule (g) on hand-made histories: b (near tier, `max_staleness` 10 ms, `serve_while_down`
+/// 20 ms) is served k0's value of token 10 from a held copy after the invalidation the server
+/// ran at 35 ms: allowed up to 30 ms after it, where rule (f) allows 10 ms.
+fn checker_holds_held_reads_to_the_relaxed_bound() {
+    let held_read_at = |start_us: u64| {
+        let mut h = good_history();
+        h.calls.push(Call {
+            instance: "b".into(),
+            id: 3,
+            op: "get_or_compute".into(),
+            key: "k0".into(),
+            start_us,
+            end_us: Some(start_us + 100),
+            outcome: Outcome::Value(value("k0", 10, "a")),
+            held: true,
+        });
+        h
+    };
+    // Inside the relaxed bound, though beyond max_staleness (rule (f) would find it stale): no
+    // violation, up to the bound itself.
+    assert_eq!(check(&held_read_at(50_000)), vec![]);
+    assert_eq!(check(&held_read_at(65_000)), vec![]);
+    // Beyond it: exactly one violation, of rule (g) only.
+    let found = check(&held_read_at(65_001));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(rules(&found), HashSet::from(['g']));
+    // Only held reads get the relaxed bound: the same read not held is rule (f)'s, and stale.
+    let mut h = held_read_at(50_000);
+    h.calls[3].held = false;
+    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
+    // The bound is the instance's own: with a 5 ms bound (15 ms in all), 16 ms is too late.
+    let mut h = held_read_at(51_000);
+    h.held_bounds.insert("b".into(), 5_000);
+    assert_eq!(rules(&check(&h)), HashSet::from(['g']));
+    // A held value returned to an instance that does not serve while down is a finding, even
+    // a fresh one.
+    let mut h = held_read_at(36_000);
+    h.held_bounds.clear();
+    assert_eq!(rules(&check(&h)), HashSet::from(['g']));
+    // Rule (f)'s excuse holds: a computed write into a key Redis evicted is not announced.
+    let mut h = held_read_at(90_000);
+    h.changes.remove(1);
+    h.value_evictions.push((30_000, "k0".into()));
     assert_eq!(check(&h), vec![]);
 }

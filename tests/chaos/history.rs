@@ -31,6 +31,9 @@ pub struct Call {
     /// `None`: no end was recorded (the process was killed, or the call hung).
     pub end_us: Option<u64>,
     pub outcome: Outcome,
+    /// The value was served from a copy the near tier held while the backend was unreachable
+    /// (`Source::Held`): judged by rule (g), with the relaxed bound, instead of rule (f).
+    pub held: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -155,6 +158,8 @@ pub struct History {
     pub call_bound_us: u64,
     /// The instances that ran a near tier, with its `max_staleness` in µs.
     pub near_instances: HashMap<String, u64>,
+    /// The near-tier instances that serve while down, with their `serve_while_down` bound in µs.
+    pub held_bounds: HashMap<String, u64>,
     /// Every change of a value key the server ran, in its order, with its time.
     pub changes: Vec<Change>,
     /// Value keys the server evicted under memory pressure: when the notification was seen (µs)

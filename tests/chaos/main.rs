@@ -7,11 +7,15 @@
 //! all through loopback TCP proxies (two: slots 0-1 and 2-3, so a proxy fault can partition one
 //! side from the other) to one real redis-server. Driven by a seeded RNG, one *round*
 //! at a time (a pause of 20–100 ms, then at most one new fault), it SIGKILLs workers (and starts
-//! new ones), SIGSTOPs them for longer than the lease, restarts redis-server, cuts, delays or
+//! new ones), SIGSTOPs them for longer than the lease, restarts redis-server, freezes it
+//! (SIGSTOP, an outage in which nothing answers, then SIGCONT), partitions the side of the
+//! worker that serves while down (a black-hole of its proxy past its bound), cuts, delays or
 //! black-holes the proxied connections, and puts the server under memory pressure (a low
 //! `maxmemory` with an evicting policy, switched on and off with `CONFIG SET`, and filler data
 //! so that it really evicts). The workers of even slots run a near tier (`max_staleness` 200 ms,
-//! written first in their history), the others none. Every call, computation and critical
+//! written first in their history), the others none; slot 2's also serves what it holds while
+//! Redis is unreachable (`serve_while_down`, a bound of 300–1000 ms drawn per process), and
+//! its calls record which values were served held. Every call, computation and critical
 //! section goes into a history that the faults cannot corrupt (`history.rs`), which is then
 //! checked (`checker.rs`, the rules; `replay.rs` reads the server's side back).
 //!
@@ -51,7 +55,9 @@ use history::{Call, Compute, Ending, History, Outcome, Pause, Section, ServerEve
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampede_guard::leader::{JobContext, Leader, Role};
-use stampede_guard::{Cache, CallOptions, Computed, Error, Lease, NearCacheOptions};
+use stampede_guard::{
+    Cache, CallOptions, Computed, ConnectionOptions, Error, Lease, NearCacheOptions, Source,
+};
 use support::proxy::{Mode, Proxy};
 use support::runtime;
 use support::{now_us, signal, RedisServer, Worker};
@@ -64,6 +70,22 @@ const LOCKS: &[&str] = &["L0", "L1"];
 const WORKERS: usize = 4;
 /// The near tier's bound in the workers that run one (the even slots; the odd ones run none).
 const NEAR_STALENESS: Duration = Duration::from_millis(200);
+/// The slot whose near tier serves what it holds while Redis is unreachable
+/// (`serve_while_down`), with a bound drawn per process from this range (ms): slot 0 keeps
+/// rule (f)'s bound for every value, slot 2 gets rule (g)'s relaxed one for its held values.
+const HELD_SLOT: usize = 2;
+const HELD_BOUND_MS: std::ops::RangeInclusive<u64> = 300..=1000;
+/// The response time-out of the worker that serves while down: a frozen server must fail its
+/// calls (and open its breaker) within the outage, or nothing held would ever be served; the
+/// default 5 s outlasts every freeze.
+const HELD_RESPONSE_TIMEOUT: Duration = Duration::from_millis(300);
+/// How long a freeze of redis-server (SIGSTOP, then SIGCONT) lasts, in ms: from shorter than
+/// the shortest serve-while-down bound to longer than the longest plus `max_staleness`.
+const FREEZE_MS: std::ops::Range<u64> = 200..1800;
+/// The proxy side of [`HELD_SLOT`], and how long (ms) the partition fault black-holes it
+/// (ended by a cut): past the longest serve-while-down bound plus `max_staleness`.
+const HELD_SIDE: Side = Side::Second;
+const HELD_PARTITION_MS: std::ops::Range<u64> = 500..2500;
 /// The longest a call may take, pauses excluded: the wait bound, the longest computation, and a
 /// few backend operations each bounded by the connection (2 s) and response (5 s) time-outs.
 const CALL_BOUND: Duration = Duration::from_secs(3 + 1 + 4 * 7);
@@ -239,6 +261,41 @@ impl Pressure {
                 .arg("noeviction")
                 .query(&mut server.conn())
                 .expect("CONFIG SET maxmemory 0");
+        }
+    }
+}
+
+/// An outage of the cache's server, the hardest kind: redis-server frozen by SIGSTOP (its
+/// connections stay open, nothing answers, no RST) until SIGCONT. Every worker sees it, through
+/// either proxy; the one that serves while down keeps calling and is answered from its copies.
+#[derive(Default)]
+struct Freeze {
+    until: Option<Instant>,
+}
+
+impl Freeze {
+    fn start(&mut self, server: &RedisServer, until: Instant) {
+        if let Some(pid) = server.pid() {
+            signal(pid, "STOP");
+            self.until = Some(until);
+        }
+    }
+
+    fn frozen(&self) -> bool {
+        self.until.is_some()
+    }
+
+    fn thaw_if_due(&mut self, server: &RedisServer, now: Instant) {
+        if self.until.is_some_and(|until| until <= now) {
+            self.thaw(server);
+        }
+    }
+
+    fn thaw(&mut self, server: &RedisServer) {
+        if self.until.take().is_some() {
+            if let Some(pid) = server.pid() {
+                signal(pid, "CONT");
+            }
         }
     }
 }
@@ -422,6 +479,14 @@ impl Controller {
         slot.generation += 1;
         slot.instance = format!("w{i}.{}", slot.generation);
         self.instances.push(slot.instance.clone());
+        let seed = self.seed * 1000 + i as u64 * 100 + slot.generation as u64;
+        let held_ms = if i == HELD_SLOT {
+            StdRng::seed_from_u64(seed)
+                .random_range(HELD_BOUND_MS)
+                .to_string()
+        } else {
+            String::new()
+        };
         slot.worker = Some(Worker::spawn(
             "chaos-worker",
             &[
@@ -429,10 +494,7 @@ impl Controller {
                 ("CHAOS_SINK", self.sink_url.clone()),
                 ("CHAOS_DIR", self.dir.display().to_string()),
                 ("CHAOS_INSTANCE", slot.instance.clone()),
-                (
-                    "CHAOS_SEED",
-                    (self.seed * 1000 + i as u64 * 100 + slot.generation as u64).to_string(),
-                ),
+                ("CHAOS_SEED", seed.to_string()),
                 (
                     "CHAOS_NEAR_MS",
                     if i.is_multiple_of(2) {
@@ -441,6 +503,7 @@ impl Controller {
                         String::new()
                     },
                 ),
+                ("CHAOS_HELD_MS", held_ms),
             ],
         ));
     }
@@ -516,6 +579,9 @@ fn chaos_run() {
     }
     let mut proxy_fault_until: Option<(Instant, bool, Side)> = None;
     let mut pressure = Pressure::default();
+    // While redis-server is frozen the controller does not talk to it (its connections would
+    // wait for the thaw, which only the controller can send): no memory pressure, no restart.
+    let mut freeze = Freeze::default();
 
     for _round in 0..rounds {
         std::thread::sleep(Duration::from_millis(rng.random_range(20..100)));
@@ -539,7 +605,10 @@ fn chaos_run() {
                 proxy_fault_until = None;
             }
         }
-        pressure.tick(&server, now);
+        freeze.thaw_if_due(&server, now);
+        if !freeze.frozen() {
+            pressure.tick(&server, now);
+        }
         // At most one new fault.
         let running = c.running();
         let paused = WORKERS - running.len();
@@ -570,7 +639,7 @@ fn chaos_run() {
                 slot.resume_at = Some(now + LEASE.mul_f64(factor));
                 *c.faults.entry("stop").or_default() += 1;
             }
-            9 => {
+            9 if !freeze.frozen() => {
                 // New clients wait in the proxy until the monitor watches the new server, so no
                 // command of the new server's life goes unseen.
                 proxies.set_mode(Side::Both, Mode::Hold);
@@ -617,17 +686,36 @@ fn chaos_run() {
                     })
                     .or_default() += 1;
             }
-            20..24 if pressure.until.is_none() && evictions.watching(&server) => {
+            20..24
+                if !freeze.frozen() && pressure.until.is_none() && evictions.watching(&server) =>
+            {
                 let policy = EVICTING_POLICIES[rng.random_range(0..EVICTING_POLICIES.len())];
                 let span = Duration::from_millis(rng.random_range(300..2000));
                 pressure.start(&server, policy, now + span);
                 *c.faults.entry("eviction_pressure").or_default() += 1;
+            }
+            27..30 if proxy_fault_until.is_none() => {
+                // A partition of the side whose near tier serves while down, for longer than
+                // its bound (and its breaker's cool-down): the other side goes on changing the
+                // keys it holds, which is what rule (g) is about (a frozen server changes
+                // nothing, so its held copies cannot miss a change).
+                one_side += 1;
+                proxies.set_mode(HELD_SIDE, Mode::Blackhole);
+                let span = Duration::from_millis(rng.random_range(HELD_PARTITION_MS));
+                proxy_fault_until = Some((now + span, true, HELD_SIDE));
+                *c.faults.entry("partition_of_held").or_default() += 1;
+            }
+            24..27 if !freeze.frozen() => {
+                let span = Duration::from_millis(rng.random_range(FREEZE_MS));
+                freeze.start(&server, now + span);
+                *c.faults.entry("redis_freeze").or_default() += 1;
             }
             _ => {}
         }
     }
 
     // Wind down: faults end, dead slots stay dead, everyone else is asked to stop.
+    freeze.thaw(&server);
     pressure.stop(&server);
     proxies.set_mode(Side::Both, Mode::Pass);
     for i in 0..WORKERS {
@@ -709,7 +797,7 @@ fn chaos_run() {
         h.server.extend(events);
         h.changes.extend(changes);
     }
-    let mut near_stats = [0u64; 4];
+    let mut near_stats = [0u64; 5];
     let mut sink_results: BTreeMap<(String, u64), (u32, u32)> = BTreeMap::new();
     for line in &sink_log {
         let f: Vec<&str> = line.split(' ').collect();
@@ -787,7 +875,7 @@ fn chaos_run() {
         .count();
     println!(
         "chaos: near tier ({} of {} worker processes, max_staleness {NEAR_STALENESS:?}): {near_calls} \
-         values returned to them, all judged by rule (f); near hits {}, misses {}, announcements \
+         values returned to them, judged by rule (f) (the held ones by (g)); near hits {}, misses {}, announcements \
          received {}, switched off {} (workers that ended cleanly); {} changes of values by all \
          instances; {} value keys evicted",
         h.near_instances.len(),
@@ -798,6 +886,16 @@ fn chaos_run() {
         near_stats[3],
         h.changes.len(),
         h.value_evictions.len(),
+    );
+    let held_calls = h.calls.iter().filter(|c| c.held).count();
+    let mut held_bounds: Vec<u64> = h.held_bounds.values().map(|us| us / 1000).collect();
+    held_bounds.sort_unstable();
+    println!(
+        "chaos: serve while down ({} worker processes, bounds {held_bounds:?} ms, response \
+         time-out {HELD_RESPONSE_TIMEOUT:?}): {held_calls} values served held, all judged by \
+         rule (g) (held_served {} in the workers that ended cleanly)",
+        h.held_bounds.len(),
+        near_stats[4],
     );
     println!("chaos: violations {}", violations.len());
     for v in violations.iter().take(50) {
@@ -824,6 +922,8 @@ fn chaos_run() {
             "cut",
             "delay",
             "eviction_pressure",
+            "redis_freeze",
+            "partition_of_held",
         ] {
             assert!(
                 c.faults.get(kind).is_some_and(|n| *n > 0),
@@ -843,7 +943,7 @@ fn read_worker_log(
     instance: &str,
     sink: &BTreeMap<(String, u64), (u32, u32)>,
     h: &mut History,
-    near_stats: &mut [u64; 4],
+    near_stats: &mut [u64; 5],
 ) {
     let Ok(text) = std::fs::read_to_string(dir.join(format!("{instance}.log"))) else {
         return;
@@ -869,6 +969,7 @@ fn read_worker_log(
                         start_us: num(4),
                         end_us: None,
                         outcome: Outcome::Pending,
+                        held: false,
                     },
                 );
             }
@@ -880,6 +981,8 @@ fn read_worker_log(
                     "done" => Outcome::Done,
                     _ => Outcome::Error(f[7].to_string()),
                 };
+                // A value's source follows it: `held` is judged by rule (g).
+                call.held = f[6] == "ok" && f.get(8) == Some(&"held");
             }
             "compute" => h.computes.push(Compute {
                 instance: instance.to_string(),
@@ -916,6 +1019,10 @@ fn read_worker_log(
             }
             "near" => {
                 h.near_instances.insert(instance.to_string(), num(1));
+                // The serve-while-down bound, for the workers that hold copies.
+                if f.len() > 2 {
+                    h.held_bounds.insert(instance.to_string(), num(2));
+                }
             }
             "stats" => {
                 for (i, total) in near_stats.iter_mut().enumerate() {
@@ -965,6 +1072,21 @@ fn kind(e: &Error) -> &'static str {
         Error::NotHeld { .. } => "NotHeld",
         Error::MissingFromBatch { .. } => "MissingFromBatch",
         _ => "Other",
+    }
+}
+
+/// Where a value came from, as the history records it after the value (`held` is judged by
+/// rule (g); the others are kept as evidence).
+fn source(source: &Source) -> &'static str {
+    match source {
+        Source::Held => "held",
+        Source::Hit => "hit",
+        Source::Stale => "stale",
+        Source::Computed => "computed",
+        Source::Waited => "waited",
+        Source::Uncached => "uncached",
+        Source::FailSafe => "fail_safe",
+        _ => "other",
     }
 }
 
@@ -1032,13 +1154,24 @@ fn worker(role: &str) -> Result<(), String> {
             "" => None,
             ms => Some(ms.parse().map_err(|e| format!("CHAOS_NEAR_MS: {e}"))?),
         };
+        // Only with a near tier: the copies it holds are what is served while down.
+        let held_ms: Option<u64> = match (near_ms, var("CHAOS_HELD_MS")?.as_str()) {
+            (None, _) | (_, "") => None,
+            (Some(_), ms) => Some(ms.parse().map_err(|e| format!("CHAOS_HELD_MS: {e}"))?),
+        };
         let mut builder = Cache::builder()
             .redis_url(url.as_str())
             .namespace(NAMESPACE)
             .options(options);
         if let Some(ms) = near_ms {
-            builder = builder
-                .near_cache(NearCacheOptions::new(1_000).max_staleness(Duration::from_millis(ms)));
+            let mut near = NearCacheOptions::new(1_000).max_staleness(Duration::from_millis(ms));
+            if let Some(held) = held_ms {
+                near = near.serve_while_down(Duration::from_millis(held));
+                builder = builder.connection(
+                    ConnectionOptions::default().response_timeout(HELD_RESPONSE_TIMEOUT),
+                );
+            }
+            builder = builder.near_cache(near);
         }
         let cache = builder.build().await.map_err(|e| e.to_string())?;
         // The sink is the harness's own recorder on a server no fault touches: give its
@@ -1056,8 +1189,12 @@ fn worker(role: &str) -> Result<(), String> {
         let (stop_tx, stop) = tokio::sync::watch::channel(false);
         let log = Log(Mutex::new(file));
         if let Some(ms) = near_ms {
-            // First in the history: the checker holds this worker's values to rule (f).
-            log.event(format!("near {}", ms * 1000));
+            // First in the history: the checker holds this worker's values to rule (f), and
+            // its held values (with the bound that follows) to rule (g).
+            match held_ms {
+                Some(held) => log.event(format!("near {} {}", ms * 1000, held * 1000)),
+                None => log.event(format!("near {}", ms * 1000)),
+            }
         }
         let ctx = Arc::new(Ctx {
             cache,
@@ -1085,8 +1222,12 @@ fn worker(role: &str) -> Result<(), String> {
         }
         let stats = ctx.cache.stats();
         ctx.log.event(format!(
-            "stats {} {} {} {}",
-            stats.near_hits, stats.near_misses, stats.near_invalidations, stats.near_switched_off
+            "stats {} {} {} {} {}",
+            stats.near_hits,
+            stats.near_misses,
+            stats.near_invalidations,
+            stats.near_switched_off,
+            stats.held_served
         ));
         ctx.log.event(format!("final {}", ctx.cache.in_flight()));
         Ok(())
@@ -1098,7 +1239,7 @@ fn worker(role: &str) -> Result<(), String> {
 /// its copies while its stream is partitioned.
 const CALLS_IN_FLIGHT: u32 = 4;
 
-/// `get_or_compute_with_lease` (mostly), `invalidate` and `set` on the hot keys, each call in a
+/// `fetch` (mostly), `invalidate` and `set` on the hot keys, each call in a
 /// task of its own (at most [`CALLS_IN_FLIGHT`] at once).
 async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -1179,9 +1320,11 @@ async fn one_call(
         _ => {
             let inner = Arc::clone(ctx);
             let k = key.clone();
+            // `fetch`, not `get_or_compute_with_lease`: the same path, and it says where the
+            // value came from (a held copy is judged by rule (g)).
             let got = ctx
                 .cache
-                .get_or_compute_with_lease(&key, ttl, move |lease| async move {
+                .fetch(&key, ttl, move |lease| async move {
                     let began = now_us();
                     let token = lease.fencing_token().unwrap_or(0);
                     tokio::time::sleep(Duration::from_millis(compute_ms)).await;
@@ -1192,11 +1335,11 @@ async fn one_call(
                     inner
                         .log
                         .event(format!("compute {k} {token} {began} {} {value}", now_us()));
-                    Ok(value)
+                    Ok(Computed::new(value))
                 })
                 .await;
             match got {
-                Ok(value) => format!("ok {value}"),
+                Ok(fetched) => format!("ok {} {}", fetched.value, source(&fetched.source)),
                 Err(e) => format!("err {}", kind(&e)),
             }
         }
@@ -1254,7 +1397,8 @@ async fn batch_call(
     let end = now_us();
     for ((id, key), result) in ids.iter().zip(&keys).zip(got) {
         let outcome = match result {
-            Ok(fetched) => format!("ok {}", fetched.value),
+            // A batch serves held copies too, key by key.
+            Ok(fetched) => format!("ok {} {}", fetched.value, source(&fetched.source)),
             Err(e) => format!("err {}", kind(&e)),
         };
         ctx.log
