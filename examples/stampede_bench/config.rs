@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use stampede_guard::{Cache, CallOptions, NearCacheOptions};
+use stampede_guard::{Cache, CallOptions, NearCacheOptions, OnBackendError};
 
 use crate::{BoxError, NAMESPACE};
 
@@ -132,6 +132,9 @@ pub(crate) struct Config {
     pub(crate) fail_after: Option<Duration>,
     /// Each caller asks for its K keys in one `get_or_compute_many` call.
     pub(crate) batch: bool,
+    /// `--compute-uncached`: a call whose backend is down computes without the cache
+    /// (`OnBackendError::ComputeUncached`).
+    pub(crate) compute_uncached: bool,
     /// Where the computations count themselves (`--counter-url`); `--url`'s server(s) unless
     /// given, so that the cache's server can fail without losing the count.
     pub(crate) counters: Target,
@@ -147,7 +150,8 @@ pub(crate) const USAGE: &str = "usage: stampede_bench --url redis://HOST:PORT/DB
 [--processes P] [--tasks T] [--keys K] [--compute-ms C] [--payload S] [--rounds R] [--ttl SECONDS] [--mode guarded|naive] \
 [--expiry-mode hard|stale|xfetch] [--steady-secs N] [--think-ms MS] [--near-cache N] \
 [--fail-safe-secs S] [--soft-timeout-ms MS] [--hard-timeout-ms MS] [--fail-after-secs N] [--batch] \
-[--counter-url redis://HOST:PORT/DB] [--outage-at-secs A --outage-secs B] [--serve-while-down-secs N]";
+[--counter-url redis://HOST:PORT/DB] [--outage-at-secs A --outage-secs B] [--serve-while-down-secs N] \
+[--compute-uncached]";
 
 impl Config {
     /// Parses the flags by hand: a flat list of flags with one value each does not need a
@@ -174,6 +178,7 @@ impl Config {
             hard_timeout: None,
             fail_after: None,
             batch: false,
+            compute_uncached: false,
             counters: Target::Server(String::new()),
             outage: None,
             serve_while_down: None,
@@ -183,9 +188,13 @@ impl Config {
             if flag == "--help" || flag == "-h" {
                 return Err(USAGE.into());
             }
-            // The one flag without a value.
+            // The flags without a value.
             if flag == "--batch" {
                 config.batch = true;
+                continue;
+            }
+            if flag == "--compute-uncached" {
+                config.compute_uncached = true;
                 continue;
             }
             let value = args
@@ -302,6 +311,9 @@ impl Config {
         if let Some(keep) = self.fail_safe {
             options = options.fail_safe_for(keep);
         }
+        if self.compute_uncached {
+            options = options.on_backend_error(OnBackendError::ComputeUncached);
+        }
         options
             .soft_timeout(self.soft_timeout)
             .max_hold(self.hard_timeout)
@@ -348,12 +360,8 @@ impl Config {
 /// unreachable.
 pub(crate) fn near_options(entries: u64, serve_while_down: Option<Duration>) -> NearCacheOptions {
     let options = NearCacheOptions::new(entries);
-    let Some(bound) = serve_while_down else {
-        return options;
-    };
-    // lead: the serve-while-down API of issue 21 is not in the crate yet. When it lands, return
-    // `options.serve_while_down(bound)` here and remove the warning in `main.rs` (`parent`).
-    // Until then the flag is parsed and reported, and the near tier runs without it.
-    let _ = bound;
-    options
+    match serve_while_down {
+        Some(bound) => options.serve_while_down(bound),
+        None => options,
+    }
 }

@@ -69,7 +69,9 @@
 //!   `"outage_at_secs": A, "outage_secs": B`;
 //! - `--serve-while-down-secs N` (needs `--near-cache`): how long the near tier may serve what
 //!   it holds while the backend is unreachable; adds `"serve_while_down_secs": N` (see
-//!   `config::near_options`).
+//!   `config::near_options`);
+//! - `--compute-uncached` (no value): a call whose backend is down computes without the cache
+//!   (`OnBackendError::ComputeUncached`); adds `"compute_uncached": true`.
 //!
 //! Every steady line ends with `"timeline": [[second, calls, errors, p99_ms], ...]`, one entry
 //! per second of the run (the calls that started in it, over all workers), and
@@ -144,13 +146,6 @@ fn parent() -> Result<(), BoxError> {
         "stampede_bench: {:?} mode, {} processes × {} tasks × {} keys, compute {:?}, payload {} B, {} rounds",
         config.mode, config.processes, config.tasks, config.keys, config.compute, config.payload, config.rounds
     );
-    if config.serve_while_down.is_some() {
-        // lead: remove with the call in `config::near_options` when the API lands.
-        eprintln!(
-            "stampede_bench: --serve-while-down-secs is reported but not applied yet: the \
-             near tier's serve-while-down option is not in the crate"
-        );
-    }
     if let Some(seconds) = config.steady {
         return steady::steady(&config, seconds, &mut admin, &mut *counters, &months);
     }

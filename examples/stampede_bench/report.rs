@@ -86,6 +86,9 @@ pub(crate) fn extra_fields(config: &Config, outcome: &Outcome, batch_calls: u64)
     if let Some(bound) = config.serve_while_down {
         fields += &format!(r#", "serve_while_down_secs": {}"#, bound.as_secs());
     }
+    if config.compute_uncached {
+        fields += r#", "compute_uncached": true"#;
+    }
     fields
 }
 

@@ -270,6 +270,12 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        // Writes of this key still queued (auto-recovery) go first, checked again here: Redis
+        // may have come back since the first read failed, and must not answer this key with
+        // the value the queued write replaces.
+        if let Err(e) = self.replay_queued(&[keys]).await {
+            return self.without_cache("replay", e, keys, f).await;
+        }
         match self.claim::<T>(keys, started, start).await {
             Claim::Found(entry, found) => self.serve(entry, (**keys).clone(), ttl, f, found),
             Claim::Locked(held, kept) => {

@@ -115,7 +115,13 @@ where
         let mut acquiring: Vec<Acquiring> = led.iter().map(|l| cache.acquiring(&l.keys)).collect();
         let tokens: Vec<Arc<str>> = acquiring.iter().map(Acquiring::token).collect();
         let asked: Vec<Instant> = acquiring.iter_mut().map(Acquiring::sending).collect();
-        let answers = {
+        // Writes of these keys still queued (auto-recovery) go first, checked again here: Redis
+        // may have come back since the read failed, and must not answer a key with its old value.
+        let keys: Vec<&EntryKeys> = led.iter().map(|l| &*l.keys).collect();
+        let replayed = cache.replay_queued(&keys).await;
+        let answers = if let Err(e) = replayed {
+            led.iter().map(|_| Err(e.clone())).collect()
+        } else {
             let requests: Vec<(&EntryKeys, &str, bool)> = led
                 .iter()
                 .zip(&tokens)
