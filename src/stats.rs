@@ -270,13 +270,38 @@ impl NotStoredReason {
 /// the last, instead of one per call (a full Redis would otherwise log on every miss).
 const NOT_STORED_LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// The throttle of one reason's log line.
+/// A log line written at most once per period, with the count of the events since the last
+/// one: an outage must not write a line per call.
 #[derive(Debug, Default)]
-struct LogThrottle {
-    /// Values not stored since the last line.
+pub(crate) struct LogThrottle {
+    /// Events since the last line.
     pending: AtomicU64,
     /// When the last line was written; `None` before the first.
     last: Mutex<Option<Instant>>,
+}
+
+impl LogThrottle {
+    /// A throttle whose first event is logged at once (`const`, for a `static`).
+    pub(crate) const fn new() -> Self {
+        LogThrottle {
+            pending: AtomicU64::new(0),
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Counts one event; `Some(events since the last line, this one included)` when a line is
+    /// due (the first event, then at most once per `every`), `None` otherwise.
+    pub(crate) fn due(&self, every: Duration) -> Option<u64> {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let mut last = crate::sync::lock(&self.last);
+        if last.is_some_and(|at| now.duration_since(at) < every) {
+            return None;
+        }
+        *last = Some(now);
+        drop(last);
+        Some(self.pending.swap(0, Ordering::Relaxed))
+    }
 }
 
 // By hand rather than derived: no proc-macro dependency for users, and the duration gets a
@@ -461,16 +486,9 @@ impl Counters {
         error: &dyn std::fmt::Display,
     ) {
         self.record(Event::NotStored(reason));
-        let throttle = &self.not_stored_log[reason.index()];
-        throttle.pending.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        let mut last = crate::sync::lock(&throttle.last);
-        if last.is_some_and(|at| now.duration_since(at) < NOT_STORED_LOG_EVERY) {
+        let Some(count) = self.not_stored_log[reason.index()].due(NOT_STORED_LOG_EVERY) else {
             return;
-        }
-        *last = Some(now);
-        drop(last);
-        let count = throttle.pending.swap(0, Ordering::Relaxed);
+        };
         let label = reason.as_str();
         if reason == NotStoredReason::FenceLost {
             // By design: a newer write won while this value was computed.
@@ -663,5 +681,16 @@ mod tests {
                 "breaker": "half-open", "breaker_opened": 0, "fast_failures": 1, "held_served": 0,
             })
         );
+    }
+
+    #[test]
+    fn a_throttled_line_is_due_first_then_once_per_period_with_the_count() {
+        let throttle = LogThrottle::new();
+        assert_eq!(throttle.due(Duration::from_secs(60)), Some(1), "the first at once");
+        for _ in 0..5 {
+            assert_eq!(throttle.due(Duration::from_secs(60)), None);
+        }
+        // A period of zero has passed: the line is due, counting the five held back.
+        assert_eq!(throttle.due(Duration::ZERO), Some(6));
     }
 }

@@ -93,6 +93,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use crate::stats::LogThrottle;
 use crate::Error;
 
 /// The HTTP status for `error`, as the [`IntoResponse`] implementation uses it (the table in the
@@ -208,6 +209,9 @@ fn retry_after_header(after: Duration) -> HeaderValue {
     HeaderValue::from(secs)
 }
 
+/// How often at most the 503s of [`response`] are logged at `warn`, with their count.
+const UNAVAILABLE_LOG_EVERY: Duration = Duration::from_secs(60);
+
 /// The whole response for a failed call, as the [`IntoResponse`] implementation of [`Error`]
 /// gives it: the status of [`status`], a short plain-text body that reveals nothing of the
 /// server, and on a 503 `Retry-After` ([`retry_after`]: one second unless the computation
@@ -272,7 +276,16 @@ pub fn response(error: &Error) -> Response {
             tracing::error!(%status, kind, error = %error.chain(), "stampede-guard call failed");
         }
         StatusCode::SERVICE_UNAVAILABLE => {
-            tracing::warn!(%status, error = %error.chain(), "stampede-guard call failed");
+            // An outage answers every request with a 503: one line a minute with the count,
+            // not one per request (the circuit breaker logs when Redis goes and comes back).
+            static UNAVAILABLE: LogThrottle = LogThrottle::new();
+            match UNAVAILABLE.due(UNAVAILABLE_LOG_EVERY) {
+                Some(count) => tracing::warn!(%status, count, error = %error.chain(),
+                    "stampede-guard calls failed (count since the last such line)"),
+                None => {
+                    tracing::debug!(%status, error = %error.chain(), "stampede-guard call failed")
+                }
+            }
         }
         _ => tracing::debug!(%status, error = %error.chain(), "stampede-guard call refused"),
     }

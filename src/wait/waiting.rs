@@ -56,7 +56,9 @@ impl<'a> Waiter<'a> {
             self.listened = true;
             match self.store.listen(self.keys).await {
                 Ok(l) => self.listener = Some(l),
-                Err(e) => tracing::warn!(key = %self.keys.user, error = %e,
+                // Not a warning: every waiting call would log one while the subscription's
+                // connection is down (the breaker and the feed say so once).
+                Err(e) => tracing::debug!(key = %self.keys.user, error = %e,
                     "wake-up subscription failed; waiting by polling"),
             }
             return Ok(Wake::Subscribed);
