@@ -686,7 +686,11 @@ mod tests {
     #[test]
     fn a_throttled_line_is_due_first_then_once_per_period_with_the_count() {
         let throttle = LogThrottle::new();
-        assert_eq!(throttle.due(Duration::from_secs(60)), Some(1), "the first at once");
+        assert_eq!(
+            throttle.due(Duration::from_secs(60)),
+            Some(1),
+            "the first at once"
+        );
         for _ in 0..5 {
             assert_eq!(throttle.due(Duration::from_secs(60)), None);
         }

@@ -157,6 +157,45 @@ async fn a_black_hole_opens_the_breaker_as_surely_and_then_no_call_waits_on_it()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_hole_fails_the_waiting_calls_at_the_stall_not_at_the_response_timeout() {
+    let redis = RedisServer::start();
+    let port = redis.port();
+    let proxy = std::thread::spawn(move || Proxy::start(port))
+        .join()
+        .unwrap();
+    // A response time-out far beyond the test's patience: only the stall watchdog can end the
+    // calls below in time.
+    let cache = Cache::builder()
+        .redis_url(proxy.url())
+        .namespace("outage")
+        .connection(ConnectionOptions::default().response_timeout(Duration::from_secs(60)))
+        .build()
+        .await
+        .unwrap();
+    assert!(cache.set("2019-05", &1u32, TTL).await.unwrap().is_applied());
+    proxy.set_mode(Mode::Blackhole);
+
+    let calls: Vec<_> = (0..10)
+        .map(|_| {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get::<u32>("2019-05").await })
+        })
+        .collect();
+    for call in calls {
+        let failed = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("ended by the stall watchdog, long before the response time-out")
+            .unwrap();
+        assert!(unreachable(&failed), "{failed:?}");
+    }
+    let stats = cache.stats();
+    assert_eq!(stats.breaker, BreakerState::Open, "{stats:?}");
+    assert_eq!(stats.breaker_opened, 1);
+    proxy.set_mode(Mode::Pass);
+    cache_answers_again(&cache).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_serve_while_down_the_near_tier_answers_from_what_it_holds() {
     let mut redis = RedisServer::start();
     let near = NearCacheOptions::new(100)

@@ -14,12 +14,16 @@
 //! A success that comes back while the breaker is open (a request sent before it opened, a
 //! frozen server that thaws) closes it too: it is the same evidence a probe gives.
 //!
-//! # Why counting time-outs is enough for a black hole
-//! A connection that nothing answers (no RST: a frozen server, a dropped route) fails each
-//! request at the response time-out. Requests in flight together time out together, so the
-//! breaker opens one time-out after the hole appears, as it opens after `failures` refused
-//! connections; from then on no call waits. What the calls that were already waiting do is
-//! up to the fallback (`serve_while_down`, `ComputeUncached`).
+//! # A black hole: the stall watchdog
+//! A connection that nothing answers (no RST: a frozen server, a dropped route) would fail each
+//! request only at its response time-out (5 s by default), and every caller would wait that
+//! long. So the breaker also watches the connection: when requests have waited `stall`
+//! (500 ms) with no answer at all arriving since (not to them, not to any other request), it
+//! opens, and the requests still waiting fail at once (unreachable, possibly carried out, like
+//! a time-out) and take their fallback (`serve_while_down`, `ComputeUncached`). A live server
+//! answers a cache in well under a millisecond; a connection busy with a large answer still
+//! shows life by that answer's end, so keep `stall` above your largest value's transfer. The
+//! watchdog is one task per cache, looking every quarter of `stall`.
 //!
 //! # Logging
 //! One warning when it opens and one line when it closes, with the counts in between; the
@@ -27,10 +31,11 @@
 //!
 //! Explained in the guide: `docs/outages.md`.
 
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::StoreError;
@@ -45,6 +50,7 @@ use crate::stats::{BreakerState, Counters, Event};
 /// |---|---|---|
 /// | [`failures`](Self::failures) | 3 | unreachable or busy answers in a row that open the breaker |
 /// | [`cool_down`](Self::cool_down) | 1 s | how long it stays open before a probe is sent |
+/// | [`stall`](Self::stall) | 500 ms | requests waiting this long with no answer at all from the connection open it (a black hole), and the waiting requests fail at once |
 ///
 /// ```
 /// use stampede_guard::{BreakerOptions, Cache};
@@ -67,6 +73,7 @@ use crate::stats::{BreakerState, Counters, Event};
 pub struct BreakerOptions {
     failures: u32,
     cool_down: Duration,
+    stall: Duration,
 }
 
 impl Default for BreakerOptions {
@@ -77,6 +84,9 @@ impl Default for BreakerOptions {
             failures: 3,
             // Short enough that service is back within about a second of the server.
             cool_down: Duration::from_secs(1),
+            // Far above any answer of a live server to a cache (a hit takes well under a
+            // millisecond), far below the 5 s response time-out every waiting call would pay.
+            stall: Duration::from_millis(500),
         }
     }
 }
@@ -108,6 +118,29 @@ impl BreakerOptions {
     pub fn cool_down(mut self, cool_down: Duration) -> Self {
         self.cool_down = crate::time::saturate(cool_down);
         self
+    }
+
+    /// How long requests may wait with no answer at all arriving on the connection before the
+    /// breaker opens (default 500 ms; [`Duration::ZERO`] turns this check off). A frozen server
+    /// or a black-holed connection answers nothing, and each request would wait for its
+    /// response time-out (5 s by default); with this check, once the breaker opens every
+    /// request still waiting fails at once (as unreachable: it may have been carried out), and
+    /// the calls take their fallback. Keep it above the longest answer your server gives,
+    /// such as the transfer of your largest value.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let options = stampede_guard::BreakerOptions::default().stall(Duration::from_secs(2));
+    /// assert_eq!(options.get_stall(), Duration::from_secs(2));
+    /// ```
+    pub fn stall(mut self, stall: Duration) -> Self {
+        self.stall = crate::time::saturate(stall);
+        self
+    }
+
+    /// The stall bound in force ([`Duration::ZERO`]: off).
+    pub fn get_stall(&self) -> Duration {
+        self.stall
     }
 
     /// The number of failures in a row that opens the breaker (0: never).
@@ -157,6 +190,14 @@ pub(crate) struct Breaker {
     /// What the transitions need; taken only when a call fails or the breaker is not closed.
     spell: Mutex<Spell>,
     counters: Arc<Counters>,
+    /// Requests sent and not yet answered.
+    in_flight: AtomicUsize,
+    /// When the connection last showed life (an answer, or the first request after an idle
+    /// spell), in nanoseconds since `base`: the stall watchdog's reference.
+    progress: AtomicU64,
+    base: Instant,
+    /// Bumped each time the breaker opens: requests waiting then fail at once.
+    opened: watch::Sender<u64>,
 }
 
 /// The bookkeeping of the current run of failures (a lock guards it: it changes on failures
@@ -185,7 +226,99 @@ impl Breaker {
             in_a_row: AtomicU32::new(0),
             spell: Mutex::default(),
             counters,
+            in_flight: AtomicUsize::new(0),
+            progress: AtomicU64::new(0),
+            base: Instant::now(),
+            opened: watch::Sender::new(0),
         }
+    }
+
+    /// The stall bound in force; zero when the check is off.
+    pub(crate) fn stall(&self) -> Duration {
+        self.options.stall
+    }
+
+    /// A request is about to be sent. Returns the signal of the breaker opening, which the
+    /// request waits on beside its answer.
+    pub(crate) fn sending(&self) -> watch::Receiver<u64> {
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
+            // Idle until now: the wait for an answer starts here, not at the last one.
+            self.progress.store(self.nanos(), Ordering::Release);
+        }
+        self.opened.subscribe()
+    }
+
+    /// A request sent by [`sending`](Self::sending) ended: `answered` if the backend spoke.
+    pub(crate) fn ended(&self, answered: bool) {
+        if answered {
+            self.progress.store(self.nanos(), Ordering::Release);
+        }
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The watchdog's check: requests have waited longer than `stall` with no answer at all
+    /// since (a frozen server, a black hole). Opens the breaker, which fails them at once.
+    pub(crate) fn check_stall(&self) {
+        let stall = self.options.stall;
+        if stall.is_zero()
+            || self.in_flight.load(Ordering::Acquire) == 0
+            || self.state.load(Ordering::Acquire) != CLOSED
+        {
+            return;
+        }
+        let quiet = self
+            .nanos()
+            .saturating_sub(self.progress.load(Ordering::Acquire));
+        if quiet <= u64::try_from(stall.as_nanos()).unwrap_or(u64::MAX) {
+            return;
+        }
+        let waiting = self.in_flight.load(Ordering::Acquire);
+        let mut spell = crate::sync::lock(&self.spell);
+        if self.state.load(Ordering::Acquire) != CLOSED {
+            return;
+        }
+        let now = Instant::now();
+        spell
+            .since
+            .get_or_insert(now.checked_sub(Duration::from_nanos(quiet)).unwrap_or(now));
+        self.open(spell, now);
+        tracing::warn!(
+            waiting,
+            stalled_ms = quiet / 1_000_000,
+            "circuit breaker open: {waiting} requests waited {} ms with no answer from the \
+             backend; they fail now, and calls fail fast (or take their fallback) until a probe \
+             finds it answering",
+            quiet / 1_000_000
+        );
+    }
+
+    /// The error of a request that was waiting when the breaker opened: unreachable, and it
+    /// may have been carried out (it was sent), like a time-out.
+    pub(crate) fn aborted(&self) -> StoreError {
+        StoreError::Redis {
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the circuit breaker opened while this request waited for its answer (it may \
+                 have been carried out)",
+            )
+            .into(),
+            kind: BackendErrorKind::Unreachable,
+            key: None,
+        }
+    }
+
+    /// Opens the breaker (the state lock held), counts it and fails every waiting request.
+    fn open(&self, mut spell: std::sync::MutexGuard<'_, Spell>, now: Instant) {
+        self.state.store(OPEN, Ordering::Release);
+        spell.opened_at = Some(now);
+        spell.refused = 0;
+        drop(spell);
+        self.counters.breaker(BreakerState::Open);
+        self.opened.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn nanos(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The state now.
@@ -245,7 +378,7 @@ impl Breaker {
     /// Records what the backend answered (or failed to).
     pub(crate) fn record(&self, failed: Option<&StoreError>) {
         match failed {
-            Some(e) if counts(e) => self.failed(e),
+            Some(e) if counts_against(e) => self.failed(e),
             _ => self.answered(),
         }
     }
@@ -283,11 +416,7 @@ impl Breaker {
         spell.since.get_or_insert(now);
         match self.state.load(Ordering::Acquire) {
             CLOSED if in_a_row >= self.options.failures => {
-                self.state.store(OPEN, Ordering::Release);
-                spell.opened_at = Some(now);
-                spell.refused = 0;
-                drop(spell);
-                self.counters.breaker(BreakerState::Open);
+                self.open(spell, now);
                 tracing::warn!(failures = in_a_row, kind = %e.kind(), error = %e,
                     "circuit breaker open: the backend failed {in_a_row} times in a row; \
                      calls fail fast (or take their fallback) until a probe finds it answering");
@@ -306,7 +435,7 @@ impl Breaker {
 
 /// Whether a failure counts against the backend: it did not answer (unreachable) or said it
 /// cannot now (busy, loading). A refusal, a full memory or a wrong type is an answer.
-fn counts(e: &StoreError) -> bool {
+pub(crate) fn counts_against(e: &StoreError) -> bool {
     matches!(
         e.kind(),
         BackendErrorKind::Unreachable | BackendErrorKind::Busy
@@ -397,5 +526,41 @@ mod tests {
         assert_eq!(b.failing_for(), Some(Duration::from_millis(200)));
         assert!(b.refusal().to_string().contains("circuit breaker open"));
         assert_eq!(b.refusal().kind(), BackendErrorKind::Unreachable);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_waiting_past_the_stall_with_no_answer_open_it_and_are_told() {
+        let (b, counters) = breaker();
+        let mut waiting = b.sending();
+        tokio::time::advance(Duration::from_millis(400)).await;
+        // Another request is answered meanwhile: the connection is alive.
+        let other = b.sending();
+        b.ended(true);
+        drop(other);
+        tokio::time::advance(Duration::from_millis(400)).await;
+        b.check_stall();
+        assert_eq!(b.state(), BreakerState::Closed, "an answer 400 ms ago");
+        tokio::time::advance(Duration::from_millis(101)).await;
+        b.check_stall();
+        assert_eq!(b.state(), BreakerState::Open, "500 ms without an answer");
+        assert!(
+            waiting.has_changed().unwrap(),
+            "the waiting request is told"
+        );
+        assert_eq!(counters.snapshot().breaker_opened, 1);
+        assert!(b.aborted().may_have_been_applied());
+        assert!(b.failing_for().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_never_stalls() {
+        let (b, _) = breaker();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        b.check_stall();
+        // The first request after an idle spell starts its own clock.
+        let _waiting = b.sending();
+        tokio::time::advance(Duration::from_millis(499)).await;
+        b.check_stall();
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::breaker::{Admit, Breaker};
+use super::breaker::{counts_against, Admit, Breaker};
 use super::wakeup::Listener;
 use super::{
     Acquire, Blob, BoxFuture, LockStore, MemoryStore, ReadOrLock, Store, StoreResult, Stored, Write,
@@ -21,20 +21,48 @@ pub(crate) struct GuardedStore {
 }
 
 impl GuardedStore {
+    /// `inner` behind `breaker`, and the breaker's stall watchdog, spawned on the caller's
+    /// runtime; it ends when the store is dropped.
     pub(crate) fn new(inner: Arc<dyn Store>, breaker: Arc<Breaker>) -> Self {
+        let stall = breaker.stall();
+        if !stall.is_zero() {
+            let watched = Arc::downgrade(&breaker);
+            let every = (stall / 4).max(Duration::from_millis(5));
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    ticks.tick().await;
+                    let Some(breaker) = watched.upgrade() else {
+                        return;
+                    };
+                    breaker.check_stall();
+                }
+            });
+        }
         GuardedStore { inner, breaker }
     }
 
     /// `op` if the breaker lets it through, with its outcome recorded; otherwise the
-    /// breaker's refusal at once (`op` is dropped unpolled: nothing was sent).
+    /// breaker's refusal at once (`op` is dropped unpolled: nothing was sent). A request still
+    /// waiting when the breaker opens fails at once (dropped: the connection discards its
+    /// answer).
     fn through<'a, T: Send + 'a>(
         &'a self,
         op: BoxFuture<'a, StoreResult<T>>,
     ) -> BoxFuture<'a, StoreResult<T>> {
         match self.admit() {
             Ok(()) => Box::pin(async move {
-                let outcome = op.await;
-                self.breaker.record(outcome.as_ref().err());
+                let mut opened = self.breaker.sending();
+                let outcome = tokio::select! {
+                    biased;
+                    outcome = op => outcome,
+                    _ = opened.changed() => Err(self.breaker.aborted()),
+                };
+                let failed = outcome.as_ref().err();
+                self.breaker
+                    .ended(failed.is_none_or(|e| !counts_against(e)));
+                self.breaker.record(failed);
                 outcome
             }),
             Err(refused) => Box::pin(std::future::ready(Err(refused))),
@@ -213,11 +241,22 @@ impl Store for GuardedStore {
             return Box::pin(std::future::ready(answers));
         }
         Box::pin(async move {
-            let answers = self.inner.read_or_lock_many(entries, lease).await;
+            let mut opened = self.breaker.sending();
+            let answers = tokio::select! {
+                biased;
+                answers = self.inner.read_or_lock_many(entries, lease) => answers,
+                _ = opened.changed() => {
+                    let aborted = self.breaker.aborted();
+                    entries.iter().map(|_| Err(aborted.clone())).collect()
+                }
+            };
             // One answer is enough to know the backend answers; otherwise the first failure.
             let answered = answers.iter().any(Result::is_ok);
             let failure = answers.iter().find_map(|a| a.as_ref().err());
-            self.breaker.record(if answered { None } else { failure });
+            let failure = if answered { None } else { failure };
+            self.breaker
+                .ended(failure.is_none_or(|e| !counts_against(e)));
+            self.breaker.record(failure);
             answers
         })
     }
