@@ -360,18 +360,12 @@ impl Breaker {
         Admit::Refuse
     }
 
-    /// The error a refused call fails with: unreachable, saying why and for how long.
+    /// The error a refused call fails with: unreachable, never sent, saying why and for how
+    /// long.
     pub(crate) fn refusal(&self) -> StoreError {
-        let for_ms = self.failing_for().map_or(0, |d| d.as_millis());
-        let message = format!(
-            "circuit breaker open: the backend failed {} times in a row and has been failing \
-             for {for_ms} ms; calls skip it until a probe finds it answering",
-            self.options.failures
-        );
-        StoreError::Redis {
-            source: std::io::Error::new(std::io::ErrorKind::NotConnected, message).into(),
-            kind: BackendErrorKind::Unreachable,
-            key: None,
+        StoreError::BreakerOpen {
+            failures: self.options.failures,
+            failing_for: self.failing_for().unwrap_or_default(),
         }
     }
 
@@ -526,12 +520,13 @@ mod tests {
         assert_eq!(b.failing_for(), Some(Duration::from_millis(200)));
         assert!(b.refusal().to_string().contains("circuit breaker open"));
         assert_eq!(b.refusal().kind(), BackendErrorKind::Unreachable);
+        assert!(!b.refusal().may_have_been_applied(), "never sent");
     }
 
     #[tokio::test(start_paused = true)]
     async fn requests_waiting_past_the_stall_with_no_answer_open_it_and_are_told() {
         let (b, counters) = breaker();
-        let mut waiting = b.sending();
+        let waiting = b.sending();
         tokio::time::advance(Duration::from_millis(400)).await;
         // Another request is answered meanwhile: the connection is alive.
         let other = b.sending();

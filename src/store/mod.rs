@@ -49,6 +49,13 @@ pub(crate) enum StoreError {
     },
     /// Redlock: fewer than a majority of the nodes answered.
     NoQuorum { reached: usize, needed: usize },
+    /// The circuit breaker is open: the request was not sent (see `breaker.rs`).
+    BreakerOpen {
+        /// Unreachable or busy answers in a row that open it.
+        failures: u32,
+        /// How long the backend has been failing.
+        failing_for: std::time::Duration,
+    },
 }
 
 impl From<::redis::RedisError> for StoreError {
@@ -71,6 +78,8 @@ impl StoreError {
             StoreError::Redis { source: e, .. } => e.is_timeout() || e.is_connection_dropped(),
             // The quorum store undoes what it took before it reports no quorum.
             StoreError::NoQuorum { .. } => false,
+            // Never sent.
+            StoreError::BreakerOpen { .. } => false,
         }
     }
 
@@ -78,7 +87,9 @@ impl StoreError {
     pub(crate) fn kind(&self) -> BackendErrorKind {
         match self {
             StoreError::Redis { kind, .. } => *kind,
-            StoreError::NoQuorum { .. } => BackendErrorKind::Unreachable,
+            StoreError::NoQuorum { .. } | StoreError::BreakerOpen { .. } => {
+                BackendErrorKind::Unreachable
+            }
         }
     }
 
@@ -108,6 +119,15 @@ impl std::fmt::Display for StoreError {
             StoreError::NoQuorum { reached, needed } => {
                 write!(f, "{reached} nodes answered, {needed} needed")
             }
+            StoreError::BreakerOpen {
+                failures,
+                failing_for,
+            } => write!(
+                f,
+                "circuit breaker open: the backend failed {failures} times in a row (or stalled) \
+                 and has been failing for {} ms; calls skip it until a probe finds it answering",
+                failing_for.as_millis()
+            ),
         }
     }
 }
@@ -128,6 +148,14 @@ impl Error {
                 op,
                 reached,
                 needed,
+            },
+            // Unreachable, and said so in the source's message.
+            breaker @ StoreError::BreakerOpen { .. } => Error::Backend {
+                op,
+                kind: BackendErrorKind::Unreachable,
+                key: None,
+                source: std::io::Error::new(std::io::ErrorKind::NotConnected, breaker.to_string())
+                    .into(),
             },
         }
     }

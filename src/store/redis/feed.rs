@@ -31,6 +31,7 @@ use redis::{AsyncConnectionConfig, ConnectionAddr, PushInfo, PushKind, Value};
 use tokio::time::Instant;
 
 use super::connection::{resp3, ConnectionOptions};
+use crate::error::BackendErrorKind;
 
 /// What the feed tells the near tier. Called on the connection's reader task: keep it short.
 pub(crate) trait FeedSink: Send + Sync + 'static {
@@ -149,9 +150,15 @@ impl Feed {
             match self.serve(number, base, &sink, &mut warned).await {
                 Err(e) if !warned => {
                     warned = true;
+                    // The RESP3 hint only where it can be the cause: not for an outage.
+                    let hint = if super::classify(&e) == BackendErrorKind::Unreachable {
+                        ""
+                    } else {
+                        " (it needs RESP3, Redis 6 or later)"
+                    };
                     tracing::warn!(error = %e,
-                        "near tier: its feed connection failed (it needs RESP3, Redis 6 or later); \
-                         reads go to Redis until the feed is back");
+                        "near tier: its feed connection failed{hint}; its copies are not \
+                         served until the feed is back");
                 }
                 Err(e) => tracing::debug!(error = %e, "near-tier feed still down; reconnecting"),
                 Ok(()) => {}
