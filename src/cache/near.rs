@@ -84,6 +84,9 @@ struct NearCopy {
     /// the same clock read as the staleness proof, so a hit reads the clock once.
     fresh_until_nanos: u64,
     compute_ms: u32,
+    /// The tier's era when it went in: only a copy of the current era is served as a hit; one
+    /// of an earlier era (from before a lapsed proof or a new connection) is only held.
+    era: u64,
     /// Its encoded size, which stands for its size in memory (see [`NearCacheOptions::max_bytes`]).
     bytes: usize,
 }
@@ -114,9 +117,17 @@ pub(crate) struct NearTier {
     live_until: AtomicU64,
     /// Whether the tier counts as serving, to count and clear once per lapse.
     serving: AtomicBool,
-    /// The latest `live_until` any proof gave, never reset: a held copy is served for at most
-    /// `serve_while_down` past it.
+    /// The latest `live_until` any proof gave, never reset: a held copy of the current era is
+    /// served for at most `serve_while_down` past it.
     proven_until: AtomicU64,
+    /// Bumped by every lapse of the proof and every new connection (with `serve_while_down`;
+    /// without it the copies are dropped instead): copies of earlier eras may have missed an
+    /// announcement, so they are never served as hits again, only held.
+    era: AtomicU64,
+    /// Until when the copies of earlier eras may be held: `(first era, until)`, each entry
+    /// covering the eras up to the next one's first (eras that ended without a proof between
+    /// them share one bound), oldest first, at most [`PAST_ERAS`].
+    past: std::sync::Mutex<std::collections::VecDeque<(u64, u64)>>,
     base: Instant,
     max_staleness: Duration,
     /// How long past the last proof copies are served while the backend is unreachable; zero
@@ -163,6 +174,10 @@ impl Weights {
     }
 }
 
+/// How many past eras' bounds are kept: each needs a proof between two lapses, so only a feed
+/// that flaps this often within `serve_while_down` loses its oldest held copies early.
+const PAST_ERAS: usize = 64;
+
 /// `d` in nanoseconds, saturated (`Duration::MAX` is "for ever").
 fn as_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -191,6 +206,8 @@ impl NearTier {
             live_until: AtomicU64::new(0),
             serving: AtomicBool::new(false),
             proven_until: AtomicU64::new(0),
+            era: AtomicU64::new(0),
+            past: Default::default(),
             base: Instant::now(),
             max_staleness: config.max_staleness,
             serve_while_down: config.serve_while_down,
@@ -229,6 +246,10 @@ impl NearTier {
         let now = self.nanos(Instant::now());
         let found = self.live_at(now).then(|| self.copies.get(key)).flatten();
         let served = found.and_then(|copy| {
+            // A copy from before a lapse or a reconnection is only held, never a hit.
+            if copy.era != self.era.load(Ordering::Acquire) {
+                return None;
+            }
             if copy.fresh_until_nanos <= now {
                 // Past its fresh-until: the normal path decides (stale window, refresh, miss).
                 // Held for the fail-safe while the backend is down, if that is on.
@@ -275,18 +296,47 @@ impl NearTier {
     }
 
     /// The proof lapsed or the connection changed: every copy stops being served. Without
-    /// `serve_while_down` they are dropped; with it they are held (for [`held`](Self::held))
-    /// until the next proof drops them. Either way tickets taken before cannot insert.
+    /// `serve_while_down` they are dropped; with it a new era begins, and the copies of the
+    /// one that ends are held (for [`held`](Self::held)) for at most `serve_while_down` past
+    /// the last proof, never served as hits again. Either way tickets taken before cannot
+    /// insert.
     fn let_go(&self) {
-        if self.holds() {
-            self.epoch.fetch_add(1, Ordering::SeqCst);
-        } else {
+        if !self.holds() {
             self.drop_all();
+            return;
+        }
+        let until = self
+            .proven_until
+            .load(Ordering::Acquire)
+            .saturating_add(as_nanos(self.serve_while_down));
+        let mut past = crate::sync::lock(&self.past);
+        let ending = self.era.fetch_add(1, Ordering::AcqRel);
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        if past.back().is_none_or(|&(_, last)| last != until) {
+            past.push_back((ending, until));
+            if past.len() > PAST_ERAS {
+                past.pop_front();
+            }
         }
     }
 
+    /// Until when a copy of `era` may be held (nanoseconds since `base`), if at all.
+    fn held_until(&self, era: u64) -> Option<u64> {
+        if era == self.era.load(Ordering::Acquire) {
+            let proven = self.proven_until.load(Ordering::Acquire);
+            return Some(proven.saturating_add(as_nanos(self.serve_while_down)));
+        }
+        let past = crate::sync::lock(&self.past);
+        past.iter()
+            .rev()
+            .find(|&&(first, _)| first <= era)
+            .map(|&(_, until)| until)
+    }
+
     /// The copy of `key` as a `T`, served while the backend is unreachable: only with
-    /// `serve_while_down`, for at most that long past the last proof, and past the copy's
+    /// `serve_while_down`, for at most that long past the last proof of the copy's era (a copy
+    /// held from before Redis came back stays held until the backend answers this instance's
+    /// calls again, which the feed's new connection may beat by a cool-down), and past the copy's
     /// fresh-until for at most `past_fresh` (the call's fail-safe window). Counted as held.
     /// The caller has seen the backend fail; this tier does not judge that.
     pub(crate) fn held<T: Clone + 'static>(&self, key: &str, past_fresh: Duration) -> Option<T> {
@@ -294,15 +344,9 @@ impl NearTier {
             return None;
         }
         let now = self.nanos(Instant::now());
-        let bound = self
-            .proven_until
-            .load(Ordering::Acquire)
-            .saturating_add(as_nanos(self.serve_while_down));
-        if now > bound {
-            return None;
-        }
         let copy = self.copies.get(key)?;
-        if copy.type_id != TypeId::of::<T>()
+        if self.held_until(copy.era).is_none_or(|until| now > until)
+            || copy.type_id != TypeId::of::<T>()
             || copy.fresh_until_nanos.saturating_add(as_nanos(past_fresh)) <= now
         {
             return None;
@@ -365,6 +409,7 @@ impl NearTier {
             fresh_until_ms,
             fresh_until_nanos: self.nanos(Instant::now() + left.min(crate::time::FOREVER)),
             compute_ms,
+            era: self.era.load(Ordering::Acquire),
             bytes,
         });
         self.copies.insert(key.to_owned(), copy);
@@ -464,11 +509,6 @@ impl FeedSink for NearTier {
             return;
         }
         let until = self.nanos(sent + self.max_staleness);
-        // The first proof after a lapse: copies held meanwhile are of an unproven time, and go
-        // before anything is served again.
-        if self.holds() && !self.serving.load(Ordering::Acquire) {
-            self.drop_all();
-        }
         self.live_until.fetch_max(until, Ordering::AcqRel);
         self.proven_until.fetch_max(until, Ordering::AcqRel);
         self.serving.store(true, Ordering::Release);
@@ -677,5 +717,69 @@ mod tests {
             assert!(most <= entries, "{entries}/{bytes}: {most} copies fit");
             assert!(w.capacity.saturating_mul(w.scale) <= bytes);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_serve_while_down_a_copy_is_held_past_a_lapse_and_a_reconnection_never_a_hit() {
+        let config = NearCacheOptions::new(100)
+            .max_staleness(Duration::from_millis(400))
+            .serve_while_down(Duration::from_secs(1));
+        let (tier, counters) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        put(&tier, "other", "o", 2);
+        let held = |tier: &NearTier, key: &str| tier.held::<String>(key, Duration::ZERO);
+        assert_eq!(
+            held(&tier, KEY),
+            Some("v".to_owned()),
+            "the current era, proven"
+        );
+        // The proof lapses: no hit, but held.
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert_eq!(read(&tier, KEY), None);
+        assert_eq!(held(&tier, KEY), Some("v".to_owned()));
+        // Redis is back for the feed (a new connection, proven) before it is for the calls:
+        // the copy from before is still held, and still no hit (it may have missed changes).
+        tier.reset(2);
+        tier.subscribed(2);
+        tier.proof(2, Instant::now());
+        assert_eq!(read(&tier, KEY), None, "an earlier era is never a hit");
+        assert_eq!(held(&tier, KEY), Some("v".to_owned()));
+        // An announcement on the new connection drops it, held or not.
+        tier.invalidated("ns:{other}", 9);
+        assert_eq!(held(&tier, "other"), None);
+        // A copy read now is of the new era: a hit.
+        put(&tier, "fresh", "f", 3);
+        assert_eq!(read(&tier, "fresh").as_deref(), Some("f"));
+        // The bound: 1 s past the last proof of the copy's era (400 ms after the start).
+        tokio::time::advance(Duration::from_millis(899)).await;
+        tier.proof(2, Instant::now());
+        assert_eq!(held(&tier, KEY), Some("v".to_owned()));
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(held(&tier, KEY), None, "past its era's bound");
+        assert_eq!(counters.snapshot().held_served, 4);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reconnection_attempts_without_a_proof_keep_one_bound() {
+        let config = NearCacheOptions::new(100)
+            .max_staleness(Duration::from_millis(400))
+            .serve_while_down(Duration::from_secs(1));
+        let (tier, _) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        // A long outage: the feed tries again and again, never proven.
+        tier.reset(2);
+        let bounds = crate::sync::lock(&tier.past).len();
+        for connection in 3..200 {
+            tier.reset(connection);
+        }
+        assert_eq!(
+            crate::sync::lock(&tier.past).len(),
+            bounds,
+            "one bound for all the attempts"
+        );
+        assert_eq!(
+            tier.held::<String>(KEY, Duration::ZERO).as_deref(),
+            Some("v")
+        );
     }
 }

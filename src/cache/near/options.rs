@@ -71,7 +71,8 @@ impl NearCacheOptions {
     /// answers), and kept past its fresh-until for the call's
     /// [`fail_safe_for`](crate::CallOptions::fail_safe_for): with the fail-safe on, a copy past
     /// its fresh-until is served too while Redis is unreachable, as Redis itself would serve it
-    /// as a fallback. Every held copy is dropped when the feed is proven again. "Unreachable"
+    /// as a fallback. A held copy is never served as a hit again (it may have missed a change):
+    /// once Redis answers, this instance reads it anew; any announcement of its key drops it. "Unreachable"
     /// means the call's request failed as unreachable or busy, or the circuit breaker failed it
     /// fast ([`BreakerOptions`](crate::BreakerOptions)); a refusal is not an outage.
     ///
