@@ -235,8 +235,11 @@ impl Breaker {
              for {for_ms} ms; calls skip it until a probe finds it answering",
             self.options.failures
         );
+        // A connection refused, as far as the caller can tell: the request was never sent, so
+        // nothing it asked for can have been carried out (`may_have_been_applied` is false, and
+        // a lock request failed fast leaves no lock to free: no unlock, no warning per call).
         StoreError::Redis {
-            source: std::io::Error::new(std::io::ErrorKind::NotConnected, message).into(),
+            source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, message).into(),
             kind: BackendErrorKind::Unreachable,
             key: None,
         }
@@ -397,5 +400,9 @@ mod tests {
         assert_eq!(b.failing_for(), Some(Duration::from_millis(200)));
         assert!(b.refusal().to_string().contains("circuit breaker open"));
         assert_eq!(b.refusal().kind(), BackendErrorKind::Unreachable);
+        assert!(
+            !b.refusal().may_have_been_applied(),
+            "a call failed fast was never sent"
+        );
     }
 }
