@@ -75,7 +75,11 @@ impl StoreError {
     /// never sent (the connection refused or not up) or the server refused it with an error.
     pub(crate) fn may_have_been_applied(&self) -> bool {
         match self {
-            StoreError::Redis { source: e, .. } => e.is_timeout() || e.is_connection_dropped(),
+            // The client counts a refused connection as dropped; a request over it was never
+            // sent.
+            StoreError::Redis { source: e, .. } => {
+                e.is_timeout() || (e.is_connection_dropped() && !e.is_connection_refusal())
+            }
             // The quorum store undoes what it took before it reports no quorum.
             StoreError::NoQuorum { .. } => false,
             // Never sent.

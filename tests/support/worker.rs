@@ -14,11 +14,14 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Re-executes this test binary with `STAMPEDE_CHILD=role` and the given variables.
-    pub fn spawn(role: &str, vars: &[(&str, String)]) -> Self {
+    /// Re-executes this test binary with `STAMPEDE_CHILD=role` and the given variables, its
+    /// stderr going to `stderr`.
+    fn start(role: &str, vars: &[(&str, String)], stderr: Stdio) -> Self {
         use std::io::BufRead;
         let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
-        cmd.env("STAMPEDE_CHILD", role).stdout(Stdio::piped());
+        cmd.env("STAMPEDE_CHILD", role)
+            .stdout(Stdio::piped())
+            .stderr(stderr);
         for (k, v) in vars {
             cmd.env(k, v);
         }
@@ -64,6 +67,18 @@ impl Worker {
     reason = "each harness = false binary reads a different part of its workers"
 )]
 impl Worker {
+    /// Re-executes this test binary with `STAMPEDE_CHILD=role` and the given variables; its
+    /// stderr is the test's.
+    pub fn spawn(role: &str, vars: &[(&str, String)]) -> Self {
+        Self::start(role, vars, Stdio::inherit())
+    }
+
+    /// As [`Worker::spawn`], with its stderr written to `log` (to count its log lines: the
+    /// file has every line written so far, in order, while the worker runs).
+    pub fn spawn_logging_to(role: &str, vars: &[(&str, String)], log: std::fs::File) -> Self {
+        Self::start(role, vars, Stdio::from(log))
+    }
+
     /// The lines printed so far.
     pub fn lines(&self) -> Vec<(Instant, String)> {
         self.lines.lock().unwrap().clone()
