@@ -10,9 +10,13 @@ use std::time::Duration;
 use super::breaker::{counts_against, Admit, Breaker};
 use super::wakeup::Listener;
 use super::{
-    Acquire, Blob, BoxFuture, LockStore, MemoryStore, ReadOrLock, Store, StoreResult, Stored, Write,
+    Acquire, Blob, BoxFuture, LockStore, MemoryStore, ReadOrLock, Store, StoreError, StoreResult,
+    Stored, Write,
 };
 use crate::wire::key::EntryKeys;
+
+/// How long after a probe that met a lost connection it tries once more.
+const PROBE_RETRY: Duration = Duration::from_millis(100);
 
 /// `inner`, whose every operation goes through `breaker`.
 pub(crate) struct GuardedStore {
@@ -86,7 +90,14 @@ impl GuardedStore {
         let inner = Arc::clone(&self.inner);
         let breaker = Arc::clone(&self.breaker);
         tokio::spawn(async move {
-            let outcome = inner.ping().await;
+            let mut outcome = inner.ping().await;
+            // A connection that died during the outage fails its first request after it: the
+            // client reconnects on that failure, so one more try soon after tells whether the
+            // backend is back, instead of a whole cool-down later.
+            if outcome.as_ref().is_err_and(StoreError::connection_lost) {
+                tokio::time::sleep(PROBE_RETRY).await;
+                outcome = inner.ping().await;
+            }
             breaker.record(outcome.as_ref().err());
         });
     }

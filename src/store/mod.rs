@@ -87,6 +87,17 @@ impl StoreError {
         }
     }
 
+    /// Whether the connection was lost (dropped or reset, not refused or timed out): the client
+    /// reconnects after such a failure, so a retry soon after may succeed.
+    pub(crate) fn connection_lost(&self) -> bool {
+        match self {
+            StoreError::Redis { source: e, .. } => {
+                e.is_connection_dropped() && !e.is_connection_refusal()
+            }
+            StoreError::NoQuorum { .. } | StoreError::BreakerOpen { .. } => false,
+        }
+    }
+
     /// What kind of failure it is; too few Redlock nodes is unreachability.
     pub(crate) fn kind(&self) -> BackendErrorKind {
         match self {
