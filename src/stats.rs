@@ -272,12 +272,18 @@ const NOT_STORED_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A log line written at most once per period, with the count of the events since the last
 /// one: an outage must not write a line per call.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct LogThrottle {
     /// Events since the last line.
     pending: AtomicU64,
     /// When the last line was written; `None` before the first.
     last: Mutex<Option<Instant>>,
+}
+
+impl Default for LogThrottle {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl LogThrottle {
