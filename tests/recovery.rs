@@ -1,6 +1,7 @@
 //! Auto-recovery on real redis-servers that are stopped, restarted (empty, or with their data)
 //! and black-holed: writes that could not reach Redis are queued, replayed when it answers,
-//! fenced (a replayed `set` never overwrites a newer value), and this instance never serves a key
+//! fenced (every replay is an invalidation: a queued `set` never brings back its value over a
+//! newer write or a newer invalidation), and this instance never serves a key
 //! from Redis before its queued write; a full queue refuses with a typed error; with recovery
 //! off, a failed write is the caller's error as before.
 
@@ -182,8 +183,37 @@ fn a_replayed_set_never_overwrites_a_value_written_meanwhile() {
     });
 }
 
-/// Per key the newest write waits, and is what lands: on a server restarted empty, the last of
-/// two queued sets is written, and an invalidation followed by a set ends as the set.
+/// A `set` queued while this instance was cut off, replayed after another instance committed a
+/// change and invalidated the key (the slot is empty now), does not bring its value back: it
+/// may be older than that commit.
+#[test]
+fn a_replayed_set_never_brings_back_a_value_over_a_newer_invalidation() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    support::runtime::runtime().block_on(async {
+        let cache = recovering(proxy.url(), "commit", RecoveryOptions::default()).await;
+        let other = Cache::builder()
+            .redis_url(server.url())
+            .namespace("commit")
+            .build()
+            .await
+            .unwrap();
+        proxy.set_mode(Mode::Blackhole);
+        let queued = cache.set("k", &"before".to_owned(), TTL).await.unwrap();
+        assert_eq!(queued, Written::Queued);
+        // The other instance's commit, then its invalidation, applied.
+        assert!(other.invalidate("k").await.unwrap().is_applied());
+        proxy.cut();
+        proxy.set_mode(Mode::Pass);
+
+        assert!(drained(&cache).await, "replayed within the bound");
+        let now: Option<String> = other.get("k").await.unwrap();
+        assert_eq!(now, None, "the queued value must not come back");
+    });
+}
+
+/// Per key the newest write waits: two queued sets of a key, or an invalidation then a set, are
+/// one intent each, replayed once (as an invalidation: the keys are empty afterwards).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_newest_write_of_a_key_wins() {
     let mut server = RedisServer::start();
@@ -199,8 +229,8 @@ async fn the_newest_write_of_a_key_wins() {
 
     server.restart();
     assert!(drained(&cache).await, "replayed within the bound");
-    assert_eq!(cache.get::<u32>("a").await.unwrap(), Some(2));
-    assert_eq!(cache.get::<u32>("b").await.unwrap(), Some(5));
+    assert_eq!(cache.get::<u32>("a").await.unwrap(), None);
+    assert_eq!(cache.get::<u32>("b").await.unwrap(), None);
     assert_eq!(cache.stats().recovery_replayed, 2);
 }
 

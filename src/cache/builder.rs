@@ -250,9 +250,10 @@ impl<C: Codec> CacheBuilder<C> {
     ///   failing and once when the queue has drained. It stops when the last handle of the
     ///   cache is dropped; what is still queued then is lost (the queue lives in this process:
     ///   see the guide's [after a commit](https://github.com/stampede-guard/stampede-guard/blob/main/docs/after-commit.md)).
-    /// - A replayed invalidation is the normal fenced one. A replayed `set` never overwrites a
-    ///   value: into an empty slot it is written (with what is left of its TTL); over a value,
-    ///   which may be newer, it deletes that value instead, so the next call computes afresh.
+    /// - A replayed invalidation is the normal fenced one, and a queued `set` is replayed as an
+    ///   invalidation too: the queue cannot tell its value from a newer one, nor an empty slot
+    ///   from another instance's newer invalidation, so writing it could bring back an older
+    ///   value; the next call computes afresh.
     /// - Until a key's write is replayed, this instance does not read that key from Redis: a
     ///   read replays it first, and if that fails the read fails as the backend does
     ///   ([`OnBackendError`](crate::OnBackendError) applies).

@@ -168,6 +168,9 @@ impl<C: Codec> Cache<C> {
             Ok(()) => self.inner.store.get(&keys).await,
             Err(e) => Err(e),
         };
+        if read.is_ok() {
+            self.reached_backend(&keys);
+        }
         match read {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {

@@ -48,6 +48,14 @@ impl<C: Codec> Cache<C> {
         })
     }
 
+    /// A read of `keys` reached the backend: what the near tier held for it from before an
+    /// outage goes (see `NearTier::reached`).
+    pub(crate) fn reached_backend(&self, keys: &EntryKeys) {
+        if let Some(near) = &self.inner.near {
+            near.reached(&keys.user);
+        }
+    }
+
     /// This instance changed the entry: its own near copy goes now, without waiting for the
     /// announcement to come back (read-your-writes within the instance).
     pub(crate) fn forget_near(&self, keys: &EntryKeys) {

@@ -441,7 +441,7 @@ impl<C: Codec> Cache<C> {
             Err(e) => e,
         };
         if let Some(bytes) = kept {
-            let intent = Intent::Set { bytes, stored_for };
+            let intent = Intent::Set { bytes };
             let batch = vec![self.queued(keys.clone(), intent)];
             if let Some(queued) = self.queue_failed("set", batch, &error) {
                 return queued;
@@ -574,7 +574,6 @@ impl<C: Codec> Cache<C> {
             keys,
             intent,
             lease: self.options.lease,
-            at: tokio::time::Instant::now(),
         }
     }
 

@@ -310,8 +310,11 @@ impl NearTier {
             .load(Ordering::Acquire)
             .saturating_add(as_nanos(self.serve_while_down));
         let mut past = crate::sync::lock(&self.past);
-        let ending = self.era.fetch_add(1, Ordering::AcqRel);
+        // Tickets first, then the era: an insert racing this either fails its ticket check or
+        // carries the era that ends here (so it is only held), never the new era with a read
+        // from before.
         self.epoch.fetch_add(1, Ordering::SeqCst);
+        let ending = self.era.fetch_add(1, Ordering::SeqCst);
         if past.back().is_none_or(|&(_, last)| last != until) {
             past.push_back((ending, until));
             if past.len() > PAST_ERAS {
@@ -354,6 +357,19 @@ impl NearTier {
         let value = copy.value.downcast_ref::<T>()?.clone();
         self.counters.record(Event::HeldServed);
         Some(value)
+    }
+
+    /// A read of `key` reached the backend: a copy held from an earlier era goes (the answer,
+    /// a value or a miss, is the truth now; the copy is never a hit, and would otherwise stay
+    /// held for a later outage). A copy of the current era stays.
+    pub(crate) fn reached(&self, key: &str) {
+        if !self.holds() {
+            return;
+        }
+        let current = self.era.load(Ordering::SeqCst);
+        if self.copies.get(key).is_some_and(|copy| copy.era != current) {
+            self.copies.invalidate(key);
+        }
     }
 
     /// Whether the feed is proven current now, so that copies are served.
@@ -409,7 +425,7 @@ impl NearTier {
             fresh_until_ms,
             fresh_until_nanos: self.nanos(Instant::now() + left.min(crate::time::FOREVER)),
             compute_ms,
-            era: self.era.load(Ordering::Acquire),
+            era: self.era.load(Ordering::SeqCst),
             bytes,
         });
         self.copies.insert(key.to_owned(), copy);

@@ -190,9 +190,11 @@ impl Shared {
         let mut queue = crate::sync::lock(&self.queue);
         let answer = f(&mut queue);
         let len = queue.len();
-        drop(queue);
-        self.len.store(len, Ordering::Relaxed);
+        // Under the lock: two changes must not publish their lengths in the wrong order (a
+        // length of 0 with a write queued would let a read skip its replay).
+        self.len.store(len, Ordering::Release);
         self.counters.set_recovery_queued(len);
+        drop(queue);
         answer
     }
 }
@@ -234,7 +236,7 @@ impl Recovery {
 
     /// How many keys have a write waiting for the backend (for `Cache::health` and `Stats`).
     pub(crate) fn len(&self) -> usize {
-        self.shared.len.load(Ordering::Relaxed)
+        self.shared.len.load(Ordering::Acquire)
     }
 
     /// Queues `batch` (all or nothing) and wakes the replay: `Queued`, or

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::options::CallOptions;
-use crate::stats::{Counters, Event};
+use crate::stats::{Counters, Event, LogThrottle};
 use crate::store::{LockStore, Store, StoreError, StoreResult, Stored, Write};
 use crate::time::later_by;
 use crate::wire::key::EntryKeys;
@@ -441,6 +441,9 @@ impl Drop for Acquiring {
     }
 }
 
+/// How often at most a failure to free an abandoned lock is logged at `warn`.
+const ABANDONED_LOG_EVERY: Duration = Duration::from_secs(60);
+
 /// Frees `token`'s lock from a `Drop`, which cannot wait: best effort on the current runtime; the
 /// lease running out is the backstop. Harmless when the lock is not (or no longer) `token`'s.
 fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: &Arc<str>) {
@@ -453,7 +456,14 @@ fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: 
     let token = Arc::clone(token);
     runtime.spawn(async move {
         if let Err(e) = store.unlock(&keys, &token).await {
-            tracing::warn!(key = %keys.user, error = %e, "could not free an abandoned lock; it frees itself when its lease runs out");
+            // An outage fails every such clean-up: one line a minute, with the count.
+            static FAILED: LogThrottle = LogThrottle::new();
+            match FAILED.due(ABANDONED_LOG_EVERY) {
+                Some(count) => tracing::warn!(key = %keys.user, count, error = %e,
+                    "could not free abandoned locks (count since the last such line); each frees itself when its lease runs out"),
+                None => tracing::debug!(key = %keys.user, error = %e,
+                    "could not free an abandoned lock; it frees itself when its lease runs out"),
+            }
         }
     });
 }

@@ -238,22 +238,29 @@ impl Breaker {
         self.options.stall
     }
 
-    /// A request is about to be sent. Returns the signal of the breaker opening, which the
-    /// request waits on beside its answer.
-    pub(crate) fn sending(&self) -> watch::Receiver<u64> {
+    /// The cool-down in force.
+    pub(crate) fn cool_down(&self) -> Duration {
+        self.options.cool_down
+    }
+
+    /// A request is about to be sent: counted as waiting until the returned guard ends it
+    /// ([`InFlight::ended`]) or is dropped (the caller gave up on it: not an answer). The guard
+    /// carries the signal of the breaker opening, which the request waits on beside its answer;
+    /// taken at admission, so an opening between admission and the first poll is not missed.
+    pub(crate) fn sending(&self) -> InFlight<'_> {
         if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
             // Idle until now: the wait for an answer starts here, not at the last one.
             self.progress.store(self.nanos(), Ordering::Release);
         }
-        self.opened.subscribe()
+        InFlight {
+            breaker: self,
+            opened: self.opened.subscribe(),
+        }
     }
 
-    /// A request sent by [`sending`](Self::sending) ended: `answered` if the backend spoke.
-    pub(crate) fn ended(&self, answered: bool) {
-        if answered {
-            self.progress.store(self.nanos(), Ordering::Release);
-        }
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    /// The connection showed life: an answer came.
+    fn progressed(&self) {
+        self.progress.store(self.nanos(), Ordering::Release);
     }
 
     /// The watchdog's check: requests have waited longer than `stall` with no answer at all
@@ -379,6 +386,7 @@ impl Breaker {
 
     /// The backend answered: a run of failures ends, and a breaker that was not closed closes.
     fn answered(&self) {
+        self.progressed();
         if self.in_a_row.load(Ordering::Relaxed) == 0
             && self.state.load(Ordering::Acquire) == CLOSED
         {
@@ -424,6 +432,29 @@ impl Breaker {
             }
             _ => spell.last_error = Some(e.to_string()),
         }
+    }
+}
+
+/// A request waiting for its answer, as the stall watchdog counts it (see [`Breaker::sending`]).
+#[derive(Debug)]
+pub(crate) struct InFlight<'a> {
+    breaker: &'a Breaker,
+    /// Changes when the breaker opens.
+    pub(crate) opened: watch::Receiver<u64>,
+}
+
+impl InFlight<'_> {
+    /// The request ended with `outcome`: recorded (an answer shows the connection alive, a
+    /// failure counts against it).
+    pub(crate) fn ended(self, failed: Option<&StoreError>) {
+        self.breaker.record(failed);
+        // Dropped here: no longer waiting.
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.breaker.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -529,9 +560,7 @@ mod tests {
         let waiting = b.sending();
         tokio::time::advance(Duration::from_millis(400)).await;
         // Another request is answered meanwhile: the connection is alive.
-        let other = b.sending();
-        b.ended(true);
-        drop(other);
+        b.sending().ended(None);
         tokio::time::advance(Duration::from_millis(400)).await;
         b.check_stall();
         assert_eq!(b.state(), BreakerState::Closed, "an answer 400 ms ago");
@@ -539,7 +568,7 @@ mod tests {
         b.check_stall();
         assert_eq!(b.state(), BreakerState::Open, "500 ms without an answer");
         assert!(
-            waiting.has_changed().unwrap(),
+            waiting.opened.has_changed().unwrap(),
             "the waiting request is told"
         );
         assert_eq!(counters.snapshot().breaker_opened, 1);
@@ -557,5 +586,15 @@ mod tests {
         tokio::time::advance(Duration::from_millis(499)).await;
         b.check_stall();
         assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_given_up_on_is_no_longer_waiting() {
+        let (b, _) = breaker();
+        // A renewal or a handler dropped mid-request: its guard goes with it.
+        drop(b.sending());
+        tokio::time::advance(Duration::from_secs(10)).await;
+        b.check_stall();
+        assert_eq!(b.state(), BreakerState::Closed, "nothing waits");
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::breaker::{counts_against, Admit, Breaker};
+use super::breaker::{Admit, Breaker};
 use super::wakeup::Listener;
 use super::{
     Acquire, Blob, BoxFuture, LockStore, MemoryStore, ReadOrLock, Store, StoreError, StoreResult,
@@ -56,19 +56,18 @@ impl GuardedStore {
         op: BoxFuture<'a, StoreResult<T>>,
     ) -> BoxFuture<'a, StoreResult<T>> {
         match self.admit() {
-            Ok(()) => Box::pin(async move {
-                let mut opened = self.breaker.sending();
-                let outcome = tokio::select! {
-                    biased;
-                    outcome = op => outcome,
-                    _ = opened.changed() => Err(self.breaker.aborted()),
-                };
-                let failed = outcome.as_ref().err();
-                self.breaker
-                    .ended(failed.is_none_or(|e| !counts_against(e)));
-                self.breaker.record(failed);
-                outcome
-            }),
+            Ok(()) => {
+                let mut waiting = self.breaker.sending();
+                Box::pin(async move {
+                    let outcome = tokio::select! {
+                        biased;
+                        outcome = op => outcome,
+                        _ = waiting.opened.changed() => Err(self.breaker.aborted()),
+                    };
+                    waiting.ended(outcome.as_ref().err());
+                    outcome
+                })
+            }
             Err(refused) => Box::pin(std::future::ready(Err(refused))),
         }
     }
@@ -89,14 +88,22 @@ impl GuardedStore {
     fn probe(&self) {
         let inner = Arc::clone(&self.inner);
         let breaker = Arc::clone(&self.breaker);
+        // Bounded: on a black hole the probe must not keep the breaker half-open for a whole
+        // response time-out.
+        let limit = breaker.stall().max(breaker.cool_down());
         tokio::spawn(async move {
-            let mut outcome = inner.ping().await;
+            let ping = |inner: Arc<dyn Store>, breaker: Arc<Breaker>| async move {
+                tokio::time::timeout(limit, inner.ping())
+                    .await
+                    .unwrap_or_else(|_| Err(breaker.aborted()))
+            };
+            let mut outcome = ping(Arc::clone(&inner), Arc::clone(&breaker)).await;
             // A connection that died during the outage fails its first request after it: the
             // client reconnects on that failure, so one more try soon after tells whether the
             // backend is back, instead of a whole cool-down later.
             if outcome.as_ref().is_err_and(StoreError::connection_lost) {
                 tokio::time::sleep(PROBE_RETRY).await;
-                outcome = inner.ping().await;
+                outcome = ping(inner, Arc::clone(&breaker)).await;
             }
             breaker.record(outcome.as_ref().err());
         });
@@ -122,12 +129,16 @@ impl LockStore for GuardedStore {
         self.through(self.inner.extend(keys, token, lease))
     }
 
+    /// Not refused by an open breaker: freeing a lock is clean-up, mostly of a lock request
+    /// that the breaker itself cut off (it may have been granted). Refused, the lock would
+    /// block its key for a whole lease once the backend answers; sent, it frees it then (a
+    /// frozen server runs it when it thaws). Nobody waits on it but its own task.
     fn unlock<'a>(
         &'a self,
         keys: &'a EntryKeys,
         token: &'a str,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.through(self.inner.unlock(keys, token))
+        self.inner.unlock(keys, token)
     }
 
     fn next_fence<'a>(
@@ -217,16 +228,6 @@ impl Store for GuardedStore {
         self.through(self.inner.set(keys, value, ttl, lease))
     }
 
-    fn replay_set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.through(self.inner.replay_set(keys, value, ttl, lease))
-    }
-
     fn invalidate<'a>(
         &'a self,
         keys: &'a EntryKeys,
@@ -251,12 +252,12 @@ impl Store for GuardedStore {
             let answers = entries.iter().map(|_| Err(refused.clone())).collect();
             return Box::pin(std::future::ready(answers));
         }
+        let mut waiting = self.breaker.sending();
         Box::pin(async move {
-            let mut opened = self.breaker.sending();
             let answers = tokio::select! {
                 biased;
                 answers = self.inner.read_or_lock_many(entries, lease) => answers,
-                _ = opened.changed() => {
+                _ = waiting.opened.changed() => {
                     let aborted = self.breaker.aborted();
                     entries.iter().map(|_| Err(aborted.clone())).collect()
                 }
@@ -264,10 +265,7 @@ impl Store for GuardedStore {
             // One answer is enough to know the backend answers; otherwise the first failure.
             let answered = answers.iter().any(Result::is_ok);
             let failure = answers.iter().find_map(|a| a.as_ref().err());
-            let failure = if answered { None } else { failure };
-            self.breaker
-                .ended(failure.is_none_or(|e| !counts_against(e)));
-            self.breaker.record(failure);
+            waiting.ended(if answered { None } else { failure });
             answers
         })
     }

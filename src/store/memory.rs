@@ -506,27 +506,6 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn replay_set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        // The rule of `replay_set.rs`: write only into an empty slot, else invalidate.
-        let written = self.update(keys, |e, now| {
-            e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
-            if e.value(now).is_some() {
-                e.value = None;
-                return false;
-            }
-            e.put_value(value, ttl, now);
-            true
-        });
-        self.wakeups.notify(keys.channel());
-        Box::pin(std::future::ready(Ok(written)))
-    }
-
     fn invalidate<'a>(
         &'a self,
         keys: &'a EntryKeys,

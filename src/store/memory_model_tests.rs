@@ -60,13 +60,6 @@ enum Op {
         key: usize,
         lease: u64,
     },
-    /// Auto-recovery's replayed `set`: written into an empty slot, else an invalidation.
-    ReplaySet {
-        key: usize,
-        value: u8,
-        ttl: u64,
-        lease: u64,
-    },
 }
 
 /// Durations in the model are milliseconds; this one stands for [`FOREVER`] (no expiry).
@@ -112,9 +105,7 @@ fn ops_with(advance: BoxedStrategy<u64>, ms: BoxedStrategy<u64>) -> impl Strateg
         2 => (key.clone(), token.clone()).prop_map(|(key, token)| Op::Unlock { key, token }),
         1 => (key.clone(), any::<u8>(), ms.clone(), ms.clone())
             .prop_map(|(key, value, ttl, lease)| Op::Set { key, value, ttl, lease }),
-        1 => (key.clone(), ms.clone()).prop_map(|(key, lease)| Op::Invalidate { key, lease }),
-        1 => (key, any::<u8>(), ms.clone(), ms)
-            .prop_map(|(key, value, ttl, lease)| Op::ReplaySet { key, value, ttl, lease }),
+        1 => (key, ms).prop_map(|(key, lease)| Op::Invalidate { key, lease }),
     ]
 }
 
@@ -329,27 +320,6 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 m.bump(key, lease);
                 m.entries.entry(key).or_default().value = None;
             }
-            Op::ReplaySet {
-                key,
-                value,
-                ttl,
-                lease,
-            } => {
-                let got = store
-                    .replay_set(&keys(key), vec![value], duration(ttl), duration(lease))
-                    .await
-                    .unwrap();
-                m.bump(key, lease);
-                let e = m.entries.entry(key).or_default();
-                // Never over a value: that one is deleted instead, as by an invalidation.
-                let written = live(&e.value, now).is_none();
-                if written {
-                    e.put(value, until(now, ttl), now);
-                } else {
-                    e.value = None;
-                }
-                prop_assert_eq!(got, written, "step {}", step);
-            }
         }
     }
     Ok(())
@@ -463,35 +433,7 @@ fn directed() -> Vec<Vec<Step>> {
         at_least,
         lease: SHORT_MS,
     };
-    let replay = |value, ttl| {
-        Step::Op(ReplaySet {
-            key: 0,
-            value,
-            ttl,
-            lease: long,
-        })
-    };
     vec![
-        // A replayed set: written into an empty slot, refusing the holder that locked before;
-        // over a value, that value deleted instead; into the slot of an expired value, written.
-        vec![
-            lock(0, 0, long, true),
-            replay(1, long),
-            Step::Op(Get(0)),
-            Step::Op(StoreAndUnlock {
-                key: 0,
-                token: 0,
-                own_fence: true,
-                value: Some(2),
-                ttl: long,
-            }),
-            replay(3, long),
-            Step::Op(Get(0)),
-            replay(4, SHORT_MS),
-            pause(),
-            replay(5, FOREVER_MS),
-            Step::Op(Get(0)),
-        ],
         // A throttled copy: over a short-lived value it lives its throttle; over a long-lived
         // one, or one kept for ever, its life is not shortened; over nothing, it is written.
         vec![
@@ -804,18 +746,6 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
             Op::Invalidate { key, lease } => {
                 store.invalidate(&keys[key], duration(lease)).await.unwrap();
                 String::new()
-            }
-            Op::ReplaySet {
-                key,
-                value,
-                ttl,
-                lease,
-            } => {
-                let written = store
-                    .replay_set(&keys[key], vec![value], duration(ttl), duration(lease))
-                    .await
-                    .unwrap();
-                format!("replayed, written {written}")
             }
         };
         out.push(answer);

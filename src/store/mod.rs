@@ -404,20 +404,6 @@ pub(crate) trait Store: LockStore {
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>>;
 
-    /// A `set` replayed after the backend was unreachable (auto-recovery), in one atomic step:
-    /// bumps the fencing counter and, if no value is there, writes `value` for `ttl` as
-    /// [`set`](Self::set) does (true); if a value is there, deletes it as
-    /// [`invalidate`](Self::invalidate) does (false). The queue cannot know whether the value
-    /// there is older or newer than the replayed one, so it never overwrites one: a newer value
-    /// costs one miss, an older one is gone, and the next computation writes the truth.
-    fn replay_set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
-
     /// Deletes the value, bumps the fencing counter (refusing in-flight computations' writes) and
     /// wakes the waiters.
     fn invalidate<'a>(

@@ -420,16 +420,6 @@ mod tests {
             self.answer()
         }
 
-        fn replay_set<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: Vec<u8>,
-            _: Duration,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.answer()
-        }
-
         fn wake<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
             self.answer()
         }

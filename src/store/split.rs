@@ -213,23 +213,6 @@ impl Store for SplitStore {
         })
     }
 
-    fn replay_set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            // As `invalidate`: a token from the quorum, recorded on the value store, which the
-            // value store's own bump then passes, so every token handed out before is refused
-            // whichever way the replay goes (written, or the value there deleted).
-            let fence = self.locks.next_fence(keys, lease).await?;
-            self.values.raise_fence(keys, fence, lease).await?;
-            self.values.replay_set(keys, value, ttl, lease).await
-        })
-    }
-
     fn invalidate<'a>(
         &'a self,
         keys: &'a EntryKeys,

@@ -67,6 +67,7 @@ where
             Ok(values) => {
                 for ((&slot, ticket), bytes) in remote.iter().zip(tickets).zip(values) {
                     let keys = &distinct[slot];
+                    cache.reached_backend(keys);
                     let Some(bytes) = bytes else { continue };
                     let entry = cache.read_stored::<T>(keys, &bytes);
                     match entry.map(|entry| cache.sort(entry)) {

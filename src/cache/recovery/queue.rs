@@ -14,19 +14,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::error::RecoveryLimit;
 use crate::wire::key::EntryKeys;
 
 /// What the caller asked for and the backend did not get.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Intent {
-    /// `set`: these bytes, stored for `stored_for` from the moment of the call.
-    Set {
-        bytes: Vec<u8>,
-        stored_for: Duration,
-    },
+    /// `set` of these bytes. Replayed as an invalidation (see `replay.rs`): the bytes are
+    /// only weighed against `max_bytes`.
+    Set { bytes: Vec<u8> },
     /// `invalidate` (or one key of `invalidate_many`).
     Invalidate,
 }
@@ -48,8 +44,6 @@ pub(crate) struct Queued {
     pub(crate) intent: Intent,
     /// The call's lease: how long the bumped fence is kept, as the direct write would have.
     pub(crate) lease: Duration,
-    /// When the call was made: a replayed value lives what is left of its life, not a new one.
-    pub(crate) at: Instant,
 }
 
 /// A key's place in the queue.
@@ -215,7 +209,6 @@ mod tests {
             key,
             Intent::Set {
                 bytes: vec![7; bytes],
-                stored_for: Duration::from_secs(60),
             },
         )
     }
@@ -229,7 +222,6 @@ mod tests {
             keys: EntryKeys::new("ns", key).unwrap(),
             intent,
             lease: Duration::from_secs(30),
-            at: Instant::now(),
         }
     }
 

@@ -2,24 +2,24 @@
 //! by a read of a queued key), and the background task that drains the queue oldest first,
 //! retrying with a capped backoff while the backend does not answer ([`drain`]).
 //!
-//! Fencing: a replayed invalidation is the normal fenced invalidation (fence bumped, value
-//! deleted, announced). A replayed `set` is the `replay_set` script: it writes only into an
-//! empty slot and invalidates over a value, since a value there may be newer than the queued
-//! one (FusionCache's lesson #163: the distributed entry is expired on replay).
+//! Fencing: every replay is the normal fenced invalidation (fence bumped, value deleted,
+//! announced), a queued `set` too. The queue cannot tell its value from a newer one, nor an
+//! empty slot from a newer invalidation (another instance's, after a database commit, while
+//! this one was cut off): writing it, even only into an empty slot, could bring back a value
+//! older than that commit. An invalidation is always safe; the next read computes the truth
+//! (FusionCache's lesson #163: the distributed entry is expired on replay).
 //!
 //! Cancellation: a replay dropped half-way (a reader's future dropped) leaves its intent queued;
-//! if the script had run, running it again deletes the value it wrote (a miss, never a stale
-//! value).
+//! running it again invalidates again (a miss, never a stale value).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::queue::{Intent, Queued};
+use super::queue::Queued;
 use super::{queues, Shared};
 use crate::stats::Event;
 use crate::store::{Store, StoreResult};
-use crate::time::FOREVER;
 
 /// The first wait after a failed replay; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -51,33 +51,9 @@ fn peek<R>(shared: &Shared, f: impl FnOnce(&super::Queue) -> R) -> R {
     f(&crate::sync::lock(&shared.queue))
 }
 
-/// Carries out one queued write.
+/// Carries out one queued write: an invalidation, whatever was queued (see the module docs).
 async fn apply(store: &dyn Store, queued: &Queued) -> StoreResult<()> {
-    let keys = &queued.keys;
-    match &queued.intent {
-        Intent::Invalidate => store.invalidate(keys, queued.lease).await,
-        Intent::Set { bytes, stored_for } => {
-            match life_left(*stored_for, queued.at.elapsed()) {
-                Some(ttl) => store
-                    .replay_set(keys, bytes.clone(), ttl, queued.lease)
-                    .await
-                    .map(drop),
-                // It would have expired by now: what is left of it is the invalidation.
-                None => store.invalidate(keys, queued.lease).await,
-            }
-        }
-    }
-}
-
-/// What is left of a value's life `stored_for` once `elapsed` has passed since the call; `None`
-/// if nothing. [`FOREVER`] stays for ever.
-fn life_left(stored_for: Duration, elapsed: Duration) -> Option<Duration> {
-    if stored_for >= FOREVER {
-        return Some(stored_for);
-    }
-    stored_for
-        .checked_sub(elapsed)
-        .filter(|left| !left.is_zero())
+    store.invalidate(&queued.keys, queued.lease).await
 }
 
 /// The background task: replays the oldest queued key while there is one, waits to be woken
@@ -132,23 +108,5 @@ pub(super) async fn drain(shared: Arc<Shared>) {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_replayed_value_lives_what_is_left_of_its_life() {
-        let s = Duration::from_secs;
-        assert_eq!(life_left(s(60), s(20)), Some(s(40)));
-        assert_eq!(
-            life_left(s(60), s(60)),
-            None,
-            "expired: invalidated instead"
-        );
-        assert_eq!(life_left(s(60), s(600)), None);
-        assert_eq!(life_left(FOREVER, s(600)), Some(FOREVER));
     }
 }

@@ -25,7 +25,6 @@ mod next_fence;
 mod raise_fence;
 mod read_or_lock;
 mod record_run;
-mod replay_set;
 mod set;
 mod since_last_run;
 mod store_and_unlock;
@@ -39,7 +38,6 @@ pub(crate) use next_fence::NextFenceCall;
 pub(crate) use raise_fence::RaiseFenceCall;
 pub(crate) use read_or_lock::{ReadOrLockCall, ReadOrLockManyCall};
 pub(crate) use record_run::RecordRunCall;
-pub(crate) use replay_set::ReplaySetCall;
 pub(crate) use set::SetCall;
 pub(crate) use since_last_run::SinceLastRunCall;
 pub(crate) use store_and_unlock::StoreAndUnlockCall;
@@ -248,7 +246,6 @@ pub(crate) struct Scripts {
     extend: Script,
     unlock: Script,
     set: Script,
-    replay_set: Script,
     invalidate: Script,
     invalidate_many: Script,
     raise_fence: Script,
@@ -271,7 +268,6 @@ impl Scripts {
             extend: script(extend::EXTEND),
             unlock: script(unlock::UNLOCK),
             set: script(set::SET),
-            replay_set: script(replay_set::REPLAY_SET),
             invalidate: script(invalidate::INVALIDATE),
             invalidate_many: script(invalidate::INVALIDATE_MANY),
             raise_fence: script(raise_fence::RAISE_FENCE),

@@ -15,9 +15,9 @@ use super::eviction::Answered;
 use super::pubsub::PubSub;
 use super::scripts::{
     self, unexpected, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
-    RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ReplaySetCall, ScriptCall,
-    Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall,
-    SCRIPTS, SHARDED_SCRIPTS,
+    RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall, Scripts,
+    SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall, SCRIPTS,
+    SHARDED_SCRIPTS,
 };
 use crate::join::join_all;
 use crate::store::wakeup::Listener;
@@ -479,27 +479,6 @@ where
         Box::pin(async move {
             let channel = self.channel(keys);
             self.run(SetCall {
-                keys,
-                value,
-                ttl,
-                lease,
-                channel: &channel,
-                near_channel: &self.near_channel,
-            })
-            .await
-        })
-    }
-
-    fn replay_set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let channel = self.channel(keys);
-            self.run(ReplaySetCall {
                 keys,
                 value,
                 ttl,
