@@ -5,13 +5,14 @@
 //! `1 + reconnect_retries` attempts; a call that fails for want of a connection starts one
 //! reconnection in the background (again `1 + reconnect_retries` attempts), which the next call
 //! awaits or finds failed. So `n` calls in a row while the server is down make exactly
-//! `(n + 1) * (1 + reconnect_retries)` attempts.
+//! `(n + 1) * (1 + reconnect_retries)` attempts. The circuit breaker is off here: it exists to
+//! stop exactly these attempts (`tests/outage.rs` tests it), and this file tests the client's.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stampede_guard::{Cache, ConnectionOptions, Lock, Redlock};
+use stampede_guard::{BreakerOptions, Cache, ConnectionOptions, Lock, Redlock};
 use tokio::net::TcpListener;
 
 /// A loopback listener that accepts every connection and closes it at once, as a server that
@@ -57,6 +58,7 @@ async fn each_failed_call_costs_one_attempt_plus_the_configured_retries() {
         let cache = Cache::builder()
             .redis_url(url.as_str())
             .connection(fail_fast(retries))
+            .breaker(BreakerOptions::disabled())
             .build()
             .await
             .unwrap();
