@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use stampede_guard::leader::Leader;
 use stampede_guard::{
-    Cache, CallOptions, Error, Lock, OnBackendError, MAX_KEY_BYTES, MAX_VALUE_BYTES,
+    BreakerOptions, Cache, CallOptions, Error, Lock, OnBackendError, MAX_KEY_BYTES, MAX_VALUE_BYTES,
 };
 use support::{free_port, RedisServer};
 
@@ -264,7 +264,17 @@ async fn passwords_never_show_in_debug_display_errors_or_logs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversize_keys_and_values_are_refused_on_redis_at_the_documented_limits() {
     let server = RedisServer::start();
-    let cache = support::cache(&server.url(), "reports", quick()).await;
+    // A 64 MiB value takes longer than the breaker's default stall bound (500 ms) to send on a
+    // debug build: as its docs say, a cache storing values that large sets `stall` above their
+    // transfer time.
+    let cache = Cache::builder()
+        .redis_url(server.url())
+        .namespace("reports")
+        .options(quick())
+        .breaker(BreakerOptions::default().stall(Duration::from_secs(30)))
+        .build()
+        .await
+        .unwrap();
     let mut conn = server.conn();
 
     // Keys: MAX_KEY_BYTES bytes of two-byte characters work (escaped to three times as many);
