@@ -192,10 +192,11 @@ pub(crate) struct Breaker {
     counters: Arc<Counters>,
     /// Requests sent and not yet answered.
     in_flight: AtomicUsize,
-    /// When the connection last showed life (an answer, or the first request after an idle
-    /// spell), in nanoseconds since `base`: the stall watchdog's reference.
-    progress: AtomicU64,
-    base: Instant,
+    /// Answers received, ever: the stall watchdog looks for it standing still. A count, not a
+    /// time: no clock read per request on the hot path.
+    answers: AtomicU64,
+    /// The watchdog's own notes between its looks.
+    watch: Mutex<Watch>,
     /// Bumped each time the breaker opens: requests waiting then fail at once.
     opened: watch::Sender<u64>,
 }
@@ -227,8 +228,11 @@ impl Breaker {
             spell: Mutex::default(),
             counters,
             in_flight: AtomicUsize::new(0),
-            progress: AtomicU64::new(0),
-            base: Instant::now(),
+            answers: AtomicU64::new(0),
+            watch: Mutex::new(Watch {
+                answers: 0,
+                quiet_since: Instant::now(),
+            }),
             opened: watch::Sender::new(0),
         }
     }
@@ -248,10 +252,7 @@ impl Breaker {
     /// carries the signal of the breaker opening, which the request waits on beside its answer;
     /// taken at admission, so an opening between admission and the first poll is not missed.
     pub(crate) fn sending(&self) -> InFlight<'_> {
-        if self.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
-            // Idle until now: the wait for an answer starts here, not at the last one.
-            self.progress.store(self.nanos(), Ordering::Release);
-        }
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             breaker: self,
             opened: self.opened.subscribe(),
@@ -260,42 +261,48 @@ impl Breaker {
 
     /// The connection showed life: an answer came.
     fn progressed(&self) {
-        self.progress.store(self.nanos(), Ordering::Release);
+        self.answers.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The watchdog's check: requests have waited longer than `stall` with no answer at all
-    /// since (a frozen server, a black hole). Opens the breaker, which fails them at once.
+    /// The watchdog's check, every quarter of `stall`: requests have waited longer than `stall`
+    /// with no answer at all since (a frozen server, a black hole). Opens the breaker, which
+    /// fails them at once. Quiet counts from the last look that saw an answer come, or nothing
+    /// waiting, so it fires between `stall` and `stall` plus one look after the last sign of
+    /// life.
     pub(crate) fn check_stall(&self) {
         let stall = self.options.stall;
-        if stall.is_zero()
-            || self.in_flight.load(Ordering::Acquire) == 0
-            || self.state.load(Ordering::Acquire) != CLOSED
-        {
+        if stall.is_zero() {
             return;
         }
-        let quiet = self
-            .nanos()
-            .saturating_sub(self.progress.load(Ordering::Acquire));
-        if quiet <= u64::try_from(stall.as_nanos()).unwrap_or(u64::MAX) {
-            return;
-        }
+        let now = Instant::now();
+        let answers = self.answers.load(Ordering::Acquire);
         let waiting = self.in_flight.load(Ordering::Acquire);
+        let mut watch = crate::sync::lock(&self.watch);
+        if waiting == 0 || answers != watch.answers || self.state.load(Ordering::Acquire) != CLOSED
+        {
+            watch.answers = answers;
+            watch.quiet_since = now;
+            return;
+        }
+        let quiet = now.saturating_duration_since(watch.quiet_since);
+        if quiet <= stall {
+            return;
+        }
+        let quiet_since = watch.quiet_since;
+        drop(watch);
         let mut spell = crate::sync::lock(&self.spell);
         if self.state.load(Ordering::Acquire) != CLOSED {
             return;
         }
-        let now = Instant::now();
-        spell
-            .since
-            .get_or_insert(now.checked_sub(Duration::from_nanos(quiet)).unwrap_or(now));
+        spell.since.get_or_insert(quiet_since);
         self.open(spell, now);
+        let quiet_ms = quiet.as_millis();
         tracing::warn!(
             waiting,
-            stalled_ms = quiet / 1_000_000,
-            "circuit breaker open: {waiting} requests waited {} ms with no answer from the \
-             backend; they fail now, and calls fail fast (or take their fallback) until a probe \
-             finds it answering",
-            quiet / 1_000_000
+            quiet_ms,
+            "circuit breaker open: {waiting} requests waited {quiet_ms} ms with no answer from \
+             the backend; they fail now, and calls fail fast (or take their fallback) until a \
+             probe finds it answering"
         );
     }
 
@@ -322,10 +329,6 @@ impl Breaker {
         drop(spell);
         self.counters.breaker(BreakerState::Open);
         self.opened.send_modify(|n| *n = n.wrapping_add(1));
-    }
-
-    fn nanos(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// The state now.
@@ -433,6 +436,15 @@ impl Breaker {
             _ => spell.last_error = Some(e.to_string()),
         }
     }
+}
+
+/// What the stall watchdog remembers between two looks.
+#[derive(Debug)]
+struct Watch {
+    /// The answer count at its last look.
+    answers: u64,
+    /// Its last look that saw an answer come, or nothing waiting.
+    quiet_since: Instant,
 }
 
 /// A request waiting for its answer, as the stall watchdog counts it (see [`Breaker::sending`]).
@@ -557,16 +569,27 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn requests_waiting_past_the_stall_with_no_answer_open_it_and_are_told() {
         let (b, counters) = breaker();
+        let look = Duration::from_millis(125);
         let waiting = b.sending();
-        tokio::time::advance(Duration::from_millis(400)).await;
-        // Another request is answered meanwhile: the connection is alive.
-        b.sending().ended(None);
-        tokio::time::advance(Duration::from_millis(400)).await;
-        b.check_stall();
-        assert_eq!(b.state(), BreakerState::Closed, "an answer 400 ms ago");
-        tokio::time::advance(Duration::from_millis(101)).await;
-        b.check_stall();
-        assert_eq!(b.state(), BreakerState::Open, "500 ms without an answer");
+        // Looks every 125 ms, as the watchdog does; an answer to another request at 400 ms.
+        let mut opened_at = None;
+        for tick in 1..=12u64 {
+            tokio::time::advance(look).await;
+            if tick == 3 {
+                b.sending().ended(None);
+            }
+            b.check_stall();
+            if b.state() == BreakerState::Open {
+                opened_at = Some(tick * 125);
+                break;
+            }
+        }
+        // The last look that saw life was at 375 ms: quiet for more than 500 ms from there.
+        assert_eq!(
+            opened_at,
+            Some(1_000),
+            "opened a look after 500 ms of quiet"
+        );
         assert!(
             waiting.opened.has_changed().unwrap(),
             "the waiting request is told"
@@ -579,12 +602,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_never_stalls() {
         let (b, _) = breaker();
-        tokio::time::advance(Duration::from_secs(10)).await;
-        b.check_stall();
-        // The first request after an idle spell starts its own clock.
+        for _ in 0..80 {
+            tokio::time::advance(Duration::from_millis(125)).await;
+            b.check_stall();
+        }
+        // The first request after an idle spell: quiet counts from the last look, not from
+        // the last answer seconds ago.
         let _waiting = b.sending();
-        tokio::time::advance(Duration::from_millis(499)).await;
-        b.check_stall();
+        for _ in 0..4 {
+            tokio::time::advance(Duration::from_millis(125)).await;
+            b.check_stall();
+        }
         assert_eq!(b.state(), BreakerState::Closed);
     }
 
@@ -593,8 +621,10 @@ mod tests {
         let (b, _) = breaker();
         // A renewal or a handler dropped mid-request: its guard goes with it.
         drop(b.sending());
-        tokio::time::advance(Duration::from_secs(10)).await;
-        b.check_stall();
+        for _ in 0..80 {
+            tokio::time::advance(Duration::from_millis(125)).await;
+            b.check_stall();
+        }
         assert_eq!(b.state(), BreakerState::Closed, "nothing waits");
     }
 }
