@@ -232,6 +232,7 @@ impl Breaker {
             watch: Mutex::new(Watch {
                 answers: 0,
                 quiet_since: Instant::now(),
+                last_look: Instant::now(),
             }),
             opened: watch::Sender::new(0),
         }
@@ -278,7 +279,15 @@ impl Breaker {
         let answers = self.answers.load(Ordering::Acquire);
         let waiting = self.in_flight.load(Ordering::Acquire);
         let mut watch = crate::sync::lock(&self.watch);
-        if waiting == 0 || answers != watch.answers || self.state.load(Ordering::Acquire) != CLOSED
+        let previous = std::mem::replace(&mut watch.last_look, now);
+        // A look long after the last one means this runtime did not run meanwhile (a paused
+        // process, a runtime nobody drove): the answers may be waiting in the socket, unread.
+        // That time is not the backend's silence.
+        let unwatched = now.saturating_duration_since(previous) > watch_period(stall) * 2;
+        if waiting == 0
+            || answers != watch.answers
+            || unwatched
+            || self.state.load(Ordering::Acquire) != CLOSED
         {
             watch.answers = answers;
             watch.quiet_since = now;
@@ -438,6 +447,11 @@ impl Breaker {
     }
 }
 
+/// How often the stall watchdog looks: a quarter of `stall`, at least every 5 ms.
+pub(crate) fn watch_period(stall: Duration) -> Duration {
+    (stall / 4).max(Duration::from_millis(5))
+}
+
 /// What the stall watchdog remembers between two looks.
 #[derive(Debug)]
 struct Watch {
@@ -445,6 +459,8 @@ struct Watch {
     answers: u64,
     /// Its last look that saw an answer come, or nothing waiting.
     quiet_since: Instant,
+    /// Its last look.
+    last_look: Instant,
 }
 
 /// A request waiting for its answer, as the stall watchdog counts it (see [`Breaker::sending`]).
@@ -626,5 +642,25 @@ mod tests {
             b.check_stall();
         }
         assert_eq!(b.state(), BreakerState::Closed, "nothing waits");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_the_watchdog_did_not_run_is_not_silence() {
+        let (b, _) = breaker();
+        b.check_stall();
+        let _waiting = b.sending();
+        // The runtime did not run for 3 s (a paused process): its next look starts afresh.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        b.check_stall();
+        assert_eq!(b.state(), BreakerState::Closed);
+        for _ in 0..5 {
+            tokio::time::advance(Duration::from_millis(125)).await;
+            b.check_stall();
+        }
+        assert_eq!(
+            b.state(),
+            BreakerState::Open,
+            "then quiet for 625 ms of looking"
+        );
     }
 }

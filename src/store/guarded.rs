@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::breaker::{Admit, Breaker};
+use super::breaker::{watch_period, Admit, Breaker};
 use super::wakeup::Listener;
 use super::{
     Acquire, Blob, BoxFuture, LockStore, MemoryStore, ReadOrLock, Store, StoreError, StoreResult,
@@ -31,7 +31,7 @@ impl GuardedStore {
         let stall = breaker.stall();
         if !stall.is_zero() {
             let watched = Arc::downgrade(&breaker);
-            let every = (stall / 4).max(Duration::from_millis(5));
+            let every = watch_period(stall);
             tokio::spawn(async move {
                 let mut ticks = tokio::time::interval(every);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
