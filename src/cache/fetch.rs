@@ -16,6 +16,7 @@ use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::claim::{Claim, Start};
 use crate::cache::failsafe::Sorted;
 use crate::stats::Event;
+use crate::store::{Blob, StoreResult};
 use crate::time::{later_by, saturate};
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
@@ -163,15 +164,7 @@ impl<C: Codec> Cache<C> {
         // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
         // window is not a hit: it goes on to the lock, taken over it.
         let mut start = Start::Read;
-        // A write of this key still queued goes first (auto-recovery); failing, it fails the read.
-        let read = match self.replay_queued(&[&keys]).await {
-            Ok(()) => self.inner.store.get(&keys).await,
-            Err(e) => Err(e),
-        };
-        if read.is_ok() {
-            self.reached_backend(&keys);
-        }
-        match read {
+        match self.first_read(&keys).await {
             Ok(Some(bytes)) => {
                 if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
                     match self.sort(entry) {
@@ -214,6 +207,18 @@ impl<C: Codec> Cache<C> {
             leader.finish(&outcome);
         }
         outcome
+    }
+
+    /// The single-key path's one `GET`. A write of this key still queued goes first
+    /// (auto-recovery; failing, it fails the read), and an answer drops what the near tier
+    /// held of the key from before an outage.
+    async fn first_read(&self, keys: &EntryKeys) -> StoreResult<Option<Blob>> {
+        self.replay_queued(&[keys]).await?;
+        let read = self.inner.store.get(keys).await;
+        if read.is_ok() {
+            self.reached_backend(keys);
+        }
+        read
     }
 
     /// Waits for this process's leader of the key: its outcome, or `None` if it went away
