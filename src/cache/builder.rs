@@ -350,6 +350,9 @@ impl<C: Codec> CacheBuilder<C> {
         // Not the embedded store: it cannot fail, and its hit path should not pay for a check.
         if self.breaker.enabled() && store.as_memory().is_none() {
             let breaker = Arc::new(Breaker::new(self.breaker, Arc::clone(&counters)));
+            if let Some(tier) = &tier {
+                tier.nudges(Arc::clone(&breaker));
+            }
             store = Arc::new(GuardedStore::new(store, breaker));
         }
         // Spawned here, on the caller's runtime; stopped by the cache's drop guard.

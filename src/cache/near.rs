@@ -135,6 +135,8 @@ pub(crate) struct NearTier {
     serve_while_down: Duration,
     namespace: String,
     counters: Arc<Counters>,
+    /// The circuit breaker of the cache's calls, told when the feed's connection comes up.
+    breaker: std::sync::OnceLock<Arc<crate::store::breaker::Breaker>>,
 }
 
 impl std::fmt::Debug for NearTier {
@@ -213,7 +215,13 @@ impl NearTier {
             serve_while_down: config.serve_while_down,
             namespace: namespace.to_owned(),
             counters,
+            breaker: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Tells `breaker` whenever the feed's connection comes up (see `Breaker::nudge`).
+    pub(crate) fn nudges(&self, breaker: Arc<crate::store::breaker::Breaker>) {
+        let _ = self.breaker.set(breaker);
     }
 
     /// A fresh copy of `key` (the user's key) as a `T`, if the tier may serve one now. Counts a
@@ -495,6 +503,10 @@ impl FeedSink for NearTier {
     fn subscribed(&self, connection: u64) {
         if self.latest.load(Ordering::SeqCst) == connection {
             self.connection.store(connection, Ordering::SeqCst);
+        }
+        // The server answers this connection: the calls' breaker need not wait its cool-down.
+        if let Some(breaker) = self.breaker.get() {
+            breaker.nudge();
         }
     }
 

@@ -199,6 +199,9 @@ pub(crate) struct Breaker {
     watch: Mutex<Watch>,
     /// Bumped each time the breaker opens: requests waiting then fail at once.
     opened: watch::Sender<u64>,
+    /// Set when another connection to the backend came up ([`nudge`](Self::nudge)): the next
+    /// call sends the probe without waiting for the cool-down.
+    nudged: std::sync::atomic::AtomicBool,
 }
 
 /// The bookkeeping of the current run of failures (a lock guards it: it changes on failures
@@ -235,12 +238,23 @@ impl Breaker {
                 last_look: Instant::now(),
             }),
             opened: watch::Sender::new(0),
+            nudged: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// The stall bound in force; zero when the check is off.
     pub(crate) fn stall(&self) -> Duration {
         self.options.stall
+    }
+
+    /// Another connection to the same backend came up (the near tier's feed subscribed
+    /// again): it answers, so an open breaker probes at the next call instead of after its
+    /// cool-down. Otherwise the feed's announcements, arriving first, drop the copies this
+    /// instance holds while its calls still fail fast, and those calls fail.
+    pub(crate) fn nudge(&self) {
+        if self.state.load(Ordering::Acquire) != CLOSED {
+            self.nudged.store(true, Ordering::Release);
+        }
     }
 
     /// The cool-down in force.
@@ -364,9 +378,10 @@ impl Breaker {
         let mut spell = crate::sync::lock(&self.spell);
         spell.refused += 1;
         self.counters.record(Event::FastFailure);
-        let cooled = spell
-            .opened_at
-            .is_some_and(|at| at.elapsed() >= self.options.cool_down);
+        let cooled = self.nudged.swap(false, Ordering::AcqRel)
+            || spell
+                .opened_at
+                .is_some_and(|at| at.elapsed() >= self.options.cool_down);
         if cooled
             && self
                 .state
@@ -662,5 +677,19 @@ mod tests {
             BreakerState::Open,
             "then quiet for 625 ms of looking"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_nudge_sends_the_probe_without_waiting_for_the_cool_down() {
+        let (b, _) = breaker();
+        b.nudge();
+        assert_eq!(b.admit(), Admit::Pass, "closed: a nudge does nothing");
+        for _ in 0..3 {
+            b.record(Some(&unreachable()));
+        }
+        assert_eq!(b.admit(), Admit::Refuse);
+        b.nudge();
+        assert_eq!(b.admit(), Admit::RefuseAndProbe, "at once");
+        assert_eq!(b.admit(), Admit::Refuse, "one probe");
     }
 }
