@@ -18,7 +18,7 @@
 //! A connection that nothing answers (no RST: a frozen server, a dropped route) would fail each
 //! request only at its response time-out (5 s by default), and every caller would wait that
 //! long. So the breaker also watches the connection: when requests have waited `stall`
-//! (500 ms) with no answer at all arriving since (not to them, not to any other request), it
+//! (1 s) with no answer at all arriving since (not to them, not to any other request), it
 //! opens, and the requests still waiting fail at once (unreachable, possibly carried out, like
 //! a time-out) and take their fallback (`serve_while_down`, `ComputeUncached`). A live server
 //! answers a cache in well under a millisecond; a connection busy with a large answer still
@@ -50,7 +50,7 @@ use crate::stats::{BreakerState, Counters, Event};
 /// |---|---|---|
 /// | [`failures`](Self::failures) | 3 | unreachable or busy answers in a row that open the breaker |
 /// | [`cool_down`](Self::cool_down) | 1 s | how long it stays open before a probe is sent |
-/// | [`stall`](Self::stall) | 500 ms | requests waiting this long with no answer at all from the connection open it (a black hole), and the waiting requests fail at once |
+/// | [`stall`](Self::stall) | 1 s | requests waiting this long with no answer at all from the connection open it (a black hole), and the waiting requests fail at once |
 ///
 /// ```
 /// use stampede_guard::{BreakerOptions, Cache};
@@ -85,8 +85,9 @@ impl Default for BreakerOptions {
             // Short enough that service is back within about a second of the server.
             cool_down: Duration::from_secs(1),
             // Far above any answer of a live server to a cache (a hit takes well under a
-            // millisecond), far below the 5 s response time-out every waiting call would pay.
-            stall: Duration::from_millis(500),
+            // millisecond; a script loaded over a slow link, a few round trips), far below the
+            // 5 s response time-out every waiting call would pay.
+            stall: Duration::from_secs(1),
         }
     }
 }
@@ -121,7 +122,7 @@ impl BreakerOptions {
     }
 
     /// How long requests may wait with no answer at all arriving on the connection before the
-    /// breaker opens (default 500 ms; [`Duration::ZERO`] turns this check off). A frozen server
+    /// breaker opens (default 1 s; [`Duration::ZERO`] turns this check off). A frozen server
     /// or a black-holed connection answers nothing, and each request would wait for its
     /// response time-out (5 s by default); with this check, once the breaker opens every
     /// request still waiting fails at once (as unreachable: it may have been carried out), and
@@ -298,7 +299,10 @@ impl Breaker {
         // process, a runtime nobody drove): the answers may be waiting in the socket, unread.
         // That time is not the backend's silence.
         let unwatched = now.saturating_duration_since(previous) > watch_period(stall) * 2;
+        // Before the first answer ever, the connection is still being made: its own time-out
+        // (`connect_timeout`) bounds that, and a slow link's first requests must not open it.
         if waiting == 0
+            || answers == 0
             || answers != watch.answers
             || unwatched
             || self.state.load(Ordering::Acquire) != CLOSED
@@ -534,7 +538,8 @@ mod tests {
         let counters = Arc::new(Counters::default());
         let options = BreakerOptions::default()
             .failures(3)
-            .cool_down(Duration::from_secs(1));
+            .cool_down(Duration::from_secs(1))
+            .stall(Duration::from_millis(500));
         (Breaker::new(options, Arc::clone(&counters)), counters)
     }
 
@@ -662,6 +667,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn time_the_watchdog_did_not_run_is_not_silence() {
         let (b, _) = breaker();
+        b.sending().ended(None);
         b.check_stall();
         let _waiting = b.sending();
         // The runtime did not run for 3 s (a paused process): its next look starts afresh.
@@ -691,5 +697,16 @@ mod tests {
         b.nudge();
         assert_eq!(b.admit(), Admit::RefuseAndProbe, "at once");
         assert_eq!(b.admit(), Admit::Refuse, "one probe");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_answered_is_left_to_its_connect_timeout() {
+        let (b, _) = breaker();
+        let _waiting = b.sending();
+        for _ in 0..40 {
+            tokio::time::advance(Duration::from_millis(125)).await;
+            b.check_stall();
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 }

@@ -32,7 +32,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// defaults a refused connection fails in about half a second; with `reconnect_retries(0)`, at
 /// the first refused attempt. Timeouts above 24 hours (up to `Duration::MAX`) count as 24 hours.
 /// A cache's circuit breaker ([`BreakerOptions`](crate::BreakerOptions)) cuts this short: after
-/// a few failures in a row, or requests waiting half a second with no answer, calls fail at once
+/// a few failures in a row, or requests waiting a second with no answer, calls fail at once
 /// without any attempt until its probe finds Redis answering.
 ///
 /// ```
