@@ -209,10 +209,10 @@ impl<C: Codec> Cache<C> {
         outcome
     }
 
-    /// The single-key path's one `GET`. A write of this key still queued goes first
-    /// (auto-recovery; failing, it fails the read), and an answer drops what the near tier
-    /// held of the key from before an outage.
-    async fn first_read(&self, keys: &EntryKeys) -> StoreResult<Option<Blob>> {
+    /// The one `GET` of a single key (`get`, and `fetch` before its flight). A write of this
+    /// key still queued goes first (auto-recovery; failing, it fails the read), and an answer
+    /// drops what the near tier held of the key from before an outage.
+    pub(crate) async fn first_read(&self, keys: &EntryKeys) -> StoreResult<Option<Blob>> {
         self.replay_queued(&[keys]).await?;
         let read = self.inner.store.get(keys).await;
         if read.is_ok() {

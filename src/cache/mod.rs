@@ -369,11 +369,7 @@ impl<C: Codec> Cache<C> {
     pub async fn get<T: DeserializeOwned + 'static>(&self, key: &str) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
         // A write of this key still queued goes first: Redis may hold what it replaced.
-        let read = match self.replay_queued(&[&keys]).await {
-            Ok(()) => self.inner.store.get(&keys).await,
-            Err(e) => Err(e),
-        };
-        let bytes = match read {
+        let bytes = match self.first_read(&keys).await {
             Ok(bytes) => bytes,
             Err(e) => {
                 self.fail_open("get", &keys, e, "reading it as a miss")?;
@@ -394,7 +390,8 @@ impl<C: Codec> Cache<C> {
     ///
     /// Returns [`Written::Applied`] when the backend took it. When the backend fails:
     /// - unreachable or busy, with [auto-recovery](CacheBuilder::auto_recovery) on:
-    ///   [`Written::Queued`], replayed when it answers (never over a value written meanwhile),
+    ///   [`Written::Queued`], replayed when it answers as an invalidation (the queue cannot tell
+    ///   its value from a newer one), so the next read computes afresh,
     ///   or [`Error::RecoveryQueueFull`] if the queue is full;
     /// - otherwise [`Error::Backend`], or with
     ///   [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)
