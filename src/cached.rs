@@ -91,3 +91,57 @@ impl fmt::Debug for BodyFailed {
         f.write_str(&self.debug)
     }
 }
+
+/// The attribute's misuses are compile errors (their messages are tested in the macro crate;
+/// each block here is a correct use but for the one mistake its comment names).
+///
+/// A placeholder that names no argument:
+/// ```compile_fail
+/// # use stampede_guard::{cached, Cache, Error};
+/// # static C: std::sync::LazyLock<Cache> = std::sync::LazyLock::new(Cache::in_memory);
+/// #[cached(cache = C, key = "report:{mnth}", ttl_secs = 60)]
+/// async fn report(month: String) -> Result<u64, Error> { Ok(1) }
+/// ```
+/// No TTL:
+/// ```compile_fail
+/// # use stampede_guard::{cached, Cache, Error};
+/// # static C: std::sync::LazyLock<Cache> = std::sync::LazyLock::new(Cache::in_memory);
+/// #[cached(cache = C, key = "report:{month}")]
+/// async fn report(month: String) -> Result<u64, Error> { Ok(1) }
+/// ```
+/// Not `async`:
+/// ```compile_fail
+/// # use stampede_guard::{cached, Cache, Error};
+/// # static C: std::sync::LazyLock<Cache> = std::sync::LazyLock::new(Cache::in_memory);
+/// #[cached(cache = C, key = "report:{month}", ttl_secs = 60)]
+/// fn report(month: String) -> Result<u64, Error> { Ok(1) }
+/// ```
+/// `&mut self`:
+/// ```compile_fail
+/// # use stampede_guard::{cached, Cache, Error};
+/// #[derive(Clone)]
+/// struct Reports { cache: Cache, n: u64 }
+/// impl Reports {
+///     #[cached(cache = self.cache, key = "report:{month}", ttl_secs = 60)]
+///     async fn report(&mut self, month: String) -> Result<u64, Error> { Ok(self.n) }
+/// }
+/// ```
+/// An error type the cache's [`Error`](crate::Error) cannot become (`std::io::Error` has no
+/// `From<stampede_guard::Error>`):
+/// ```compile_fail,E0277
+/// # use stampede_guard::{cached, Cache};
+/// # static C: std::sync::LazyLock<Cache> = std::sync::LazyLock::new(Cache::in_memory);
+/// #[cached(cache = C, key = "report:{month}", ttl_secs = 60)]
+/// async fn report(month: String) -> Result<u64, std::io::Error> { Ok(1) }
+/// ```
+/// A body that borrows from a `&self` whose type is not `Clone`:
+/// ```compile_fail,E0277
+/// # use stampede_guard::{cached, Cache, Error};
+/// struct Reports { cache: Cache, n: u64 }
+/// impl Reports {
+///     #[cached(cache = self.cache, key = "report:{month}", ttl_secs = 60)]
+///     async fn report(&self, month: String) -> Result<u64, Error> { Ok(self.n) }
+/// }
+/// ```
+#[cfg(doctest)]
+pub struct CompileErrors;

@@ -92,6 +92,8 @@
 //!   standing by to take over.
 //! - [`Redlock`]: the same [`Lock`] held over a majority of independent Redis masters, when one
 //!   Redis is too much of a single point of failure for the lock.
+//! - `#[cached]` (feature `macros`): the same as `get_or_compute`, written as an attribute on an
+//!   async function or method, its key a template of the arguments.
 //! - [`NearCacheOptions`] (via [`CacheBuilder::near_cache`]): hot values served from this process
 //!   without a round trip, kept coherent across instances, never staler than a bound you choose.
 //!
@@ -133,6 +135,7 @@
 //! | `metrics` | every call's outcome, waits, lease renewals and losses go to the `metrics` facade as well as to [`Cache::stats`] (names in [`Stats`]) | `metrics` |
 //! | `tls` | `rediss://` URLs, through rustls with the ring crypto provider, trusting the system's root certificates (or those of a client made with `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]); if your program also enables rustls's `aws-lc-rs` provider, install a process-wide default provider at start-up, as rustls requires when it finds two | `rustls` (ring), redis's rustls features |
 //! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors and wait timeouts, 500 for failed computations, 400 for invalid keys), and `web::response` (the whole response: status, `Retry-After`, the log line) and `web::status` serve handlers with their own error type; see the module `stampede_guard::web` | `axum` (no default features) |
+//! | `macros` | the `#[cached]` attribute (`stampede_guard::cached`): an async function or method whose body is the computation of `get_or_compute`, its key a template of its arguments, its error its own | `stampede-guard-macros` (this crate's proc-macro crate: `syn`, `quote`, `proc-macro2`) |
 //!
 //! # Limits
 //! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
@@ -297,6 +300,7 @@ pub use wire::key::MAX_KEY_BYTES;
 ///         ::core::time::Duration::from_secs(300),
 ///         ::core::option::Option::None,
 ///         async move {
+///             #[allow(unused_variables)]
 ///             let month: &str = ::std::borrow::Borrow::borrow(&__owned_month);
 ///             ::core::convert::identity::<Result<u64, Error>>({
 ///                 Ok(month.len() as u64 * 1_000)

@@ -35,19 +35,23 @@ impl Args {
             .unwrap_or_default();
         let twice = |what: &str| meta.error(format!("`{what}` is given twice"));
         match name.as_str() {
-            "cache" if self.cache.is_some() => Err(twice("cache")),
-            "cache" => Ok(self.cache = Some(meta.value()?.parse()?)),
-            "key" if self.key.is_some() => Err(twice("key")),
-            "key" => Ok(self.key = Some(meta.value()?.parse()?)),
-            "ttl" | "ttl_secs" if self.ttl.is_some() => Err(meta.error(
-                "give the TTL once: either `ttl_secs = 300` or `ttl = Duration::from_secs(300)`",
-            )),
-            "ttl_secs" => Ok(self.ttl = Some(Ttl::Secs(meta.value()?.parse()?))),
-            "ttl" => Ok(self.ttl = Some(Ttl::Expr(meta.value()?.parse()?))),
-            "options" if self.options.is_some() => Err(twice("options")),
-            "options" => Ok(self.options = Some(meta.value()?.parse()?)),
-            _ => Err(meta.error(format!("unknown argument; {USAGE}"))),
+            "cache" if self.cache.is_some() => return Err(twice("cache")),
+            "cache" => self.cache = Some(meta.value()?.parse()?),
+            "key" if self.key.is_some() => return Err(twice("key")),
+            "key" => self.key = Some(meta.value()?.parse()?),
+            "ttl" | "ttl_secs" if self.ttl.is_some() => {
+                return Err(meta.error(
+                    "give the TTL once: either `ttl_secs = 300` or \
+                     `ttl = Duration::from_secs(300)`",
+                ))
+            }
+            "ttl_secs" => self.ttl = Some(Ttl::Secs(meta.value()?.parse()?)),
+            "ttl" => self.ttl = Some(Ttl::Expr(meta.value()?.parse()?)),
+            "options" if self.options.is_some() => return Err(twice("options")),
+            "options" => self.options = Some(meta.value()?.parse()?),
+            _ => return Err(meta.error(format!("unknown argument; {USAGE}"))),
         }
+        Ok(())
     }
 
     /// The required arguments, or an error naming the first one missing.

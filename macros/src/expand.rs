@@ -22,8 +22,8 @@ pub(crate) fn expand(args: Args, mut function: ItemFn) -> syn::Result<TokenStrea
     let args = args.complete()?;
     let sig = &function.sig;
     if sig.asyncness.is_none() {
-        return Err(syn::Error::new_spanned(
-            &sig.fn_token,
+        return Err(syn::Error::new(
+            sig.fn_token.span,
             "#[cached] goes on an `async fn` (its body may wait for another caller's computation)",
         ));
     }
@@ -35,11 +35,11 @@ pub(crate) fn expand(args: Args, mut function: ItemFn) -> syn::Result<TokenStrea
         ));
     };
 
+    let (body, uses_self) = rename_self(function.block.to_token_stream());
     let mut inputs = Inputs::default();
     for input in &sig.inputs {
-        inputs.read(input)?;
+        inputs.read(input, &body)?;
     }
-    let (body, uses_self) = rename_self(function.block.to_token_stream());
     if uses_self {
         inputs.copy_self()?;
     }
@@ -95,7 +95,7 @@ struct Inputs {
 }
 
 impl Inputs {
-    fn read(&mut self, input: &FnArg) -> syn::Result<()> {
+    fn read(&mut self, input: &FnArg, body: &TokenStream) -> syn::Result<()> {
         match input {
             FnArg::Receiver(receiver) => {
                 let Type::Reference(reference) = &*receiver.ty else {
@@ -142,6 +142,9 @@ impl Inputs {
                          can get an owned copy of it",
                     ));
                 };
+                if !mentions(body, &name) {
+                    return Ok(()); // only the key (or nothing) reads it: no copy
+                }
                 let copy = format_ident!("__owned_{}", name);
                 let referent = &reference.elem;
                 self.before.extend(quote! {
@@ -173,6 +176,16 @@ impl Inputs {
         });
         Ok(())
     }
+}
+
+/// Whether `name` appears in `tokens` (perhaps as a field or a shadowing binding: a copy too
+/// many costs a clone, one too few would not compile).
+fn mentions(tokens: &TokenStream, name: &Ident) -> bool {
+    tokens.clone().into_iter().any(|token| match token {
+        TokenTree::Ident(ident) => ident == *name,
+        TokenTree::Group(group) => mentions(&group.stream(), name),
+        _ => false,
+    })
 }
 
 /// The body with each `self` value renamed (paths such as `self::module` kept), and whether
@@ -208,8 +221,151 @@ fn rename_self(tokens: TokenStream) -> (TokenStream, bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::rename_self;
+    use super::{expand, rename_self};
+    use crate::args::Args;
+    use proc_macro2::TokenStream;
     use quote::quote;
+    use syn::parse::Parser;
+
+    /// The expansion of `#[cached(args)] function`, or the compile error's message.
+    fn expanded(args: TokenStream, function: TokenStream) -> Result<String, String> {
+        let mut parsed = Args::default();
+        syn::meta::parser(|meta| parsed.one(meta))
+            .parse2(args)
+            .map_err(|e| e.to_string())?;
+        let function = syn::parse2(function).map_err(|e| e.to_string())?;
+        expand(parsed, function)
+            .map(|tokens| tokens.to_string())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_expansion_is_one_call_with_borrowed_arguments_copied() {
+        let out = expanded(
+            quote!(cache = REPORTS, key = "report:{month}", ttl_secs = 300),
+            quote!(
+                async fn total(month: &str) -> Result<u64, Error> {
+                    Ok(month.len() as u64)
+                }
+            ),
+        )
+        .unwrap();
+        let expected = quote!(
+            async fn total(month: &str) -> Result<u64, Error> {
+                let __owned_month = ::std::borrow::ToOwned::to_owned(month);
+                ::stampede_guard::__cached::run(
+                    &(REPORTS),
+                    ::std::format!("report:{month}", month = month),
+                    ::core::time::Duration::from_secs(300),
+                    ::core::option::Option::None,
+                    async move {
+                        #[allow(unused_variables)]
+                        let month: &str = ::std::borrow::Borrow::borrow(&__owned_month);
+                        ::core::convert::identity::<Result<u64, Error>>({ Ok(month.len() as u64) })
+                    },
+                )
+                .await
+            }
+        );
+        assert_eq!(out, expected.to_string());
+    }
+
+    #[test]
+    fn a_method_body_reads_a_clone_of_self() {
+        let out = expanded(
+            quote!(cache = self.cache, key = "k", ttl = TTL, options = opts()),
+            quote!(
+                async fn f(&self) -> Result<u64, Error> {
+                    Ok(self.n)
+                }
+            ),
+        )
+        .unwrap();
+        assert!(
+            out.contains("let __self = :: core :: clone :: Clone :: clone (self) ;"),
+            "{out}"
+        );
+        assert!(out.contains("let __self : & Self = & __self ;"), "{out}");
+        assert!(out.contains("Ok (__self . n)"), "{out}");
+        assert!(
+            out.contains("& (self . cache)"),
+            "the cache is read from the real self: {out}"
+        );
+        assert!(
+            out.contains(":: core :: option :: Option :: Some (opts ())"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn misuses_are_compile_errors_that_say_what_to_write() {
+        let f = quote!(
+            async fn f(month: String) -> Result<u64, Error> {
+                Ok(1)
+            }
+        );
+        let error = |args, function| expanded(args, function).unwrap_err();
+        let unknown = error(quote!(cache = C, key = "r:{mnth}", ttl_secs = 1), f.clone());
+        assert!(
+            unknown.contains("`mnth`") && unknown.contains("are: month"),
+            "{unknown}"
+        );
+        let missing = error(quote!(cache = C, ttl_secs = 1), f.clone());
+        assert!(missing.contains("needs `key`"), "{missing}");
+        let no_ttl = error(quote!(cache = C, key = "k"), f.clone());
+        assert!(no_ttl.contains("needs `ttl_secs`"), "{no_ttl}");
+        let two = error(
+            quote!(cache = C, key = "k", ttl_secs = 1, ttl = T),
+            f.clone(),
+        );
+        assert!(two.contains("give the TTL once"), "{two}");
+        let typo = error(quote!(cache = C, key = "k", ttl_sec = 1), f.clone());
+        assert!(typo.contains("unknown argument"), "{typo}");
+        let args = quote!(cache = C, key = "k", ttl_secs = 1);
+        let sync = error(
+            args.clone(),
+            quote!(
+                fn f() -> Result<u64, Error> {
+                    Ok(1)
+                }
+            ),
+        );
+        assert!(sync.contains("`async fn`"), "{sync}");
+        let unit = error(
+            args.clone(),
+            quote!(
+                async fn f() {}
+            ),
+        );
+        assert!(unit.contains("returns `Result<T, E>`"), "{unit}");
+        let exclusive = error(
+            args.clone(),
+            quote!(
+                async fn f(&mut self) -> R {
+                    Ok(1)
+                }
+            ),
+        );
+        assert!(exclusive.contains("not `&mut self`"), "{exclusive}");
+        let owned = error(
+            args.clone(),
+            quote!(
+                async fn f(self) -> R {
+                    Ok(1)
+                }
+            ),
+        );
+        assert!(owned.contains("take `&self`"), "{owned}");
+        let mutable = error(
+            args,
+            quote!(
+                async fn f(x: &mut u8) -> R {
+                    Ok(1)
+                }
+            ),
+        );
+        assert!(mutable.contains("`&mut` arguments"), "{mutable}");
+    }
 
     #[test]
     fn self_values_are_renamed_and_self_paths_kept() {
@@ -221,5 +377,20 @@ mod tests {
         );
         let (_, found) = rename_self(quote!({ super::f(x) }));
         assert!(!found);
+    }
+
+    #[test]
+    fn a_borrowed_argument_only_the_key_reads_is_not_copied() {
+        let out = expanded(
+            quote!(cache = cache, key = "k:{month}", ttl_secs = 1),
+            quote!(
+                async fn f(cache: &Cache, month: &str) -> Result<u64, Error> {
+                    Ok(month.len())
+                }
+            ),
+        )
+        .unwrap();
+        assert!(!out.contains("__owned_cache"), "{out}");
+        assert!(out.contains("__owned_month"), "{out}");
     }
 }
