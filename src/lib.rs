@@ -325,6 +325,47 @@ pub mod __cached {
     pub use crate::cached::{run, BodyFailed};
 }
 
+/// The guide's pages as doc tests: every `rust` block of `docs/*.md` compiles (and runs, unless
+/// it is `no_run`), so a page cannot drift from the API. A block that is not Rust is fenced
+/// with its language (`text`, `sh`, `toml`, `json`), which rustdoc leaves alone. Every page of
+/// `docs/` is listed (tests/docs_compile.rs checks it), so a new page's blocks are tested too.
+#[cfg(doctest)]
+mod guide {
+    macro_rules! pages {
+        ($($(#[$cfg:meta])* $name:ident = $file:literal;)*) => {$(
+            $(#[$cfg])*
+            #[doc = include_str!(concat!("../docs/", $file))]
+            struct $name;
+        )*};
+    }
+
+    pages! {
+        // Its block is a handler: it uses `stampede_guard::web`.
+        #[cfg(feature = "axum")]
+        AfterCommit = "after-commit.md";
+        Api = "api.md";
+        Architecture = "architecture.md";
+        Batch = "batch.md";
+        ClusterAndRedlock = "cluster-and-redlock.md";
+        Configuration = "configuration.md";
+        FailSafe = "fail-safe.md";
+        Freshness = "freshness.md";
+        Guarantees = "guarantees.md";
+        HowItWorks = "how-it-works.md";
+        LockAndLeader = "lock-and-leader.md";
+        NearCache = "near-cache.md";
+        Observability = "observability.md";
+        Outages = "outages.md";
+        Performance = "performance.md";
+        Readme = "README.md";
+        Security = "security.md";
+        // Its handlers use `stampede_guard::web`.
+        #[cfg(feature = "axum")]
+        ServiceExample = "service-example.md";
+        TestingUnderFaults = "testing-under-faults.md";
+    }
+}
+
 /// Not part of the API: the entry point of the `cargo fuzz` target in `fuzz/`, compiled only
 /// with `--cfg fuzzing` (which `cargo fuzz` passes). The envelope decoder is crate-private, and a
 /// fuzz target is a separate crate, so this is the smallest door to it: it reads `bytes` as the
