@@ -343,6 +343,8 @@ mod guide {
         // Its block is a handler: it uses `stampede_guard::web`.
         #[cfg(feature = "axum")]
         AfterCommit = "after-commit.md";
+        // It imports every public item, those of `web` and `cached` included.
+        #[cfg(all(feature = "axum", feature = "macros"))]
         Api = "api.md";
         Architecture = "architecture.md";
         Batch = "batch.md";

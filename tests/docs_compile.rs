@@ -17,7 +17,10 @@ fn every_page_of_the_guide_is_included_as_a_doc_test() {
         .filter_map(|path| Some(path.file_name()?.to_str()?.to_owned()))
         .collect();
     pages.sort();
-    assert!(pages.len() >= 10, "expected the guide's pages, found {pages:?}");
+    assert!(
+        pages.len() >= 10,
+        "expected the guide's pages, found {pages:?}"
+    );
     let missing: Vec<&String> = pages
         .iter()
         .filter(|page| !lib.contains(&format!("= \"{page}\";")))
