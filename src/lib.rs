@@ -92,6 +92,8 @@
 //!   standing by to take over.
 //! - [`Redlock`]: the same [`Lock`] held over a majority of independent Redis masters, when one
 //!   Redis is too much of a single point of failure for the lock.
+//! - `#[cached]` (feature `macros`): the same as `get_or_compute`, written as an attribute on an
+//!   async function or method, its key a template of the arguments.
 //! - [`NearCacheOptions`] (via [`CacheBuilder::near_cache`]): hot values served from this process
 //!   without a round trip, kept coherent across instances, never staler than a bound you choose.
 //!
@@ -133,6 +135,7 @@
 //! | `metrics` | every call's outcome, waits, lease renewals and losses go to the `metrics` facade as well as to [`Cache::stats`] (names in [`Stats`]) | `metrics` |
 //! | `tls` | `rediss://` URLs, through rustls with the ring crypto provider, trusting the system's root certificates (or those of a client made with `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]); if your program also enables rustls's `aws-lc-rs` provider, install a process-wide default provider at start-up, as rustls requires when it finds two | `rustls` (ring), redis's rustls features |
 //! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors and wait timeouts, 500 for failed computations, 400 for invalid keys), and `web::response` (the whole response: status, `Retry-After`, the log line) and `web::status` serve handlers with their own error type; see the module `stampede_guard::web` | `axum` (no default features) |
+//! | `macros` | the `#[cached]` attribute (`stampede_guard::cached`): an async function or method whose body is the computation of `get_or_compute`, its key a template of its arguments, its error its own | `stampede-guard-macros` (this crate's proc-macro crate: `syn`, `quote`, `proc-macro2`) |
 //!
 //! # Limits
 //! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
@@ -160,6 +163,8 @@
 // envelope, codec, shape). Below them the leaves, which every layer may use and which use no
 // layer: `error`, `time`, `sync`, `join`, `options` (which uses `time`) and `stats`.
 mod cache;
+#[cfg(feature = "macros")]
+mod cached;
 mod error;
 mod join;
 mod lock;
@@ -192,6 +197,176 @@ pub use store::{BreakerOptions, ConnectionOptions, MemoryLimits};
 pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};
 pub use wire::key::MAX_KEY_BYTES;
+
+/// Caches an async function's `Ok` value through a [`Cache`], one run of its body per key
+/// across the fleet: `#[cached(cache = .., key = "..", ttl_secs = ..)]` (feature `macros`).
+///
+/// The function's body becomes the computation of [`Cache::get_or_compute`]: a hit returns the
+/// cached value without running it; on a miss exactly one caller in the fleet runs it, the
+/// others in its process share its outcome and other processes wait for its value.
+///
+/// ```
+/// use stampede_guard::{cached, Cache, Error};
+/// use std::sync::LazyLock;
+///
+/// static REPORTS: LazyLock<Cache> = LazyLock::new(Cache::in_memory);
+///
+/// #[cached(cache = REPORTS, key = "report:{month}", ttl_secs = 300)]
+/// async fn monthly_total(month: &str) -> Result<u64, Error> {
+///     // the slow query, run once per month per 5 minutes
+///     Ok(month.len() as u64 * 1_000)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// assert_eq!(monthly_total("2019-05").await?, 7_000);
+/// assert_eq!(REPORTS.get::<u64>("report:2019-05").await?, Some(7_000));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Arguments
+/// | argument | | what it is |
+/// |---|---|---|
+/// | `cache = EXPR` | required | the [`Cache`]: `&(EXPR)` must be a `&Cache`, e.g. a field (`self.cache`), a `static` (`LazyLock<Cache>`), a function call |
+/// | `key = "template"` | required | the key, in `format!` syntax whose placeholders name the function's arguments (`"report:{month}"`, `"sales:{shop}:{day:02}"`); each named argument must be `Display`. A placeholder that names no argument, or no name (`{}`), is a compile error |
+/// | `ttl_secs = 300` or `ttl = EXPR` | one of them | how long a value stays fresh: seconds as a literal, or any `Duration` expression |
+/// | `options = EXPR` | optional | the [`CallOptions`] of this function's calls (stale window, fail-safe, wait time-out...); without it, the cache's own |
+///
+/// # What the function may be
+/// An `async fn` or method returning `Result<T, E>`, where `T` is a [`CacheValue`] and
+/// `E: From<Error> + Display + Debug + Send + 'static` (your application's error, `anyhow::Error`,
+/// `Box<dyn std::error::Error + Send + Sync>`, or [`Error`] itself).
+///
+/// The body may run in a task of its own after the call returns (a refresh in the background,
+/// with [`CallOptions::stale_for`]), so it owns what it uses; the expansion makes it so:
+/// - arguments taken by value are moved into it;
+/// - an argument taken by reference (`month: &str`, `filter: &Filter`) is copied with
+///   `ToOwned` (a `String`, a clone) before the call and borrowed again inside the body, under
+///   the same name and type;
+/// - a method taking `&self` whose body uses `self` runs on a clone of `self`: `Self` must be
+///   `Clone + Send + Sync + 'static`, a cheap handle (a [`Cache`], a pool, `Arc`s), as handler
+///   state already is. `&mut self`, `self` by value and `&mut` arguments are refused with a
+///   compile error (the body runs once for many callers).
+///
+/// ```
+/// use stampede_guard::{cached, Cache, Error};
+///
+/// #[derive(Clone)]
+/// struct Reports {
+///     cache: Cache,
+///     rows_per_month: u64,
+/// }
+///
+/// impl Reports {
+///     #[cached(cache = self.cache, key = "rows:{month}", ttl_secs = 60)]
+///     async fn rows(&self, month: String) -> Result<u64, Error> {
+///         Ok(self.rows_per_month)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let reports = Reports { cache: Cache::in_memory(), rows_per_month: 31 };
+/// assert_eq!(reports.rows("2019-05".to_string()).await?, 31);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// The function's own `E`, in three ways:
+/// - **the body failed in this call**: its error comes back unchanged, by value. It is kept
+///   for this caller alone, so `E` need not be `Clone`; nothing is cached (unless
+///   [`CallOptions::negative_ttl`] remembers the failure) and the next call runs the body again;
+/// - **the body failed in another call of this process that this one waited on**:
+///   `E::from(Error::Compute(..))`, whose source's message is the failed body's error's
+///   `Display` (its value went to the caller that ran it; a shared [`ComputeError`] can give
+///   its error back only by reference, which for an `E` that is not `Clone` is no `E`);
+/// - **the cache failed** (Redis down, a wait time-out, an invalid key, a remembered failure):
+///   `E::from` that [`Error`], exactly as [`Cache::get_or_compute`] returns it.
+///
+/// Callers in other processes never receive another process's error: they take the lock after
+/// it is freed and run the body themselves.
+///
+/// # What it expands to
+/// The function keeps its signature; its body becomes one call (see it with `cargo expand`):
+///
+/// ```text
+/// async fn monthly_total(month: &str) -> Result<u64, Error> {
+///     let __owned_month = ::std::borrow::ToOwned::to_owned(month);
+///     ::stampede_guard::__cached::run(
+///         &(REPORTS),
+///         ::std::format!("report:{month}", month = month),
+///         ::core::time::Duration::from_secs(300),
+///         ::core::option::Option::None,
+///         async move {
+///             #[allow(unused_variables)]
+///             let month: &str = ::std::borrow::Borrow::borrow(&__owned_month);
+///             ::core::convert::identity::<Result<u64, Error>>({
+///                 Ok(month.len() as u64 * 1_000)
+///             })
+///         },
+///     )
+///     .await
+/// }
+/// ```
+///
+/// The body's `self` is renamed `__self` (the clone) inside the block, as `async-trait` does;
+/// a `self` of an item nested in the body (an `impl` block inside the function) would be
+/// renamed too, so define such items outside it.
+#[cfg(feature = "macros")]
+#[doc(inline)]
+pub use stampede_guard_macros::cached;
+
+/// Not part of the API: what `#[cached]` expands to (module `cached`).
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+pub mod __cached {
+    pub use crate::cached::{run, BodyFailed};
+}
+
+/// The guide's pages as doc tests: every `rust` block of `docs/*.md` compiles (and runs, unless
+/// it is `no_run`), so a page cannot drift from the API. A block that is not Rust is fenced
+/// with its language (`text`, `sh`, `toml`, `json`), which rustdoc leaves alone. Every page of
+/// `docs/` is listed (tests/docs_compile.rs checks it), so a new page's blocks are tested too.
+#[cfg(doctest)]
+mod guide {
+    macro_rules! pages {
+        ($($(#[$cfg:meta])* $name:ident = $file:literal;)*) => {$(
+            $(#[$cfg])*
+            #[doc = include_str!(concat!("../docs/", $file))]
+            struct $name;
+        )*};
+    }
+
+    pages! {
+        // Its block is a handler: it uses `stampede_guard::web`.
+        #[cfg(feature = "axum")]
+        AfterCommit = "after-commit.md";
+        // It imports every public item, those of `web` and `cached` included.
+        #[cfg(all(feature = "axum", feature = "macros"))]
+        Api = "api.md";
+        Architecture = "architecture.md";
+        Batch = "batch.md";
+        ClusterAndRedlock = "cluster-and-redlock.md";
+        Configuration = "configuration.md";
+        FailSafe = "fail-safe.md";
+        Freshness = "freshness.md";
+        Guarantees = "guarantees.md";
+        HowItWorks = "how-it-works.md";
+        LockAndLeader = "lock-and-leader.md";
+        NearCache = "near-cache.md";
+        Observability = "observability.md";
+        Outages = "outages.md";
+        Performance = "performance.md";
+        Readme = "README.md";
+        Security = "security.md";
+        // Its handlers use `stampede_guard::web`.
+        #[cfg(feature = "axum")]
+        ServiceExample = "service-example.md";
+        TestingUnderFaults = "testing-under-faults.md";
+    }
+}
 
 /// Not part of the API: the entry point of the `cargo fuzz` target in `fuzz/`, compiled only
 /// with `--cfg fuzzing` (which `cargo fuzz` passes). The envelope decoder is crate-private, and a

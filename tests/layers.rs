@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 /// Top modules of `src/`, highest first; the leaves share the lowest rank.
 const LAYERS: &[(&str, u8)] = &[
     ("web", 5),
+    ("cached", 5),
     ("cache", 5),
     ("lock", 4),
     ("wait", 3),
