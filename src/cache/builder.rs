@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::store::quorum::QuorumStore;
 use crate::store::SplitStore;
-use crate::wire::key::validate_namespace;
+use crate::wire::key::{validate_namespace, value_key_prefixes};
 use crate::{CallOptions, Error, MemoryLimits};
 
 /// Builds a [`Cache`]: backend, namespace, default call options and codec.
@@ -321,10 +321,15 @@ impl<C: Codec> CacheBuilder<C> {
         validate_namespace(&self.namespace)?;
         let (mut store, tier, counters) = match self.near {
             Some(near) => {
+                let tracked = near
+                    .tracked
+                    .as_deref()
+                    .map(|prefixes| value_key_prefixes(&self.namespace, prefixes));
                 let (store, feed) = self.backend.open_announcing(
                     &self.connection,
                     &self.namespace,
                     near.heartbeat_period(),
+                    tracked,
                 )?;
                 let counters = Arc::default();
                 let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));
