@@ -146,7 +146,7 @@ async fn measure(target: &Target<'_>, change: Change) -> Vec<Duration> {
         let old = format!("v{i}");
         let _ = a.set(KEY, &old, TTL).await.expect("set");
         near_copy(&b, &old).await;
-        let sent = |cmd: &mut redis::Cmd| {
+        let mut sent = |cmd: &mut redis::Cmd| {
             cmd.query::<redis::Value>(&mut outside)
                 .expect("the outside command");
         };
