@@ -1,9 +1,16 @@
-//! Near-tier coherence latency: instance A changes a key (`set`, or `invalidate` every other
-//! sample) while instance B holds a near copy of it; each sample is the time from A's call
-//! returning to B's first read that no longer returns the old value (B reads in a loop: from its
-//! near tier until the announcement drops the copy, then from Redis). Both instances live in this
-//! process, each with its own connections, as two processes would have. Prints p50/p90/p99/max
-//! (target: p99 ≤ 5 ms on loopback).
+//! Near-tier coherence latency: a key changes while instance B holds a near copy of it; each
+//! sample is the time from the change returning to B's first read that no longer returns the
+//! old value (B reads in a loop: from its near tier until the change's announcement or Redis's
+//! tracking report drops the copy, then from Redis). The changes:
+//! - `crate`: instance A's `set` or `invalidate` (every other sample), announced by the crate;
+//! - `DEL`, `SET`, `PEXPIRE 1`, `FLUSHDB`: another program's command, sent straight to the
+//!   server that holds the key (seen through `CLIENT TRACKING`).
+//!
+//! Both instances live in this process, each with its own connections, as two processes would
+//! have. Runs on one server, then on a Redis Cluster of 3 masters and 3 replicas; prints
+//! p50/p90/p99/max per change (target: p99 ≤ 5 ms on loopback, every figure ≤ `max_staleness`).
+//! The server is `STAMPEDE_REDIS_SERVER` (default `redis-server`; Valkey's `valkey-server`
+//! works the same), named in each line.
 //!
 //! A custom harness (`harness = false`), since criterion reports means, not tails:
 //! `cargo bench --bench near_coherence`.
@@ -13,23 +20,91 @@
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod bench;
+    pub mod cluster;
     pub mod percentile;
+    pub mod poll;
     pub mod server;
-    pub use {bench::*, percentile::*, server::*};
+    pub use {bench::*, cluster::*, percentile::*, server::*};
 }
 
 use std::time::{Duration, Instant};
 
-use stampede_guard::{Cache, NearCacheOptions};
-use support::RedisServer;
+use stampede_guard::{Cache, CacheBuilder, NearCacheOptions};
+use support::{RedisCluster, RedisServer};
 
+/// Samples of the crate's own changes, and of each outside change.
 const SAMPLES: usize = 2_000;
+const OUTSIDE_SAMPLES: usize = 500;
 const TTL: Duration = Duration::from_secs(300);
 const KEY: &str = "2019-05";
+const VALUE_KEY: &str = "near-bench:{2019-05}";
 
-async fn cache(url: &str) -> Cache {
-    Cache::builder()
-        .redis_url(url)
+/// What changes the key.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Crate,
+    Del,
+    Set,
+    Pexpire,
+    Flushdb,
+}
+
+impl Change {
+    fn name(self) -> &'static str {
+        match self {
+            Change::Crate => "crate set/invalidate",
+            Change::Del => "outside DEL",
+            Change::Set => "outside SET",
+            Change::Pexpire => "outside PEXPIRE 1",
+            Change::Flushdb => "outside FLUSHDB",
+        }
+    }
+}
+
+/// Where the caches and the outside writer connect.
+enum Target<'a> {
+    Server(&'a RedisServer),
+    Cluster(&'a RedisCluster),
+}
+
+impl Target<'_> {
+    fn builder(&self) -> CacheBuilder {
+        match self {
+            Target::Server(server) => Cache::builder().redis_url(server.url()),
+            Target::Cluster(cluster) => Cache::builder().redis_cluster(cluster.urls()),
+        }
+    }
+
+    /// A connection to the server that holds the key (its master, on a cluster).
+    fn holder(&self) -> redis::Connection {
+        match self {
+            Target::Server(server) => server.conn(),
+            Target::Cluster(cluster) => cluster.nodes[cluster.master_of(VALUE_KEY)].conn(),
+        }
+    }
+
+    /// The server's name and version, from `INFO server`.
+    fn server_version(&self) -> String {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.holder())
+            .expect("INFO server");
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .map(str::to_owned)
+        };
+        match field("valkey_version:") {
+            Some(v) => format!("Valkey {v}"),
+            None => format!("Redis {}", field("redis_version:").unwrap_or_default()),
+        }
+    }
+}
+
+async fn cache(target: &Target<'_>) -> Cache {
+    target
+        .builder()
         .namespace("near-bench")
         .near_cache(NearCacheOptions::new(1_000))
         .build()
@@ -59,25 +134,66 @@ async fn near_copy(b: &Cache, value: &str) {
     }
 }
 
-async fn measure(url: &str) -> Vec<Duration> {
-    let (a, b) = (cache(url).await, cache(url).await);
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for i in 0..SAMPLES {
+async fn measure(target: &Target<'_>, change: Change) -> Vec<Duration> {
+    let (a, b) = (cache(target).await, cache(target).await);
+    let mut outside = target.holder();
+    let samples = match change {
+        Change::Crate => SAMPLES,
+        _ => OUTSIDE_SAMPLES,
+    };
+    let mut taken = Vec::with_capacity(samples);
+    for i in 0..samples {
         let old = format!("v{i}");
         let _ = a.set(KEY, &old, TTL).await.expect("set");
         near_copy(&b, &old).await;
-        if i % 2 == 0 {
-            let _ = a.set(KEY, &format!("w{i}"), TTL).await.expect("set");
-        } else {
-            let _ = a.invalidate(KEY).await.expect("invalidate");
+        let mut sent = |cmd: &mut redis::Cmd| {
+            cmd.query::<redis::Value>(&mut outside)
+                .expect("the outside command");
+        };
+        match change {
+            Change::Crate if i % 2 == 0 => {
+                let _ = a.set(KEY, &format!("w{i}"), TTL).await.expect("set");
+            }
+            Change::Crate => {
+                let _ = a.invalidate(KEY).await.expect("invalidate");
+            }
+            Change::Del => sent(redis::cmd("DEL").arg(VALUE_KEY)),
+            Change::Set => sent(redis::cmd("SET").arg(VALUE_KEY).arg("from another program")),
+            Change::Pexpire => sent(redis::cmd("PEXPIRE").arg(VALUE_KEY).arg(1)),
+            Change::Flushdb => sent(&mut redis::cmd("FLUSHDB")),
         }
         let changed = Instant::now();
         while read(&b).await == old {
             tokio::task::yield_now().await;
         }
-        samples.push(changed.elapsed());
+        taken.push(changed.elapsed());
     }
-    samples
+    taken
+}
+
+async fn report(target: &Target<'_>, label: &str) {
+    let server = target.server_version();
+    for change in [
+        Change::Crate,
+        Change::Del,
+        Change::Set,
+        Change::Pexpire,
+        Change::Flushdb,
+    ] {
+        let mut samples = measure(target, change).await;
+        samples.sort_unstable();
+        let pct = |p: f64| support::percentile_ms(&samples, p);
+        println!(
+            "near_coherence ({server}, {label}): {} returns -> B stops serving the old value, \
+             {} samples: p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            change.name(),
+            samples.len(),
+            pct(50.0),
+            pct(90.0),
+            pct(99.0),
+            pct(100.0)
+        );
+    }
 }
 
 fn main() {
@@ -85,21 +201,14 @@ fn main() {
     if support::bench_filtered_out("near_coherence") {
         return;
     }
-    let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let mut samples = rt.block_on(measure(&server.url()));
-    samples.sort_unstable();
-    let pct = |p: f64| support::percentile_ms(&samples, p);
-    println!(
-        "near_coherence: set/invalidate on A returns -> B stops serving the old value, {} samples: \
-         p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-        samples.len(),
-        pct(50.0),
-        pct(90.0),
-        pct(99.0),
-        pct(100.0)
-    );
+    {
+        let server = RedisServer::start();
+        rt.block_on(report(&Target::Server(&server), "one server"));
+    }
+    let cluster = RedisCluster::start();
+    rt.block_on(report(&Target::Cluster(&cluster), "cluster of 3 masters"));
 }

@@ -126,6 +126,10 @@ pub struct Stats {
     /// Calls answered with a near copy while the backend was unreachable
     /// ([`Source::Held`](crate::Source::Held), [`serve_while_down`](crate::NearCacheOptions::serve_while_down)).
     pub held_served: u64,
+    /// Whether Redis tells the near tier of changes made outside the crate (`CLIENT TRACKING`,
+    /// see [`NearCacheOptions::track_outside_writes`](crate::NearCacheOptions::track_outside_writes)):
+    /// [`TrackingState::Off`] without a near tier.
+    pub near_tracking: TrackingState,
 }
 
 /// The state of a cache's circuit breaker (resilience4j's and Polly's names), in [`Stats`] and
@@ -169,6 +173,82 @@ impl BreakerState {
             BreakerState::Open => 1,
             BreakerState::HalfOpen => 2,
         }
+    }
+}
+
+/// Whether the near tier hears of every change of its keys, whoever makes it (Redis's
+/// server-assisted client-side caching, `CLIENT TRACKING ... BCAST`), in [`Stats`] and the health
+/// report. Serialized as `"off"`, `"connecting"`, `"on"` or `"refused"`.
+///
+/// ```
+/// use stampede_guard::{Cache, TrackingState};
+/// assert_eq!(Cache::in_memory().stats().near_tracking, TrackingState::Off);
+/// assert_eq!(TrackingState::Refused.to_string(), "refused");
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TrackingState {
+    /// No near tier, or tracking turned off
+    /// ([`track_outside_writes(false)`](crate::NearCacheOptions::track_outside_writes)): the
+    /// tier hears of the crate's own writes only.
+    #[default]
+    Off,
+    /// The near tier's feed is not connected yet (or is reconnecting): no copy is served.
+    Connecting,
+    /// Every change of a tracked key reaches the tier: writes from other programs, `DEL`,
+    /// `EXPIRE`, expiry, eviction, `FLUSHDB`.
+    On,
+    /// The server refused `CLIENT TRACKING` (an ACL without `client`, a managed service that
+    /// disables the command): the tier hears of the crate's own writes only, as with `Off`, and
+    /// the log said so once.
+    Refused,
+}
+
+impl TrackingState {
+    /// The state's name: `off`, `connecting`, `on` or `refused`.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::TrackingState::On.as_str(), "on");
+    /// ```
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TrackingState::Off => "off",
+            TrackingState::Connecting => "connecting",
+            TrackingState::On => "on",
+            TrackingState::Refused => "refused",
+        }
+    }
+
+    /// Its number, for an atomic.
+    pub(crate) fn index(self) -> u8 {
+        match self {
+            TrackingState::Off => 0,
+            TrackingState::Connecting => 1,
+            TrackingState::On => 2,
+            TrackingState::Refused => 3,
+        }
+    }
+
+    /// The state numbered `index` by [`index`](Self::index).
+    pub(crate) fn from_index(index: u8) -> Self {
+        match index {
+            1 => TrackingState::Connecting,
+            2 => TrackingState::On,
+            3 => TrackingState::Refused,
+            _ => TrackingState::Off,
+        }
+    }
+}
+
+impl std::fmt::Display for TrackingState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for TrackingState {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -545,6 +625,8 @@ impl Counters {
             breaker_opened: get(&self.breaker_opened),
             fast_failures: get(&self.fast_failures),
             held_served: get(&self.held_served),
+            // Filled in by `Cache::stats` from the near tier, which holds it.
+            near_tracking: TrackingState::Off,
         }
     }
 }

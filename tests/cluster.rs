@@ -338,6 +338,68 @@ async fn a_near_tier_on_a_cluster_hears_every_master_and_stops_when_one_dies() {
     }
 }
 
+/// Every master reports the outside changes of its own keys to the near tier (tracking per
+/// master): a `DEL` sent straight to the node, or a `FLUSHALL` of one master, stops the copies
+/// within `max_staleness`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_near_tier_on_a_cluster_sees_outside_deletes_and_flushes_on_every_master() {
+    let cluster = RedisCluster::start();
+    let writer = cluster_cache(&cluster, "reports", CallOptions::default()).await;
+    let reader = near_reader(&cluster).await;
+    let months = months_on_every_master(&cluster);
+
+    for m in &months {
+        let _ = writer.set(m, &format!("{m} v1"), TTL).await.unwrap();
+        assert_eq!(until_near_hit(&reader, m).await, format!("{m} v1"));
+        let value_key = format!("reports:{{{m}}}");
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(&value_key)
+            .query(&mut cluster.nodes[cluster.master_of(&value_key)].conn())
+            .unwrap();
+        assert_eq!(deleted, 1);
+    }
+    tokio::time::sleep(MAX_STALENESS).await;
+    for m in &months {
+        assert_eq!(
+            read_or_compute(&reader, m).await,
+            "computed",
+            "{m}: deleted, yet served"
+        );
+    }
+
+    // One master flushed: the copies of its keys go, the others' stay.
+    for m in &months {
+        let _ = writer.set(m, &format!("{m} v2"), TTL).await.unwrap();
+        assert_eq!(until_near_hit(&reader, m).await, format!("{m} v2"));
+    }
+    let flushed = cluster.master_of("reports:{2019-05}");
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut cluster.nodes[flushed].conn())
+        .unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    for m in &months {
+        let expected = if cluster.master_of(&format!("reports:{{{m}}}")) == flushed {
+            "computed".to_owned()
+        } else {
+            format!("{m} v2")
+        };
+        assert_eq!(read_or_compute(&reader, m).await, expected, "{m}");
+    }
+    assert_eq!(
+        reader.stats().near_tracking,
+        stampede_guard::TrackingState::On
+    );
+}
+
+async fn read_or_compute(cache: &Cache, key: &str) -> String {
+    cache
+        .get_or_compute(key, TTL, || async {
+            Ok::<_, String>("computed".to_owned())
+        })
+        .await
+        .expect("a read")
+}
+
 /// Each master's connection is proven on its own: pausing any one master (not long enough for a
 /// failover) stops the near tier within its bound, though the other masters answer on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -345,14 +345,23 @@ async fn the_near_cache_is_refused_on_the_embedded_store() {
     );
 }
 
-/// Connected clients subscribed to two channels: near-tier feeds (the near channel and their
-/// own heartbeat channel).
+/// Connected near-tier feeds: clients that track keys (flag `t`) and hear their own heartbeat
+/// channel, or (without tracking) are subscribed to two channels, the near channel and their
+/// heartbeat channel.
 fn feeds(server: &RedisServer) -> usize {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
         .query(&mut server.conn())
         .unwrap();
-    list.lines().filter(|c| c.contains(" sub=2 ")).count()
+    list.lines()
+        .filter(|c| {
+            let tracks = c
+                .split(' ')
+                .find_map(|field| field.strip_prefix("flags="))
+                .is_some_and(|flags| flags.contains('t'));
+            c.contains(" sub=2 ") || (tracks && c.contains(" sub=1 "))
+        })
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

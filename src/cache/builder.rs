@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::store::quorum::QuorumStore;
 use crate::store::SplitStore;
-use crate::wire::key::validate_namespace;
+use crate::wire::key::{validate_namespace, value_key_prefixes};
 use crate::{CallOptions, Error, MemoryLimits};
 
 /// Builds a [`Cache`]: backend, namespace, default call options and codec.
@@ -193,22 +193,23 @@ impl<C: Codec> CacheBuilder<C> {
 
     /// Keep decoded values of this instance in a near tier in front of Redis (see
     /// [`NearCacheOptions`] for its bounds and defaults): a hit on a fresh copy costs no round trip.
-    /// Every change the crate makes to an entry (`set`, `invalidate`, a computed value or a
-    /// refresh replacing one) is announced to the other instances, which drop their copy; a
-    /// copy is served only while this instance has proof, less than
-    /// [`max_staleness`](NearCacheOptions::max_staleness) old, that those announcements reach it. So a
-    /// value served from the near tier is never older than a change made through the crate
-    /// that completed more than `max_staleness` before the call began, whatever fails (a
-    /// dropped or black-holed connection, a restarted server, a paused process).
+    /// Redis reports every change of a value key to the tier, whoever makes it (another
+    /// program's `SET` or `DEL`, an expiry, an eviction, a flush: `CLIENT TRACKING`, see
+    /// [`track_outside_writes`](NearCacheOptions::track_outside_writes)), and the tier drops
+    /// its copy; a copy is served only while this instance has proof, less than
+    /// [`max_staleness`](NearCacheOptions::max_staleness) old, that those reports reach it. So a
+    /// value served from the near tier is never older than a change of its key that completed
+    /// more than `max_staleness` before the call began, whatever fails (a dropped or
+    /// black-holed connection, a restarted server, a paused process).
     ///
     /// Works over Redis: a single server ([`redis_url`](Self::redis_url) or
     /// [`redis_client`](Self::redis_client)), whose locks may be taken through a
     /// [`redlock`](Self::redlock), or a [cluster](Self::redis_cluster). It costs one more
     /// connection per cache (per master on a cluster, each proven current on its own). Every
-    /// instance of this version announces its changes, with or without a near tier (instances
-    /// of earlier versions, still running during a rolling upgrade, do not). Writes made outside the
-    /// crate (`redis-cli SET`) are not announced: a copy of the value they replaced is served at
-    /// most until its fresh-until.
+    /// instance of this version also announces its own changes, with or without a near tier,
+    /// for the tiers whose tracking is off or refused by the server: those hear changes made
+    /// through the crate only, and a copy of a value another program replaced is served at most
+    /// until its fresh-until.
     ///
     /// ```no_run
     /// use stampede_guard::{Cache, NearCacheOptions};
@@ -321,10 +322,15 @@ impl<C: Codec> CacheBuilder<C> {
         validate_namespace(&self.namespace)?;
         let (mut store, tier, counters) = match self.near {
             Some(near) => {
+                let tracked = near
+                    .tracked
+                    .as_deref()
+                    .map(|prefixes| value_key_prefixes(&self.namespace, prefixes));
                 let (store, feed) = self.backend.open_announcing(
                     &self.connection,
                     &self.namespace,
                     near.heartbeat_period(),
+                    tracked,
                 )?;
                 let counters = Arc::default();
                 let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::stats::BreakerState;
+use crate::stats::{BreakerState, TrackingState};
 use crate::wire::codec::Codec;
 use crate::Cache;
 
@@ -38,6 +38,11 @@ pub struct Health {
     /// With a near tier: whether its invalidation feed is proven current within
     /// `max_staleness`, so that its copies are served. `None` without a near tier.
     pub near_feed_proven: Option<bool>,
+    /// With a near tier: whether Redis tells it of changes made outside the crate
+    /// ([`TrackingState`]); `None` without a near tier. [`TrackingState::Refused`] means a
+    /// copy of a value changed by another program (`DEL`, `SET`, an expiry or eviction) may be
+    /// served until its own fresh-until.
+    pub near_tracking: Option<TrackingState>,
     /// Writes waiting in the auto-recovery queue for the backend
     /// ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)); 0 without it.
     pub recovery_queued: usize,
@@ -65,7 +70,7 @@ impl Health {
 impl serde::Serialize for Health {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Health", 6)?;
+        let mut s = serializer.serialize_struct("Health", 7)?;
         s.serialize_field("reachable", &self.reachable)?;
         s.serialize_field("ready", &self.is_ready())?;
         s.serialize_field("breaker", &self.breaker)?;
@@ -74,6 +79,7 @@ impl serde::Serialize for Health {
             &self.failing_for.map(|d| d.as_secs_f64()),
         )?;
         s.serialize_field("near_feed_proven", &self.near_feed_proven)?;
+        s.serialize_field("near_tracking", &self.near_tracking)?;
         s.serialize_field("recovery_queued", &self.recovery_queued)?;
         s.end()
     }
@@ -93,6 +99,7 @@ impl<C: Codec> Cache<C> {
             breaker: breaker.map_or(BreakerState::Closed, |b| b.state()),
             failing_for: breaker.and_then(|b| b.failing_for()),
             near_feed_proven: self.inner.near.as_ref().map(|near| near.proven()),
+            near_tracking: self.inner.near.as_ref().map(|near| near.tracking()),
             recovery_queued: self.inner.recovery.as_ref().map_or(0, |r| r.len()),
         }
     }

@@ -317,7 +317,11 @@ impl<C: Codec> Cache<C> {
     /// assert_eq!(cache.stats().hits, 0);
     /// ```
     pub fn stats(&self) -> Stats {
-        self.inner.counters.snapshot()
+        let mut stats = self.inner.counters.snapshot();
+        if let Some(near) = &self.inner.near {
+            stats.near_tracking = near.tracking();
+        }
+        stats
     }
 
     /// The distributed lock named `name` in this cache's namespace and backend, with this

@@ -11,26 +11,41 @@
 //! Redis expiry: the crate writes values with `PX` = TTL + stale window). Copies are bounded by
 //! entries and bytes, with moka's TinyLFU admission and eviction.
 //!
-//! # Coherence: a channel of our own, not `CLIENT TRACKING`
-//! Every script that changes an entry (`set`, `invalidate`, a computed value or a refresh
-//! replacing a value, a failed refresh deleting one) publishes `"<fence> <value key>"` on the
-//! namespace's near channel, in the same atomic step as the change; a computed value filling an
-//! empty key does not (no copy of it can exist elsewhere; announcing fills is JetCache #972's
-//! broadcast storm). Values never travel. Redis's client-side caching (`CLIENT TRACKING`) was
-//! the alternative; it was not chosen because:
-//! - tracking is state of the *reading* connection: this crate reads over a multiplexed
-//!   connection that reconnects by itself and loses that state silently, and in `REDIRECT` mode
-//!   the target's id changes with every reconnection of the push connection, and a cluster needs
-//!   one such pair per node. Each is a way to stay stale for ever without noticing (the shape of
-//!   Redisson #4653 and #5208);
-//! - `BCAST` mode announces every modified key under a prefix, which here includes every lock
-//!   taken and every fencing counter bumped: a storm on every fill;
-//! - its messages carry no version, so an instance cannot tell its own write from a newer one.
+//! # Coherence: Redis reports every change; the crate's announcements where it cannot
+//! With tracking on (the default), the feed's connection sends
+//! `CLIENT TRACKING on BCAST PREFIX <namespace>:{` ([`NearCacheOptions::track_only`] narrows
+//! it): Redis then reports every change of a value key, whoever makes it (another program's
+//! `SET` or `DEL`, `EXPIRE`, expiry, eviction, a `RENAME` onto it), and a flush as "everything".
+//! A report drops the copy whatever wrote it, so none needs a version. Locks and fencing
+//! counters share the prefix and are reported too; they name no copy and are skipped (their cost
+//! is measured in `docs/near-cache.md`).
 //!
-//! The price: writes made outside the crate (`redis-cli SET`, `DEL`, `EXPIRE`, or Redis evicting
-//! a value that is then filled again) are not announced; a copy of such a value is served at
-//! most until its own fresh-until (Redisson #3277's question: use the crate to write, or
-//! `invalidate` after writing outside it).
+//! An earlier version argued against tracking; each argument, and why it no longer holds:
+//! - *tracking is state of the reading connection, lost silently when it reconnects* (and in
+//!   `REDIRECT` mode the target's id changes with every reconnection). Here tracking is state
+//!   of the feed's own connection, the one that carries the heartbeats: it is never resumed
+//!   (a new connection is a new number and drops every copy), no copy is served without a
+//!   recent heartbeat that came back on it, and with no redirection there is nothing to break
+//!   (`tracking-redir-broken` cannot happen). On a cluster each master's connection tracks its
+//!   own keys and is proven by its own heartbeats; a failover starts a new set. Stale copies
+//!   after a failover or reconnection (Redisson #4653) need a connection that stops hearing
+//!   without the cache noticing; the heartbeat proof is what notices.
+//! - *`BCAST` reports every lock taken and fencing counter bumped*: true, and measured; narrow
+//!   the prefix or turn tracking off where that costs more than outside writers do.
+//! - *its reports carry no version, so an instance cannot tell its own write from a newer
+//!   one*: it need not; its own copy goes too and is read again once.
+//!
+//! With tracking on, the connection does not subscribe to the crate's announcements: they
+//! would only repeat the reports. Without it (turned off, or refused by the server), every
+//! script that changes an entry (`set`, `invalidate`, a computed value or a refresh replacing a
+//! value, a failed refresh deleting one) publishes `"<fence> <value key>"` on the namespace's
+//! near channel, in the same atomic step as the change, and the feed subscribes to that; a
+//! computed value filling an empty key is not announced (no copy of it can exist elsewhere;
+//! announcing fills is JetCache #972's broadcast storm). Values never travel. The scripts always
+//! publish (a writer cannot know whether every reader tracks), which costs Redis almost nothing
+//! while no one listens. Without tracking, writes made outside the crate are not seen: such a
+//! copy is served at most until its own fresh-until (Redisson #3277's question). Below, and in
+//! the code, an "announcement" is either: a report or a published change.
 //!
 //! # The insert race (FusionCache #613)
 //! A read sent before an announcement and answered after it must not insert the old value.
@@ -65,7 +80,7 @@ mod options;
 pub use options::NearCacheOptions;
 
 use crate::cache::entry::StoredEntry;
-use crate::stats::{Counters, Event};
+use crate::stats::{Counters, Event, TrackingState};
 use crate::store::redis::FeedSink;
 use crate::wire::key::user_key_of;
 
@@ -137,6 +152,8 @@ pub(crate) struct NearTier {
     counters: Arc<Counters>,
     /// The circuit breaker of the cache's calls, told when the feed's connection comes up.
     breaker: std::sync::OnceLock<Arc<crate::store::breaker::Breaker>>,
+    /// Whether the feed's current connection has tracking ([`TrackingState::index`]).
+    tracking: std::sync::atomic::AtomicU8,
 }
 
 impl std::fmt::Debug for NearTier {
@@ -216,7 +233,20 @@ impl NearTier {
             namespace: namespace.to_owned(),
             counters,
             breaker: std::sync::OnceLock::new(),
+            tracking: std::sync::atomic::AtomicU8::new(
+                if config.tracked.is_some() {
+                    TrackingState::Connecting
+                } else {
+                    TrackingState::Off
+                }
+                .index(),
+            ),
         }
+    }
+
+    /// Whether Redis reports changes made outside the crate to this tier now.
+    pub(crate) fn tracking(&self) -> TrackingState {
+        TrackingState::from_index(self.tracking.load(Ordering::Acquire))
     }
 
     /// Tells `breaker` whenever the feed's connection comes up (see `Breaker::nudge`).
@@ -488,6 +518,10 @@ impl FeedSink for NearTier {
         self.latest.fetch_max(connection, Ordering::SeqCst);
         self.connection.store(0, Ordering::SeqCst);
         self.live_until.store(0, Ordering::Release);
+        if self.tracking() != TrackingState::Off {
+            self.tracking
+                .store(TrackingState::Connecting.index(), Ordering::Release);
+        }
         self.let_go();
         if self.serving.swap(false, Ordering::AcqRel) {
             self.counters.record(Event::NearSwitchedOff);
@@ -530,6 +564,35 @@ impl FeedSink for NearTier {
             }
         }
         self.copies.invalidate(key);
+    }
+
+    fn changed(&self, name: &[u8]) {
+        // Tracking reports every name under the prefix: locks and fencing counters are no
+        // copies (`user_key_of` knows value keys only), and a name that is not UTF-8 is none
+        // either (value keys are escaped to ASCII).
+        let Some(key) = std::str::from_utf8(name)
+            .ok()
+            .and_then(|name| user_key_of(&self.namespace, name))
+        else {
+            return;
+        };
+        self.counters.record(Event::NearInvalidation);
+        let key = key.as_ref();
+        // Stripe first, then the copy: see `insert`. No fence comes with a report: whoever
+        // wrote, the copy goes.
+        self.bump(key);
+        self.copies.invalidate(key);
+    }
+
+    fn flushed(&self) {
+        self.counters.record(Event::NearInvalidation);
+        self.drop_all();
+    }
+
+    fn tracking_state(&self, connection: u64, state: TrackingState) {
+        if self.latest.load(Ordering::SeqCst) == connection {
+            self.tracking.store(state.index(), Ordering::Release);
+        }
     }
 
     fn proof(&self, connection: u64, sent: Instant) {
@@ -809,5 +872,52 @@ mod tests {
             tier.held::<String>(KEY, Duration::ZERO).as_deref(),
             Some("v")
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tracking_report_drops_the_copy_of_a_value_key_and_nothing_for_other_names() {
+        let (tier, counters) = live_tier(&NearCacheOptions::new(100));
+        put(&tier, KEY, "v", 7);
+        put(&tier, "other", "w", 8);
+        // The lock and the fencing counter of the key share its prefix: no copy is theirs.
+        tier.changed(b"ns:{k}_lock");
+        tier.changed(b"ns:{k}_fence");
+        tier.changed(&[0xff, 0xfe]);
+        assert_eq!(read(&tier, KEY).as_deref(), Some("v"));
+        assert_eq!(counters.snapshot().near_invalidations, 0);
+        // Whoever wrote the value key, even with the copy's own fence, the copy goes.
+        tier.changed(VALUE_KEY.as_bytes());
+        assert_eq!(read(&tier, KEY), None);
+        assert_eq!(read(&tier, "other").as_deref(), Some("w"));
+        // A read sent before the report cannot put the old value back.
+        let ticket = tier.ticket(KEY).unwrap();
+        tier.changed(VALUE_KEY.as_bytes());
+        tier.insert(ticket, KEY, &"old".to_owned(), 7, FRESH, 0, 3, NOW);
+        assert_eq!(read(&tier, KEY), None);
+        // A flush drops every copy.
+        tier.flushed();
+        assert_eq!(read(&tier, "other"), None);
+        assert_eq!(counters.snapshot().near_invalidations, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_tracking_state_is_the_current_connections() {
+        let (tier, _) = live_tier(&NearCacheOptions::new(100));
+        assert_eq!(tier.tracking(), TrackingState::Connecting);
+        tier.tracking_state(1, TrackingState::On);
+        assert_eq!(tier.tracking(), TrackingState::On);
+        // A new connection: unknown until it says; an old connection's word does not count.
+        tier.reset(2);
+        assert_eq!(tier.tracking(), TrackingState::Connecting);
+        tier.tracking_state(1, TrackingState::Refused);
+        assert_eq!(tier.tracking(), TrackingState::Connecting);
+        tier.tracking_state(2, TrackingState::Refused);
+        assert_eq!(tier.tracking(), TrackingState::Refused);
+        let off = NearTier::new(
+            &NearCacheOptions::new(100).track_outside_writes(false),
+            "ns",
+            Arc::default(),
+        );
+        assert_eq!(off.tracking(), TrackingState::Off);
     }
 }

@@ -71,13 +71,15 @@ impl Backend {
 
     /// Opens Redis (a single server or a cluster) whose scripts announce changed entries to the
     /// near tiers of `namespace`, and the feed (not started) that hears them, with heartbeats
-    /// every `heartbeat`. The embedded store is refused: one process has no other instance to
+    /// every `heartbeat`; with `tracked`, the feed also asks Redis to report every change of a
+    /// key under those prefixes, whoever makes it (`CLIENT TRACKING`). The embedded store is refused: one process has no other instance to
     /// hear from, and [`Cache::in_memory`](crate::Cache::in_memory) already serves from memory.
     pub(crate) fn open_announcing(
         self,
         connection: &ConnectionOptions,
         namespace: &str,
         heartbeat: Duration,
+        tracked: Option<Vec<String>>,
     ) -> Result<(Arc<dyn Store>, Feed), Error> {
         let connect = |e| Error::backend("connect", e);
         let client = match self {
@@ -100,6 +102,7 @@ impl Backend {
                     near_channel,
                     &heartbeat_prefix,
                     heartbeat,
+                    tracked,
                 )
                 .map_err(|e| connect(e.into()))?;
                 return Ok((Arc::new(store), feed));
@@ -117,6 +120,7 @@ impl Backend {
             near_channel,
             &heartbeat_prefix,
             heartbeat,
+            tracked,
         )
         .map_err(|e| connect(e.into()))?;
         Ok((Arc::new(store), feed))

@@ -115,6 +115,37 @@ pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
     out.push('}');
 }
 
+/// The prefixes of value keys that cover every user key starting with one of `prefixes` (all of
+/// the namespace's value keys for an empty list), for `CLIENT TRACKING ... BCAST PREFIX`:
+/// escaping works byte by byte, so the escaped prefix of a key is a prefix of its escaped key.
+/// A prefix that another one covers is left out: Redis refuses overlapping prefixes.
+pub(crate) fn value_key_prefixes(namespace: &str, prefixes: &[String]) -> Vec<String> {
+    let mut escaped: Vec<String> = if prefixes.is_empty() {
+        vec![format!("{namespace}:{{")]
+    } else {
+        prefixes
+            .iter()
+            .map(|prefix| {
+                let mut out = format!("{namespace}:{{");
+                escape_into(prefix, &mut out);
+                out
+            })
+            .collect()
+    };
+    // Sorted, a prefix comes right before the names it covers.
+    escaped.sort();
+    let mut kept: Vec<String> = Vec::with_capacity(escaped.len());
+    for prefix in escaped {
+        if !kept
+            .last()
+            .is_some_and(|last| prefix.starts_with(last.as_str()))
+        {
+            kept.push(prefix);
+        }
+    }
+    kept
+}
+
 /// The user's key whose value key in `namespace` is `value_key` (the inverse of
 /// [`value_key_into`]), or `None` if `value_key` is not one of that namespace's value keys: the
 /// near tier holds copies by the user's key and hears of changes by value key.
@@ -214,6 +245,31 @@ mod tests {
             "a sign is no hex digit"
         );
         assert_eq!(user_key_of("reports", "reports:{%FF}"), None, "not UTF-8");
+    }
+
+    #[test]
+    fn tracking_prefixes_cover_their_keys_and_never_overlap() {
+        let all = value_key_prefixes("ns", &[]);
+        assert_eq!(all, ["ns:{"]);
+        let some = value_key_prefixes(
+            "ns",
+            &[
+                "report:".into(),
+                "rep".into(),
+                "a b".into(),
+                "report:2019".into(),
+            ],
+        );
+        assert_eq!(some, ["ns:{a%20b", "ns:{rep"]);
+        for key in ["a b c", "report:2019-05"] {
+            let keys = EntryKeys::new("ns", key).unwrap();
+            assert!(
+                some.iter().any(|p| keys.value.starts_with(p.as_str())),
+                "{key}"
+            );
+        }
+        let other = EntryKeys::new("ns", "x").unwrap();
+        assert!(!some.iter().any(|p| other.value.starts_with(p.as_str())));
     }
 
     #[test]

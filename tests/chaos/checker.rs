@@ -16,21 +16,19 @@
 //!   all one lease later, and no in-process entry (`Cache::in_flight`) left in any worker;
 //! - (f) the near tier's staleness bound: a value returned to a worker running a near tier is
 //!   never older than a change of its key (a `set`, an `invalidate`, an accepted computed
-//!   write) that the server ran more than that worker's `max_staleness` before the call began.
+//!   write, or another program's raw `SET`, `DEL`, `UNLINK`, `PEXPIRE` or `FLUSHDB`) that the
+//!   server ran more than that worker's `max_staleness` before the call began.
 //!   Every value such a worker gets counts as possibly served from its near tier (the public
 //!   API does not say which call a near hit answered; a value read from Redis is never older
 //!   than what the server ran before the call, so it always passes). Every instance announces
-//!   its changes, with a near tier or without, so every change counts, whoever asked for it.
-//!   Excused: a computed write into a key that Redis emptied by evicting the value (a fill of an
-//!   empty key is not announced); a `set` and an invalidation, always announced, count even
-//!   then. An eviction counts from the value's write to two leases after the call began (its
-//!   notification is read late, as in rule (a)). A value served from a held copy is judged by
-//!   rule (g) instead;
+//!   its changes, and the near tiers track their keys (`CLIENT TRACKING`), so every change
+//!   counts, whoever made it: a fill after Redis evicted the value too (no excuse since
+//!   tracking). A value served from a held copy is judged by rule (g) instead;
 //! - (g) the relaxed bound of `serve_while_down`: a value a worker was served from a copy its
 //!   near tier held while the backend was unreachable (`Source::Held`) is never older than a
 //!   change of its key that the server ran more than that worker's bound plus its
-//!   `max_staleness` before the call began, with rule (f)'s excuses; only a worker that serves
-//!   while down gets such values.
+//!   `max_staleness` before the call began; only a worker that serves while down gets such
+//!   values.
 
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
@@ -521,9 +519,6 @@ fn nothing_stranded(h: &History) -> Vec<Violation> {
 struct Changes<'h> {
     by_key: HashMap<&'h str, Vec<&'h Change>>,
     written: HashMap<&'h str, (&'h str, usize)>,
-    /// How late an eviction's notification may be seen, as for rule (a).
-    notification_slack_us: u64,
-    value_evictions: &'h [(u64, String)],
 }
 
 impl<'h> Changes<'h> {
@@ -537,12 +532,7 @@ impl<'h> Changes<'h> {
             }
             list.push(c);
         }
-        Changes {
-            by_key,
-            written,
-            notification_slack_us: 2 * h.lease_ms * 1000,
-            value_evictions: &h.value_evictions,
-        }
+        Changes { by_key, written }
     }
 
     /// The first change of the key of `v`, after the write of `v`, that the server ran more
@@ -552,26 +542,14 @@ impl<'h> Changes<'h> {
     fn missed(&self, v: &str, at_us: u64, bound_us: u64) -> Option<&'h Change> {
         let &(key, at) = self.written.get(v)?;
         let changes = &self.by_key[key];
-        let since = changes[at].at_us;
-        // Seen through a notification on another connection, read by a busy controller: it
-        // may come late, as for rule (a).
-        let evicted = self.value_evictions.iter().any(|(seen, name)| {
-            name == key && *seen >= since && *seen <= at_us + self.notification_slack_us
-        });
-        // A computed write into an empty key is not announced: no copy can exist of a value
-        // that is not there, unless Redis emptied the key by evicting it, which nobody
-        // announces. So once an eviction came after the value, computed writes are excused:
-        // not only the first, since the key may be evicted and filled again and again under
-        // memory pressure (a 10,000-round run showed two unannounced fills in 41 ms). Only the
-        // changes that are always announced still count then: a `set` and an invalidation.
-        changes[at + 1..].iter().copied().find(|c| {
-            let computed = c
-                .value
-                .as_deref()
-                .and_then(parse_value)
-                .is_some_and(|p| p.computed);
-            !(evicted && computed) && c.at_us.saturating_add(bound_us) < at_us
-        })
+        // Every change counts, a computed write into a key Redis emptied by evicting its value
+        // included: the near tiers track the keys (`CLIENT TRACKING`), so Redis reports the
+        // eviction and the fill that follows it, like any other write. (Before tracking, such a
+        // fill went unannounced and was excused here.)
+        changes[at + 1..]
+            .iter()
+            .copied()
+            .find(|c| c.at_us.saturating_add(bound_us) < at_us)
     }
 }
 
@@ -1034,33 +1012,18 @@ fn checker_holds_near_reads_to_max_staleness() {
     let mut h = read_at(70_000);
     h.changes.remove(1);
     assert_eq!(rules(&check(&h)), HashSet::from(['f']));
-    // Redis evicted the value after it was written: the computed write that filled the key is
-    // excused, also when the eviction's notification is seen up to two leases after the call
-    // began; an eviction before the write (of an earlier value) or seen later than that is not,
-    // and no eviction excuses a near tier's invalidation.
-    for (seen_us, excused) in [
-        (30_000, true),
-        (70_000 + 800_000, true),
-        (20_000, false),
-        (70_000 + 800_001, false),
-    ] {
+    // Redis evicted the value after it was written, and a computed write filled the key again:
+    // no excuse (tracking reports both), whenever the eviction was seen.
+    for seen_us in [30_000, 70_000 + 800_000, 20_000] {
         let mut h = read_at(70_000);
         h.changes.remove(1);
         h.value_evictions.push((seen_us, "k0".into()));
-        assert_eq!(check(&h).is_empty(), excused, "evicted at {seen_us}");
+        assert_eq!(
+            rules(&check(&h)),
+            HashSet::from(['f']),
+            "evicted at {seen_us}"
+        );
     }
-    let mut h = read_at(50_000);
-    h.value_evictions.push((30_000, "k0".into()));
-    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
-    // Every computed write after the eviction is excused (the key may have been evicted and
-    // filled again), but an invalidation after it is not.
-    let mut h = read_at(90_000);
-    h.changes.remove(1);
-    h.changes.push(change(60_000, Some(value("k0", 13, "b"))));
-    h.value_evictions.push((30_000, "k0".into()));
-    assert_eq!(check(&h), vec![]);
-    h.changes.push(change(65_000, None));
-    assert_eq!(rules(&check(&h)), HashSet::from(['f']));
     // A value the server never took (the caller's own computation, refused) is not a copy.
     let mut h = read_at(50_000);
     h.changes.remove(0);
@@ -1106,9 +1069,9 @@ fn checker_holds_held_reads_to_the_relaxed_bound() {
     let mut h = held_read_at(36_000);
     h.held_bounds.clear();
     assert_eq!(rules(&check(&h)), HashSet::from(['g']));
-    // Rule (f)'s excuse holds: a computed write into a key Redis evicted is not announced.
+    // No excuse for an eviction: the fill after it counts (tracking reports it).
     let mut h = held_read_at(90_000);
     h.changes.remove(1);
     h.value_evictions.push((30_000, "k0".into()));
-    assert_eq!(check(&h), vec![]);
+    assert_eq!(rules(&check(&h)), HashSet::from(['g']));
 }

@@ -12,7 +12,9 @@
 //! worker that serves while down (a black-hole of its proxy past its bound), cuts, delays or
 //! black-holes the proxied connections, and puts the server under memory pressure (a low
 //! `maxmemory` with an evicting policy, switched on and off with `CONFIG SET`, and filler data
-//! so that it really evicts). The workers of even slots run a near tier (`max_staleness` 200 ms,
+//! so that it really evicts), and writes to the value keys as another program would (a raw `SET`
+//! of foreign bytes, `DEL`, `UNLINK`, `PEXPIRE`, now and then a `FLUSHDB`), straight to the
+//! server. The workers of even slots run a near tier (`max_staleness` 200 ms,
 //! written first in their history), the others none; slot 2's also serves what it holds while
 //! Redis is unreachable (`serve_while_down`, a bound of 300–1000 ms drawn per process), and
 //! its calls record which values were served held. Every call, computation and critical
@@ -117,7 +119,8 @@ return accepted
 ";
 
 /// `redis-cli monitor` on the cache server's own port, its lines kept in a file: script commands
-/// in full, client commands as a separator `C` (they mark where one script ends).
+/// and the outside writer's commands in full, other client commands as a separator `C` (they
+/// mark where one script ends).
 struct MonitorLog {
     child: Child,
     reader: Option<std::thread::JoinHandle<()>>,
@@ -148,7 +151,7 @@ impl MonitorLog {
                     let _ = ready_tx.send(());
                     continue;
                 }
-                if line.contains(" lua] ") {
+                if line.contains(" lua] ") || replay::is_outside_write(&line) {
                     if std::mem::take(&mut client) {
                         let _ = writeln!(out, "C");
                     }
@@ -705,6 +708,40 @@ fn chaos_run() {
                 proxy_fault_until = Some((now + span, true, HELD_SIDE));
                 *c.faults.entry("partition_of_held").or_default() += 1;
             }
+            30..34 if !freeze.frozen() => {
+                // Another program writes a value key, straight to the server: rule (f) then
+                // covers every writer (the near tiers hear of it through CLIENT TRACKING). A
+                // flush also loses every lock, as a restart does.
+                let key = format!("{NAMESPACE}:{{k{}}}", rng.random_range(0..CACHE_KEYS));
+                let (name, cmd) = match rng.random_range(0..20) {
+                    0..5 => (
+                        "outside_set",
+                        redis::cmd("SET")
+                            .arg(&key)
+                            .arg("from another program")
+                            .clone(),
+                    ),
+                    5..10 => ("outside_del", redis::cmd("DEL").arg(&key).clone()),
+                    10..14 => ("outside_unlink", redis::cmd("UNLINK").arg(&key).clone()),
+                    14..19 => (
+                        "outside_pexpire",
+                        redis::cmd("PEXPIRE").arg(&key).arg(1).clone(),
+                    ),
+                    _ => ("outside_flushdb", redis::cmd("FLUSHDB")),
+                };
+                let sent_us = now_us();
+                // Refused under memory pressure (OOM) or lost with a restarted server: the
+                // monitor records what the server ran, and only that counts.
+                let ran = redis::Client::open(server.url())
+                    .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
+                    .and_then(|mut conn| cmd.query::<redis::Value>(&mut conn));
+                if ran.is_ok() {
+                    if name == "outside_flushdb" {
+                        c.restarts_us.push(sent_us);
+                    }
+                    *c.faults.entry(name).or_default() += 1;
+                }
+            }
             24..27 if !freeze.frozen() => {
                 let span = Duration::from_millis(rng.random_range(FREEZE_MS));
                 freeze.start(&server, now + span);
@@ -797,7 +834,7 @@ fn chaos_run() {
         h.server.extend(events);
         h.changes.extend(changes);
     }
-    let mut near_stats = [0u64; 5];
+    let mut near_stats = [0u64; 6];
     let mut sink_results: BTreeMap<(String, u64), (u32, u32)> = BTreeMap::new();
     for line in &sink_log {
         let f: Vec<&str> = line.split(' ').collect();
@@ -876,14 +913,16 @@ fn chaos_run() {
     println!(
         "chaos: near tier ({} of {} worker processes, max_staleness {NEAR_STALENESS:?}): {near_calls} \
          values returned to them, judged by rule (f) (the held ones by (g)); near hits {}, misses {}, announcements \
-         received {}, switched off {} (workers that ended cleanly); {} changes of values by all \
-         instances; {} value keys evicted",
+         and tracking reports received {}, switched off {}, tracking refused in {} (workers that \
+         ended cleanly); {} changes of values by all instances and the outside writer; {} value \
+         keys evicted",
         h.near_instances.len(),
         c.instances.len(),
         near_stats[0],
         near_stats[1],
         near_stats[2],
         near_stats[3],
+        near_stats[5],
         h.changes.len(),
         h.value_evictions.len(),
     );
@@ -914,6 +953,9 @@ fn chaos_run() {
         !h.near_instances.is_empty() && near_calls > 0,
         "no near-tier worker returned a value"
     );
+    // Rule (f) counts every writer because the near tiers track their keys: a refusal would
+    // make it unfair (and the tier weaker than the run claims).
+    assert_eq!(near_stats[5], 0, "a near tier's tracking was refused");
     if rounds >= 200 {
         for kind in [
             "kill",
@@ -934,6 +976,10 @@ fn chaos_run() {
             c.faults.keys().any(|k| k.starts_with("blackhole")),
             "no blackhole injected"
         );
+        assert!(
+            c.faults.keys().any(|k| k.starts_with("outside_")),
+            "no outside write injected"
+        );
     }
 }
 
@@ -943,7 +989,7 @@ fn read_worker_log(
     instance: &str,
     sink: &BTreeMap<(String, u64), (u32, u32)>,
     h: &mut History,
-    near_stats: &mut [u64; 5],
+    near_stats: &mut [u64; 6],
 ) {
     let Ok(text) = std::fs::read_to_string(dir.join(format!("{instance}.log"))) else {
         return;
@@ -1222,12 +1268,13 @@ fn worker(role: &str) -> Result<(), String> {
         }
         let stats = ctx.cache.stats();
         ctx.log.event(format!(
-            "stats {} {} {} {} {}",
+            "stats {} {} {} {} {} {}",
             stats.near_hits,
             stats.near_misses,
             stats.near_invalidations,
             stats.near_switched_off,
-            stats.held_served
+            stats.held_served,
+            u64::from(stats.near_tracking == stampede_guard::TrackingState::Refused),
         ));
         ctx.log.event(format!("final {}", ctx.cache.in_flight()));
         Ok(())

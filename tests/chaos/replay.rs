@@ -12,10 +12,16 @@ use crate::history::{parse_value, BumpCause, Change, ServerEvent, Write};
 use crate::NAMESPACE;
 
 /// The replay's tests, run by the binary's `main` (the chaos test has its own harness).
-pub const TESTS: &[(&str, fn())] = &[(
-    "monitor_replay_rebuilds_the_servers_decisions",
-    monitor_replay_rebuilds_the_servers_decisions,
-)];
+pub const TESTS: &[(&str, fn())] = &[
+    (
+        "monitor_replay_rebuilds_the_servers_decisions",
+        monitor_replay_rebuilds_the_servers_decisions,
+    ),
+    (
+        "monitor_replay_counts_outside_writes_as_changes",
+        monitor_replay_counts_outside_writes_as_changes,
+    ),
+];
 
 /// Splits one MONITOR line (`1700000000.123456 [0 lua] "SET" "k" "v\x01"`) into its source and
 /// its arguments (unescaped bytes).
@@ -59,6 +65,77 @@ pub fn parse_monitor_line(line: &str) -> Option<(bool, Vec<Vec<u8>>)> {
         args.push(arg);
     }
     Some((lua, args))
+}
+
+/// The commands of the outside writer (another program writing value keys), kept in the log.
+const OUTSIDE_WRITES: &[&[u8]] = &[b"SET", b"DEL", b"UNLINK", b"PEXPIRE", b"FLUSHDB"];
+
+/// Whether a MONITOR line is a client's write of one of the namespace's value keys, or a
+/// flush: a change the scripts did not make, which rule (f) counts all the same.
+pub fn is_outside_write(line: &str) -> bool {
+    match parse_monitor_line(line) {
+        Some((false, args)) => match args.as_slice() {
+            [cmd, ..] if cmd.eq_ignore_ascii_case(b"FLUSHDB") => true,
+            [cmd, key, ..] => {
+                OUTSIDE_WRITES.iter().any(|w| cmd.eq_ignore_ascii_case(w))
+                    && std::str::from_utf8(key)
+                        .ok()
+                        .and_then(|k| value_name(NAMESPACE, k))
+                        .is_some()
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// The changes an outside write made: a value key written with foreign bytes, deleted, or set to
+/// expire (`PEXPIRE k ms`: gone `ms` later), or every key by a flush, which also forgets every
+/// fencing counter and lock, as a restart does (a new life for rules (b) and (c)).
+fn outside_write(
+    namespace: &str,
+    life: u32,
+    args: &[Vec<u8>],
+    at_us: u64,
+    counters: &mut HashMap<String, u64>,
+    events: &mut Vec<ServerEvent>,
+    changes: &mut Vec<Change>,
+) {
+    let gone = |key: String, at_us: u64| Change {
+        key,
+        at_us,
+        value: None,
+    };
+    match args {
+        [cmd, ..] if cmd.eq_ignore_ascii_case(b"FLUSHDB") => {
+            let mut keys: Vec<String> = changes.iter().map(|c| c.key.clone()).collect();
+            keys.sort();
+            keys.dedup();
+            changes.extend(keys.into_iter().map(|k| gone(k, at_us)));
+            counters.clear();
+            events.push(ServerEvent::Life(life));
+        }
+        [cmd, key, rest @ ..] => {
+            let Some(name) = std::str::from_utf8(key)
+                .ok()
+                .and_then(|k| value_name(namespace, k))
+            else {
+                return;
+            };
+            let at_us = if cmd.eq_ignore_ascii_case(b"PEXPIRE") {
+                let ms: u64 = rest
+                    .first()
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                at_us + ms * 1000
+            } else {
+                at_us
+            };
+            changes.push(gone(name, at_us));
+        }
+        _ => {}
+    }
 }
 
 /// The entry (its user key) and the kind of `key` if it is one of the keys the cache builds in
@@ -109,10 +186,11 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
     let mut script: Vec<Vec<Vec<u8>>> = Vec::new();
     // When the current script ran.
     let mut script_at = 0u64;
-    let mut flush = |script: &mut Vec<Vec<Vec<u8>>>,
-                     at_us: u64,
-                     events: &mut Vec<ServerEvent>,
-                     changes: &mut Vec<Change>| {
+    let flush = |script: &mut Vec<Vec<Vec<u8>>>,
+                 at_us: u64,
+                 counters: &mut HashMap<String, u64>,
+                 events: &mut Vec<ServerEvent>,
+                 changes: &mut Vec<Change>| {
         // A batch's script (a read-or-lock or an invalidation of many keys) works on several
         // entries, each as a single key's script would: each entry's commands are replayed as
         // a script of their own, in the order the entries first appear.
@@ -127,7 +205,7 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
             }
         }
         for (_, commands) in entries {
-            replay_script(namespace, &mut counters, commands, at_us, events, changes);
+            replay_script(namespace, counters, commands, at_us, events, changes);
         }
     };
     for line in lines {
@@ -140,10 +218,43 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                 }
                 script.push(args);
             }
-            _ => flush(&mut script, script_at, &mut events, &mut changes),
+            Some((false, args)) => {
+                flush(
+                    &mut script,
+                    script_at,
+                    &mut counters,
+                    &mut events,
+                    &mut changes,
+                );
+                if is_outside_write(line) {
+                    let at_us = monitor_time_us(line).unwrap_or(0);
+                    outside_write(
+                        namespace,
+                        life,
+                        &args,
+                        at_us,
+                        &mut counters,
+                        &mut events,
+                        &mut changes,
+                    );
+                }
+            }
+            None => flush(
+                &mut script,
+                script_at,
+                &mut counters,
+                &mut events,
+                &mut changes,
+            ),
         }
     }
-    flush(&mut script, script_at, &mut events, &mut changes);
+    flush(
+        &mut script,
+        script_at,
+        &mut counters,
+        &mut events,
+        &mut changes,
+    );
     (events, changes)
 }
 
@@ -425,4 +536,44 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
     );
     assert_eq!(changes.len(), 1);
     assert_eq!(changes[0].value, None);
+}
+
+/// Another program's writes of value keys (client lines, not scripts) are changes: a `SET` of
+/// foreign bytes, `DEL`, `UNLINK` now, `PEXPIRE` when it expires; a `FLUSHDB` deletes every key
+/// seen and starts a new life (the counters and locks are gone). Other keys and commands are not.
+fn monitor_replay_counts_outside_writes_as_changes() {
+    let lines: Vec<String> = [
+        r#"1.0 [0 127.0.0.1:9] "SET" "chaos:{k0}" "from another program""#,
+        r#"1.5 [0 127.0.0.1:9] "SET" "filler:1" "x""#,
+        r#"1.6 [0 127.0.0.1:9] "GET" "chaos:{k1}""#,
+        r#"2.0 [0 127.0.0.1:9] "DEL" "chaos:{k1}""#,
+        r#"2.5 [0 127.0.0.1:9] "DEL" "chaos:{k1}_lock""#,
+        r#"3.0 [0 127.0.0.1:9] "UNLINK" "chaos:{k2}""#,
+        r#"4.0 [0 127.0.0.1:9] "PEXPIRE" "chaos:{k0}" "1""#,
+        r#"5.0 [0 127.0.0.1:9] "FLUSHDB""#,
+    ]
+    .iter()
+    .map(|l| l.to_string())
+    .collect();
+    let kept: Vec<bool> = lines.iter().map(|l| is_outside_write(l)).collect();
+    assert_eq!(kept, [true, false, false, true, false, true, true, true]);
+    let (events, changes) = replay(NAMESPACE, 3, &lines);
+    let gone = |key: &str, at_us: u64| Change {
+        key: key.into(),
+        at_us,
+        value: None,
+    };
+    assert_eq!(
+        changes,
+        vec![
+            gone("k0", 1_000_000),
+            gone("k1", 2_000_000),
+            gone("k2", 3_000_000),
+            gone("k0", 4_001_000),
+            gone("k0", 5_000_000),
+            gone("k1", 5_000_000),
+            gone("k2", 5_000_000),
+        ]
+    );
+    assert_eq!(events, vec![ServerEvent::Life(3), ServerEvent::Life(3)]);
 }

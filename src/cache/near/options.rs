@@ -40,6 +40,9 @@ pub struct NearCacheOptions {
     pub(crate) max_bytes: u64,
     pub(crate) max_staleness: Duration,
     pub(crate) serve_while_down: Duration,
+    /// The user-key prefixes whose changes Redis reports, whoever makes them; `None`: only the
+    /// crate's own announcements (see [`track_outside_writes`](Self::track_outside_writes)).
+    pub(crate) tracked: Option<Vec<String>>,
 }
 
 impl NearCacheOptions {
@@ -56,7 +59,64 @@ impl NearCacheOptions {
             max_bytes: 64 << 20,
             max_staleness: Duration::from_secs(1),
             serve_while_down: Duration::ZERO,
+            tracked: Some(Vec::new()),
         }
+    }
+
+    /// Whether copies are dropped when anyone changes their Redis key, not only this crate
+    /// (default on): another program's `SET`, `DEL`, `UNLINK`, `EXPIRE`, a `RENAME` onto the
+    /// key, Redis expiring or evicting it, `FLUSHDB` and `FLUSHALL`; within `max_staleness`,
+    /// like the crate's own writes. The feed's connection asks Redis for it with
+    /// `CLIENT TRACKING on BCAST PREFIX <namespace>:{` (Redis 6 or later, Valkey).
+    ///
+    /// The cost: Redis then sends every instance a message for every change of a key of the
+    /// namespace, locks and fencing counters included, about three per computed value (the guide,
+    /// `docs/near-cache.md`, has the figures per fleet size). Narrow it with
+    /// [`track_only`](Self::track_only), or turn it off where nothing but the crate writes the
+    /// namespace's keys: the crate's own writes are announced either way. Where the server
+    /// refuses tracking (an ACL without `client`, a managed service that disables the command),
+    /// the tier works as with `false` and says so once in the log, in
+    /// [`Stats::near_tracking`](crate::Stats::near_tracking) and in the health report.
+    ///
+    /// ```
+    /// let near = stampede_guard::NearCacheOptions::new(10_000).track_outside_writes(false);
+    /// assert!(!near.get_track_outside_writes());
+    /// ```
+    pub fn track_outside_writes(mut self, on: bool) -> Self {
+        self.tracked = on.then(Vec::new);
+        self
+    }
+
+    /// Tracks changes made outside the crate ([`track_outside_writes`](Self::track_outside_writes))
+    /// only for keys that start with one of `prefixes` (the user's keys, as given to `fetch`),
+    /// so that Redis sends nothing for the others. An empty list, or an empty prefix, tracks
+    /// the whole namespace.
+    ///
+    /// ```
+    /// let near = stampede_guard::NearCacheOptions::new(10_000).track_only(["report:", "rates:"]);
+    /// assert!(near.get_track_outside_writes());
+    /// ```
+    pub fn track_only<I, S>(mut self, prefixes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let prefixes: Vec<String> = prefixes.into_iter().map(Into::into).collect();
+        self.tracked = Some(if prefixes.iter().any(String::is_empty) {
+            Vec::new()
+        } else {
+            prefixes
+        });
+        self
+    }
+
+    /// Whether changes made outside the crate are tracked.
+    ///
+    /// ```
+    /// assert!(stampede_guard::NearCacheOptions::new(10).get_track_outside_writes());
+    /// ```
+    pub fn get_track_outside_writes(&self) -> bool {
+        self.tracked.is_some()
     }
 
     /// While Redis is unreachable, serve this instance's copies for at most `bound` after its

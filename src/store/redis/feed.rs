@@ -1,13 +1,24 @@
 //! The near tier's invalidation feed: one dedicated RESP3 connection per cache (per master on a
-//! Redis Cluster), subscribed to the namespace's near channel (where the scripts announce changed
-//! entries) and to this instance's own heartbeat channel, which it publishes to and hears back
-//! from.
+//! Redis Cluster) that hears of changed entries and is subscribed to this instance's own heartbeat
+//! channel, which it publishes to and hears back from. Changes are heard in one of two ways:
+//! - with tracking (the default), Redis itself reports every change of a key under the
+//!   namespace's value-key prefix, whoever makes it (`CLIENT TRACKING on BCAST PREFIX`: writes
+//!   of other programs, `DEL`, expiry, eviction; a flush reports everything);
+//! - without it (turned off, or refused by the server), the connection subscribes to the
+//!   namespace's near channel, where the crate's scripts announce the entries they change.
+//!   With tracking on, those announcements would only repeat what tracking reports, so the
+//!   connection does not subscribe to them (and Redis does not send them).
 //!
 //! Invariants the near tier builds its staleness bound on:
 //! - Redis delivers the messages of one connection in the order the server published them,
 //!   whatever their channel. So when a heartbeat published at local time `t0` comes back on
 //!   connection `n`, every announcement the server published before it has been handed to the
-//!   sink before it: "the stream was current at `t0`".
+//!   sink before it: "the stream was current at `t0`". Tracking's reports come on the same
+//!   connection; in `BCAST` mode Redis queues them at the end of the event-loop iteration that
+//!   made the change, before it sends any reply of that iteration. So a change whose reply
+//!   left the server before the heartbeat arrived there was reported before the heartbeat came
+//!   back; one made in the heartbeat's own iteration completed after `t0`, which the proof does
+//!   not claim. A flush is reported at once.
 //! - A connection is never resumed: a new one gets a new number, announced with
 //!   [`FeedSink::reset`] before it subscribes, so announcements lost in between cannot go unseen.
 //!   Heartbeats are only counted for the connection they were sent on.
@@ -32,6 +43,7 @@ use tokio::time::Instant;
 
 use super::connection::{resp3, ConnectionOptions};
 use crate::error::BackendErrorKind;
+use crate::stats::TrackingState;
 
 /// What the feed tells the near tier. Called on the connection's reader task: keep it short.
 pub(crate) trait FeedSink: Send + Sync + 'static {
@@ -45,6 +57,13 @@ pub(crate) trait FeedSink: Send + Sync + 'static {
     fn subscribed(&self, connection: u64);
     /// An entry changed: `value_key` now holds the write of `fence` (or nothing).
     fn invalidated(&self, value_key: &str, fence: u64);
+    /// Redis reports (tracking) that the key `name` changed, by anyone; it may be no value key
+    /// (a lock, a fencing counter).
+    fn changed(&self, name: &[u8]);
+    /// Redis reports (tracking) that every key may have changed (`FLUSHDB`, `FLUSHALL`).
+    fn flushed(&self);
+    /// Whether connection `connection` has tracking: said before [`subscribed`](Self::subscribed).
+    fn tracking_state(&self, connection: u64, state: TrackingState);
     /// A heartbeat sent on `connection` at `sent` came back: the stream was current at `sent`.
     fn proof(&self, connection: u64, sent: Instant);
     /// Called every heartbeat period: the sink's chance to notice that its proof lapsed.
@@ -58,6 +77,16 @@ pub(crate) struct Feed {
     near_channel: String,
     heartbeat_channel: String,
     period: Duration,
+    /// The value-key prefixes Redis is asked to report changes under (`CLIENT TRACKING`);
+    /// `None`: the crate's announcements only.
+    tracked: Option<Vec<String>>,
+}
+
+/// What the feed has said in the log since it started: once per outage, once for a refusal.
+#[derive(Default)]
+struct Warned {
+    outage: bool,
+    refused: bool,
 }
 
 /// Where announcements are heard. Made once per cache: the size of a client is worth no box.
@@ -81,6 +110,7 @@ impl Feed {
         near_channel: String,
         heartbeat_prefix: &str,
         period: Duration,
+        tracked: Option<Vec<String>>,
     ) -> Result<Self, redis::RedisError> {
         Ok(Feed::of(
             Source::Server(resp3(client)?),
@@ -88,6 +118,7 @@ impl Feed {
             near_channel,
             heartbeat_prefix,
             period,
+            tracked,
         ))
     }
 
@@ -98,6 +129,7 @@ impl Feed {
         near_channel: String,
         heartbeat_prefix: &str,
         period: Duration,
+        tracked: Option<Vec<String>>,
     ) -> Result<Self, redis::RedisError> {
         let seeds = seeds
             .iter()
@@ -109,6 +141,7 @@ impl Feed {
             near_channel,
             heartbeat_prefix,
             period,
+            tracked,
         ))
     }
 
@@ -118,6 +151,7 @@ impl Feed {
         near_channel: String,
         heartbeat_prefix: &str,
         period: Duration,
+        tracked: Option<Vec<String>>,
     ) -> Self {
         Feed {
             source,
@@ -126,6 +160,7 @@ impl Feed {
             heartbeat_channel: format!("{heartbeat_prefix}{}", uuid::Uuid::new_v4().simple()),
             // A zero period would spin; a millisecond is already far below any useful bound.
             period: period.max(Duration::from_millis(1)),
+            tracked,
         }
     }
 
@@ -140,7 +175,7 @@ impl Feed {
         let base = Instant::now();
         let mut number = 0u64;
         // Warn once per outage, not at every attempt: the cache still works (from Redis).
-        let mut warned = false;
+        let mut warned = Warned::default();
         loop {
             number += 1;
             match sink.upgrade() {
@@ -148,8 +183,8 @@ impl Feed {
                 None => return,
             }
             match self.serve(number, base, &sink, &mut warned).await {
-                Err(e) if !warned => {
-                    warned = true;
+                Err(e) if !warned.outage => {
+                    warned.outage = true;
                     // The RESP3 hint only where it can be the cause: not for an outage.
                     let hint = if super::classify(&e) == BackendErrorKind::Unreachable {
                         ""
@@ -213,11 +248,15 @@ impl Feed {
         number: u64,
         base: Instant,
         sink: &Weak<dyn FeedSink>,
-        warned: &mut bool,
+        warned: &mut Warned,
     ) -> redis::RedisResult<()> {
         let (servers, masters) = self.servers().await?;
         let proofs = Arc::new(Proofs::new(servers.len()));
         let mut conns = Vec::with_capacity(servers.len());
+        let mut state = match self.tracked {
+            Some(_) => TrackingState::On,
+            None => TrackingState::Off,
+        };
         for (index, server) in servers.iter().enumerate() {
             let listener = Listener {
                 sink: Weak::clone(sink),
@@ -235,8 +274,17 @@ impl Feed {
             let mut conn = server
                 .get_multiplexed_async_connection_with_config(&config)
                 .await?;
-            conn.subscribe(&[self.near_channel.as_str(), self.heartbeat_channel.as_str()][..])
-                .await?;
+            let tracks = self.track(&mut conn, &mut warned.refused).await?;
+            if !tracks && state == TrackingState::On {
+                state = TrackingState::Refused;
+            }
+            let heartbeats = self.heartbeat_channel.as_str();
+            if tracks {
+                conn.subscribe(heartbeats).await?;
+            } else {
+                conn.subscribe(&[self.near_channel.as_str(), heartbeats][..])
+                    .await?;
+            }
             conns.push(conn);
         }
         // Every master must agree on the set we listen to (the seed's view may have been stale).
@@ -244,11 +292,14 @@ impl Feed {
             return Ok(());
         }
         match sink.upgrade() {
-            Some(sink) => sink.subscribed(number),
+            Some(sink) => {
+                sink.tracking_state(number, state);
+                sink.subscribed(number);
+            }
             None => return Ok(()),
         }
         // Up again: the next outage deserves its own warning.
-        *warned = false;
+        warned.outage = false;
         let mut ticks = tokio::time::interval(self.period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -281,6 +332,45 @@ impl Feed {
 }
 
 impl Feed {
+    /// Asks the server on `conn` to report every change under the tracked prefixes; whether it
+    /// does. A refusal (an ACL without `client`, a service that disables the command) leaves the
+    /// feed on the crate's announcements, said once in the log (`warned`); an outage is an error.
+    async fn track(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        warned: &mut bool,
+    ) -> redis::RedisResult<bool> {
+        let Some(prefixes) = &self.tracked else {
+            return Ok(false);
+        };
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("TRACKING").arg("ON").arg("BCAST");
+        for prefix in prefixes {
+            cmd.arg("PREFIX").arg(prefix);
+        }
+        match cmd.query_async::<()>(conn).await {
+            Ok(()) => Ok(true),
+            Err(e)
+                if matches!(
+                    super::classify(&e),
+                    BackendErrorKind::Unreachable | BackendErrorKind::Busy
+                ) =>
+            {
+                Err(e)
+            }
+            Err(e) => {
+                if !std::mem::replace(warned, true) {
+                    tracing::warn!(error = %e,
+                        "near tier: the server refused CLIENT TRACKING, so changes made outside \
+                         this crate (other programs' writes, DEL, expiry, eviction, FLUSHDB) are \
+                         not seen: a copy of such a value may be served until its own \
+                         fresh-until; the crate's own writes are still announced");
+                }
+                Ok(false)
+            }
+        }
+    }
+
     /// Whether every connection's node (each a master of a cluster) names exactly `masters` as
     /// the cluster's masters; always for a single server (`None`). Asking every node, not one,
     /// means a node that lags behind a failover (or sits in a minority partition) is noticed.
@@ -424,6 +514,20 @@ impl Listener {
                     }
                 }
             }
+            // Tracking's report: `[names]`, or null for a flush. A shape not understood
+            // drops everything, which is always safe.
+            PushKind::Invalidate => match push.data.first() {
+                Some(Value::Array(names)) => {
+                    for name in names {
+                        match name {
+                            Value::BulkString(name) => sink.changed(name),
+                            Value::SimpleString(name) => sink.changed(name.as_bytes()),
+                            _ => sink.flushed(),
+                        }
+                    }
+                }
+                _ => sink.flushed(),
+            },
             // Messages may be lost from here on: drop everything now rather than at the
             // reconnection.
             PushKind::Disconnection => sink.lost(self.number),
