@@ -1,11 +1,12 @@
-//! `redis-cli monitor`, to count the commands a client sends. Needs `server` declared beside it.
+//! `MONITOR` through the command-line client (`redis-cli`, or the one `server::programs` picks),
+//! to count the commands a client sends. Needs `server` declared beside it.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use super::server::{RedisServer, INSTALL_HINT};
+use super::server::{not_started, RedisServer};
 
-/// `redis-cli monitor` on a server: the commands clients send, in order, without the ones that
+/// `MONITOR` on a server: the commands clients send, in order, without the ones that
 /// scripts run inside the server. Counts round trips as the server sees them.
 pub struct Monitor {
     child: Child,
@@ -15,12 +16,13 @@ pub struct Monitor {
 impl Monitor {
     pub fn start(server: &RedisServer) -> Self {
         use std::io::BufRead;
-        let mut child = Command::new("redis-cli")
-            .args(["-p", &server.port().to_string(), "monitor"])
+        let mut monitor = server.cli();
+        let mut child = monitor
+            .arg("monitor")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("redis-cli: {e}. {INSTALL_HINT}"));
+            .unwrap_or_else(|e| panic!("{}", not_started(monitor.get_program().as_ref(), &e)));
         let stdout = child.stdout.take().expect("piped stdout");
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
