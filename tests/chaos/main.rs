@@ -48,7 +48,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufWriter, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -129,12 +129,18 @@ struct MonitorLog {
 
 impl MonitorLog {
     fn start(server: &RedisServer, path: PathBuf) -> Self {
-        let mut child = Command::new("redis-cli")
-            .args(["-p", &server.port().to_string(), "monitor"])
+        let mut monitor = server.cli();
+        let mut child = monitor
+            .arg("monitor")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-cli (apt-get install redis-server) for the monitor");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}",
+                    support::not_started(monitor.get_program().as_ref(), &e)
+                )
+            });
         let stdout = child.stdout.take().expect("piped stdout");
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let file = File::create(&path).expect("the monitor log");

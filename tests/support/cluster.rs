@@ -1,11 +1,11 @@
 //! A Redis Cluster on loopback ports. Needs `server` and `poll` declared beside it.
 
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::poll::eventually;
-use super::server::{RedisServer, INSTALL_HINT};
+use super::server::{not_started, RedisServer};
 
 /// A Redis Cluster of 3 masters and 3 replicas on loopback ports, with a short node timeout so
 /// that a killed master's replica is promoted within a few seconds.
@@ -80,15 +80,16 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let created = Command::new("redis-cli")
+        let mut create = nodes[0].cli();
+        let created = create
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
-            .unwrap_or_else(|e| panic!("redis-cli: {e}. {INSTALL_HINT}"));
-        assert!(created.success(), "redis-cli --cluster create failed");
+            .unwrap_or_else(|e| panic!("{}", not_started(create.get_program().as_ref(), &e)));
+        assert!(created.success(), "{create:?} failed");
         let cluster = RedisCluster { nodes, _turn: turn };
         assert!(
             eventually(Duration::from_secs(30), || cluster.is_healthy()),

