@@ -28,6 +28,11 @@ pub(super) fn primary(prefix: &str, request: &request::Parts, extra: Option<&str
         .uri
         .path_and_query()
         .map_or("/", |target| target.as_str());
+    of(prefix, method, target, extra)
+}
+
+/// The primary key of a `method` request for `target` (path and query).
+pub(super) fn of(prefix: &str, method: &Method, target: &str, extra: Option<&str>) -> String {
     let mut key = format!("{prefix}{method} {target}");
     if let Some(extra) = extra {
         key.push(SEPARATOR);

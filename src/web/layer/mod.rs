@@ -271,6 +271,33 @@ impl<C: Codec> ResponseCacheLayer<C> {
     }
 }
 
+impl<C> ResponseCacheLayer<C> {
+    /// The cache key of a `GET` (and `HEAD`) of `target`, the path and query as clients send
+    /// them, for the layer's cache to [`invalidate`](crate::Cache::invalidate) after a change:
+    /// the next request runs the handler again. For a layer with a
+    /// [key function](Self::key_fn), `extra` is the part it gives for the requests concerned.
+    ///
+    /// A resource whose responses vary (`Vary`) keeps one entry per value of the named headers
+    /// besides this one, and only this one is named here: give such resources a short TTL, or
+    /// make the key function's part change with the data (a version number).
+    ///
+    /// ```
+    /// use stampede_guard::{web::ResponseCacheLayer, Cache};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let layer = ResponseCacheLayer::new(cache.clone());
+    /// assert_eq!(layer.key("/report/2019-05", None), "http:GET /report/2019-05");
+    /// let _ = cache.invalidate(&layer.key("/report/2019-05", None)).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn key(&self, target: &str, extra: Option<&str>) -> String {
+        key::of(&self.config.prefix, &axum::http::Method::GET, target, extra)
+    }
+}
+
 impl<C> Clone for ResponseCacheLayer<C> {
     fn clone(&self) -> Self {
         ResponseCacheLayer {
