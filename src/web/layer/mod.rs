@@ -81,8 +81,8 @@ type KeyFn = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
 /// the handler instead; the panic goes on to the server (axum logs it and closes the
 /// connection).
 ///
-/// The body of a `GET` or `HEAD` is not read by the layer; the request that computes a
-/// response passes it on as it came.
+/// A `GET`'s body has no meaning (RFC 9110 §9.3.1): the handler that computes a response for
+/// the cache gets an empty one (the request's own goes with it when it passes through).
 ///
 /// ```
 /// use axum::{routing::get, Router};

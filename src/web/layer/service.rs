@@ -67,7 +67,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqBody: Send + 'static,
+    ReqBody: Default + Send + 'static,
     ResBody: HttpBody<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
     C: Codec,
@@ -102,10 +102,10 @@ struct Flow<S, C, ReqBody> {
     request: PhantomData<fn(ReqBody)>,
 }
 
-/// The request, held where the computation can take it: it is moved into the handler only if
-/// this request computes, and otherwise stays here for a pass after the fetch (no clone of its
-/// head on the hit path).
-type Held<B> = Arc<Mutex<Option<Request<B>>>>;
+/// The request's head, shared with the computation: cloned only when the handler runs for the
+/// cache (not on a hit), and never taken from the request, which keeps it for a pass after the
+/// fetch even while a background refresh computes with it.
+type Head = Arc<request::Parts>;
 
 /// What this request's own handler execution answered, when the client gets that rather than
 /// the entry (a response not stored, a response stored under another key, a service error),
@@ -137,7 +137,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqBody: Send + 'static,
+    ReqBody: Default + Send + 'static,
     ResBody: HttpBody<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
     C: Codec,
@@ -152,13 +152,13 @@ where
         let Some((primary, asked)) = self.admit(&parts) else {
             return self.pass(Request::from_parts(parts, body), "pass").await;
         };
-        let held: Held<ReqBody> = Arc::new(Mutex::new(Some(Request::from_parts(parts, body))));
+        let parts: Head = Arc::new(parts);
         let mut key = primary.clone();
         let mut names: Vec<String> = Vec::new();
         // Two hops at most: the primary key, then (if the resource varies) the secondary.
         for _hop in 0..2 {
             let own: Own<S::Error> = Arc::default();
-            let compute = self.computation(&held, &primary, &names, &own, asked.head);
+            let compute = self.computation(&parts, &primary, &names, &own, asked.head);
             let fetched = self.cache.fetch(&key, self.config.ttl, compute).await;
             if let Some((response, word)) = lock(&own).take() {
                 let ran_here = match &fetched {
@@ -184,10 +184,9 @@ where
                     value: Entry::Vary(vary),
                     ..
                 }) if names.is_empty() => {
-                    let secondary = lock(&held)
-                        .as_ref()
-                        .and_then(|r| key::secondary(&primary, &vary, r.headers()));
-                    let Some(secondary) = secondary else { break };
+                    let Some(secondary) = key::secondary(&primary, &vary, &parts.headers) else {
+                        break;
+                    };
                     (key, names) = (secondary, vary);
                 }
                 Ok(_) => break, // a passing key (or a marker where none belongs)
@@ -205,15 +204,9 @@ where
                 }
             }
         }
-        let request = lock(&held).take();
-        match request {
-            Some(request) => self.pass(request, "pass").await,
-            // Taken by a computation whose outcome did not come back here (cannot happen: it
-            // puts its response in `own`); a 503 says so rather than a panic.
-            None => Ok(crate::web::response(&Error::Config(
-                "the response cache lost a request".into(),
-            ))),
-        }
+        // The head is shared only while a background refresh still holds it.
+        let parts = Arc::try_unwrap(parts).unwrap_or_else(|shared| (*shared).clone());
+        self.pass(Request::from_parts(parts, body), "pass").await
     }
 
     /// The primary key and what the request asks, or `None` for a request that passes.
@@ -251,11 +244,11 @@ where
         ))
     }
 
-    /// The computation for one hop: runs the handler on the held request (as a `GET`, without
-    /// its conditional headers), and sorts the response into what is stored.
+    /// The computation for one hop: runs the handler on the request (as a `GET`, without its
+    /// conditional headers and body), and sorts the response into what is stored.
     fn computation(
         &self,
-        held: &Held<ReqBody>,
+        parts: &Head,
         primary: &str,
         names: &[String],
         own: &Own<S::Error>,
@@ -270,7 +263,8 @@ where
             inner: self.inner.clone(),
             cache: self.cache.clone(),
             config: Arc::clone(&self.config),
-            held: Arc::clone(held),
+            parts: Arc::clone(parts),
+            body: PhantomData,
             primary: primary.to_owned(),
             names: names.to_vec(),
             own: Arc::clone(own),
@@ -340,7 +334,8 @@ struct Computing<S, C, B, E> {
     inner: S,
     cache: Cache<C>,
     config: Arc<Config>,
-    held: Held<B>,
+    parts: Head,
+    body: PhantomData<fn() -> B>,
     primary: String,
     /// The `Vary` names this hop's key was built with (none on the primary hop).
     names: Vec<String>,
@@ -353,19 +348,16 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqBody: Send + 'static,
+    ReqBody: Default + Send + 'static,
     ResBody: HttpBody<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
     C: Codec,
 {
     async fn run(self) -> Result<Computed<Entry>, HandlerFailed> {
-        let taken = lock(&self.held).take();
-        let Some(mut request) = taken else {
-            // A background refresh after the request passed on: nothing to run it with.
-            return Err(HandlerFailed(None));
-        };
-        let headers = request.headers().clone();
-        // The entry is GET's whole response, whatever this request's method and conditions.
+        // The entry is GET's whole response, whatever this request's method and conditions. A
+        // GET's body has no meaning (RFC 9110 §9.3.1): the handler computing for the cache gets
+        // none, so that the request keeps its own for a pass.
+        let mut request = Request::from_parts((*self.parts).clone(), ReqBody::default());
         *request.method_mut() = Method::GET;
         for conditional in [
             header::IF_NONE_MATCH,
@@ -399,6 +391,7 @@ where
         }
         let said = Directives::of(&parts.headers);
         let vary = Vary::of(&parts.headers);
+        let headers = &self.parts.headers;
         let authorized = headers.contains_key(header::AUTHORIZATION);
         let storable = self.config.statuses.contains(&parts.status)
             && !said.no_store
@@ -428,7 +421,7 @@ where
                 if self.names.is_empty() {
                     // Learned here: the names under the primary key, this response under its
                     // own values' key, where the requests waiting with the same values read it.
-                    if let Some(secondary) = key::secondary(&self.primary, &vary, &headers) {
+                    if let Some(secondary) = key::secondary(&self.primary, &vary, headers) {
                         store(
                             &self.cache,
                             &secondary,
