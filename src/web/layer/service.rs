@@ -112,6 +112,9 @@ type Head = Arc<request::Parts>;
 /// with the word for the header.
 type Own<E> = Arc<Mutex<Option<(Result<Response<Body>, E>, &'static str)>>>;
 
+/// What the computation of one hop returns: the entry to store, or the handler's failure.
+type ComputeFuture = Pin<Box<dyn Future<Output = Result<Computed<Entry>, HandlerFailed>> + Send>>;
+
 /// A 5xx from the handler: the computation failed (so the fail-safe applies). The response,
 /// when its body was within the limit, goes to the requests of this process that waited.
 #[derive(Debug)]
@@ -253,12 +256,7 @@ where
         names: &[String],
         own: &Own<S::Error>,
         head: bool,
-    ) -> impl FnOnce(
-        Lease,
-    )
-        -> Pin<Box<dyn Future<Output = Result<Computed<Entry>, HandlerFailed>> + Send>>
-           + Send
-           + 'static {
+    ) -> impl FnOnce(Lease) -> ComputeFuture + Send + 'static {
         let computing = Computing {
             inner: self.inner.clone(),
             cache: self.cache.clone(),
