@@ -33,9 +33,10 @@ use tokio::sync::watch;
 /// let leader = tokio::spawn(leader.run(|_ctx| async { Ok::<(), String>(()) }, shutdown.clone()));
 ///
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-/// let server = tokio::spawn(
-///     axum::serve(listener, axum::Router::new()).with_graceful_shutdown(shutdown.clone()),
-/// );
+/// let server = tokio::spawn({
+///     let shutdown = shutdown.clone();
+///     async move { axum::serve(listener, axum::Router::new()).with_graceful_shutdown(shutdown).await }
+/// });
 ///
 /// let _ = stop.send(()); // Ctrl-C
 /// server.await??;
