@@ -5,7 +5,11 @@
 //! queries the database ran.
 //!
 //! The guide's complete service (`docs/service-example.md` walks through it):
-//! - `GET /report/{month}`: `get_or_compute`, the query computed once fleet-wide;
+//! - `GET /report/...` sits behind `web::ResponseCacheLayer` (feature `tower`): the whole JSON
+//!   response is cached, one handler execution per URL fleet-wide, with `x-cache`, `ETag` and
+//!   `304`; below it the month's value is cached by `get_or_compute_with`, which the year's
+//!   batch shares;
+//! - `GET /report/{month}`: `get_or_compute_with`, the query computed once fleet-wide;
 //! - `POST /refresh/{month}`: `get` the cached report, query the database, `set` the new one
 //!   (a computation of that month still running has its write refused: it read older data);
 //! - `POST /orders/{month}`: record an order (commit a row), then `invalidate` the month's
@@ -14,7 +18,8 @@
 //!   `cache` field say which), so a client that retries on an error never inserts twice;
 //! - `GET /summary`: `get` the year's summary, which a `Leader` job writes: of all the instances
 //!   sharing one Redis, only the active one runs it, every `--summary-every-ms`;
-//! - one shutdown signal (Ctrl-C or SIGTERM) stops the HTTP server and the leader together; the
+//! - `GET /health`: the cache's health report, 200 or 503 (`Health: IntoResponse`);
+//! - one shutdown signal (`web::shutdown_signal`, Ctrl-C or SIGTERM) stops the HTTP server and the leader together; the
 //!   leader releases its lock at once, so another instance takes over without waiting for the
 //!   lease to run out.
 //!
@@ -51,6 +56,7 @@ use axum::{Json, Router};
 use sales::{MonthlyReport, SalesDb};
 use serde::{Deserialize, Serialize};
 use stampede_guard::leader::{JobContext, Leader, Role};
+use stampede_guard::web::{self, ResponseCacheLayer};
 use stampede_guard::{Cache, RecoveryOptions};
 use tokio::sync::watch;
 
@@ -70,6 +76,8 @@ struct App {
     role: watch::Receiver<Role>,
     /// How many times this instance ran the leader job.
     summary_runs: Arc<AtomicU64>,
+    /// The response cache in front of `/report/...`, for the keys of its entries.
+    responses: ResponseCacheLayer,
 }
 
 /// The year's totals, written by whichever instance is the leader.
@@ -114,9 +122,8 @@ async fn main() -> Result<(), BoxError> {
             ))
     );
 
-    // One signal for the whole process. Handing `ctrl_c()` to the leader alone would stop the
-    // leader and leave the server serving (and the other way round); both wait on this instead.
-    let shutdown = Shutdown::on_ctrl_c_or_sigterm();
+    // One signal for the whole process: the server and the leader both wait on it.
+    let shutdown = web::shutdown_signal();
 
     // The leader job: only one instance of all those sharing the cache runs it at a time.
     let leader = Leader::new(cache.lock("year-summary")?, args.summary_every);
@@ -134,17 +141,19 @@ async fn main() -> Result<(), BoxError> {
             async move { write_summary(&cache, &db, ctx, every, &runs).await }
         }
     };
-    let leader = tokio::spawn(leader.run(job, shutdown.clone().requested()));
+    let leader = tokio::spawn(leader.run(job, shutdown.clone()));
 
     let app = router(App {
+        responses: ResponseCacheLayer::new(cache.clone()).ttl(TTL),
         cache,
         db,
         role,
         summary_runs,
     });
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown.requested())
+        .with_graceful_shutdown(shutdown.clone())
         .await?;
+    println!("shutdown requested");
     println!("server stopped");
     // The same signal stopped the leader, which released its lock: another instance takes over
     // at once instead of one lease later.
@@ -154,52 +163,22 @@ async fn main() -> Result<(), BoxError> {
 }
 
 fn router(app: App) -> Router {
-    Router::new()
+    // Whole responses cached in front of the reports (the month's value is cached below too,
+    // for the year's batch).
+    let reports = Router::new()
         .route("/report/{month}", get(report))
+        .layer(app.responses.clone());
+    Router::new()
+        .merge(reports)
         .route("/refresh/{month}", post(refresh))
         .route("/orders/{month}", post(add_order))
         .route("/summary", get(summary))
         .route("/stats", get(stats))
+        .route(
+            "/health",
+            get(|State(app): State<App>| async move { app.cache.health().await }),
+        )
         .with_state(app)
-}
-
-/// One shutdown signal, shared: every clone completes [`requested`](Self::requested) once Ctrl-C
-/// or SIGTERM arrives.
-#[derive(Clone)]
-struct Shutdown(watch::Receiver<bool>);
-
-impl Shutdown {
-    fn on_ctrl_c_or_sigterm() -> Self {
-        let (tx, rx) = watch::channel(false);
-        tokio::spawn(async move {
-            signal().await;
-            println!("shutdown requested");
-            let _ = tx.send(true);
-        });
-        Shutdown(rx)
-    }
-
-    /// Completes when shutdown is requested.
-    async fn requested(mut self) {
-        // An error means the sender is gone, which happens only after it sent `true`.
-        let _ = self.0.wait_for(|&stop| stop).await;
-    }
-}
-
-/// Ctrl-C, or SIGTERM (what `kill`, systemd and Kubernetes send) on Unix.
-async fn signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 /// The leader job: the year's totals, computed by one instance and `set` in the cache for all.
@@ -237,11 +216,9 @@ async fn report(State(app): State<App>, Path(month): Path<String>) -> Result<Res
     if !sales::is_month(&month) {
         return Err(AppError::BadMonth(month));
     }
-    let db = app.db.clone();
-    let key = month.clone();
-    let report = app
-        .cache
-        .get_or_compute(&key, TTL, move || async move {
+    // [`#[stampede_guard::cached]` (issue 24, item 2) replaces this call when it lands.]
+    let report = (app.cache)
+        .get_or_compute_with(&month, TTL, &app.db, |month, db| async move {
             db.monthly_report(&month).await // Result<MonthlyReport, sqlx::Error>
         })
         .await?;
@@ -252,31 +229,26 @@ async fn report(State(app): State<App>, Path(month): Path<String>) -> Result<Res
 /// the others one query for all of them. A month without orders is a report of zero orders.
 async fn year(app: App, year: &str) -> Result<Json<Vec<MonthlyReport>>, AppError> {
     let months: Vec<String> = (1..=12).map(|m| format!("{year}-{m:02}")).collect();
-    let db = app.db.clone();
-    let reports = app
-        .cache
-        .get_or_compute_many(&months, TTL, move |missing: Vec<String>| {
-            let db = db.clone();
-            async move {
-                let mut found: std::collections::HashMap<String, MonthlyReport> = db
-                    .monthly_reports(&missing)
-                    .await?
+    let reports = (app.cache)
+        .get_or_compute_many_with(&months, TTL, &app.db, |missing, db| async move {
+            let mut found: std::collections::HashMap<String, MonthlyReport> = db
+                .monthly_reports(&missing)
+                .await?
+                .into_iter()
+                .map(|r| (r.month.clone(), r))
+                .collect();
+            let zero = |month: String| MonthlyReport {
+                month,
+                orders: 0,
+                revenue_cents: 0,
+                regions: Vec::new(),
+            };
+            Ok::<_, sqlx::Error>(
+                missing
                     .into_iter()
-                    .map(|r| (r.month.clone(), r))
-                    .collect();
-                let zero = |month: String| MonthlyReport {
-                    month,
-                    orders: 0,
-                    revenue_cents: 0,
-                    regions: Vec::new(),
-                };
-                Ok::<_, sqlx::Error>(
-                    missing
-                        .into_iter()
-                        .map(|m| (m.clone(), found.remove(&m).unwrap_or_else(|| zero(m))))
-                        .collect::<Vec<_>>(),
-                )
-            }
+                    .map(|m| (m.clone(), found.remove(&m).unwrap_or_else(|| zero(m))))
+                    .collect::<Vec<_>>(),
+            )
         })
         .await;
     // All twelve or the first error (each month has its own result, if a handler wants them).
@@ -297,6 +269,11 @@ async fn refresh(
     // A `get_or_compute` of this month still running read the database before this query: its
     // write is refused (fencing), so it cannot put the older report back over this one.
     let _ = app.cache.set(&month, &after, TTL).await?;
+    // The whole responses that hold the month: computed again, from the new value, on next use.
+    let _ = app
+        .cache
+        .invalidate_many(responses_of(&app, &month))
+        .await?;
     Ok(Json(
         serde_json::json!({ "before": before, "after": after }),
     ))
@@ -318,7 +295,10 @@ async fn add_order(
         return Err(AppError::BadMonth(month));
     }
     let id = app.db.add_order(&month, 1_000).await?;
-    let cache = match app.cache.invalidate(&month).await {
+    // The month's value, and the whole responses that hold it (the month's and the year's).
+    let mut keys = responses_of(&app, &month);
+    keys.push(month.clone());
+    let cache = match app.cache.invalidate_many(&keys).await {
         Ok(written) => written.as_str(),
         Err(e) => {
             eprintln!("order {id} committed; invalidating report {month} failed: {e}");
@@ -334,6 +314,15 @@ async fn add_order(
         .into_response())
 }
 
+/// The response cache's keys for the month's and its year's reports.
+fn responses_of(app: &App, month: &str) -> Vec<String> {
+    let year = &month[..4];
+    [format!("/report/{month}"), format!("/report/{year}")]
+        .iter()
+        .map(|path| app.responses.key(path, None))
+        .collect()
+}
+
 /// `GET /summary`: the year's totals, as the leader job last wrote them.
 async fn summary(State(app): State<App>) -> Result<Json<Summary>, AppError> {
     match app.cache.get::<Summary>(SUMMARY_KEY).await? {
@@ -345,11 +334,7 @@ async fn summary(State(app): State<App>) -> Result<Json<Summary>, AppError> {
 /// `GET /stats`: how many report queries the database ran, in all and per month, what the
 /// cache did (hits, misses, waits, ...), and this instance's part in the leader election.
 async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
-    let role = match *app.role.borrow() {
-        Role::Active { .. } => "active",
-        Role::Standby => "standby",
-        _ => "stopped",
-    };
+    let role: Role = *app.role.borrow();
     Json(serde_json::json!({
         "queries": app.db.queries(),
         "queries_by_month": app.db.queries_by_month(),

@@ -365,6 +365,9 @@ mod guide {
         #[cfg(feature = "axum")]
         ServiceExample = "service-example.md";
         TestingUnderFaults = "testing-under-faults.md";
+        // The response cache's layer.
+        #[cfg(feature = "tower")]
+        Web = "web.md";
     }
 }
 

@@ -3,8 +3,8 @@
 //! requests go through a socket. The database's query count comes from its `/stats` endpoint.
 //! Shutdown is tested as an operator does it: a signal to the process (`kill -INT`, `kill -TERM`).
 //!
-//! Needs the `axum` feature and the example binary built by the same command:
-//! `cargo build --features axum --example axum_report && cargo test --features axum --test axum_report`
+//! Needs the `tower` feature and the example binary built by the same command:
+//! `cargo build --features tower --example axum_report && cargo test --features tower --test axum_report`
 //! (what `.ci/run` does).
 
 mod http_client;
@@ -39,7 +39,7 @@ fn example() -> PathBuf {
     assert!(
         exe.is_file(),
         "the example was not built at {}: run \
-         `cargo build --features axum --example axum_report`, then this test",
+         `cargo build --features tower --example axum_report`, then this test",
         exe.display()
     );
     exe
@@ -188,15 +188,24 @@ async fn fifty_concurrent_requests_for_a_cold_month_run_its_query_once() {
     assert_eq!(report["orders"], 2000);
     assert_eq!(report["regions"].as_array().map(Vec::len), Some(4));
 
+    // The response cache ran the handler for one request; the others waited for its response.
+    let computed: Vec<_> = responses
+        .iter()
+        .filter(|r| r.header("x-cache") == Some("computed"))
+        .collect();
+    assert_eq!(computed.len(), 1, "{responses:?}");
+    assert!(responses.iter().all(|r| r.header("etag").is_some()));
+
     let stats = service.get("/stats").await.json();
     assert_eq!(stats["queries"], 1, "{stats}");
     assert_eq!(stats["queries_by_month"]["2019-05"], 1, "{stats}");
-    // The cache's own counters, serialized (`Stats: Serialize`): one computation, and each of
-    // the 50 requests a hit or a miss.
+    // The cache's own counters, serialized (`Stats: Serialize`): two computations (the whole
+    // response, and below it the month's value), and each of the 50 requests a hit or a miss
+    // of the response, plus the handler's one call for the value.
     let cache = &stats["cache"];
-    assert_eq!(cache["computes"], 1, "{stats}");
+    assert_eq!(cache["computes"], 2, "{stats}");
     let calls = cache["hits"].as_u64().unwrap() + cache["misses"].as_u64().unwrap();
-    assert_eq!(calls, 50, "{stats}");
+    assert_eq!(calls, 51, "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -140,6 +140,35 @@ pub struct Fetched<T> {
     pub source: Source,
 }
 
+impl<T> Fetched<T> {
+    /// The same fetch with its value turned into another, the source kept: `fetched.map(Json)`
+    /// for a handler's response (with the `axum` feature, a `Fetched` response carries its
+    /// source as an `x-cache` header).
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, Computed, Source};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let fetched = Cache::in_memory()
+    ///     .fetch("2019-05", Duration::from_secs(60), |_| async {
+    ///         Ok::<_, std::io::Error>(Computed::new(7u32))
+    ///     })
+    ///     .await?
+    ///     .map(|orders| format!("{orders} orders"));
+    /// assert_eq!((fetched.value.as_str(), fetched.source), ("7 orders", Source::Computed));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Fetched<U> {
+        Fetched {
+            value: f(self.value),
+            source: self.source,
+        }
+    }
+}
+
 /// What a computation passed to [`Cache::fetch`](crate::Cache::fetch) returns: the value, and
 /// optionally its own TTL (the current month's report expires sooner than 2019's).
 ///

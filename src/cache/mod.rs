@@ -27,6 +27,7 @@ pub(crate) mod recovery;
 mod refresh;
 pub(crate) mod serve;
 mod uncached;
+mod with_context;
 
 use std::collections::HashMap;
 use std::future::Future;

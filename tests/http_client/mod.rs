@@ -41,24 +41,56 @@ pub async fn post(addr: &str, path: &str) -> Response {
 }
 
 async fn request(method: &str, addr: &str, path: &str) -> Response {
-    tokio::time::timeout(Duration::from_secs(30), try_request(method, addr, path))
+    send(method, addr, path, &[]).await
+}
+
+/// `method path` on `addr` with extra request headers; as [`get`] otherwise.
+pub async fn send(method: &str, addr: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+    try_send(method, addr, path, headers)
         .await
-        .unwrap_or_else(|_| panic!("{method} {path} on {addr}: no response within 30 s"))
         .unwrap_or_else(|e| panic!("{method} {path} on {addr}: {e}"))
 }
 
-async fn try_request(method: &str, addr: &str, path: &str) -> std::io::Result<Response> {
+/// As [`send`], but a connection closed without a response (a handler that panicked) is an
+/// error, not a panic.
+pub async fn try_send(
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Response> {
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        try_request(method, addr, path, headers),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{method} {path} on {addr}: no response within 30 s"))
+}
+
+async fn try_request(
+    method: &str,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(addr).await?;
+    let extra: String = headers
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
     );
     stream.write_all(request.as_bytes()).await?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await?;
     let raw = String::from_utf8(raw).expect("a UTF-8 response");
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no end of headers in {raw:?}"));
+    let Some((head, body)) = raw.split_once("\r\n\r\n") else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("no end of headers in {raw:?}"),
+        ));
+    };
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
     let status = status_line
@@ -81,7 +113,11 @@ async fn try_request(method: &str, addr: &str, path: &str) -> std::io::Result<Re
         Some("chunked"),
         "unexpected chunked body"
     );
-    if let Some(length) = response.header("content-length") {
+    // A response to HEAD gives the length of the body it leaves out.
+    if let Some(length) = response
+        .header("content-length")
+        .filter(|_| method != "HEAD")
+    {
         assert_eq!(
             length.parse::<usize>().ok(),
             Some(body.len()),

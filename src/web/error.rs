@@ -1,92 +1,5 @@
-//! HTTP responses for the crate's errors, for axum handlers (feature `axum`).
-//!
-//! With the feature on, [`Error`] implements axum's [`IntoResponse`], so a handler can return
-//! `Result<_, stampede_guard::Error>` and let `?` pick the status:
-//!
-//! | error | status | why |
-//! |---|---|---|
-//! | [`Error::Backend`] unreachable, busy, out of memory or other ([`BackendErrorKind`](crate::BackendErrorKind)), [`Error::NoQuorum`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down, unreachable, loading, busy or full: it passes by itself (the connection retries, the load or script ends, keys expire) |
-//! | [`Error::Backend`] refused ([`Error::is_refused`]: `NOPERM`, `WRONGPASS`, `READONLY`...) or a foreign key type (`WRONGTYPE`) | 500 Internal Server Error | a misconfiguration (the ACL user, the URL, the namespace) that retrying cannot fix; the log line says what to change |
-//! | [`Error::RecoveryQueueFull`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down and the auto-recovery queue is full: the write was not made; a retry later succeeds |
-//! | [`Error::WaitTimeout`] | 503 Service Unavailable, `Retry-After: 1` | another caller's computation is taking longer than the wait bound; the value may be there soon |
-//! | [`Error::ComputeTimeout`] | 503 Service Unavailable, `Retry-After: 1` | the computation hit its hard timeout ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and no fail-safe value was kept; the source is slow now |
-//! | [`Error::Compute`] whose source is unavailable ([`Error::is_source_unavailable`]: a [`SourceUnavailable`](crate::SourceUnavailable) or a lost connection in its chain) | 503 Service Unavailable, `Retry-After` (1 s, or the wait the computation suggested) | your database or upstream is down or unreachable: an outage that passes, even for a key never cached |
-//! | any other [`Error::Compute`], [`Error::RecentFailure`] | 500 Internal Server Error | the computation (your query) failed, now or a moment ago |
-//! | [`Error::InvalidKey`] | 400 Bad Request | the key, usually built from the request, is empty or too long |
-//! | [`Error::TooManyKeys`] | 400 Bad Request | a many-key call, usually over a range the request asked for, has more keys than one call takes |
-//! | anything else ([`Error::Encode`], [`Error::ValueTooLarge`], [`Error::Config`], [`Error::NotHeld`], [`Error::MissingFromBatch`]) | 500 Internal Server Error | a bug or a misconfiguration on the server side |
-//!
-//! The body is a short plain-text sentence that reveals nothing of the server: the computation's
-//! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
-//! 500s and `warn` for 503s, with the full error and its sources). Handlers with an error type of
-//! their own get the same whole response (status, `Retry-After`, the log line) from
-//! [`response`]; those that need another mapping or a JSON body can build it from [`status`]
-//! and [`retry_after`].
-//!
-//! A database outage is a 503 only if the computation says so: return (or wrap in a boxed
-//! error) a [`SourceUnavailable`](crate::SourceUnavailable), or let a lost connection's
-//! [`std::io::Error`] reach the cache in a form it can see into (the list is on
-//! [`Error::is_source_unavailable`]). A pool's time-out (sqlx's `PoolTimedOut`) is no I/O
-//! error: wrap it.
-//!
-//! ```
-//! use axum::response::IntoResponse;
-//! use stampede_guard::{Cache, Error, SourceUnavailable};
-//! use std::time::Duration;
-//!
-//! async fn report(cache: Cache, month: String) -> Result<String, Error> {
-//!     let key = month.clone();
-//!     cache
-//!         .get_or_compute(&key, Duration::from_secs(300), move || async move {
-//!             // The pool gave up waiting for a connection: the database is down, not wrong.
-//!             Err(SourceUnavailable::new(format!("no connection for {month}"))
-//!                 .retry_after(Duration::from_secs(5)))
-//!         })
-//!         .await
-//! }
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
-//! assert_eq!(response.status(), 503);
-//! assert_eq!(response.headers()["retry-after"], "5");
-//! # }
-//! ```
-//!
-//! ```
-//! use axum::{extract::Path, response::IntoResponse, routing::get, Router};
-//! use stampede_guard::{Cache, Error};
-//! use std::time::Duration;
-//!
-//! async fn report(
-//!     cache: Cache,
-//!     month: String,
-//! ) -> Result<String, Error> {
-//!     let key = month.clone();
-//!     cache
-//!         .get_or_compute(&key, Duration::from_secs(300), move || async move {
-//!             // The slow query; its error becomes a 500 (logged, not shown to the client).
-//!             // A lost connection (an `io::Error` of kind ConnectionRefused, say) would be a 503.
-//!             Err(std::io::Error::other(format!("no connection to the database for {month}")))
-//!         })
-//!         .await
-//! }
-//!
-//! let cache = Cache::in_memory();
-//! let app: Router = Router::new().route(
-//!     "/report/{month}",
-//!     get(move |Path(month): Path<String>| report(cache.clone(), month)),
-//! );
-//! # let _ = app;
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
-//! assert_eq!(response.status(), 500);
-//! # }
-//! ```
-//!
-//! Guide: [A complete service](https://github.com/stampede-guard/stampede-guard/blob/main/docs/service-example.md).
+//! The crate's errors as HTTP responses: the status of each, `Retry-After`, the plain-text
+//! body that reveals nothing of the server, and the log line that has the rest.
 
 use std::time::Duration;
 
@@ -97,7 +10,7 @@ use crate::stats::LogThrottle;
 use crate::Error;
 
 /// The HTTP status for `error`, as the [`IntoResponse`] implementation uses it (the table in the
-/// [module docs](self)).
+/// [module docs](crate::web)).
 ///
 /// For handlers with an error type of their own that wraps this crate's errors:
 ///
@@ -140,7 +53,7 @@ pub fn status(error: &Error) -> StatusCode {
 }
 
 /// The client's view: what happened, in words that reveal nothing of the server.
-fn public_message(error: &Error) -> String {
+pub(super) fn public_message(error: &Error) -> String {
     match error {
         Error::Backend { kind, .. } if !kind.computes_uncached() => {
             "internal server error".to_owned()
@@ -202,7 +115,7 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// `after` as `Retry-After`'s delta-seconds: whole seconds, rounded up (so a wait is never
 /// shortened), saturating at `u64::MAX` for `Duration::MAX`.
-fn retry_after_header(after: Duration) -> HeaderValue {
+pub(super) fn retry_after_header(after: Duration) -> HeaderValue {
     let secs = after
         .as_secs()
         .saturating_add(u64::from(after.subsec_nanos() > 0));

@@ -1,0 +1,84 @@
+//! The crate's errors as JSON responses: the same status, `Retry-After` and log line as the
+//! plain-text ones, with `{"error": "...", "status": 503}` as the body.
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse, Response};
+
+use super::error::{public_message, response};
+use crate::Error;
+
+/// A handler's error as a JSON response: what [`response`](crate::web::response) gives (the
+/// status, `Retry-After` on a 503, the log line with the whole error), with the body
+/// `{"error": "<the public sentence>", "status": <code>}`. `?` turns the crate's [`Error`] into
+/// one.
+///
+/// ```
+/// use axum::response::IntoResponse;
+/// use stampede_guard::{web::JsonError, Cache, SourceUnavailable};
+/// use std::time::Duration;
+///
+/// async fn report(cache: Cache, month: String) -> Result<String, JsonError> {
+///     let value = cache
+///         .get_or_compute(&month, Duration::from_secs(300), || async {
+///             Err::<String, _>(SourceUnavailable::new("the pool timed out"))
+///         })
+///         .await?;
+///     Ok(value)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()["content-type"], "application/json");
+/// assert_eq!(response.headers()["retry-after"], "1");
+/// let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+/// assert_eq!(
+///     std::str::from_utf8(&body).unwrap(),
+///     r#"{"error":"the data source is unavailable; try again shortly","status":503}"#
+/// );
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct JsonError(pub Error);
+
+impl From<Error> for JsonError {
+    fn from(error: Error) -> Self {
+        JsonError(error)
+    }
+}
+
+impl IntoResponse for JsonError {
+    fn into_response(self) -> Response {
+        json_response(&self.0)
+    }
+}
+
+/// The response of [`JsonError`], for handlers with an error type of their own (as
+/// [`response`](crate::web::response) is for plain text).
+///
+/// ```
+/// use stampede_guard::{web, Error};
+/// use std::time::Duration;
+///
+/// let waited = Error::WaitTimeout { key: "2019-05".into(), waited: Duration::from_secs(30) };
+/// let response = web::json_response(&waited);
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()["content-type"], "application/json");
+/// ```
+pub fn json_response(error: &Error) -> Response {
+    let (mut parts, _text) = response(error).into_parts();
+    let body = serde_json::json!({
+        "error": public_message(error),
+        "status": parts.status.as_u16(),
+    })
+    .to_string();
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    // The plain-text body's length, if one was set, is not this body's.
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(body))
+}
