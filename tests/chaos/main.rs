@@ -592,6 +592,8 @@ fn chaos_run() {
     // wait for the thaw, which only the controller can send): no memory pressure, no restart.
     let mut freeze = Freeze::default();
 
+    let mut fault_log =
+        BufWriter::new(File::create(dir.join("faults.log")).expect("the faults log"));
     for _round in 0..rounds {
         std::thread::sleep(Duration::from_millis(rng.random_range(20..100)));
         let now = Instant::now();
@@ -599,6 +601,7 @@ fn chaos_run() {
         for i in 0..WORKERS {
             if c.slots[i].resume_at.is_some_and(|t| t <= now) {
                 c.resume(i);
+                let _ = writeln!(fault_log, "{} resume {}", now_us(), c.slots[i].instance);
             }
             if c.slots[i].respawn_at.is_some_and(|t| t <= now) {
                 c.slots[i].respawn_at = None;
@@ -607,6 +610,8 @@ fn chaos_run() {
         }
         if let Some((until, cut, side)) = proxy_fault_until {
             if until <= now {
+                let end = if cut { "cut" } else { "late delivery" };
+                let _ = writeln!(fault_log, "{} proxy_fault_ends {side:?} {end}", now_us());
                 if cut {
                     proxies.cut(side);
                 }
@@ -618,9 +623,12 @@ fn chaos_run() {
         if !freeze.frozen() {
             pressure.tick(&server, now);
         }
-        // At most one new fault.
+        // At most one new fault, written to faults.log (when, what, on which worker or side):
+        // evidence kept with the history when a rule is broken.
         let running = c.running();
         let paused = WORKERS - running.len();
+        let counted = c.faults.clone();
+        let mut target = String::new();
         match rng.random_range(0..100) {
             0..4 if running.len() >= 3 => {
                 let i = running[rng.random_range(0..running.len())];
@@ -628,6 +636,7 @@ fn chaos_run() {
                 signal(w.pid(), "KILL");
                 let _ = w.child.wait();
                 let instance = c.slots[i].instance.clone();
+                target = instance.clone();
                 c.endings.push(Ending {
                     instance,
                     killed: true,
@@ -646,6 +655,7 @@ fn chaos_run() {
                 slot.paused_since = Some((now_us(), now));
                 let factor = rng.random_range(1.25..3.0);
                 slot.resume_at = Some(now + LEASE.mul_f64(factor));
+                target = format!("{} for {:?}", slot.instance, LEASE.mul_f64(factor));
                 *c.faults.entry("stop").or_default() += 1;
             }
             9 if !freeze.frozen() => {
@@ -667,6 +677,7 @@ fn chaos_run() {
             10..14 => {
                 let side = Proxies::draw(&mut rng);
                 one_side += u64::from(!matches!(side, Side::Both));
+                target = format!("{side:?}");
                 proxies.cut(side);
                 *c.faults.entry("cut").or_default() += 1;
             }
@@ -674,6 +685,7 @@ fn chaos_run() {
                 let delay = Duration::from_millis(rng.random_range(20..150));
                 let side = Proxies::draw(&mut rng);
                 one_side += u64::from(!matches!(side, Side::Both));
+                target = format!("{side:?}");
                 proxies.set_mode(side, Mode::Delay(delay));
                 let span = Duration::from_millis(rng.random_range(300..1500));
                 proxy_fault_until = Some((now + span, false, side));
@@ -682,6 +694,7 @@ fn chaos_run() {
             17..20 if proxy_fault_until.is_none() => {
                 let side = Proxies::draw(&mut rng);
                 one_side += u64::from(!matches!(side, Side::Both));
+                target = format!("{side:?}");
                 proxies.set_mode(side, Mode::Blackhole);
                 let span = Duration::from_millis(rng.random_range(300..2500));
                 // Half end in a cut (held bytes dropped), half deliver them late.
@@ -755,7 +768,11 @@ fn chaos_run() {
             }
             _ => {}
         }
+        if let Some((kind, _)) = c.faults.iter().find(|(k, n)| counted.get(*k) != Some(*n)) {
+            let _ = writeln!(fault_log, "{} {kind} {target}", now_us());
+        }
     }
+    let _ = fault_log.flush();
 
     // Wind down: faults end, dead slots stay dead, everyone else is asked to stop.
     freeze.thaw(&server);
