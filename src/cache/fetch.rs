@@ -296,10 +296,13 @@ impl<C: Codec> Cache<C> {
     }
 }
 
-/// What an in-process follower reports: the leader's computation is, for it, a wait.
+/// What an in-process follower reports: the leader's computation or read is, for it, a wait.
 fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
+    // A follower read nothing itself: the leader's hit was read when the leader asked, which
+    // may be before this call began (a flight can last a computation, or a process pause).
+    // What the value is (stale, a fallback, uncached, held) still shows.
     let source = match fetched.source {
-        Source::Computed => Source::Waited,
+        Source::Computed | Source::Hit => Source::Waited,
         other => other,
     };
     Fetched { source, ..fetched }

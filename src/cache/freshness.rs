@@ -96,7 +96,7 @@ pub(crate) fn unit_draw() -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Source {
-    /// Read fresh from the cache.
+    /// Read fresh from the cache by this call (from Redis, the embedded store or the near tier).
     Hit,
     /// Read from the cache past its freshness, inside the stale window
     /// ([`CallOptions::stale_for`](crate::CallOptions::stale_for)); a refresh runs in the
@@ -104,7 +104,9 @@ pub enum Source {
     Stale,
     /// Computed by this call.
     Computed,
-    /// Computed by another caller while this one waited.
+    /// Computed by another caller while this one waited, or got by another call of this process
+    /// that this one joined (the in-process single flight): this call neither read the cache
+    /// nor computed, and the value may have been read before it began.
     Waited,
     /// Computed without the cache because the backend was down
     /// ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)).

@@ -18,9 +18,12 @@
 //!   never older than a change of its key (a `set`, an `invalidate`, an accepted computed
 //!   write, or another program's raw `SET`, `DEL`, `UNLINK`, `PEXPIRE` or `FLUSHDB`) that the
 //!   server ran more than that worker's `max_staleness` before the call began.
-//!   Every value such a worker gets counts as possibly served from its near tier (the public
-//!   API does not say which call a near hit answered; a value read from Redis is never older
-//!   than what the server ran before the call, so it always passes). Every instance announces
+//!   Every value such a worker gets as `Source::Hit` counts as possibly served from its near
+//!   tier (a near copy is served as a hit, and the API does not say which hits were near ones;
+//!   a value this call read from Redis is never older than what the server ran before the call,
+//!   so it always passes). A value got by following another call of the process (`Waited`) is
+//!   not judged: its leader read it, possibly before this call began (two 10,000-round runs each
+//!   found one such follower, of a flight that spanned a stopped process, before this was so). Every instance announces
 //!   its changes, and the near tiers track their keys (`CLIENT TRACKING`), so every change
 //!   counts, whoever made it: a fill after Redis evicted the value too (no excuse since
 //!   tracking). A value served from a held copy is judged by rule (g) instead;
@@ -571,13 +574,13 @@ fn missed_change(call: &Call, v: &str, newer: &Change, bound: &str) -> String {
     )
 }
 
-/// Rule (f): each value returned to a near-tier worker, against the changes of its key that the
-/// server ran after writing it; one finding per call at most. A value served from a held copy
+/// Rule (f): each value a near-tier worker was served as a hit, against the changes of its key
+/// that the server ran after writing it; one finding per call at most. A value served from a held copy
 /// (rule (g)) is not judged here: only it gets the relaxed bound.
 fn near_reads_within_max_staleness(h: &History) -> Vec<Violation> {
     let changes = Changes::of(h);
     let mut found = Vec::new();
-    for call in h.calls.iter().filter(|c| !c.held) {
+    for call in h.calls.iter().filter(|c| c.hit) {
         let Some(&bound) = h.near_instances.get(&call.instance) else {
             continue;
         };
@@ -676,6 +679,7 @@ fn good_history() -> History {
         end_us: Some(end_us),
         outcome,
         held: false,
+        hit: true,
     };
     let section = |instance: &str, token, asked_us, start_us, end_us| Section {
         instance: instance.into(),
@@ -991,6 +995,7 @@ fn checker_holds_near_reads_to_max_staleness() {
             end_us: Some(start_us + 100),
             outcome: Outcome::Value(value("k0", 10, "a")),
             held: false,
+            hit: true,
         });
         h
     };
@@ -1003,6 +1008,12 @@ fn checker_holds_near_reads_to_max_staleness() {
     assert_eq!(rules(&found), HashSet::from(['f']));
     // Also older than the next write: still one violation for the call.
     assert_eq!(check(&read_at(70_000)).len(), 1);
+    // The same value got by following this process's flight (`Waited`): its leader read it,
+    // maybe before this call began (a computation, a paused process); no near copy is served
+    // that way, so rule (f) does not judge it.
+    let mut h = read_at(70_000);
+    h.calls[3].hit = false;
+    assert_eq!(check(&h), vec![]);
     // The same value returned to a, which runs no near tier, came from Redis: not judged.
     let mut h = read_at(50_000);
     h.calls[3].instance = "a".into();
@@ -1045,6 +1056,7 @@ fn checker_holds_held_reads_to_the_relaxed_bound() {
             end_us: Some(start_us + 100),
             outcome: Outcome::Value(value("k0", 10, "a")),
             held: true,
+            hit: false,
         });
         h
     };
@@ -1059,6 +1071,7 @@ fn checker_holds_held_reads_to_the_relaxed_bound() {
     // Only held reads get the relaxed bound: the same read not held is rule (f)'s, and stale.
     let mut h = held_read_at(50_000);
     h.calls[3].held = false;
+    h.calls[3].hit = true;
     assert_eq!(rules(&check(&h)), HashSet::from(['f']));
     // The bound is the instance's own: with a 5 ms bound (15 ms in all), 16 ms is too late.
     let mut h = held_read_at(51_000);

@@ -34,6 +34,10 @@ pub struct Call {
     /// The value was served from a copy the near tier held while the backend was unreachable
     /// (`Source::Held`): judged by rule (g), with the relaxed bound, instead of rule (f).
     pub held: bool,
+    /// The value was served as `Source::Hit`: read by this call itself, from Redis or its near
+    /// tier. A near copy is only ever served as a hit (or as held), so rule (f) judges these;
+    /// a follower of this process's flight gets `Waited`, read when its leader asked.
+    pub hit: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

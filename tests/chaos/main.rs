@@ -1039,6 +1039,7 @@ fn read_worker_log(
                         end_us: None,
                         outcome: Outcome::Pending,
                         held: false,
+                        hit: false,
                     },
                 );
             }
@@ -1052,6 +1053,7 @@ fn read_worker_log(
                 };
                 // A value's source follows it: `held` is judged by rule (g).
                 call.held = f[6] == "ok" && f.get(8) == Some(&"held");
+                call.hit = f[6] == "ok" && f.get(8) == Some(&"hit");
             }
             "compute" => h.computes.push(Compute {
                 instance: instance.to_string(),
