@@ -216,7 +216,9 @@ async fn report(State(app): State<App>, Path(month): Path<String>) -> Result<Res
     if !sales::is_month(&month) {
         return Err(AppError::BadMonth(month));
     }
-    // [`#[stampede_guard::cached]` (issue 24, item 2) replaces this call when it lands.]
+    // Not `#[stampede_guard::cached]`: requests that wait for another's query would get that
+    // query's error as a message, so a database outage (a 503 here) would reach them as a 500.
+    // The attribute suits functions whose callers need the error's text, not its kind.
     let report = (app.cache)
         .get_or_compute_with(&month, TTL, &app.db, |month, db| async move {
             db.monthly_report(&month).await // Result<MonthlyReport, sqlx::Error>
