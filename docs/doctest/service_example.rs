@@ -103,15 +103,6 @@ mod service {
         Ok(())
     }
 
-    pub async fn signal() {}
-
-    #[derive(Clone)]
-    pub struct Shutdown;
-
-    impl Shutdown {
-        pub async fn requested(self) {}
-    }
-
     pub struct Args {
         pub summary_every: Duration,
     }
