@@ -241,16 +241,17 @@ impl Feed {
         }
     }
 
-    /// One connection's life (one per master on a cluster): connect, subscribe, heartbeat until
-    /// a command fails or the cluster's masters change.
-    async fn serve(
+    /// Connects to every server (each master of a cluster), asks each for tracking and
+    /// subscribes each to what it must hear; with the tracking state of the whole set (refused
+    /// if any server refused it).
+    async fn connect(
         &self,
+        servers: &[redis::Client],
         number: u64,
         base: Instant,
         sink: &Weak<dyn FeedSink>,
         warned: &mut Warned,
-    ) -> redis::RedisResult<()> {
-        let (servers, masters) = self.servers().await?;
+    ) -> redis::RedisResult<(Vec<redis::aio::MultiplexedConnection>, TrackingState)> {
         let proofs = Arc::new(Proofs::new(servers.len()));
         let mut conns = Vec::with_capacity(servers.len());
         let mut state = match self.tracked {
@@ -287,6 +288,20 @@ impl Feed {
             }
             conns.push(conn);
         }
+        Ok((conns, state))
+    }
+
+    /// One connection's life (one per master on a cluster): connect, subscribe, heartbeat until
+    /// a command fails or the cluster's masters change.
+    async fn serve(
+        &self,
+        number: u64,
+        base: Instant,
+        sink: &Weak<dyn FeedSink>,
+        warned: &mut Warned,
+    ) -> redis::RedisResult<()> {
+        let (servers, masters) = self.servers().await?;
+        let (mut conns, state) = self.connect(&servers, number, base, sink, warned).await?;
         // Every master must agree on the set we listen to (the seed's view may have been stale).
         if !self.agree(masters.as_deref(), &mut conns).await? {
             return Ok(());

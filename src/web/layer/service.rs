@@ -352,20 +352,7 @@ where
     C: Codec,
 {
     async fn run(self) -> Result<Computed<Entry>, HandlerFailed> {
-        // The entry is GET's whole response, whatever this request's method and conditions. A
-        // GET's body has no meaning (RFC 9110 §9.3.1): the handler computing for the cache gets
-        // none, so that the request keeps its own for a pass.
-        let mut request = Request::from_parts((*self.parts).clone(), ReqBody::default());
-        *request.method_mut() = Method::GET;
-        for conditional in [
-            header::IF_NONE_MATCH,
-            header::IF_MODIFIED_SINCE,
-            header::IF_MATCH,
-            header::IF_UNMODIFIED_SINCE,
-        ] {
-            request.headers_mut().remove(conditional);
-        }
-        let response = match self.inner.clone().oneshot(request).await {
+        let response = match self.inner.clone().oneshot(self.request()).await {
             Ok(response) => response,
             Err(e) => {
                 self.keep(Err(e), "pass");
@@ -390,16 +377,7 @@ where
         let said = Directives::of(&parts.headers);
         let vary = Vary::of(&parts.headers);
         let headers = &self.parts.headers;
-        let authorized = headers.contains_key(header::AUTHORIZATION);
-        let storable = self.config.statuses.contains(&parts.status)
-            && !said.no_store
-            && !said.private
-            && !said.no_cache
-            && said.shared_max_age() != Some(0)
-            && vary != Vary::Never
-            && !parts.headers.contains_key(header::SET_COOKIE)
-            && (!authorized || said.public || said.s_maxage.is_some() || said.must_revalidate);
-        if !storable {
+        if !self.storable(&parts, &said, &vary) {
             self.keep(Ok(Response::from_parts(parts, Body::new(body))), "pass");
             return Ok(self.passing());
         }
@@ -442,6 +420,43 @@ where
             // values included), or the names this key was built with.
             _ => Ok(Computed::new(Entry::Response(stored)).ttl(ttl)),
         }
+    }
+
+    /// The request the handler answers for the cache: GET's whole response, whatever this
+    /// request's method and conditions. A GET's body has no meaning (RFC 9110 §9.3.1): the
+    /// handler computing for the cache gets none, so that the request keeps its own for a pass.
+    fn request(&self) -> Request<ReqBody> {
+        let mut request = Request::from_parts((*self.parts).clone(), ReqBody::default());
+        *request.method_mut() = Method::GET;
+        for conditional in [
+            header::IF_NONE_MATCH,
+            header::IF_MODIFIED_SINCE,
+            header::IF_MATCH,
+            header::IF_UNMODIFIED_SINCE,
+        ] {
+            request.headers_mut().remove(conditional);
+        }
+        request
+    }
+
+    /// Whether a shared cache may store this response (RFC 9111 §3): a configured status, no
+    /// `no-store`, `private` or `no-cache`, a lifetime above zero, a `Vary` it can key on, no
+    /// `Set-Cookie`, and for a request with `Authorization` an explicit permission (§3.5).
+    fn storable(
+        &self,
+        parts: &axum::http::response::Parts,
+        said: &Directives,
+        vary: &Vary,
+    ) -> bool {
+        let authorized = self.parts.headers.contains_key(header::AUTHORIZATION);
+        self.config.statuses.contains(&parts.status)
+            && !said.no_store
+            && !said.private
+            && !said.no_cache
+            && said.shared_max_age() != Some(0)
+            && *vary != Vary::Never
+            && !parts.headers.contains_key(header::SET_COOKIE)
+            && (!authorized || said.public || said.s_maxage.is_some() || said.must_revalidate)
     }
 
     /// The entry of a key whose response was not stored.
