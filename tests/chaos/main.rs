@@ -933,9 +933,15 @@ fn chaos_run() {
         .filter(|c| h.near_instances.contains_key(&c.instance))
         .filter(|c| matches!(c.outcome, Outcome::Value(_)))
         .count();
+    let judged = h
+        .calls
+        .iter()
+        .filter(|c| h.near_instances.contains_key(&c.instance) && c.hit)
+        .count();
     println!(
         "chaos: near tier ({} of {} worker processes, max_staleness {NEAR_STALENESS:?}): {near_calls} \
-         values returned to them, judged by rule (f) (the held ones by (g)); near hits {}, misses {}, announcements \
+         values returned to them, {judged} served as hits and judged by rule (f) (the held ones by \
+         (g)); near hits {}, misses {}, announcements \
          and tracking reports received {}, switched off {}, tracking refused in {} (workers that \
          ended cleanly); {} changes of values by all instances and the outside writer; {} value \
          keys evicted",
