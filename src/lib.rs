@@ -229,7 +229,7 @@ pub use wire::key::MAX_KEY_BYTES;
 /// | argument | | what it is |
 /// |---|---|---|
 /// | `cache = EXPR` | required | the [`Cache`]: `&(EXPR)` must be a `&Cache`, e.g. a field (`self.cache`), a `static` (`LazyLock<Cache>`), a function call |
-/// | `key = "template"` | required | the key, in `format!` syntax whose placeholders name the function's arguments (`"report:{month}"`, `"sales:{shop}:{day:02}"`); each named argument must be `Display`. A placeholder that names no argument, or no name (`{}`), is a compile error |
+/// | `key = "template"` | required | the key, in `format!` syntax whose placeholders name the function's arguments (`"report:{month}"`, `"sales:{shop}:{day:02}"`); each named argument must be `Display`. A placeholder that names no argument, or no name (`{}`), is a compile error. Values are written as they are: if two arguments may hold the separator between them, two calls can share a key (`"{a}:{b}"` for `("x:y", "z")` and `("x", "y:z")`); with arguments from requests, use a separator they cannot hold, or validate them |
 /// | `ttl_secs = 300` or `ttl = EXPR` | one of them | how long a value stays fresh: seconds as a literal, or any `Duration` expression |
 /// | `options = EXPR` | optional | the [`CallOptions`] of this function's calls (stale window, fail-safe, wait time-out...); without it, the cache's own |
 ///

@@ -49,6 +49,7 @@ fn router(runs: Runs) -> Router {
         .route("/panics-once", get(panics_once))
         .route("/short", get(short))
         .route("/fails-after-first", get(fails_after_first))
+        .route("/sets-cookie", get(sets_cookie))
         .with_state(runs)
 }
 
@@ -108,6 +109,15 @@ async fn fails_after_first(State(runs): State<Runs>) -> axum::response::Response
         return ([(header::CACHE_CONTROL, "max-age=1")], "good").into_response();
     }
     (StatusCode::INTERNAL_SERVER_ERROR, "database down").into_response()
+}
+
+/// Starts a session: a response for this client only.
+async fn sets_cookie(State(runs): State<Runs>) -> impl IntoResponse {
+    let n = runs.count("/sets-cookie");
+    (
+        [(header::SET_COOKIE, format!("session={n}"))],
+        format!("hello {n}"),
+    )
 }
 
 /// Serves `router(runs)` behind the layer on a free loopback port; returns `127.0.0.1:PORT`.
@@ -236,11 +246,19 @@ async fn no_store_either_way_runs_the_handler_every_time() {
         assert_eq!(response.header("x-cache"), Some("pass"));
         assert_eq!(response.header("cache-control"), Some("no-store"));
     }
-    // The request's own no-store (or no-cache) skips a stored response.
+    // By default the request's own directives are ignored: a client cannot skip the single
+    // flight. With `request_cache_control(true)`, its no-store (or no-cache) skips a stored
+    // response.
     assert_eq!(
         http_client::get(&addr, "/slow/2").await.header("x-cache"),
         Some("computed")
     );
+    let ignored =
+        http_client::send("GET", &addr, "/slow/2", &[("Cache-Control", "no-cache")]).await;
+    assert_eq!(ignored.header("x-cache"), Some("hit"));
+    let honouring = ResponseCacheLayer::new(cache(&redis, CallOptions::default()).await)
+        .request_cache_control(true);
+    let addr = serve(honouring, &runs).await;
     for directive in ["no-store", "no-cache"] {
         let response =
             http_client::send("GET", &addr, "/slow/2", &[("Cache-Control", directive)]).await;
@@ -250,6 +268,7 @@ async fn no_store_either_way_runs_the_handler_every_time() {
         );
     }
     assert_eq!(runs.of("/slow/2"), 3);
+    // Without a directive it reads the stored response.
     assert_eq!(
         http_client::get(&addr, "/slow/2").await.header("x-cache"),
         Some("hit")
@@ -383,4 +402,88 @@ async fn a_server_error_without_a_kept_response_is_passed_on_and_not_stored() {
         assert_eq!(response.header("x-cache"), Some("pass"));
         assert_eq!(runs.of("/fails-after-first"), n);
     }
+}
+
+/// A request with a cookie or credentials may get that user's own page: it passes (looked up
+/// nowhere, stored nowhere), unless the layer's key names the user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_name_a_user_pass_unless_the_key_names_the_user() {
+    let redis = RedisServer::start();
+    let runs = Runs::default();
+    let addr = instance(&redis, &runs, CallOptions::default()).await;
+    for credentials in [
+        ("Cookie", "session=alice"),
+        ("Authorization", "Bearer alice"),
+    ] {
+        for _ in 0..2 {
+            let response = http_client::send("GET", &addr, "/slow/9", &[credentials]).await;
+            assert_eq!(response.header("x-cache"), Some("pass"), "{credentials:?}");
+        }
+    }
+    assert_eq!(runs.of("/slow/9"), 4);
+    // An anonymous request is cached as before, and a cookie still does not read that entry.
+    assert_eq!(
+        http_client::get(&addr, "/slow/9").await.header("x-cache"),
+        Some("computed")
+    );
+    let with_cookie =
+        http_client::send("GET", &addr, "/slow/9", &[("Cookie", "session=bob")]).await;
+    assert_eq!(with_cookie.header("x-cache"), Some("pass"));
+    assert_eq!(runs.of("/slow/9"), 6);
+
+    // With a key that names the user, their requests are cached per user.
+    let per_user = ResponseCacheLayer::new(cache(&redis, CallOptions::default()).await)
+        .key_fn(|request| Some(request.headers.get("x-user")?.to_str().ok()?.to_owned()))
+        .cache_credentialed(true);
+    let addr = serve(per_user, &runs).await;
+    let alice = [("Cookie", "session=alice"), ("x-user", "alice")];
+    let first = http_client::send("GET", &addr, "/slow/10", &alice).await;
+    let second = http_client::send("GET", &addr, "/slow/10", &alice).await;
+    assert_eq!(
+        (first.header("x-cache"), second.header("x-cache")),
+        (Some("computed"), Some("hit"))
+    );
+    let bob = [("Cookie", "session=bob"), ("x-user", "bob")];
+    let bobs = http_client::send("GET", &addr, "/slow/10", &bob).await;
+    assert_eq!(bobs.header("x-cache"), Some("computed"));
+    assert_eq!(runs.of("/slow/10"), 2);
+}
+
+/// A response that sets a cookie belongs to the client that asked: never served to another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_that_sets_a_cookie_is_not_served_to_another_request() {
+    let redis = RedisServer::start();
+    let runs = Runs::default();
+    let addr = instance(&redis, &runs, CallOptions::default()).await;
+    for n in 1..=2 {
+        let response = http_client::get(&addr, "/sets-cookie").await;
+        assert_eq!(response.body, format!("hello {n}"));
+        assert_eq!(
+            response.header("set-cookie"),
+            Some(format!("session={n}").as_str())
+        );
+        assert_eq!(response.header("x-cache"), Some("pass"));
+    }
+}
+
+/// The cache's backend down is no outage of the API: the handler answers, uncached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_the_handler_answers_uncached() {
+    let mut redis = RedisServer::start();
+    let runs = Runs::default();
+    let addr = instance(&redis, &runs, CallOptions::default()).await;
+    assert_eq!(
+        http_client::get(&addr, "/slow/11").await.header("x-cache"),
+        Some("computed")
+    );
+    redis.kill();
+    for _ in 0..2 {
+        let response = http_client::get(&addr, "/slow/11").await;
+        assert_eq!(
+            (response.status, response.body.as_str()),
+            (200, "report 11")
+        );
+        assert_eq!(response.header("x-cache"), Some("uncached"));
+    }
+    assert_eq!(runs.of("/slow/11"), 3);
 }

@@ -24,6 +24,7 @@ use crate::Health;
 /// let response = Cache::in_memory().health().await.into_response();
 /// assert_eq!(response.status(), 200);
 /// assert_eq!(response.headers()["content-type"], "application/json");
+/// assert_eq!(response.headers()["cache-control"], "no-store");
 /// # }
 /// ```
 impl IntoResponse for Health {
@@ -33,18 +34,23 @@ impl IntoResponse for Health {
         } else {
             StatusCode::SERVICE_UNAVAILABLE
         };
+        // Never stored by a cache in front (the response cache, a CDN): a probe wants now.
+        let no_store = (header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         match serde_json::to_string(&self) {
             Ok(json) => (
                 status,
-                [(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                )],
+                [
+                    (
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    ),
+                    no_store,
+                ],
                 Body::from(json),
             )
                 .into_response(),
             // The report is plain fields: this does not happen, and the status still says it.
-            Err(_) => status.into_response(),
+            Err(_) => (status, [no_store]).into_response(),
         }
     }
 }

@@ -42,8 +42,9 @@ type KeyFn = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
 ///   default), its body is at most [`max_body_bytes`](Self::max_body_bytes) (a larger one is
 ///   streamed to the client, never held whole), it has no `Set-Cookie`, and its `Cache-Control`
 ///   has none of `no-store`, `private`, `no-cache` (each with or without a field list), nor a
-///   `max-age`/`s-maxage` of 0. To a request with `Authorization`, only a response that says
-///   `public`, `s-maxage` or `must-revalidate` is stored (RFC 9111 §3.5).
+///   `max-age`/`s-maxage` of 0. To a request with `Authorization` (which passes unless
+///   [`cache_credentialed`](Self::cache_credentialed)), only a response that says `public`,
+///   `s-maxage` or `must-revalidate` is stored (RFC 9111 §3.5).
 /// - It is kept for its `s-maxage`, else its `max-age`, else the layer's [`ttl`](Self::ttl).
 /// - A response that is not stored marks its key as passing for
 ///   [`pass_ttl`](Self::pass_ttl): requests for it go straight to the handler, concurrently,
@@ -51,22 +52,29 @@ type KeyFn = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
 /// - A 5xx response is a failed computation: with the fail-safe on
 ///   ([`CallOptions::fail_safe_for`](crate::CallOptions::fail_safe_for)) the last good
 ///   response is served instead (`x-cache: fallback`); without one, the requests waiting in
-///   this process get the same 5xx, and nothing is stored.
+///   this process get the same 5xx (unless it is `private`, `no-store` or sets a cookie: then
+///   each runs the handler itself), and nothing is stored.
 ///
-/// # The request's `Cache-Control`
-/// `no-store`, `no-cache` or `max-age=0` skip the cache (the handler answers, nothing is
-/// stored); `max-age=N` skips a stored response older than N seconds. Any client can thus
-/// make a request run the handler: [`request_cache_control(false)`](Self::request_cache_control)
-/// ignores these directives (as CDNs commonly do).
+/// # Requests that name a user, and the request's `Cache-Control`
+/// A request with `Authorization` or `Cookie` passes (the handler answers it, nothing is looked
+/// up or stored): its response may be that user's own, and a key that does not name the user
+/// would serve it to everyone. [`cache_credentialed(true)`](Self::cache_credentialed) caches them
+/// when the [key function](Self::key_fn) names the user (or the responses are the same for all).
+///
+/// The request's `Cache-Control` is ignored by default (as CDNs commonly do): honoured, any
+/// client could skip the fleet's single flight with `no-cache`.
+/// [`request_cache_control(true)`](Self::request_cache_control) honours it: `no-store`,
+/// `no-cache` or `max-age=0` skip the cache (the handler answers, nothing is stored), and
+/// `max-age=N` skips a stored response older than N seconds.
 ///
 /// # What a response says
 /// The [header](Self::header_name) (`x-cache` by default) is `hit`, `stale` (served while a
 /// refresh runs in the background, [`stale_for`](crate::CallOptions::stale_for)), `fallback`
 /// (the fail-safe's kept response), `held` (the near tier's copy while the backend is down),
 /// `computed` (this request ran the handler), `waited` (another request ran it while this one
-/// waited), `uncached` (the backend is down and
-/// [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached) is set), or
-/// `pass` (the handler answered and the response was not stored). A stored response carries an
+/// waited), `uncached` (the cache's backend failed: the handler answered, nothing was stored),
+/// `pass` (the handler answered and the response was not stored), or `error` (the wait for
+/// another request's handler timed out). A stored response carries an
 /// `ETag` (its own, or one made from its body) and, when read from the cache, `Age`; a request
 /// whose `If-None-Match` names it gets `304 Not Modified`. Conditional request headers are
 /// removed from the request that computes a stored response, so the handler always produces
@@ -75,7 +83,8 @@ type KeyFn = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
 /// # Options, failures, panics
 /// The cache handle's [`CallOptions`](crate::CallOptions) apply (the stale window, the
 /// fail-safe, the wait bound...), except `negative_ttl`: a remembered failure has no response to
-/// replay. An error of the cache itself (Redis down, a wait timed out) is the response of
+/// replay. When the cache's backend fails (Redis down or refusing), the handler answers without
+/// the cache (`x-cache: uncached`), once per request; a wait that timed out is the response of
 /// [`web::response`](crate::web::response) (503 with `Retry-After`). A handler that panics
 /// frees the key's lock as any computation does: a waiting request, here or elsewhere, runs
 /// the handler instead; the panic goes on to the server (axum logs it and closes the
@@ -122,6 +131,9 @@ pub(crate) struct Config {
     prefix: String,
     key_fn: Option<KeyFn>,
     request_cache_control: bool,
+    /// Whether requests with `Authorization` or `Cookie` go through the cache (the key function
+    /// names the user); by default they pass.
+    credentialed: bool,
 }
 
 impl<C: Codec> ResponseCacheLayer<C> {
@@ -146,7 +158,8 @@ impl<C: Codec> ResponseCacheLayer<C> {
                 header: HeaderName::from_static(super::SOURCE_HEADER),
                 prefix: "http:".to_owned(),
                 key_fn: None,
-                request_cache_control: true,
+                request_cache_control: false,
+                credentialed: false,
             }),
         }
     }
@@ -259,15 +272,30 @@ impl<C: Codec> ResponseCacheLayer<C> {
     }
 
     /// Whether the request's `Cache-Control` (`no-store`, `no-cache`, `max-age`) is honoured
-    /// (yes by default). `false` answers every request from the cache when it can.
+    /// (no by default: any client could otherwise skip the single flight).
     ///
     /// ```
     /// # let cache = stampede_guard::Cache::in_memory();
-    /// let layer = stampede_guard::web::ResponseCacheLayer::new(cache).request_cache_control(false);
+    /// let layer = stampede_guard::web::ResponseCacheLayer::new(cache).request_cache_control(true);
     /// # let _ = layer;
     /// ```
     pub fn request_cache_control(self, honour: bool) -> Self {
         self.with(|c| c.request_cache_control = honour)
+    }
+
+    /// Whether requests with `Authorization` or `Cookie` go through the cache (no by default:
+    /// they pass). Turn it on only with a [key function](Self::key_fn) that names the user, or
+    /// for responses that are the same for every user.
+    ///
+    /// ```
+    /// # let cache = stampede_guard::Cache::in_memory();
+    /// let layer = stampede_guard::web::ResponseCacheLayer::new(cache)
+    ///     .key_fn(|request| Some(request.headers.get("x-user")?.to_str().ok()?.to_owned()))
+    ///     .cache_credentialed(true);
+    /// # let _ = layer;
+    /// ```
+    pub fn cache_credentialed(self, cache: bool) -> Self {
+        self.with(|c| c.credentialed = cache)
     }
 }
 
@@ -327,6 +355,7 @@ impl std::fmt::Debug for Config {
             .field("prefix", &self.prefix)
             .field("key_fn", &self.key_fn.is_some())
             .field("request_cache_control", &self.request_cache_control)
+            .field("credentialed", &self.credentialed)
             .finish()
     }
 }

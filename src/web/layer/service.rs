@@ -199,6 +199,15 @@ where
                         let response = stored.clone().into_response(asked.head);
                         return Ok(self.label(response, "waited", asked.head));
                     }
+                    if error.is_backend() {
+                        // The cache is down, not the handler: answer without the cache, as
+                        // `OnBackendError::ComputeUncached` would (one run per request).
+                        let parts =
+                            Arc::try_unwrap(parts).unwrap_or_else(|shared| (*shared).clone());
+                        return self
+                            .pass(Request::from_parts(parts, body), "uncached")
+                            .await;
+                    }
                     if !passes(&error) {
                         let response = crate::web::response(&error);
                         return Ok(self.label(response, "error", asked.head));
@@ -215,6 +224,14 @@ where
     /// The primary key and what the request asks, or `None` for a request that passes.
     fn admit(&self, parts: &request::Parts) -> Option<(String, Asked)> {
         if parts.headers.contains_key(header::RANGE) {
+            return None;
+        }
+        // A request that says who asks (a session cookie, credentials) is answered for that
+        // user: looked up or stored under a key that does not name the user, it would be served
+        // to everyone (Varnish passes such requests too). Unless the key function names the user.
+        let credentialed = parts.headers.contains_key(header::AUTHORIZATION)
+            || parts.headers.contains_key(header::COOKIE);
+        if credentialed && !self.config.credentialed {
             return None;
         }
         let mut max_age = None;
@@ -361,11 +378,16 @@ where
         };
         let (parts, body) = response.into_parts();
         if parts.status.is_server_error() {
+            // Handed to the requests of this process waiting on the key, so only what a shared
+            // cache could have stored: never a private answer, never a cookie.
+            let said = Directives::of(&parts.headers);
+            let shareable =
+                !said.private && !said.no_store && !parts.headers.contains_key(header::SET_COOKIE);
             let failed = match body::read(body, self.config.max_body_bytes).await {
                 Read::Whole(bytes) => {
                     let stored = StoredResponse::new(&parts, bytes, &self.config.header);
                     self.keep(Ok(stored.clone().into_response(self.head)), "pass");
-                    Some(stored)
+                    shareable.then_some(stored)
                 }
                 Read::PassThrough(replay) => {
                     self.keep(Ok(Response::from_parts(parts, Body::new(replay))), "pass");
