@@ -331,6 +331,8 @@ impl<C: Codec> CacheBuilder<C> {
                     &self.namespace,
                     near.heartbeat_period(),
                     tracked,
+                    // Held copies go on the crate's own changes (see `NearTier::changed`).
+                    !near.serve_while_down.is_zero(),
                 )?;
                 let counters = Arc::default();
                 let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));

@@ -36,7 +36,8 @@
 //!   one*: it need not; its own copy goes too and is read again once.
 //!
 //! With tracking on, the connection does not subscribe to the crate's announcements: they
-//! would only repeat the reports. Without it (turned off, or refused by the server), every
+//! would only repeat the reports; except with `serve_while_down`, where a held copy goes on the
+//! crate's own changes and not on a report (which may be another instance's refill). Without it (turned off, or refused by the server), every
 //! script that changes an entry (`set`, `invalidate`, a computed value or a refresh replacing a
 //! value, a failed refresh deleting one) publishes `"<fence> <value key>"` on the namespace's
 //! near channel, in the same atomic step as the change, and the feed subscribes to that; a
@@ -579,8 +580,17 @@ impl FeedSink for NearTier {
         self.counters.record(Event::NearInvalidation);
         let key = key.as_ref();
         // Stripe first, then the copy: see `insert`. No fence comes with a report: whoever
-        // wrote, the copy goes.
+        // wrote, the copy goes; but a copy held from an earlier era (serve_while_down) stays:
+        // it is never a hit, and it is what this instance serves while it cannot reach Redis,
+        // where another instance may already have refilled the key (a report cannot tell a
+        // refill from an invalidation). The crate's announcements, which this tier then also
+        // hears, drop it; a read of the key that reaches Redis drops it; its era's bound ends
+        // it. Serving it stays within the relaxed bound of `serve_while_down`.
         self.bump(key);
+        let current = self.era.load(Ordering::SeqCst);
+        if self.copies.get(key).is_some_and(|copy| copy.era != current) {
+            return;
+        }
         self.copies.invalidate(key);
     }
 
@@ -835,7 +845,10 @@ mod tests {
         tier.proof(2, Instant::now());
         assert_eq!(read(&tier, KEY), None, "an earlier era is never a hit");
         assert_eq!(held(&tier, KEY), Some("v".to_owned()));
-        // An announcement on the new connection drops it, held or not.
+        // A tracking report of its key leaves a held copy (it may be another instance's
+        // refill, and this one cannot read it yet); the crate's announcement drops it.
+        tier.changed(b"ns:{other}");
+        assert_eq!(held(&tier, "other"), Some("o".to_owned()));
         tier.invalidated("ns:{other}", 9);
         assert_eq!(held(&tier, "other"), None);
         // A copy read now is of the new era: a hit.
@@ -847,7 +860,7 @@ mod tests {
         assert_eq!(held(&tier, KEY), Some("v".to_owned()));
         tokio::time::advance(Duration::from_millis(2)).await;
         assert_eq!(held(&tier, KEY), None, "past its era's bound");
-        assert_eq!(counters.snapshot().held_served, 4);
+        assert_eq!(counters.snapshot().held_served, 5);
     }
 
     #[tokio::test(start_paused = true)]

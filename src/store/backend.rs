@@ -80,6 +80,7 @@ impl Backend {
         namespace: &str,
         heartbeat: Duration,
         tracked: Option<Vec<String>>,
+        announced: bool,
     ) -> Result<(Arc<dyn Store>, Feed), Error> {
         let connect = |e| Error::backend("connect", e);
         let client = match self {
@@ -103,6 +104,7 @@ impl Backend {
                     &heartbeat_prefix,
                     heartbeat,
                     tracked,
+                    announced,
                 )
                 .map_err(|e| connect(e.into()))?;
                 return Ok((Arc::new(store), feed));
@@ -121,6 +123,7 @@ impl Backend {
             &heartbeat_prefix,
             heartbeat,
             tracked,
+            announced,
         )
         .map_err(|e| connect(e.into()))?;
         Ok((Arc::new(store), feed))

@@ -132,7 +132,9 @@ impl NearCacheOptions {
     /// [`fail_safe_for`](crate::CallOptions::fail_safe_for): with the fail-safe on, a copy past
     /// its fresh-until is served too while Redis is unreachable, as Redis itself would serve it
     /// as a fallback. A held copy is never served as a hit again (it may have missed a change):
-    /// once Redis answers, this instance reads it anew; any announcement of its key drops it. "Unreachable"
+    /// once Redis answers, this instance reads it anew; the crate's announcement of a change of
+    /// its key drops it (a tracking report does not: it may be another instance refilling the
+    /// key while this one cannot reach Redis, and serving the copy stays within the bound). "Unreachable"
     /// means the call's request failed as unreachable or busy, or the circuit breaker failed it
     /// fast ([`BreakerOptions`](crate::BreakerOptions)); a refusal is not an outage.
     ///

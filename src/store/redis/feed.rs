@@ -7,7 +7,8 @@
 //! - without it (turned off, or refused by the server), the connection subscribes to the
 //!   namespace's near channel, where the crate's scripts announce the entries they change.
 //!   With tracking on, those announcements would only repeat what tracking reports, so the
-//!   connection does not subscribe to them (and Redis does not send them).
+//!   connection does not subscribe to them (and Redis does not send them), unless the tier holds
+//!   copies while the backend is down (`announced`).
 //!
 //! Invariants the near tier builds its staleness bound on:
 //! - Redis delivers the messages of one connection in the order the server published them,
@@ -80,6 +81,10 @@ pub(crate) struct Feed {
     /// The value-key prefixes Redis is asked to report changes under (`CLIENT TRACKING`);
     /// `None`: the crate's announcements only.
     tracked: Option<Vec<String>>,
+    /// Whether to hear the crate's announcements even where tracking works: a tier that holds
+    /// copies while the backend is down drops them on the crate's own changes (a report cannot
+    /// tell an invalidation from another instance's refill).
+    announced: bool,
 }
 
 /// What the feed has said in the log since it started: once per outage, once for a refusal.
@@ -111,6 +116,7 @@ impl Feed {
         heartbeat_prefix: &str,
         period: Duration,
         tracked: Option<Vec<String>>,
+        announced: bool,
     ) -> Result<Self, redis::RedisError> {
         Ok(Feed::of(
             Source::Server(resp3(client)?),
@@ -119,6 +125,7 @@ impl Feed {
             heartbeat_prefix,
             period,
             tracked,
+            announced,
         ))
     }
 
@@ -130,6 +137,7 @@ impl Feed {
         heartbeat_prefix: &str,
         period: Duration,
         tracked: Option<Vec<String>>,
+        announced: bool,
     ) -> Result<Self, redis::RedisError> {
         let seeds = seeds
             .iter()
@@ -142,6 +150,7 @@ impl Feed {
             heartbeat_prefix,
             period,
             tracked,
+            announced,
         ))
     }
 
@@ -152,6 +161,7 @@ impl Feed {
         heartbeat_prefix: &str,
         period: Duration,
         tracked: Option<Vec<String>>,
+        announced: bool,
     ) -> Self {
         Feed {
             source,
@@ -161,6 +171,7 @@ impl Feed {
             // A zero period would spin; a millisecond is already far below any useful bound.
             period: period.max(Duration::from_millis(1)),
             tracked,
+            announced,
         }
     }
 
@@ -280,7 +291,7 @@ impl Feed {
                 state = TrackingState::Refused;
             }
             let heartbeats = self.heartbeat_channel.as_str();
-            if tracks {
+            if tracks && !self.announced {
                 conn.subscribe(heartbeats).await?;
             } else {
                 conn.subscribe(&[self.near_channel.as_str(), heartbeats][..])
