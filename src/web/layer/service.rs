@@ -158,6 +158,8 @@ where
         let parts: Head = Arc::new(parts);
         let mut key = primary.clone();
         let mut names: Vec<String> = Vec::new();
+        // How the handler's own answer is labelled when the cache does not give one.
+        let mut word = "pass";
         // Two hops at most: the primary key, then (if the resource varies) the secondary.
         for _hop in 0..2 {
             let own: Own<S::Error> = Arc::default();
@@ -202,11 +204,8 @@ where
                     if error.is_backend() {
                         // The cache is down, not the handler: answer without the cache, as
                         // `OnBackendError::ComputeUncached` would (one run per request).
-                        let parts =
-                            Arc::try_unwrap(parts).unwrap_or_else(|shared| (*shared).clone());
-                        return self
-                            .pass(Request::from_parts(parts, body), "uncached")
-                            .await;
+                        word = "uncached";
+                        break;
                     }
                     if !passes(&error) {
                         let response = crate::web::response(&error);
@@ -218,7 +217,7 @@ where
         }
         // The head is shared only while a background refresh still holds it.
         let parts = Arc::try_unwrap(parts).unwrap_or_else(|shared| (*shared).clone());
-        self.pass(Request::from_parts(parts, body), "pass").await
+        self.pass(Request::from_parts(parts, body), word).await
     }
 
     /// The primary key and what the request asks, or `None` for a request that passes.
