@@ -74,17 +74,23 @@ const OUTSIDE_WRITES: &[&[u8]] = &[b"SET", b"DEL", b"UNLINK", b"PEXPIRE", b"FLUS
 /// flush: a change the scripts did not make, which rule (f) counts all the same.
 pub fn is_outside_write(line: &str) -> bool {
     match parse_monitor_line(line) {
-        Some((false, args)) => match args.as_slice() {
-            [cmd, ..] if cmd.eq_ignore_ascii_case(b"FLUSHDB") => true,
-            [cmd, key, ..] => {
-                OUTSIDE_WRITES.iter().any(|w| cmd.eq_ignore_ascii_case(w))
-                    && std::str::from_utf8(key)
-                        .ok()
-                        .and_then(|k| value_name(NAMESPACE, k))
-                        .is_some()
-            }
-            _ => false,
-        },
+        Some((false, args)) => writes_values(NAMESPACE, &args),
+        _ => false,
+    }
+}
+
+/// Whether a client's command (its arguments) writes one of `namespace`'s value keys, or
+/// flushes the database.
+fn writes_values(namespace: &str, args: &[Vec<u8>]) -> bool {
+    match args {
+        [cmd, ..] if cmd.eq_ignore_ascii_case(b"FLUSHDB") => true,
+        [cmd, key, ..] => {
+            OUTSIDE_WRITES.iter().any(|w| cmd.eq_ignore_ascii_case(w))
+                && std::str::from_utf8(key)
+                    .ok()
+                    .and_then(|k| value_name(namespace, k))
+                    .is_some()
+        }
         _ => false,
     }
 }
@@ -218,7 +224,7 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                 }
                 script.push(args);
             }
-            Some((false, args)) => {
+            other => {
                 flush(
                     &mut script,
                     script_at,
@@ -226,7 +232,7 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                     &mut events,
                     &mut changes,
                 );
-                if is_outside_write(line) {
+                if let Some((false, args)) = other.filter(|(_, a)| writes_values(namespace, a)) {
                     let at_us = monitor_time_us(line).unwrap_or(0);
                     outside_write(
                         namespace,
@@ -239,13 +245,6 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                     );
                 }
             }
-            None => flush(
-                &mut script,
-                script_at,
-                &mut counters,
-                &mut events,
-                &mut changes,
-            ),
         }
     }
     flush(
