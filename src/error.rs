@@ -141,6 +141,17 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
+    /// A value was given more tags than [`MAX_TAGS`](crate::MAX_TAGS) (those of the call's
+    /// [`CallOptions::tags`](crate::CallOptions::tags) and of its
+    /// [`Computed::tags`](crate::Computed::tags), each counted once). Nothing was written.
+    TooManyTags {
+        /// The key of the value.
+        key: String,
+        /// How many distinct tags it was given.
+        tags: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The write could not reach the backend (unreachable or busy) and the
     /// [auto-recovery](crate::CacheBuilder::auto_recovery) queue is full: the write was neither
     /// applied nor queued. Nothing queued before was dropped to make room. Redis has been out
@@ -423,6 +434,10 @@ impl fmt::Display for Error {
             Error::TooManyKeys { keys, limit } => write!(
                 f,
                 "{keys} keys in one call, over the limit of {limit} (MAX_BATCH_KEYS); split them over several calls"
+            ),
+            Error::TooManyTags { key, tags, limit } => write!(
+                f,
+                "the value of key {key:?} was given {tags} tags, over the limit of {limit} (MAX_TAGS); nothing was written"
             ),
             Error::RecoveryQueueFull { queued, limit } => write!(
                 f,

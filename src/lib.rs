@@ -197,7 +197,7 @@ pub use stats::{BreakerState, NotStored, Stats, TrackingState};
 pub use store::{BreakerOptions, ConnectionOptions, MemoryLimits};
 pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};
-pub use wire::key::MAX_KEY_BYTES;
+pub use wire::key::{MAX_KEY_BYTES, MAX_TAGS};
 
 /// Caches an async function's `Ok` value through a [`Cache`], one run of its body per key
 /// across the fleet: `#[cached(cache = .., key = "..", ttl_secs = ..)]` (feature `macros`).
@@ -481,6 +481,8 @@ pub mod __private {
             compute_ms: 0,
             fence,
             shape: fingerprint::<T>(),
+            born: 0,
+            tags: Vec::new(),
             payload: &payload,
         }
         .encode())

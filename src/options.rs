@@ -34,6 +34,7 @@ pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 /// | [`fail_safe_for`](Self::fail_safe_for) | 0 (off) | keep a value this much longer after its stale window, as a fallback for when its computation fails or is slow |
 /// | [`fail_safe_throttle`](Self::fail_safe_throttle) | 5 s | after a failure, serve the fallback this long before calling the source again |
 /// | [`soft_timeout`](Self::soft_timeout) | none | with a fallback at hand, answer with it once a call has run this long; the computation goes on in the background |
+/// | [`tags`](Self::tags) | none | tags every value written through the handle carries, for [`Cache::invalidate_tag`](crate::Cache::invalidate_tag) |
 ///
 /// Which value a call gets in each case (fresh, stale window, fail-safe window, error) is
 /// tabled in `docs/fail-safe.md` and under [`Source`](crate::Source).
@@ -65,6 +66,7 @@ pub struct CallOptions {
     pub(crate) fail_safe_for: Duration,
     pub(crate) fail_safe_throttle: Duration,
     pub(crate) soft_timeout: Option<Duration>,
+    pub(crate) tags: std::sync::Arc<[String]>,
 }
 
 // `f64` is not `Eq`; the beta is a finite number (the setter refuses NaN), so equality is total.
@@ -86,6 +88,7 @@ impl Default for CallOptions {
             fail_safe_for: Duration::ZERO,
             fail_safe_throttle: Duration::from_secs(5),
             soft_timeout: None,
+            tags: std::sync::Arc::default(),
         }
     }
 }
@@ -275,6 +278,48 @@ impl CallOptions {
     pub fn soft_timeout(mut self, budget: Option<Duration>) -> Self {
         self.soft_timeout = budget.map(saturate);
         self
+    }
+
+    /// Tags every value written through the handle carries (computed, or `set`), besides those
+    /// of its [`Computed::tags`](crate::Computed::tags): [`Cache::invalidate_tag`](crate::Cache::invalidate_tag)
+    /// of any of them invalidates the value. They replace the tags given before.
+    ///
+    /// Reads through the handle read these tags' epochs with the value, in the same round trip;
+    /// a value's other tags cost one more. At most [`MAX_TAGS`](crate::MAX_TAGS) per value; an
+    /// empty tag, or one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), makes every call of the
+    /// handle fail with [`Error::InvalidKey`](crate::Error::InvalidKey). See `docs/tags.md`.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, CallOptions};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let tenant = cache.with_options(CallOptions::default().tags(["tenant:42"]));
+    /// let _ = tenant.set("2019-05", &7u32, Duration::from_secs(60)).await?;
+    /// cache.invalidate_tag("tenant:42").await?;
+    /// assert_eq!(tenant.get::<u32>("2019-05").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tags<I, S>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.tags = tags.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The tags in force.
+    pub fn get_tags(&self) -> &[String] {
+        &self.tags
+    }
+
+    /// [`get_tags`](Self::get_tags), inside the crate.
+    pub(crate) fn tags_ref(&self) -> &[String] {
+        &self.tags
     }
 
     /// Whether the fail-safe is on.

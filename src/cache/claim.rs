@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
+use crate::cache::tags::Epochs;
 use crate::lock::lease::{Acquiring, HeldLock, Renewal};
 use crate::stats::Event;
 use crate::store::{LockStore, ReadOrLock, StoreError};
@@ -176,7 +177,7 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
             match answer {
                 ReadOrLock::Acquired { fence } => return self.take_lock(fence, asked).await,
                 ReadOrLock::Value(bytes) => {
-                    if let Break(claim) = self.take_value(&bytes) {
+                    if let Break(claim) = self.take_value(&bytes).await {
                         return claim;
                     }
                 }
@@ -271,10 +272,15 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
         }
     }
 
-    /// The store answered with the value: serve it, unless it is past its stale window or does
-    /// not decode, when the next request takes the lock over it.
-    fn take_value<T: DeserializeOwned + 'static>(&mut self, bytes: &[u8]) -> ControlFlow<Claim<T>> {
-        if let Some(entry) = self.cache.read_stored::<T>(self.keys, bytes) {
+    /// The store answered with the value: serve it, unless it is past its stale window, does
+    /// not decode or was invalidated by a tag or a clear (its epochs are read now), when the
+    /// next request takes the lock over it.
+    async fn take_value<T: DeserializeOwned + 'static>(
+        &mut self,
+        bytes: &[u8],
+    ) -> ControlFlow<Claim<T>> {
+        let mut epochs = Epochs::default();
+        if let Some(entry) = self.cache.read_live::<T>(self.keys, bytes, &mut epochs).await {
             if let Sorted::Serve(entry) = self.cache.sort(entry) {
                 return Break(Claim::Found(entry, self.found));
             }
@@ -319,9 +325,11 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
     /// A plain read of the value; errors and unreadable bytes count as nothing found (the
     /// read-or-lock that follows reports the former and replaces the latter).
     async fn read_entry<T: DeserializeOwned + 'static>(&self) -> Option<StoredEntry<T>> {
-        match self.cache.inner.store.get(self.keys).await {
-            Ok(Some(bytes)) => self.cache.read_stored(self.keys, &bytes),
-            Ok(None) | Err(_) => None,
+        match self.cache.read_with_epochs(self.keys).await {
+            Ok((Some(bytes), mut epochs)) => {
+                self.cache.read_live(self.keys, &bytes, &mut epochs).await
+            }
+            Ok((None, _)) | Err(_) => None,
         }
     }
 }
@@ -391,7 +399,7 @@ mod tests {
             &keys,
             Duration::from_secs(60),
             computed,
-            Duration::ZERO,
+            (Duration::ZERO, 1),
         );
         assert_eq!(stored.await.unwrap(), 7);
         match waiter.await.unwrap() {

@@ -155,6 +155,9 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
+        // Born before `f` runs, after the lock was granted: an invalidation of its tags that
+        // returned before now is older than the value (see `cache/tags.rs`).
+        let born = self.born_now().await;
         let computing = Instant::now();
         self.inner.counters.record(Event::Compute);
         let run = f(held.lease());
@@ -167,7 +170,7 @@ impl<C: Codec> Cache<C> {
         let computed = match ran {
             Some(Ok(computed)) => computed,
             Some(Err(e)) => {
-                self.after_failure::<T, E>(held, keys, on_failure, Some(&e))
+                self.after_failure::<T, E>(held, keys, on_failure, Some(&e), born)
                     .await;
                 return Err(Error::compute(e));
             }
@@ -176,7 +179,7 @@ impl<C: Codec> Cache<C> {
                 self.inner.counters.record(Event::HardTimeout);
                 tracing::warn!(key = %keys.user, ?after,
                     "hard timeout: the computation is cancelled and its lock freed");
-                self.after_failure::<T, E>(held, keys, on_failure, None)
+                self.after_failure::<T, E>(held, keys, on_failure, None, born)
                     .await;
                 return Err(Error::ComputeTimeout {
                     key: keys.user.clone(),
@@ -184,26 +187,32 @@ impl<C: Codec> Cache<C> {
                 });
             }
         };
-        self.store_computed(held, keys, ttl, computed, computing.elapsed())
+        self.store_computed(held, keys, ttl, computed, (computing.elapsed(), born))
             .await
     }
 
     /// The success half of [`compute_and_store`](Self::compute_and_store), per key (a batch
     /// calls it for each key its computation returned): writes the value if the fencing token
-    /// is still current and lets the lock go; the value is returned either way.
+    /// is still current and lets the lock go; the value is returned either way, unless its tags
+    /// are refused. `took` is how long the computation ran, `born` when it started.
     pub(crate) async fn store_computed<T>(
         &self,
         held: HeldLock,
         keys: &EntryKeys,
         ttl: Duration,
         computed: Computed<T>,
-        took: Duration,
+        (took, born): (Duration, u64),
     ) -> Result<T, Error>
     where
         T: Serialize + DeserializeOwned + 'static,
     {
         let ttl = computed.ttl.unwrap_or(ttl);
-        let bytes = match self.encode_value(&computed.value, ttl, took, held.fence()) {
+        let encoded = self
+            .value_tags(&keys.user, &computed.tags)
+            .and_then(|tags| {
+                self.encode_value(&computed.value, ttl, took, held.fence(), (born, &tags))
+            });
+        let bytes = match encoded {
             Ok(bytes) => bytes,
             Err(e) => {
                 let _ = held.release().await;
@@ -243,6 +252,7 @@ impl<C: Codec> Cache<C> {
         keys: &EntryKeys,
         on_failure: OnFailure,
         error: Option<&E>,
+        born: u64,
     ) {
         let store = self.inner.store.as_ref();
         let released = match (on_failure, self.options.negative_ttl, error) {
@@ -256,7 +266,9 @@ impl<C: Codec> Cache<C> {
                 None => held.release().await,
             },
             (OnFailure::Remember, Some(negative_ttl), Some(e)) => {
-                let bytes = self.encode_failure::<T, E>(e, negative_ttl, held.fence());
+                let tags = self.options.tags_ref();
+                let bytes =
+                    self.encode_failure::<T, E>(e, negative_ttl, held.fence(), (born, tags));
                 let write = Write::Value {
                     bytes,
                     ttl: negative_ttl,

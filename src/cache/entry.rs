@@ -32,6 +32,10 @@ pub(crate) struct StoredEntry<T> {
     pub fence: u64,
     /// A fail-safe copy, throttled until `fresh_until_ms`: a fallback only.
     pub throttled: bool,
+    /// When its computation started, by the namespace's clock (see `cache/tags.rs`).
+    pub born: u64,
+    /// Its tags.
+    pub tags: Vec<String>,
 }
 
 impl<C: Codec> Cache<C> {
@@ -83,16 +87,20 @@ impl<C: Codec> Cache<C> {
             compute_ms: envelope.compute_ms,
             fence: envelope.fence,
             throttled: envelope.fallback,
+            born: envelope.born,
+            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
         })
     }
 
-    /// The stored bytes of a value fresh for `ttl` from now, marked with the shape of `T`.
+    /// The stored bytes of a value fresh for `ttl` from now, marked with the shape of `T`, born
+    /// at `born` with `tags` (checked by [`value_tags`](Self::value_tags)).
     pub(crate) fn encode_value<T: Serialize + DeserializeOwned + 'static>(
         &self,
         value: &T,
         ttl: Duration,
         compute: Duration,
         fence: u64,
+        (born, tags): (u64, &[String]),
     ) -> Result<Vec<u8>, Error> {
         let codec = &self.inner.codec;
         let payload = codec
@@ -112,6 +120,8 @@ impl<C: Codec> Cache<C> {
             compute_ms: u32::try_from(compute.as_millis()).unwrap_or(u32::MAX),
             fence,
             shape: shape::fingerprint::<T>(),
+            born,
+            tags: tags.iter().map(String::as_str).collect(),
             payload: &payload,
         }
         .encode())
@@ -125,6 +135,7 @@ impl<C: Codec> Cache<C> {
         error: &E,
         ttl: Duration,
         fence: u64,
+        (born, tags): (u64, &[String]),
     ) -> Vec<u8> {
         let message = error.to_string();
         Envelope {
@@ -135,6 +146,8 @@ impl<C: Codec> Cache<C> {
             compute_ms: 0,
             fence,
             shape: shape::fingerprint::<T>(),
+            born,
+            tags: tags.iter().map(String::as_str).collect(),
             payload: message.as_bytes(),
         }
         .encode()

@@ -125,8 +125,10 @@ impl<C: Codec> Cache<C> {
         &self,
         keys: &EntryKeys,
     ) -> Option<Result<StoredEntry<T>, Kept<T>>> {
-        let bytes = self.inner.store.get(keys).await.ok()??;
-        let entry = self.read_stored::<T>(keys, &bytes)?;
+        let (bytes, mut epochs) = self.read_with_epochs(keys).await.ok()?;
+        let bytes = bytes?;
+        // A value a tag or a clear invalidated is no fallback either.
+        let entry = self.read_live::<T>(keys, &bytes, &mut epochs).await?;
         match self.sort(entry) {
             Sorted::Serve(entry) => Some(Ok(entry)),
             Sorted::Past(entry) => self.keep(entry, &bytes).map(Err),
@@ -163,6 +165,8 @@ mod tests {
             compute_ms: 0,
             fence: 1,
             throttled,
+            born: 1,
+            tags: Vec::new(),
         }
     }
 
@@ -259,7 +263,7 @@ mod tests {
         let cache = cache(fail_safe().fail_safe_throttle(Duration::from_secs(5)));
         let keys = EntryKeys::new(cache.namespace(), "k").unwrap();
         let kept = cache
-            .encode_value(&5u64, Duration::from_secs(1), Duration::ZERO, 3)
+            .encode_value(&5u64, Duration::from_secs(1), Duration::ZERO, 3, (1, &[]))
             .unwrap();
         let Some(Write::Keep { bytes, at_least }) = cache.throttled_copy(&kept, 9) else {
             panic!("a copy to keep");

@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::claim::{Claim, Start};
 use crate::cache::failsafe::Sorted;
+use crate::cache::tags::Epochs;
 use crate::stats::Event;
 use crate::store::{Blob, StoreResult};
 use crate::time::{later_by, saturate};
@@ -165,19 +166,22 @@ impl<C: Codec> Cache<C> {
         // window is not a hit: it goes on to the lock, taken over it.
         let mut start = Start::Read;
         match self.first_read(&keys).await {
-            Ok(Some(bytes)) => {
-                if let Some(entry) = self.read_stored::<T>(&keys, &bytes) {
-                    match self.sort(entry) {
+            Ok((Some(bytes), mut epochs)) => {
+                match self.read_live::<T>(&keys, &bytes, &mut epochs).await {
+                    Some(entry) => match self.sort(entry) {
                         Sorted::Serve(entry) => {
-                            self.remember_near(ticket, &keys, &entry, bytes.len());
+                            self.remember_near(ticket, &keys, &entry, bytes.len(), &epochs);
                             self.keep_decoded(&keys, &bytes, &entry);
                             return self.serve(entry, keys, ttl, f, Source::Hit);
                         }
                         Sorted::Past(_) => start = Start::Replace,
-                    }
+                    },
+                    // Bytes that are not ours, or a value a tag or a clear invalidated: the
+                    // lock is taken over them, to replace them.
+                    None => start = Start::Replace,
                 }
             }
-            Ok(None) => {}
+            Ok((None, _)) => {}
             Err(e) => {
                 if let Some(held) = self.held::<T>(key, &e) {
                     return Ok(held);
@@ -209,12 +213,16 @@ impl<C: Codec> Cache<C> {
         outcome
     }
 
-    /// The one `GET` of a single key (`get`, and `fetch` before its flight). A write of this
+    /// The one read of a single key, with its epochs (`get`, and `fetch` before its flight):
+    /// one `MGET` on Redis. A write of this
     /// key still queued goes first (auto-recovery; failing, it fails the read), and an answer
     /// drops what the near tier held of the key from before an outage.
-    pub(crate) async fn first_read(&self, keys: &EntryKeys) -> StoreResult<Option<Blob>> {
+    pub(crate) async fn first_read(
+        &self,
+        keys: &EntryKeys,
+    ) -> StoreResult<(Option<Blob>, Epochs)> {
         self.replay_queued(&[keys]).await?;
-        let read = self.inner.store.get(keys).await;
+        let read = self.read_with_epochs(keys).await;
         if read.is_ok() {
             self.reached_backend(keys);
         }

@@ -187,12 +187,52 @@ impl<T> Fetched<T> {
 pub struct Computed<T> {
     pub(crate) value: T,
     pub(crate) ttl: Option<Duration>,
+    pub(crate) tags: Vec<String>,
 }
 
 impl<T> Computed<T> {
     /// A value that keeps the call's TTL.
     pub fn new(value: T) -> Self {
-        Computed { value, ttl: None }
+        Computed {
+            value,
+            ttl: None,
+            tags: Vec::new(),
+        }
+    }
+
+    /// Tags this value carries besides the handle's [`CallOptions::tags`](crate::CallOptions::tags):
+    /// for example what the computation read (a tenant, a year), so that
+    /// [`Cache::invalidate_tag`](crate::Cache::invalidate_tag) of any of them invalidates it.
+    /// At most [`MAX_TAGS`](crate::MAX_TAGS) in all ([`Error::TooManyTags`](crate::Error::TooManyTags));
+    /// an empty or over-long tag is [`Error::InvalidKey`](crate::Error::InvalidKey). Either
+    /// way the value is returned to no one and not written: the call fails.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, Computed};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let ttl = Duration::from_secs(60);
+    /// let report = cache
+    ///     .fetch("dashboard:7", ttl, |_lease| async {
+    ///         Ok::<_, std::io::Error>(Computed::new(42u32).tags(["tenant:7", "year:2019"]))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(report.value, 42);
+    /// cache.invalidate_tag("year:2019").await?;
+    /// assert_eq!(cache.get::<u32>("dashboard:7").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tags<I, S>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.tags = tags.into_iter().map(Into::into).collect();
+        self
     }
 
     /// Cache this value for `ttl` instead of the call's TTL. Any duration is taken: one of

@@ -3,6 +3,7 @@
 
 use crate::cache::entry::StoredEntry;
 use crate::cache::near::Ticket;
+use crate::cache::tags::Epochs;
 use crate::error::BackendErrorKind;
 use crate::stats::Event;
 use crate::store::{Blob, Store, StoreError};
@@ -66,16 +67,23 @@ impl<C: Codec> Cache<C> {
 
     /// Puts what a read found into the near tier, if there is one: never a fail-safe copy,
     /// which is a fallback only (a value past its fresh-until the tier refuses by itself).
+    /// The epochs the read found go in with it: the copy is served only while the tier holds
+    /// them.
     pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(
         &self,
         ticket: Option<Ticket>,
         keys: &EntryKeys,
         entry: &StoredEntry<T>,
         len: usize,
+        epochs: &Epochs,
     ) {
         if let (Some(near), Some(ticket), Ok(value), false) =
             (&self.inner.near, ticket, &entry.value, entry.throttled)
         {
+            let Some(tag_epochs) = self.tag_epoch_names(&entry.tags) else {
+                return;
+            };
+            near.hold_epochs(ticket, epochs);
             near.insert(
                 ticket,
                 &keys.user,
@@ -85,6 +93,7 @@ impl<C: Codec> Cache<C> {
                 entry.compute_ms,
                 len,
                 self.inner.store.now_ms(),
+                (entry.born, tag_epochs.into()),
             );
         }
     }
@@ -141,7 +150,12 @@ impl<C: Codec> Cache<C> {
             && !entry.throttled
             && entry.fresh_until_ms > memory.now_ms()
         {
-            memory.keep_decoded(keys, shared, value, entry.fresh_until_ms);
+            let Some(mut epochs) = self.tag_epoch_names(&entry.tags) else {
+                return;
+            };
+            epochs.insert(0, self.tagging.names[0].clone());
+            let (born, epochs) = (entry.born, epochs.into());
+            memory.keep_decoded(keys, shared, value, entry.fresh_until_ms, born, epochs);
         }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) mod near;
 pub(crate) mod recovery;
 mod refresh;
 pub(crate) mod serve;
+pub(crate) mod tags;
 mod uncached;
 mod with_context;
 
@@ -42,6 +43,7 @@ use crate::cache::freshness::Standing;
 use crate::cache::near::NearTier;
 use crate::cache::recovery::{Intent, Queued, Recovery};
 use crate::cache::refresh::Refreshes;
+use crate::cache::tags::Tagging;
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
 use crate::stats::{Counters, Event};
@@ -121,6 +123,8 @@ pub struct Cache<C = Bincode> {
     pub(crate) inner: Arc<Inner<C>>,
     /// Per handle, so that [`Cache::with_options`] is free and does not touch other handles.
     pub(crate) options: CallOptions,
+    /// The epochs this handle's reads ask for, from its namespace and its options' tags.
+    pub(crate) tagging: Tagging,
 }
 
 pub(crate) struct Inner<C> {
@@ -146,6 +150,7 @@ impl<C> Clone for Cache<C> {
         Cache {
             inner: Arc::clone(&self.inner),
             options: self.options.clone(),
+            tagging: self.tagging.clone(),
         }
     }
 }
@@ -224,6 +229,7 @@ impl<C: Codec> Cache<C> {
         recovery: Option<Recovery>,
     ) -> Self {
         Cache {
+            tagging: Tagging::new(&namespace, &options),
             inner: Arc::new(Inner {
                 store,
                 codec,
@@ -250,6 +256,7 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub fn with_options(&self, options: CallOptions) -> Self {
         Cache {
+            tagging: Tagging::new(&self.inner.namespace, &options),
             inner: Arc::clone(&self.inner),
             options,
         }
@@ -373,17 +380,22 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub async fn get<T: DeserializeOwned + 'static>(&self, key: &str) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
+        self.check_tags()?;
         // A write of this key still queued goes first: Redis may hold what it replaced.
-        let bytes = match self.first_read(&keys).await {
-            Ok(bytes) => bytes,
+        let (bytes, mut epochs) = match self.first_read(&keys).await {
+            Ok(read) => read,
             Err(e) => {
                 self.fail_open("get", &keys, e, "reading it as a miss")?;
                 return Ok(None);
             }
         };
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
         // A value past its stale window (kept by the fail-safe) is no answer to a plain read.
-        Ok(bytes
-            .and_then(|b| self.read_stored::<T>(&keys, &b))
+        Ok(self
+            .read_live::<T>(&keys, &bytes, &mut epochs)
+            .await
             .filter(|stored| self.standing_of(stored) == Standing::Live)
             .and_then(|stored| stored.value.ok()))
     }
@@ -425,9 +437,12 @@ impl<C: Codec> Cache<C> {
         ttl: Duration,
     ) -> Result<Written, Error> {
         let keys = EntryKeys::new(&self.inner.namespace, key)?;
+        self.check_tags()?;
+        let tags = self.value_tags(key, &[])?;
         let ttl = saturate(ttl);
         self.clock_ready().await;
-        let bytes = self.encode_value(value, ttl, Duration::ZERO, 0)?;
+        let born = self.born_now().await;
+        let bytes = self.encode_value(value, ttl, Duration::ZERO, 0, (born, &tags))?;
         let stored_for = self.options.stored_for(ttl);
         // Kept for the queue only when there is one: a copy of the value per write otherwise.
         let kept = self.inner.recovery.as_ref().map(|_| bytes.clone());
@@ -568,6 +583,123 @@ impl<C: Codec> Cache<C> {
         }
         self.inner.counters.record(Event::BackendError);
         Err(Error::backend("invalidate", error))
+    }
+
+    /// Invalidates every value that carries `tag` (from [`CallOptions::tags`] or
+    /// [`Computed::tags`]), on every instance, in two requests whatever the number of values:
+    /// from the moment this returns no call serves one of them (a near tier of another instance
+    /// within its [`max_staleness`](crate::NearCacheOptions::max_staleness)), not even as a stale
+    /// value or a fail-safe fallback; the next call computes afresh. A computation that started
+    /// before this returned may still write its value, but it counts as invalidated too (the
+    /// fence rule of [`invalidate`](Self::invalidate), per tag).
+    ///
+    /// Nothing is deleted: the values are left to their TTL (or eviction) and read as misses
+    /// until replaced. How it works, and what it costs a read: `docs/tags.md`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for an empty tag or one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES);
+    /// [`Error::Backend`] when the backend fails, whatever the
+    /// [`OnBackendError`](crate::OnBackendError) (it may have been applied: retrying is
+    /// harmless). There is no auto-recovery queue for tags: a failed invalidation is the
+    /// caller's to retry.
+    ///
+    /// ```
+    /// use stampede_guard::{Cache, CallOptions};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let ttl = Duration::from_secs(300);
+    /// for month in ["2019-05", "2019-06"] {
+    ///     let year = cache.with_options(CallOptions::default().tags(["year:2019"]));
+    ///     year.get_or_compute(month, ttl, || async { Ok::<_, std::io::Error>(1u32) }).await?;
+    /// }
+    /// // A backfill rewrote 2019: both months go, in one call.
+    /// cache.invalidate_tag("year:2019").await?;
+    /// assert_eq!(cache.get::<u32>("2019-05").await?, None);
+    /// assert_eq!(cache.get::<u32>("2019-06").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn invalidate_tag(&self, tag: &str) -> Result<(), Error> {
+        self.invalidate_tags([tag]).await
+    }
+
+    /// [`invalidate_tag`](Self::invalidate_tag) for several tags at once: the requests of
+    /// every tag are sent together. Tags may repeat.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for the first invalid tag (then nothing is invalidated),
+    /// [`Error::TooManyKeys`] for more than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS) tags,
+    /// [`Error::Backend`] as for one tag (some tags may have been invalidated: retry the call).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// cache.invalidate_tags(["tenant:7", "tenant:8"]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn invalidate_tags<I>(&self, tags: I) -> Result<(), Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut names = Vec::new();
+        for tag in tags {
+            let name = crate::wire::key::tag_key(&self.inner.namespace, tag.as_ref())?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        if names.len() > batch::MAX_BATCH_KEYS {
+            return Err(Error::TooManyKeys {
+                keys: names.len(),
+                limit: batch::MAX_BATCH_KEYS,
+            });
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.raise(&names).await.map_err(|e| {
+            self.inner.counters.record(Event::BackendError);
+            Error::backend("invalidate_tag", e)
+        })
+    }
+
+    /// Invalidates every value of the namespace, on every instance, in two requests whatever
+    /// the number of values: what [`invalidate_tag`](Self::invalidate_tag) does, for a tag every
+    /// value carries. The near tiers of other instances stop serving within their
+    /// [`max_staleness`](crate::NearCacheOptions::max_staleness). Other namespaces on the same
+    /// Redis are untouched.
+    ///
+    /// Nothing is deleted: Redis reclaims the space as the values' TTLs run out (or by eviction).
+    /// To free it at once, `FLUSHDB` a database the cache has to itself.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the backend fails (it may have been applied: retrying is
+    /// harmless).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// let _ = cache.set("2019-05", &1u8, Duration::from_secs(60)).await?;
+    /// // A deploy changed how every report is computed.
+    /// cache.clear().await?;
+    /// assert_eq!(cache.get::<u8>("2019-05").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn clear(&self) -> Result<(), Error> {
+        let names = [self.tagging.names[0].clone()];
+        self.raise(&names).await.map_err(|e| {
+            self.inner.counters.record(Event::BackendError);
+            Error::backend("clear", e)
+        })
     }
 
     /// A write of `keys` that could not be made now, for the auto-recovery queue.
@@ -749,6 +881,7 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
+        self.check_tags()?;
         if let Some(value) = self.quick_hit::<T>(key) {
             return Ok(Fetched {
                 value,

@@ -66,12 +66,22 @@
 //! stops serving, drops every copy and goes to Redis until a new proof arrives. Times are taken
 //! on the local monotonic clock, so a paused process that resumes finds its proof expired.
 //!
+//! # Epochs (tags and clear)
+//! A copy is served only if it outlived the epochs that judge it (its namespace's clear key and
+//! its tags', see `cache/tags.rs`), and only while the tier holds those epochs: each read that
+//! fills a copy brings the epochs it read, which go in under the same ticket discipline as
+//! copies (one generation counter for all epochs: invalidations are rare), and a report or
+//! announcement of an epoch (its key changed) drops that epoch, so the copies it judges are
+//! not served until a read brings it back. The proof covers epochs as it covers copies: the
+//! epoch keys lie under the tracked prefix, and the scripts that raise them announce them.
+//!
 //! Explained in the guide: `docs/near-cache.md`.
 
 use std::any::{Any, TypeId};
 use std::hash::BuildHasher;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -81,9 +91,13 @@ mod options;
 pub use options::NearCacheOptions;
 
 use crate::cache::entry::StoredEntry;
+use crate::cache::tags::Epochs;
 use crate::stats::{Counters, Event, TrackingState};
 use crate::store::redis::FeedSink;
-use crate::wire::key::user_key_of;
+use crate::wire::key::{clear_key, is_epoch_key, user_key_of};
+
+/// The clear epoch's value while the tier holds none.
+const NO_EPOCH: u64 = u64::MAX;
 
 /// How many generation stripes: enough that unrelated keys rarely share one while reads race
 /// announcements, small enough to be a fixed 2 KiB.
@@ -105,6 +119,9 @@ struct NearCopy {
     era: u64,
     /// Its encoded size, which stands for its size in memory (see [`NearCacheOptions::max_bytes`]).
     bytes: usize,
+    /// Its birth, and the names of its tags' epochs (its namespace's is always checked).
+    born: u64,
+    tag_epochs: Box<[String]>,
 }
 
 /// Taken before a read from Redis whose answer may go into the tier.
@@ -113,6 +130,8 @@ pub(crate) struct Ticket {
     epoch: u64,
     stripe: usize,
     generation: u64,
+    /// The epochs' generation, for the epochs the read brings.
+    epochs: u64,
 }
 
 /// The near tier of one cache.
@@ -155,6 +174,14 @@ pub(crate) struct NearTier {
     breaker: std::sync::OnceLock<Arc<crate::store::breaker::Breaker>>,
     /// Whether the feed's current connection has tracking ([`TrackingState::index`]).
     tracking: std::sync::atomic::AtomicU8,
+    /// The namespace's clear epoch as last read, [`NO_EPOCH`] while none is held.
+    clear_epoch: AtomicU64,
+    /// The namespace's clear key, to tell it from tags' epochs.
+    clear_key: String,
+    /// Tags' epochs as last read, by name.
+    tag_epochs: RwLock<HashMap<String, u64>>,
+    /// Bumped by every announcement of an epoch, before the epoch is dropped.
+    epochs_generation: AtomicU64,
 }
 
 impl std::fmt::Debug for NearTier {
@@ -234,6 +261,10 @@ impl NearTier {
             namespace: namespace.to_owned(),
             counters,
             breaker: std::sync::OnceLock::new(),
+            clear_epoch: AtomicU64::new(NO_EPOCH),
+            clear_key: clear_key(namespace),
+            tag_epochs: RwLock::default(),
+            epochs_generation: AtomicU64::new(0),
             tracking: std::sync::atomic::AtomicU8::new(
                 if config.tracked.is_some() {
                     TrackingState::Connecting
@@ -264,6 +295,9 @@ impl NearTier {
             compute_ms: copy.compute_ms,
             fence: copy.fence,
             throttled: false,
+            born: copy.born,
+            // Judged already (`find` serves only a copy that outlived its epochs).
+            tags: Vec::new(),
         })
     }
 
@@ -297,7 +331,7 @@ impl NearTier {
                 }
                 return None;
             }
-            if copy.type_id != TypeId::of::<T>() {
+            if copy.type_id != TypeId::of::<T>() || !self.outlived_epochs(&copy) {
                 return None;
             }
             Some(out(&copy, copy.value.downcast_ref::<T>()?))
@@ -308,6 +342,74 @@ impl NearTier {
             Event::NearMiss
         });
         served
+    }
+
+    /// Whether `copy` was born after the epochs that judge it, all held: the namespace's (one
+    /// atomic load) and its tags' (a shared lock, only for a tagged copy).
+    fn outlived_epochs(&self, copy: &NearCopy) -> bool {
+        let clear = self.clear_epoch.load(Ordering::Acquire);
+        if clear == NO_EPOCH || copy.born <= clear {
+            return false;
+        }
+        if copy.tag_epochs.is_empty() {
+            return true;
+        }
+        let epochs = self.tag_epochs.read().unwrap_or_else(PoisonError::into_inner);
+        copy.tag_epochs
+            .iter()
+            .all(|name| epochs.get(name).is_some_and(|&epoch| copy.born > epoch))
+    }
+
+    /// Puts the epochs a read found (the read `ticket` was taken for) into the tier, unless
+    /// an epoch was announced (or everything dropped) since the ticket.
+    pub(crate) fn hold_epochs(&self, ticket: Ticket, epochs: &Epochs) {
+        if !self.epochs_valid(ticket) {
+            return;
+        }
+        {
+            let mut tags = self.tag_epochs.write().unwrap_or_else(PoisonError::into_inner);
+            for (name, epoch) in epochs.iter() {
+                if name == self.clear_key {
+                    self.clear_epoch.store(epoch, Ordering::Release);
+                } else {
+                    tags.insert(name.to_owned(), epoch);
+                }
+            }
+        }
+        // After the insert, as for copies: an announcement that raced it drops them all.
+        if !self.epochs_valid(ticket) {
+            self.forget_epochs();
+        }
+    }
+
+    fn epochs_valid(&self, ticket: Ticket) -> bool {
+        self.epoch.load(Ordering::SeqCst) == ticket.epoch
+            && self.epochs_generation.load(Ordering::SeqCst) == ticket.epochs
+    }
+
+    /// The epoch `name` changed (a tag invalidated, the namespace cleared, by this instance or
+    /// another): the copies it judges are not served until a read brings it back.
+    pub(crate) fn epoch_changed(&self, name: &str) {
+        self.counters.record(Event::NearInvalidation);
+        // Generation first, then the epoch: see `hold_epochs`.
+        self.epochs_generation.fetch_add(1, Ordering::SeqCst);
+        if name == self.clear_key {
+            self.clear_epoch.store(NO_EPOCH, Ordering::Release);
+        } else {
+            self.tag_epochs
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(name);
+        }
+    }
+
+    /// Drops every epoch held.
+    fn forget_epochs(&self) {
+        self.clear_epoch.store(NO_EPOCH, Ordering::Release);
+        self.tag_epochs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
     }
 
     /// Whether the stream is proven current within `max_staleness`. When the proof has lapsed,
@@ -340,6 +442,9 @@ impl NearTier {
     /// the last proof, never served as hits again. Either way tickets taken before cannot
     /// insert.
     fn let_go(&self) {
+        // Epochs of an era that ended may have missed an announcement: a copy of the next era
+        // is served only with epochs read in it.
+        self.forget_epochs();
         if !self.holds() {
             self.drop_all();
             return;
@@ -432,6 +537,7 @@ impl NearTier {
             epoch,
             stripe,
             generation: self.stripes[stripe].load(Ordering::SeqCst),
+            epochs: self.epochs_generation.load(Ordering::SeqCst),
         })
     }
 
@@ -448,6 +554,7 @@ impl NearTier {
         compute_ms: u32,
         bytes: usize,
         now_ms: u64,
+        (born, tag_epochs): (u64, Box<[String]>),
     ) {
         if fresh_until_ms <= now_ms || !self.valid(ticket) {
             return;
@@ -466,6 +573,8 @@ impl NearTier {
             compute_ms,
             era: self.era.load(Ordering::SeqCst),
             bytes,
+            born,
+            tag_epochs,
         });
         self.copies.insert(key.to_owned(), copy);
         // After the insert: an announcement that bumped the stripe before this check dropped
@@ -500,6 +609,7 @@ impl NearTier {
     fn drop_all(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.copies.invalidate_all();
+        self.forget_epochs();
     }
 
     fn nanos(&self, at: Instant) -> u64 {
@@ -546,6 +656,10 @@ impl FeedSink for NearTier {
     }
 
     fn invalidated(&self, value_key: &str, fence: u64) {
+        if is_epoch_key(&self.namespace, value_key) {
+            self.epoch_changed(value_key);
+            return;
+        }
         self.counters.record(Event::NearInvalidation);
         // Copies are held by the user's key. A name that is not a value key of this namespace
         // (nothing the crate announces) cannot be matched to a copy: drop them all.
@@ -571,10 +685,14 @@ impl FeedSink for NearTier {
         // Tracking reports every name under the prefix: locks and fencing counters are no
         // copies (`user_key_of` knows value keys only), and a name that is not UTF-8 is none
         // either (value keys are escaped to ASCII).
-        let Some(key) = std::str::from_utf8(name)
-            .ok()
-            .and_then(|name| user_key_of(&self.namespace, name))
-        else {
+        let Ok(name) = std::str::from_utf8(name) else {
+            return;
+        };
+        if is_epoch_key(&self.namespace, name) {
+            self.epoch_changed(name);
+            return;
+        }
+        let Some(key) = user_key_of(&self.namespace, name) else {
             return;
         };
         self.counters.record(Event::NearInvalidation);
@@ -641,9 +759,37 @@ mod tests {
         (tier, counters)
     }
 
+    /// Inserts a copy born at 1 with no tags, and the namespace's epoch (0) the read found.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        tier: &NearTier,
+        ticket: Ticket,
+        key: &str,
+        value: &String,
+        fence: u64,
+        fresh_until_ms: u64,
+        compute_ms: u32,
+        bytes: usize,
+        now_ms: u64,
+    ) {
+        tier.hold_epochs(ticket, &Epochs::of(&["ns:{%c}".to_owned()], vec![0]));
+        tier.insert(
+            ticket,
+            key,
+            value,
+            fence,
+            fresh_until_ms,
+            compute_ms,
+            bytes,
+            now_ms,
+            (1, Box::default()),
+        );
+    }
+
     fn put(tier: &NearTier, key: &str, value: &str, fence: u64) {
         let ticket = tier.ticket(key).expect("a subscribed stream gives tickets");
-        tier.insert(
+        insert(
+            tier,
             ticket,
             key,
             &value.to_owned(),
@@ -666,7 +812,7 @@ mod tests {
         // answer, the value from before the change, comes back and is offered to the tier.
         let ticket = tier.ticket(KEY).unwrap();
         tier.invalidated(VALUE_KEY, 9);
-        tier.insert(ticket, KEY, &"old".to_owned(), 5, FRESH, 0, 3, NOW);
+        insert(&tier, ticket, KEY, &"old".to_owned(), 5, FRESH, 0, 3, NOW);
         assert_eq!(read(&tier, KEY), None, "the old value must not be served");
         assert_eq!(counters.snapshot().near_invalidations, 1);
         // A read sent after the announcement goes in.
@@ -699,7 +845,7 @@ mod tests {
         let racing = tier.ticket(KEY).unwrap();
         tier.forget(KEY);
         assert_eq!(read(&tier, KEY), None);
-        tier.insert(racing, KEY, &"v1".to_owned(), 1, FRESH, 0, 2, NOW);
+        insert(&tier, racing, KEY, &"v1".to_owned(), 1, FRESH, 0, 2, NOW);
         assert_eq!(read(&tier, KEY), None);
     }
 
@@ -720,7 +866,7 @@ mod tests {
         assert_eq!(read(&tier, KEY), None);
         tier.reset(2);
         tier.subscribed(2);
-        tier.insert(before, KEY, &"v".to_owned(), 1, FRESH, 0, 1, NOW);
+        insert(&tier, before, KEY, &"v".to_owned(), 1, FRESH, 0, 1, NOW);
         assert_eq!(tier.len(), 0);
         put(&tier, KEY, "w", 2);
         assert_eq!(read(&tier, KEY), None, "not proven since the reconnection");
@@ -786,7 +932,7 @@ mod tests {
         assert!(tier.get::<String>(KEY).is_none(), "fresh-until reached");
         // A value already past its fresh-until does not go in.
         let ticket = tier.ticket(KEY).unwrap();
-        tier.insert(ticket, KEY, &"v".to_owned(), 1, NOW, 0, 1, NOW);
+        insert(&tier, ticket, KEY, &"v".to_owned(), 1, NOW, 0, 1, NOW);
         assert_eq!(tier.len(), 0);
     }
 
@@ -905,7 +1051,7 @@ mod tests {
         // A read sent before the report cannot put the old value back.
         let ticket = tier.ticket(KEY).unwrap();
         tier.changed(VALUE_KEY.as_bytes());
-        tier.insert(ticket, KEY, &"old".to_owned(), 7, FRESH, 0, 3, NOW);
+        insert(&tier, ticket, KEY, &"old".to_owned(), 7, FRESH, 0, 3, NOW);
         assert_eq!(read(&tier, KEY), None);
         // A flush drops every copy.
         tier.flushed();

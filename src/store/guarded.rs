@@ -282,6 +282,38 @@ impl Store for GuardedStore {
         self.through(self.inner.wake(keys))
     }
 
+    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
+        self.through(self.inner.born(clock))
+    }
+
+    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        self.through(self.inner.epochs(names))
+    }
+
+    fn raise_epochs<'a>(
+        &'a self,
+        names: &'a [String],
+        floor: u64,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.through(self.inner.raise_epochs(names, floor))
+    }
+
+    fn get_with_epochs<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
+        self.through(self.inner.get_with_epochs(keys, names))
+    }
+
+    fn get_many_with_epochs<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+        self.through(self.inner.get_many_with_epochs(entries, names))
+    }
+
     fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
         self.through(self.inner.ping())
     }

@@ -28,8 +28,9 @@ mod entry;
 mod shard;
 
 use std::any::TypeId;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -159,6 +160,14 @@ pub(crate) struct MemoryStore {
     /// `tokio::time`, so freshness follows paused time in tests like TTLs do.
     epoch_ms: u64,
     epoch: Instant,
+    /// The epochs raised by `clear` and `invalidate_tag` (by name; never removed: they are a
+    /// few per tag ever invalidated). Checked by every read of a value that carries them.
+    epochs: RwLock<HashMap<String, u64>>,
+    /// Whether any epoch was ever raised: until then the hit path takes no lock for them.
+    raised: AtomicBool,
+    /// The clock births and epochs are read from: a counter, strictly increasing, so a
+    /// computation that starts after an invalidation returned is born after it.
+    clock: AtomicU64,
 }
 
 impl Default for MemoryStore {
@@ -183,7 +192,22 @@ impl MemoryStore {
             wakeups: Arc::default(),
             epoch_ms: super::system_now_ms(),
             epoch: Instant::now(),
+            epochs: RwLock::default(),
+            raised: AtomicBool::new(false),
+            clock: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a value born at `born` outlived every epoch of `names`: none was raised at or
+    /// after its birth.
+    fn alive(&self, born: u64, names: &[String]) -> bool {
+        if !self.raised.load(Ordering::Acquire) {
+            return true;
+        }
+        let epochs = self.epochs.read().unwrap_or_else(PoisonError::into_inner);
+        names
+            .iter()
+            .all(|name| epochs.get(name).is_none_or(|&epoch| born > epoch))
     }
 
     /// The store's wall clock in microseconds at `now`: like `now_ms`, it moves with
@@ -278,6 +302,9 @@ impl MemoryStore {
         if decoded.fresh_until_ms <= self.ms_at(now) || decoded.type_id != TypeId::of::<T>() {
             return None;
         }
+        if !self.alive(decoded.born, &decoded.epochs) {
+            return None;
+        }
         decoded.value.downcast_ref::<T>().cloned()
     }
 
@@ -290,11 +317,15 @@ impl MemoryStore {
         bytes: &Arc<[u8]>,
         value: &T,
         fresh_until_ms: u64,
+        born: u64,
+        epochs: Box<[String]>,
     ) {
         let decoded = Arc::new(Decoded {
             type_id: TypeId::of::<T>(),
             value: Box::new(value.clone()),
             fresh_until_ms,
+            born,
+            epochs,
         });
         let now = Instant::now();
         lock(self.shard(&keys.value)).with_value(&keys.value, now, &self.totals, |held| {
@@ -524,6 +555,38 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn born<'a>(&'a self, _clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
+        let born = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
+        Box::pin(std::future::ready(Ok(born)))
+    }
+
+    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        let epochs = self.epochs.read().unwrap_or_else(PoisonError::into_inner);
+        let found = names
+            .iter()
+            .map(|name| epochs.get(name).copied().unwrap_or(0))
+            .collect();
+        Box::pin(std::future::ready(Ok(found)))
+    }
+
+    fn raise_epochs<'a>(
+        &'a self,
+        names: &'a [String],
+        floor: u64,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        {
+            let mut epochs = self.epochs.write().unwrap_or_else(PoisonError::into_inner);
+            for name in names {
+                let epoch = epochs.entry(name.clone()).or_insert(0);
+                *epoch = floor.max(epoch.saturating_add(1));
+                // Births from now on come after it.
+                self.clock.fetch_max(*epoch, Ordering::AcqRel);
+            }
+            self.raised.store(true, Ordering::Release);
+        }
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     fn now_ms(&self) -> u64 {
         self.ms_at(Instant::now())
     }
@@ -693,19 +756,19 @@ mod tests {
         let Some(Blob::Shared(first)) = store.get(&k).await.unwrap() else {
             panic!("the memory store shares its bytes");
         };
-        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until);
+        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until, 1, Box::default());
         assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("one"));
         assert_eq!(store.fresh::<Vec<u8>>("t", "a"), None, "another type");
         // A write replaces the bytes: the copy goes, and a late offer of the old one is refused.
         store.set(&k, b"v2".to_vec(), HOUR, LEASE).await.unwrap();
         assert_eq!(store.fresh::<String>("t", "a"), None);
-        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until);
+        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until, 1, Box::default());
         assert_eq!(store.fresh::<String>("t", "a"), None);
         // Never served at or after its fresh-until.
         let Some(Blob::Shared(second)) = store.get(&k).await.unwrap() else {
             panic!("the memory store shares its bytes");
         };
-        store.keep_decoded(&k, &second, &"two".to_owned(), fresh_until);
+        store.keep_decoded(&k, &second, &"two".to_owned(), fresh_until, 1, Box::default());
         tokio::time::advance(Duration::from_millis(59_999)).await;
         assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("two"));
         tokio::time::advance(Duration::from_millis(1)).await;

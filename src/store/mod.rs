@@ -469,6 +469,49 @@ pub(crate) trait Store: LockStore {
         })
     }
 
+    /// The namespace's clock now: microseconds on Redis (the server's `TIME`, on the node that
+    /// holds `clock`, the namespace's clear key, so that every epoch and every birth of a
+    /// namespace is read from one clock even on a cluster); a counter in memory. A value records
+    /// it as its birth when its computation starts (see `cache/tags.rs`).
+    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>>;
+
+    /// The epochs under `names` (clear and tag keys), in order: 0 for one never raised.
+    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>>;
+
+    /// Raises each epoch to at least `floor` and above what it was, for ever (no expiry), and
+    /// tells the near tiers (announced like an entry's change). One request per name, all sent
+    /// at once; the first failure is reported, after every name was tried.
+    fn raise_epochs<'a>(
+        &'a self,
+        names: &'a [String],
+        floor: u64,
+    ) -> BoxFuture<'a, StoreResult<()>>;
+
+    /// [`get`](Self::get) and [`epochs`](Self::epochs) of `names` together: on Redis one `MGET`
+    /// (on a cluster, split per slot by the client and sent at once).
+    fn get_with_epochs<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
+        Box::pin(async move {
+            let value = self.get(keys).await?;
+            Ok((value, self.epochs(names).await?))
+        })
+    }
+
+    /// [`get_many`](Self::get_many) and [`epochs`](Self::epochs) of `names`, sent at once.
+    fn get_many_with_epochs<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+        Box::pin(async move {
+            let (values, epochs) = tokio::join!(self.get_many(entries), self.epochs(names));
+            Ok((values?, epochs?))
+        })
+    }
+
     /// Wakes the waiters of `keys` without changing anything (a split store's value side, when
     /// the lock side freed a lock without a value landing).
     fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>>;

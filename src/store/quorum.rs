@@ -372,6 +372,18 @@ mod tests {
             self.answer()
         }
 
+        fn born<'a>(&'a self, _: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
+            self.answer()
+        }
+
+        fn epochs<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+            self.answer()
+        }
+
+        fn raise_epochs<'a>(&'a self, _: &'a [String], _: u64) -> BoxFuture<'a, StoreResult<()>> {
+            self.answer()
+        }
+
         fn read_or_lock<'a>(
             &'a self,
             _: &'a EntryKeys,

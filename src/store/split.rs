@@ -231,6 +231,39 @@ impl Store for SplitStore {
         self.values.wake(keys)
     }
 
+    // Epochs and births live with the values they judge.
+    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
+        self.values.born(clock)
+    }
+
+    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        self.values.epochs(names)
+    }
+
+    fn raise_epochs<'a>(
+        &'a self,
+        names: &'a [String],
+        floor: u64,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        self.values.raise_epochs(names, floor)
+    }
+
+    fn get_with_epochs<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
+        self.values.get_with_epochs(keys, names)
+    }
+
+    fn get_many_with_epochs<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+        self.values.get_many_with_epochs(entries, names)
+    }
+
     fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
         self.values.ping()
     }

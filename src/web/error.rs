@@ -48,7 +48,8 @@ pub fn status(error: &Error) -> StatusCode {
         | Error::ValueTooLarge { .. }
         | Error::Config(_)
         | Error::NotHeld { .. }
-        | Error::MissingFromBatch { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        | Error::MissingFromBatch { .. }
+        | Error::TooManyTags { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 

@@ -115,14 +115,63 @@ pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
     out.push('}');
 }
 
+/// The most tags one value may carry: every read of it reads that many epochs.
+pub const MAX_TAGS: usize = 16;
+
+/// The namespace's epoch, `ns:{%c}`: raised by `Cache::clear`; a value born before it is gone.
+/// Also the key whose server keeps the namespace's clock (see `Store::born`). `%` followed by
+/// a letter that is no hex digit never comes out of escaping a user key, so no user key (nor
+/// its lock, fence or channel) can share this name, and it lies under the value-key prefix
+/// the near tier's tracking watches.
+pub(crate) fn clear_key(namespace: &str) -> String {
+    format!("{namespace}:{{%c}}")
+}
+
+/// The epoch of `tag`, `ns:{%t:<escaped tag>}`: raised by `Cache::invalidate_tag`. Its own hash
+/// tag, so the tags of a namespace spread over a cluster's slots. Checked like a key: an empty
+/// tag or one over [`MAX_KEY_BYTES`] is [`Error::InvalidKey`].
+pub(crate) fn tag_key(namespace: &str, tag: &str) -> Result<String, Error> {
+    if tag.is_empty() {
+        return Err(invalid(tag, "a tag must not be empty"));
+    }
+    if tag.len() > MAX_KEY_BYTES {
+        return Err(invalid(
+            tag,
+            "a tag must be at most MAX_KEY_BYTES (512) bytes long",
+        ));
+    }
+    let mut out = String::with_capacity(namespace.len() + tag.len() + 8);
+    out.push_str(namespace);
+    out.push_str(":{%t:");
+    escape_into(tag, &mut out);
+    out.push('}');
+    Ok(out)
+}
+
+/// Whether `name` is an epoch of `namespace` (its [`clear_key`] or a [`tag_key`]): what a near
+/// tier holds besides copies, and drops when Redis reports it changed.
+pub(crate) fn is_epoch_key(namespace: &str, name: &str) -> bool {
+    name.strip_prefix(namespace)
+        .and_then(|rest| rest.strip_prefix(":{%"))
+        .is_some_and(|rest| rest == "c}" || (rest.starts_with("t:") && rest.ends_with('}')))
+}
+
+/// The prefixes of the namespace's epochs, for `CLIENT TRACKING ... PREFIX` when the tracked
+/// value keys are narrowed: neither covers nor is covered by an escaped user-key prefix.
+pub(crate) fn epoch_key_prefixes(namespace: &str) -> [String; 2] {
+    [format!("{namespace}:{{%c}}"), format!("{namespace}:{{%t:")]
+}
+
 /// The prefixes of value keys that cover every user key starting with one of `prefixes` (all of
-/// the namespace's value keys for an empty list), for `CLIENT TRACKING ... BCAST PREFIX`:
+/// the namespace's value keys for an empty list), and the namespace's epochs (tags and clear),
+/// for `CLIENT TRACKING ... BCAST PREFIX`:
 /// escaping works byte by byte, so the escaped prefix of a key is a prefix of its escaped key.
 /// A prefix that another one covers is left out: Redis refuses overlapping prefixes.
 pub(crate) fn value_key_prefixes(namespace: &str, prefixes: &[String]) -> Vec<String> {
     let mut escaped: Vec<String> = if prefixes.is_empty() {
         vec![format!("{namespace}:{{")]
     } else {
+        // The namespace's epochs judge every value, whatever its key: always tracked.
         prefixes
             .iter()
             .map(|prefix| {
@@ -130,6 +179,7 @@ pub(crate) fn value_key_prefixes(namespace: &str, prefixes: &[String]) -> Vec<St
                 escape_into(prefix, &mut out);
                 out
             })
+            .chain(epoch_key_prefixes(namespace))
             .collect()
     };
     // Sorted, a prefix comes right before the names it covers.
@@ -230,6 +280,31 @@ mod tests {
     }
 
     #[test]
+    fn epoch_keys_are_no_user_key_and_are_recognised() {
+        let clear = clear_key("reports");
+        assert_eq!(clear, "reports:{%c}");
+        let tag = tag_key("reports", "tenant 42/{x}").unwrap();
+        assert_eq!(tag, "reports:{%t:tenant%2042/%7Bx%7D}");
+        for name in [&clear, &tag] {
+            assert_eq!(user_key_of("reports", name), None, "{name}");
+            assert!(is_epoch_key("reports", name), "{name}");
+            assert!(!is_epoch_key("other", name), "{name}");
+        }
+        // Keys whose escaped form starts with `%` are values, not epochs.
+        for key in ["%c", "%t:x", "{"] {
+            let keys = EntryKeys::new("reports", key).unwrap();
+            assert!(!is_epoch_key("reports", &keys.value), "{key}");
+            assert!(user_key_of("reports", &keys.value).is_some());
+            assert!(!keys.value.starts_with(&epoch_key_prefixes("reports")[1]));
+            assert!(!keys.value.starts_with(&epoch_key_prefixes("reports")[0]));
+        }
+        assert!(matches!(tag_key("reports", ""), Err(Error::InvalidKey { .. })));
+        let long = "t".repeat(MAX_KEY_BYTES + 1);
+        assert!(matches!(tag_key("reports", &long), Err(Error::InvalidKey { .. })));
+        assert!(tag_key("reports", &long[1..]).is_ok());
+    }
+
+    #[test]
     fn value_keys_lead_back_to_user_keys_and_other_names_to_none() {
         let keys = EntryKeys::new("reports", "2019 05 {x}").unwrap();
         assert_eq!(
@@ -260,7 +335,10 @@ mod tests {
                 "report:2019".into(),
             ],
         );
-        assert_eq!(some, ["ns:{a%20b", "ns:{rep"]);
+        assert_eq!(some, ["ns:{%c}", "ns:{%t:", "ns:{a%20b", "ns:{rep"]);
+        // A user prefix starting with `%` neither covers nor is covered by the epochs'.
+        let odd = value_key_prefixes("ns", &["%".into()]);
+        assert_eq!(odd, ["ns:{%25", "ns:{%c}", "ns:{%t:"]);
         for key in ["a b c", "report:2019-05"] {
             let keys = EntryKeys::new("ns", key).unwrap();
             assert!(

@@ -231,11 +231,13 @@ where
     for _ in &locked {
         cache.inner.counters.record(Event::Compute);
     }
+    // One birth for the batch, before `f` runs (see `cache/tags.rs`).
+    let born = cache.born_now().await;
     let (ran, took) = call_within_hard_timeout(&cache, &f, names).await;
     match ran {
-        Some(Ok(values)) => store_values(&cache, locked, values, ttl, took).await,
-        Some(Err(e)) => fail_all(&cache, locked, e).await,
-        None => time_out_all::<C, T, E>(&cache, locked, took).await,
+        Some(Ok(values)) => store_values(&cache, locked, values, ttl, (took, born)).await,
+        Some(Err(e)) => fail_all(&cache, locked, e, born).await,
+        None => time_out_all::<C, T, E>(&cache, locked, took, born).await,
     }
 }
 
@@ -263,7 +265,7 @@ async fn store_values<C, T>(
     locked: Vec<Locked>,
     mut values: HashMap<String, Computed<T>>,
     ttl: Duration,
-    took: Duration,
+    took: (Duration, u64),
 ) -> Results<T>
 where
     C: Codec,
@@ -296,7 +298,7 @@ where
 
 /// `f` failed: every locked key's failure is handled as its [`OnFailure`] says, and each gets
 /// the error.
-async fn fail_all<C, T, E>(cache: &Cache<C>, locked: Vec<Locked>, e: E) -> Results<T>
+async fn fail_all<C, T, E>(cache: &Cache<C>, locked: Vec<Locked>, e: E, born: u64) -> Results<T>
 where
     C: Codec,
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -308,7 +310,7 @@ where
         .into_iter()
         .map(|l| async move {
             cache
-                .after_failure::<T, E>(l.held, &l.keys, l.on_failure, Some(failed))
+                .after_failure::<T, E>(l.held, &l.keys, l.on_failure, Some(failed), born)
                 .await;
         })
         .collect::<Vec<_>>();
@@ -319,7 +321,12 @@ where
 
 /// `f` hit the hard timeout (and was dropped): every locked key's failure is handled as its
 /// [`OnFailure`] says, without remembering it, and each gets [`Error::ComputeTimeout`].
-async fn time_out_all<C, T, E>(cache: &Cache<C>, locked: Vec<Locked>, took: Duration) -> Results<T>
+async fn time_out_all<C, T, E>(
+    cache: &Cache<C>,
+    locked: Vec<Locked>,
+    took: Duration,
+    born: u64,
+) -> Results<T>
 where
     C: Codec,
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -332,7 +339,7 @@ where
         .map(|l| async move {
             cache.inner.counters.record(Event::HardTimeout);
             cache
-                .after_failure::<T, E>(l.held, &l.keys, l.on_failure, None)
+                .after_failure::<T, E>(l.held, &l.keys, l.on_failure, None, born)
                 .await;
             Err(Error::ComputeTimeout {
                 key: l.keys.user.clone(),

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::{Batch, Outcome, Settled, Step};
 use crate::cache::claim::{Claim, Start};
+use crate::cache::tags::Epochs;
 use crate::cache::failsafe::{Kept, Sorted};
 use crate::join::join_all;
 use crate::lock::lease::{Acquiring, HeldLock};
@@ -162,20 +163,14 @@ where
                     answered.computing.push((l, held));
                 }
             }
-            Ok(ReadOrLock::Value(bytes)) => {
+            Ok(ReadOrLock::Value(_)) => {
+                // A value landed between the batch's read and its lock request (rare): the
+                // key's own loop reads it again with its epochs, which a value needs before it
+                // is served (a tag or a clear may have invalidated it), and serves or replaces it.
                 acquiring.refused();
-                let entry = cache.read_stored::<T>(&l.keys, &bytes);
-                match entry.map(|entry| cache.sort(entry)) {
-                    Some(Sorted::Serve(entry)) => {
-                        let outcome = self.serve(entry, &l.keys, Source::Hit);
-                        answered.settled.push(l.settle(outcome));
-                    }
-                    Some(Sorted::Past(_)) | None => {
-                        answered
-                            .waits
-                            .push(Box::pin(self.hold_on(l, Start::Replace)));
-                    }
-                }
+                answered
+                    .waits
+                    .push(Box::pin(self.hold_on(l, Start::Read)));
             }
             Ok(ReadOrLock::Held { expires_in }) => {
                 acquiring.refused();
@@ -239,22 +234,39 @@ where
         let cache = self.cache;
         let entries: Vec<&EntryKeys> = taken_over.iter().map(|(l, _)| &*l.keys).collect();
         // A failed read finds nothing: the keys are computed, without a fallback it cannot vouch for.
-        let found: Vec<Option<Blob>> = cache
+        let names = &cache.tagging.names;
+        let (found, epochs): (Vec<Option<Blob>>, Vec<u64>) = cache
             .inner
             .store
-            .get_many(&entries)
+            .get_many_with_epochs(&entries, names)
             .await
             .unwrap_or_default();
-        let mut found = found.into_iter();
+        let mut epochs = Epochs::of(names, epochs);
+        let decoded: Vec<_> = found
+            .into_iter()
+            .zip(&taken_over)
+            .map(|(bytes, (l, _))| {
+                let entry = bytes
+                    .as_ref()
+                    .and_then(|bytes| cache.read_stored::<T>(&l.keys, bytes));
+                (bytes, entry)
+            })
+            .collect();
+        // A value invalidated by a tag or a clear is neither served nor kept as a fallback;
+        // epochs that cannot be read count as raised.
+        let entries = decoded.iter().filter_map(|(_, entry)| entry.as_ref());
+        let _ = cache.complete_epochs(entries, &mut epochs).await;
+        let mut found = decoded.into_iter();
         let mut landed = Vec::new();
         let mut releases = Vec::new();
         let mut locked = Vec::new();
         for (mut l, held) in taken_over {
-            let bytes = found.next().flatten();
-            let now = bytes.as_ref().and_then(|bytes| {
-                let entry = cache.read_stored::<T>(&l.keys, bytes)?;
-                Some((cache.sort(entry), bytes))
-            });
+            let (bytes, entry) = found.next().unwrap_or((None, None));
+            let entry = entry.filter(|entry| cache.alive_by(entry, &epochs));
+            let now = bytes
+                .as_ref()
+                .zip(entry)
+                .map(|(bytes, entry)| (cache.sort(entry), bytes));
             match now {
                 Some((Sorted::Serve(entry), _)) => {
                     releases.push(held.release());

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::{Batch, Outcome};
+use crate::cache::tags::Epochs;
 use crate::cache::failsafe::Sorted;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
@@ -59,23 +60,40 @@ where
             .collect();
         let entries: Vec<&EntryKeys> = remote.iter().map(|&slot| &*distinct[slot]).collect();
         // Writes of these keys still queued go first (auto-recovery); failing, they fail the read.
+        // The epochs of the namespace and the handle's tags go in the same round trip.
+        let names = &cache.tagging.names;
         let read = match cache.replay_queued(&entries).await {
-            Ok(()) => cache.inner.store.get_many(&entries).await,
+            Ok(()) => cache.inner.store.get_many_with_epochs(&entries, names).await,
             Err(e) => Err(e),
         };
         match read {
-            Ok(values) => {
-                for ((&slot, ticket), bytes) in remote.iter().zip(tickets).zip(values) {
+            Ok((values, epochs)) => {
+                let mut epochs = Epochs::of(names, epochs);
+                let read: Vec<_> = values
+                    .into_iter()
+                    .zip(remote.iter())
+                    .map(|(bytes, &slot)| {
+                        let keys = &distinct[slot];
+                        cache.reached_backend(keys);
+                        let entry = bytes.as_ref().and_then(|b| cache.read_stored::<T>(keys, b));
+                        (bytes, entry)
+                    })
+                    .collect();
+                // Other tags' epochs, for every key at once: one more round trip at most. If
+                // they cannot be read, those values are replaced (as for one key).
+                let entries = read.iter().filter_map(|(_, entry)| entry.as_ref());
+                let _ = cache.complete_epochs(entries, &mut epochs).await;
+                for ((&slot, ticket), (bytes, entry)) in remote.iter().zip(tickets).zip(read) {
                     let keys = &distinct[slot];
-                    cache.reached_backend(keys);
                     let Some(bytes) = bytes else { continue };
-                    let entry = cache.read_stored::<T>(keys, &bytes);
+                    let entry = entry.filter(|entry| cache.alive_by(entry, &epochs));
                     match entry.map(|entry| cache.sort(entry)) {
                         Some(Sorted::Serve(entry)) => {
-                            cache.remember_near(ticket, keys, &entry, bytes.len());
+                            cache.remember_near(ticket, keys, &entry, bytes.len(), &epochs);
                             outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
                         }
-                        // Past its stale window, or unreadable bytes.
+                        // Past its stale window, unreadable bytes, or invalidated by a tag or a
+                        // clear.
                         Some(Sorted::Past(_)) | None => replace[slot] = true,
                     }
                 }

@@ -65,6 +65,9 @@ pub(super) struct Decoded {
     pub(super) type_id: TypeId,
     pub(super) value: Box<dyn Any + Send + Sync>,
     pub(super) fresh_until_ms: u64,
+    /// Its birth, and the epochs that judge it (its namespace's clear key, then its tags').
+    pub(super) born: u64,
+    pub(super) epochs: Box<[String]>,
 }
 
 impl std::fmt::Debug for Decoded {

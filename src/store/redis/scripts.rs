@@ -19,6 +19,7 @@ use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Val
 
 use crate::store::{expiry_ms, retention, StoreError, StoreResult, Write};
 
+mod epoch;
 mod extend;
 mod invalidate;
 mod next_fence;
@@ -32,6 +33,7 @@ mod unlock;
 mod wake;
 mod write_fenced;
 
+pub(crate) use epoch::{ClockCall, RaiseEpochCall};
 pub(crate) use extend::ExtendCall;
 pub(crate) use invalidate::{InvalidateCall, InvalidateManyCall};
 pub(crate) use next_fence::NextFenceCall;
@@ -254,6 +256,8 @@ pub(crate) struct Scripts {
     wake: Script,
     record_run: Script,
     since_last_run: Script,
+    clock: Script,
+    raise_epoch: Script,
 }
 
 impl Scripts {
@@ -276,6 +280,8 @@ impl Scripts {
             wake: script(wake::WAKE),
             record_run: script(record_run::RECORD_RUN),
             since_last_run: script(since_last_run::SINCE_LAST_RUN),
+            clock: script(epoch::CLOCK),
+            raise_epoch: script(epoch::RAISE_EPOCH),
         }
     }
 }

@@ -14,8 +14,8 @@ use super::connection::ConnectionOptions;
 use super::eviction::Answered;
 use super::pubsub::PubSub;
 use super::scripts::{
-    self, unexpected, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
-    RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall, Scripts,
+    self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
+    RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall, Scripts,
     SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall, SCRIPTS,
     SHARDED_SCRIPTS,
 };
@@ -218,6 +218,39 @@ where
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 
+    /// One `MGET` of `names` (the epochs), each read as a number: 0 when absent. Bytes that
+    /// are not a number are another program's: read as the highest epoch (every value that
+    /// carries it is gone) until `raise_epochs` repairs it.
+    async fn mget_epochs(&self, value: Option<&EntryKeys>, names: &[String]) -> StoreResult<(Option<Blob>, Vec<u64>)> {
+        let mut conn = self.conn.clone();
+        let mut mget = redis::cmd("MGET");
+        if let Some(keys) = value {
+            mget.arg(&keys.value);
+        }
+        for name in names {
+            mget.arg(name);
+        }
+        let about = value.map_or_else(|| names[0].as_str(), |keys| keys.value.as_str());
+        let mut read: Vec<Option<Vec<u8>>> = mget
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| StoreError::from(e).about(about))?;
+        if read.len() != names.len() + usize::from(value.is_some()) {
+            return Err(unexpected("mget: wrong number of values", &Value::Nil));
+        }
+        let bytes = if value.is_some() {
+            read.remove(0).map(Blob::Owned)
+        } else {
+            None
+        };
+        let epochs = read
+            .iter()
+            .zip(names)
+            .map(|(epoch, name)| parse_epoch(name, epoch.as_deref()))
+            .collect();
+        Ok((bytes, epochs))
+    }
+
     /// One `MGET` of `entries` (at most [`CHUNK_KEYS`] of them): their values in order.
     async fn mget(&self, entries: &[&EntryKeys]) -> StoreResult<Vec<Option<Blob>>> {
         let mut conn = self.conn.clone();
@@ -351,6 +384,68 @@ where
             lease,
             read_value,
         }))
+    }
+
+    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
+        Box::pin(self.run(ClockCall { clock }))
+    }
+
+    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+        Box::pin(async move {
+            if names.is_empty() {
+                return Ok(Vec::new());
+            }
+            Ok(self.mget_epochs(None, names).await?.1)
+        })
+    }
+
+    fn raise_epochs<'a>(
+        &'a self,
+        names: &'a [String],
+        floor: u64,
+    ) -> BoxFuture<'a, StoreResult<()>> {
+        Box::pin(async move {
+            let near_channel = self.near_channel.as_str();
+            let raises = names.iter().map(|name| {
+                self.run(RaiseEpochCall {
+                    name,
+                    floor,
+                    near_channel,
+                })
+            });
+            let mut first_error = None;
+            for raised in join_all(raises.collect()).await {
+                if let Err(e) = raised {
+                    first_error.get_or_insert(e);
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        })
+    }
+
+    fn get_with_epochs<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
+        Box::pin(async move {
+            if names.is_empty() {
+                return Ok((self.get(keys).await?, Vec::new()));
+            }
+            self.mget_epochs(Some(keys), names).await
+        })
+    }
+
+    fn get_many_with_epochs<'a>(
+        &'a self,
+        entries: &'a [&'a EntryKeys],
+        names: &'a [String],
+    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+        Box::pin(async move {
+            // The epochs' MGET goes out with the values' chunks: one round trip for all.
+            let (values, epochs) = tokio::join!(self.get_many(entries), self.epochs(names));
+            Ok((values?, epochs?))
+        })
     }
 
     fn get_many<'a>(
@@ -562,5 +657,17 @@ mod tests {
             requests,
             [vec![0, 2, 4], vec![6, 8], vec![1, 3, 5], vec![7, 9]]
         );
+    }
+}
+
+/// An epoch as `MGET` read it (see [`RedisStore::mget_epochs`]).
+fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
+    let Some(bytes) = bytes else { return 0 };
+    match std::str::from_utf8(bytes).ok().and_then(|text| text.parse().ok()) {
+        Some(epoch) => epoch,
+        None => {
+            tracing::warn!(epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
+            u64::MAX
+        }
     }
 }

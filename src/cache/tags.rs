@@ -1,0 +1,255 @@
+//! Tags and clear: every value of a tag, or of the whole namespace, invalidated in a constant
+//! number of commands, whatever the number of values.
+//!
+//! The rule. Every value records its birth (`born`): the namespace's clock when the computation
+//! that produced it started, read after its lock was granted and before `f` ran (or when a `set`
+//! was made). Each tag, and the namespace itself, has an epoch: the clock when it was last
+//! invalidated (`invalidate_tag`, `clear`). A value is alive while it was born after the
+//! namespace's epoch and after the epoch of each of its tags; otherwise it is gone: read as a
+//! miss by every path (the single-key path, the batch, `get`, the fail-safe's fallback, the near
+//! tier, the embedded store's decoded hits), replaced under the lock like bytes that do not
+//! decode, and never served stale or as a fallback (BentoCache #71, rockscache #12).
+//!
+//! So a computation that started before an invalidation returned can write its value, but the
+//! value is born before the epoch and nobody reads it: the fence rule of `invalidate`, per tag.
+//! A computation that starts after it returned is born after the epoch (the clock is one clock:
+//! on a cluster, the node that holds the namespace's clear key; see `Store::born`).
+//!
+//! Nothing is deleted: the space is reclaimed by TTL or eviction. An epoch is a key with no
+//! expiry (one per tag ever invalidated, and one per namespace); losing one (`DEL`, eviction
+//! under an `allkeys-*` policy) brings back the values it had invalidated, as losing a fencing
+//! counter does (see `docs/tags.md`).
+//!
+//! Clear is its own epoch, checked on every read, not a special tag some path may forget
+//! (FusionCache #600).
+
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+
+use crate::cache::entry::StoredEntry;
+use crate::options::CallOptions;
+use crate::store::{Blob, StoreResult};
+use crate::wire::codec::Codec;
+use crate::wire::key::{self, EntryKeys, MAX_TAGS};
+use crate::{Cache, Error};
+
+/// The epochs a handle reads with every value, from its namespace and its
+/// [`CallOptions::tags`].
+#[derive(Clone, Debug)]
+pub(crate) struct Tagging {
+    /// The namespace's clear key, then the epochs of the handle's tags: read with the value in
+    /// one round trip.
+    pub(crate) names: Arc<[String]>,
+    /// Why the handle's tags cannot be used (an empty or over-long tag, too many), if so:
+    /// every call of the handle reports it.
+    pub(crate) invalid: Option<Error>,
+}
+
+impl Tagging {
+    pub(crate) fn new(namespace: &str, options: &CallOptions) -> Self {
+        let mut names = vec![key::clear_key(namespace)];
+        let mut invalid = None;
+        for tag in options.tags_ref() {
+            match key::tag_key(namespace, tag) {
+                Ok(name) if !names.contains(&name) => names.push(name),
+                Ok(_) => {}
+                Err(e) => {
+                    invalid.get_or_insert(e);
+                }
+            }
+        }
+        if names.len() - 1 > MAX_TAGS {
+            invalid.get_or_insert(Error::TooManyTags {
+                key: "(any: the handle's CallOptions::tags)".to_owned(),
+                tags: names.len() - 1,
+                limit: MAX_TAGS,
+            });
+        }
+        Tagging {
+            names: names.into(),
+            invalid,
+        }
+    }
+}
+
+/// The epochs a read found, by name.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Epochs {
+    found: Vec<(String, u64)>,
+}
+
+impl Epochs {
+    /// What a read of `names` answered (`values` in the same order).
+    pub(crate) fn of(names: &[String], values: Vec<u64>) -> Self {
+        Epochs {
+            found: names.iter().cloned().zip(values).collect(),
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<u64> {
+        self.found
+            .iter()
+            .find(|(held, _)| held == name)
+            .map(|(_, epoch)| *epoch)
+    }
+
+    fn add(&mut self, names: Vec<String>, values: Vec<u64>) {
+        self.found.extend(names.into_iter().zip(values));
+    }
+
+    /// Every epoch read, by name: the near tier holds them beside its copies.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.found.iter().map(|(name, epoch)| (name.as_str(), *epoch))
+    }
+}
+
+impl<C: Codec> Cache<C> {
+    /// The handle's tags, if they can be used: checked by every call before it reads.
+    pub(crate) fn check_tags(&self) -> Result<(), Error> {
+        match &self.tagging.invalid {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    /// The epoch names of a value with `tags`: the namespace's clear key, then one per tag.
+    /// A tag that is no longer valid (written by another version) makes the value unreadable.
+    fn epoch_names(&self, tags: &[String]) -> Option<Vec<String>> {
+        let namespace = &self.inner.namespace;
+        std::iter::once(Ok(key::clear_key(namespace)))
+            .chain(tags.iter().map(|tag| key::tag_key(namespace, tag)))
+            .collect::<Result<_, _>>()
+            .ok()
+    }
+
+    /// The epoch names of `tags` alone (no clear key), or `None` if one is no longer valid.
+    pub(crate) fn tag_epoch_names(&self, tags: &[String]) -> Option<Vec<String>> {
+        tags.iter()
+            .map(|tag| key::tag_key(&self.inner.namespace, tag))
+            .collect::<Result<_, _>>()
+            .ok()
+    }
+
+    /// Reads the value of `keys` with the epochs every read asks for (the namespace's and the
+    /// handle's tags'), in one round trip.
+    pub(crate) async fn read_with_epochs(
+        &self,
+        keys: &EntryKeys,
+    ) -> StoreResult<(Option<Blob>, Epochs)> {
+        let names = &self.tagging.names;
+        let (bytes, values) = self.inner.store.get_with_epochs(keys, names).await?;
+        Ok((bytes, Epochs::of(names, values)))
+    }
+
+    /// Reads, in one request, the epochs `entries` need that `epochs` lacks (tags the handle
+    /// did not name: one more round trip).
+    pub(crate) async fn complete_epochs<'e, T: 'e>(
+        &self,
+        entries: impl IntoIterator<Item = &'e StoredEntry<T>>,
+        epochs: &mut Epochs,
+    ) -> StoreResult<()> {
+        let mut missing: Vec<String> = Vec::new();
+        for entry in entries {
+            for name in self.epoch_names(&entry.tags).into_iter().flatten() {
+                if epochs.get(&name).is_none() && !missing.contains(&name) {
+                    missing.push(name);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let values = self.inner.store.epochs(&missing).await?;
+            epochs.add(missing, values);
+        }
+        Ok(())
+    }
+
+    /// Whether `entry` was born after the namespace's epoch and each of its tags' in `epochs`;
+    /// an epoch `epochs` lacks counts as raised.
+    pub(crate) fn alive_by<T>(&self, entry: &StoredEntry<T>, epochs: &Epochs) -> bool {
+        self.epoch_names(&entry.tags).is_some_and(|names| {
+            names
+                .iter()
+                .all(|name| epochs.get(name).is_some_and(|epoch| entry.born > epoch))
+        })
+    }
+
+    /// Whether `entry` is alive, reading the epochs `epochs` lacks.
+    pub(crate) async fn alive<T>(
+        &self,
+        entry: &StoredEntry<T>,
+        epochs: &mut Epochs,
+    ) -> StoreResult<bool> {
+        self.complete_epochs([entry], epochs).await?;
+        Ok(self.alive_by(entry, epochs))
+    }
+
+    /// [`read_stored`](Self::read_stored), then [`alive`](Self::alive): a value invalidated by
+    /// a tag or a clear is no value (logged at debug), and neither is one whose epochs could
+    /// not be read (the call's next request meets the same failure and reports it).
+    pub(crate) async fn read_live<T: DeserializeOwned + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &[u8],
+        epochs: &mut Epochs,
+    ) -> Option<StoredEntry<T>> {
+        let entry = self.read_stored::<T>(keys, bytes)?;
+        match self.alive(&entry, epochs).await {
+            Ok(true) => Some(entry),
+            Ok(false) => {
+                tracing::debug!(key = %keys.user, "the value was invalidated by a tag or a clear; treating it as a miss");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(key = %keys.user, error = %e, "could not read the value's epochs; treating it as a miss");
+                None
+            }
+        }
+    }
+
+    /// The namespace's clock now, as a new value's birth. If it cannot be read, 0: the value
+    /// is then gone after any clear or invalidation of its tags (safe, and it is recomputed).
+    pub(crate) async fn born_now(&self) -> u64 {
+        let clock = &self.tagging.names[0];
+        match self.inner.store.born(clock).await {
+            Ok(born) => born,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the namespace's clock; the value is born at 0");
+                0
+            }
+        }
+    }
+
+    /// The tags of a value of `key`: the handle's and the computation's, each once, checked.
+    pub(crate) fn value_tags(&self, key: &str, computed: &[String]) -> Result<Vec<String>, Error> {
+        let mut tags: Vec<String> = Vec::new();
+        for tag in self.options.tags_ref().iter().chain(computed) {
+            if !tags.contains(tag) {
+                key::tag_key(&self.inner.namespace, tag)?;
+                tags.push(tag.clone());
+            }
+        }
+        if tags.len() > MAX_TAGS {
+            return Err(Error::TooManyTags {
+                key: key.to_owned(),
+                tags: tags.len(),
+                limit: MAX_TAGS,
+            });
+        }
+        Ok(tags)
+    }
+
+    /// Raises the epochs `names` to the namespace's clock now: what `invalidate_tag` and
+    /// `clear` send (two requests, whatever the number of values).
+    pub(crate) async fn raise(&self, names: &[String]) -> StoreResult<()> {
+        let floor = self.inner.store.born(&self.tagging.names[0]).await?;
+        let raised = self.inner.store.raise_epochs(names, floor).await;
+        // Also after a failure: the raise may have been applied. Read-your-writes here.
+        if let Some(near) = &self.inner.near {
+            for name in names {
+                near.epoch_changed(name);
+            }
+        }
+        raised
+    }
+}
