@@ -280,7 +280,11 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
         bytes: &[u8],
     ) -> ControlFlow<Claim<T>> {
         let mut epochs = Epochs::default();
-        if let Some(entry) = self.cache.read_live::<T>(self.keys, bytes, &mut epochs).await {
+        if let Some(entry) = self
+            .cache
+            .read_live::<T>(self.keys, bytes, &mut epochs)
+            .await
+        {
             if let Sorted::Serve(entry) = self.cache.sort(entry) {
                 return Break(Claim::Found(entry, self.found));
             }

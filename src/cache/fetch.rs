@@ -217,10 +217,7 @@ impl<C: Codec> Cache<C> {
     /// one `MGET` on Redis. A write of this
     /// key still queued goes first (auto-recovery; failing, it fails the read), and an answer
     /// drops what the near tier held of the key from before an outage.
-    pub(crate) async fn first_read(
-        &self,
-        keys: &EntryKeys,
-    ) -> StoreResult<(Option<Blob>, Epochs)> {
+    pub(crate) async fn first_read(&self, keys: &EntryKeys) -> StoreResult<(Option<Blob>, Epochs)> {
         self.replay_queued(&[keys]).await?;
         let read = self.read_with_epochs(keys).await;
         if read.is_ok() {

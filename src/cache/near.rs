@@ -78,8 +78,8 @@
 //! Explained in the guide: `docs/near-cache.md`.
 
 use std::any::{Any, TypeId};
-use std::hash::BuildHasher;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -354,7 +354,10 @@ impl NearTier {
         if copy.tag_epochs.is_empty() {
             return true;
         }
-        let epochs = self.tag_epochs.read().unwrap_or_else(PoisonError::into_inner);
+        let epochs = self
+            .tag_epochs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         copy.tag_epochs
             .iter()
             .all(|name| epochs.get(name).is_some_and(|&epoch| copy.born > epoch))
@@ -367,7 +370,10 @@ impl NearTier {
             return;
         }
         {
-            let mut tags = self.tag_epochs.write().unwrap_or_else(PoisonError::into_inner);
+            let mut tags = self
+                .tag_epochs
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             for (name, epoch) in epochs.iter() {
                 if name == self.clear_key {
                     self.clear_epoch.store(epoch, Ordering::Release);

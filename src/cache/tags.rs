@@ -100,7 +100,9 @@ impl Epochs {
 
     /// Every epoch read, by name: the near tier holds them beside its copies.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.found.iter().map(|(name, epoch)| (name.as_str(), *epoch))
+        self.found
+            .iter()
+            .map(|(name, epoch)| (name.as_str(), *epoch))
     }
 }
 

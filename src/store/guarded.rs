@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::breaker::{watch_period, Admit, Breaker};
 use super::wakeup::Listener;
 use super::{
-    Acquire, Blob, BoxFuture, LockStore, MemoryStore, ReadOrLock, Store, StoreError, StoreResult,
-    Stored, Write,
+    Acquire, Blob, BoxFuture, LockStore, ManyWithEpochs, MemoryStore, ReadOrLock, Store,
+    StoreError, StoreResult, Stored, Write,
 };
 use crate::wire::key::EntryKeys;
 
@@ -310,7 +310,7 @@ impl Store for GuardedStore {
         &'a self,
         entries: &'a [&'a EntryKeys],
         names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
         self.through(self.inner.get_many_with_epochs(entries, names))
     }
 

@@ -756,19 +756,40 @@ mod tests {
         let Some(Blob::Shared(first)) = store.get(&k).await.unwrap() else {
             panic!("the memory store shares its bytes");
         };
-        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until, 1, Box::default());
+        store.keep_decoded(
+            &k,
+            &first,
+            &"one".to_owned(),
+            fresh_until,
+            1,
+            Box::default(),
+        );
         assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("one"));
         assert_eq!(store.fresh::<Vec<u8>>("t", "a"), None, "another type");
         // A write replaces the bytes: the copy goes, and a late offer of the old one is refused.
         store.set(&k, b"v2".to_vec(), HOUR, LEASE).await.unwrap();
         assert_eq!(store.fresh::<String>("t", "a"), None);
-        store.keep_decoded(&k, &first, &"one".to_owned(), fresh_until, 1, Box::default());
+        store.keep_decoded(
+            &k,
+            &first,
+            &"one".to_owned(),
+            fresh_until,
+            1,
+            Box::default(),
+        );
         assert_eq!(store.fresh::<String>("t", "a"), None);
         // Never served at or after its fresh-until.
         let Some(Blob::Shared(second)) = store.get(&k).await.unwrap() else {
             panic!("the memory store shares its bytes");
         };
-        store.keep_decoded(&k, &second, &"two".to_owned(), fresh_until, 1, Box::default());
+        store.keep_decoded(
+            &k,
+            &second,
+            &"two".to_owned(),
+            fresh_until,
+            1,
+            Box::default(),
+        );
         tokio::time::advance(Duration::from_millis(59_999)).await;
         assert_eq!(store.fresh::<String>("t", "a").as_deref(), Some("two"));
         tokio::time::advance(Duration::from_millis(1)).await;

@@ -195,6 +195,9 @@ impl std::ops::Deref for Blob {
     }
 }
 
+/// The answer of [`Store::get_many_with_epochs`]: the values, then the epochs.
+pub(crate) type ManyWithEpochs = (Vec<Option<Blob>>, Vec<u64>);
+
 /// The answer of [`Store::read_or_lock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ReadOrLock {
@@ -505,7 +508,7 @@ pub(crate) trait Store: LockStore {
         &'a self,
         entries: &'a [&'a EntryKeys],
         names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
         Box::pin(async move {
             let (values, epochs) = tokio::join!(self.get_many(entries), self.epochs(names));
             Ok((values?, epochs?))

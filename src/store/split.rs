@@ -14,7 +14,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write};
+use super::{
+    Acquire, Blob, BoxFuture, LockStore, ManyWithEpochs, ReadOrLock, Store, StoreResult, Stored,
+    Write,
+};
 use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
 
@@ -260,7 +263,7 @@ impl Store for SplitStore {
         &'a self,
         entries: &'a [&'a EntryKeys],
         names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
         self.values.get_many_with_epochs(entries, names)
     }
 

@@ -132,7 +132,11 @@ impl<'a> Envelope<'a> {
             [_, _, version, ..] => *version,
             _ => VERSION,
         };
-        let fixed = if version == VERSION { HEADER_LEN } else { HEADER_LEN_2 };
+        let fixed = if version == VERSION {
+            HEADER_LEN
+        } else {
+            HEADER_LEN_2
+        };
         let Some((header, mut payload)) = bytes.split_at_checked(fixed) else {
             return Err(Foreign::TooShort);
         };
@@ -237,7 +241,10 @@ mod tests {
         assert_eq!(Envelope::decode(&future, 1), Err(Foreign::Version(4)));
         // A tag list cut short, or not UTF-8.
         let whole = sample(b"").encode();
-        assert_eq!(Envelope::decode(&whole[..whole.len() - 1], 1), Err(Foreign::Tags));
+        assert_eq!(
+            Envelope::decode(&whole[..whole.len() - 1], 1),
+            Err(Foreign::Tags)
+        );
         let mut bad = whole.clone();
         let last = bad.len() - 1;
         bad[last] = 0xff;

@@ -298,9 +298,15 @@ mod tests {
             assert!(!keys.value.starts_with(&epoch_key_prefixes("reports")[1]));
             assert!(!keys.value.starts_with(&epoch_key_prefixes("reports")[0]));
         }
-        assert!(matches!(tag_key("reports", ""), Err(Error::InvalidKey { .. })));
+        assert!(matches!(
+            tag_key("reports", ""),
+            Err(Error::InvalidKey { .. })
+        ));
         let long = "t".repeat(MAX_KEY_BYTES + 1);
-        assert!(matches!(tag_key("reports", &long), Err(Error::InvalidKey { .. })));
+        assert!(matches!(
+            tag_key("reports", &long),
+            Err(Error::InvalidKey { .. })
+        ));
         assert!(tag_key("reports", &long[1..]).is_ok());
     }
 

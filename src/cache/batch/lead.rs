@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::{Batch, Outcome, Settled, Step};
 use crate::cache::claim::{Claim, Start};
-use crate::cache::tags::Epochs;
 use crate::cache::failsafe::{Kept, Sorted};
+use crate::cache::tags::Epochs;
 use crate::join::join_all;
 use crate::lock::lease::{Acquiring, HeldLock};
 use crate::store::{Blob, ReadOrLock, StoreResult};
@@ -168,9 +168,7 @@ where
                 // key's own loop reads it again with its epochs, which a value needs before it
                 // is served (a tag or a clear may have invalidated it), and serves or replaces it.
                 acquiring.refused();
-                answered
-                    .waits
-                    .push(Box::pin(self.hold_on(l, Start::Read)));
+                answered.waits.push(Box::pin(self.hold_on(l, Start::Read)));
             }
             Ok(ReadOrLock::Held { expires_in }) => {
                 acquiring.refused();

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::{Batch, Outcome};
-use crate::cache::tags::Epochs;
 use crate::cache::failsafe::Sorted;
+use crate::cache::tags::Epochs;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Error, Source};
@@ -63,7 +63,13 @@ where
         // The epochs of the namespace and the handle's tags go in the same round trip.
         let names = &cache.tagging.names;
         let read = match cache.replay_queued(&entries).await {
-            Ok(()) => cache.inner.store.get_many_with_epochs(&entries, names).await,
+            Ok(()) => {
+                cache
+                    .inner
+                    .store
+                    .get_many_with_epochs(&entries, names)
+                    .await
+            }
             Err(e) => Err(e),
         };
         match read {

@@ -15,14 +15,15 @@ use super::eviction::Answered;
 use super::pubsub::PubSub;
 use super::scripts::{
     self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
-    RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall, Scripts,
-    SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall, SCRIPTS,
-    SHARDED_SCRIPTS,
+    RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall,
+    Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall,
+    SCRIPTS, SHARDED_SCRIPTS,
 };
 use crate::join::join_all;
 use crate::store::wakeup::Listener;
 use crate::store::{
-    Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreError, StoreResult, Stored, Write,
+    Acquire, Blob, BoxFuture, LockStore, ManyWithEpochs, ReadOrLock, Store, StoreError,
+    StoreResult, Stored, Write,
 };
 use crate::wire::key::EntryKeys;
 
@@ -221,7 +222,11 @@ where
     /// One `MGET` of `names` (the epochs), each read as a number: 0 when absent. Bytes that
     /// are not a number are another program's: read as the highest epoch (every value that
     /// carries it is gone) until `raise_epochs` repairs it.
-    async fn mget_epochs(&self, value: Option<&EntryKeys>, names: &[String]) -> StoreResult<(Option<Blob>, Vec<u64>)> {
+    async fn mget_epochs(
+        &self,
+        value: Option<&EntryKeys>,
+        names: &[String],
+    ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
         let mut conn = self.conn.clone();
         let mut mget = redis::cmd("MGET");
         if let Some(keys) = value {
@@ -440,7 +445,7 @@ where
         &'a self,
         entries: &'a [&'a EntryKeys],
         names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<(Vec<Option<Blob>>, Vec<u64>)>> {
+    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
         Box::pin(async move {
             // The epochs' MGET goes out with the values' chunks: one round trip for all.
             let (values, epochs) = tokio::join!(self.get_many(entries), self.epochs(names));
@@ -636,6 +641,21 @@ where
     }
 }
 
+/// An epoch as `MGET` read it (see [`RedisStore::mget_epochs`]).
+fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
+    let Some(bytes) = bytes else { return 0 };
+    match std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| text.parse().ok())
+    {
+        Some(epoch) => epoch,
+        None => {
+            tracing::warn!(epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
+            u64::MAX
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::chunked;
@@ -657,17 +677,5 @@ mod tests {
             requests,
             [vec![0, 2, 4], vec![6, 8], vec![1, 3, 5], vec![7, 9]]
         );
-    }
-}
-
-/// An epoch as `MGET` read it (see [`RedisStore::mget_epochs`]).
-fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
-    let Some(bytes) = bytes else { return 0 };
-    match std::str::from_utf8(bytes).ok().and_then(|text| text.parse().ok()) {
-        Some(epoch) => epoch,
-        None => {
-            tracing::warn!(epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
-            u64::MAX
-        }
     }
 }
