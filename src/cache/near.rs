@@ -448,9 +448,10 @@ impl NearTier {
     /// the last proof, never served as hits again. Either way tickets taken before cannot
     /// insert.
     fn let_go(&self) {
-        // Epochs of an era that ended may have missed an announcement: a copy of the next era
-        // is served only with epochs read in it.
-        self.forget_epochs();
+        // Held epochs stay with held copies (a copy whose tag was heard invalidated is not held
+        // either). They may have missed an announcement, but a copy of the next era goes in only
+        // with the epochs its own read found, alive by them, and epochs only rise: an older
+        // epoch held cannot make a dead copy look alive.
         if !self.holds() {
             self.drop_all();
             return;
@@ -501,6 +502,7 @@ impl NearTier {
         if self.held_until(copy.era).is_none_or(|until| now > until)
             || copy.type_id != TypeId::of::<T>()
             || copy.fresh_until_nanos.saturating_add(as_nanos(past_fresh)) <= now
+            || !self.outlived_epochs(&copy)
         {
             return None;
         }

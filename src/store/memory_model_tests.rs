@@ -391,6 +391,16 @@ enum Step {
         at_least: u64,
         lease: u64,
     },
+    /// `born`: the namespace's clock now, as a computation starting now records it.
+    Born,
+    /// `invalidate_tag`: `born` as the floor, then `raise_epochs` of tag `tag` (`None`: clear).
+    Raise {
+        tag: Option<usize>,
+    },
+    /// Reads the epoch of `tag` (`None`: clear) and judges the last birth by it.
+    Judge {
+        tag: Option<usize>,
+    },
 }
 
 fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
@@ -408,6 +418,9 @@ fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
         2 => (key(), -2i64..3, any::<u8>(), ms(), ms()).prop_map(|(key, rel, value, at_least, lease)| {
             Step::KeepFenced { key, rel, value, at_least, lease }
         }),
+        1 => Just(Step::Born),
+        1 => proptest::option::of(0..2usize).prop_map(|tag| Step::Raise { tag }),
+        2 => proptest::option::of(0..2usize).prop_map(|tag| Step::Judge { tag }),
     ];
     proptest::collection::vec(step, 24)
 }
@@ -434,6 +447,21 @@ fn directed() -> Vec<Vec<Step>> {
         lease: SHORT_MS,
     };
     vec![
+        // Epochs: a birth before a raise is judged gone by it, one after it outlives it; a raise
+        // twice in a row rises still; an epoch never raised reads 0.
+        vec![
+            Step::Born,
+            Step::Raise { tag: Some(0) },
+            Step::Judge { tag: Some(0) },
+            Step::Born,
+            Step::Judge { tag: Some(0) },
+            Step::Raise { tag: None },
+            Step::Raise { tag: None },
+            Step::Judge { tag: None },
+            Step::Born,
+            Step::Judge { tag: None },
+            Step::Judge { tag: Some(1) },
+        ],
         // A throttled copy: over a short-lived value it lives its throttle; over a long-lived
         // one, or one kept for ever, its life is not shortened; over nothing, it is written.
         vec![
@@ -606,6 +634,13 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
     let mut last_token: HashMap<usize, u64> = HashMap::new();
     let mut acquired: HashMap<(usize, usize), u64> = HashMap::new();
     let mut out = Vec::new();
+    // Epochs: the clock's name is the namespace's clear key, as the cache gives it.
+    let epoch = |tag: Option<usize>| match tag {
+        None => crate::wire::key::clear_key(ns),
+        Some(tag) => crate::wire::key::tag_key(ns, KEYS[tag]).unwrap(),
+    };
+    let clock = crate::wire::key::clear_key(ns);
+    let mut born = 0;
     for step in steps {
         let fence_at =
             |last: Option<&u64>, rel: i64| last.map_or(7, |l| l.saturating_add_signed(rel));
@@ -649,6 +684,30 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
                     .await
                     .unwrap();
                 out.push(format!("written {written}"));
+                continue;
+            }
+            Step::Born => {
+                let now = store.born(&clock).await.unwrap();
+                out.push(format!("born after the last: {}", now > born));
+                born = now;
+                continue;
+            }
+            Step::Raise { tag } => {
+                let floor = store.born(&clock).await.unwrap();
+                let names = [epoch(tag)];
+                store.raise_epochs(&names, floor).await.unwrap();
+                out.push(String::new());
+                continue;
+            }
+            Step::Judge { tag } => {
+                let names = [epoch(tag)];
+                let read = store.epochs(&names).await.unwrap()[0];
+                // Births are the clock's; what compares across stores is the order.
+                out.push(format!(
+                    "raised {}, the last birth outlived it {}",
+                    read > 0,
+                    born > read
+                ));
                 continue;
             }
             Step::KeepFenced {
