@@ -214,9 +214,9 @@ impl<C: Codec> Cache<C> {
     }
 
     /// The one read of a single key, with its epochs (`get`, and `fetch` before its flight):
-    /// one `MGET` on Redis. A write of this
-    /// key still queued goes first (auto-recovery; failing, it fails the read), and an answer
-    /// drops what the near tier held of the key from before an outage.
+    /// one `MGET` on Redis. A write of this key still queued goes first (auto-recovery;
+    /// failing, it fails the read), and an answer drops what the near tier held of the key from
+    /// before an outage.
     pub(crate) async fn first_read(&self, keys: &EntryKeys) -> StoreResult<(Option<Blob>, Epochs)> {
         self.replay_queued(&[keys]).await?;
         let read = self.read_with_epochs(keys).await;

@@ -235,7 +235,10 @@ where
         for name in names {
             mget.arg(name);
         }
-        let about = value.map_or_else(|| names[0].as_str(), |keys| keys.value.as_str());
+        let about = value.map_or_else(
+            || names.first().map_or("", String::as_str),
+            |keys| keys.value.as_str(),
+        );
         let mut read: Vec<Option<Vec<u8>>> = mget
             .query_async(&mut conn)
             .await
