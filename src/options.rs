@@ -285,7 +285,8 @@ impl CallOptions {
     /// of any of them invalidates the value. They replace the tags given before.
     ///
     /// Reads through the handle read these tags' epochs with the value, in the same round trip;
-    /// a value's other tags cost one more. At most [`MAX_TAGS`](crate::MAX_TAGS) per value; an
+    /// a value's other tags too, once this instance has seen them (otherwise they cost one more
+    /// round trip, once). At most [`MAX_TAGS`](crate::MAX_TAGS) per value; an
     /// empty tag, or one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), makes every call of the
     /// handle fail with [`Error::InvalidKey`](crate::Error::InvalidKey). See `docs/tags.md`.
     ///

@@ -89,10 +89,15 @@ fn reset_stats(server: &RedisServer) {
         .expect("CONFIG RESETSTAT");
 }
 
-/// Every command the server ran since the reset, but the `INFO` and `CONFIG` of the test.
+/// Every command the server ran since the reset, but the `INFO` and `CONFIG` of the test and
+/// the `TIME`s a new instance calibrates its clock with (no part of a read).
 fn commands_since_reset(server: &RedisServer) -> HashMap<String, u64> {
     let mut calls = command_calls(server);
-    calls.retain(|name, _| !name.starts_with("info") && !name.starts_with("config"));
+    calls.retain(|name, _| {
+        !["info", "config", "time"]
+            .iter()
+            .any(|n| name.starts_with(n))
+    });
     calls
 }
 
@@ -270,7 +275,8 @@ async fn a_hit_reads_its_handles_tags_with_the_value_in_one_command() {
         commands_since_reset(&server),
         HashMap::from([("mget".to_owned(), 1)])
     );
-    // Tags only the computation gave: one more round trip for their epochs.
+    // Tags only the computation gave: the instance that computed the value remembers them,
+    // and reads them with the value.
     reset_stats(&server);
     assert_eq!(
         reader.read(&cache, "computed-tags", &[]).await.1,
@@ -278,8 +284,21 @@ async fn a_hit_reads_its_handles_tags_with_the_value_in_one_command() {
     );
     assert_eq!(
         commands_since_reset(&server),
-        HashMap::from([("mget".to_owned(), 2)])
+        HashMap::from([("mget".to_owned(), 1)])
     );
+    // Another instance learns them on its first read (one more round trip, once).
+    let other = support::cache(&server, "trips", CallOptions::default()).await;
+    for mgets in [2, 1] {
+        reset_stats(&server);
+        assert_eq!(
+            reader.read(&other, "computed-tags", &[]).await.1,
+            Source::Hit
+        );
+        assert_eq!(
+            commands_since_reset(&server),
+            HashMap::from([("mget".to_owned(), mgets)])
+        );
+    }
 }
 
 #[tokio::test]
@@ -316,11 +335,20 @@ async fn a_batch_reads_its_keys_tags_in_the_same_round_trips_and_skips_invalidat
         .all(|r| r.as_ref().unwrap().source == Source::Computed));
     assert_eq!(computed.load(Ordering::SeqCst), 12);
 
-    // A warm batch: the values' MGET and the epochs' MGET go out together (the handle names
-    // "year:2019"; "odd" is the one tag it does not name: one more MGET).
+    // A warm batch: the values' MGET and the epochs' MGET go out together: the handle's tag
+    // ("year:2019") and the one its computation added ("odd", remembered) in one round trip.
     reset_stats(&server);
     let warm = run(year.clone(), Arc::clone(&computed), keys.clone()).await;
     assert!(warm
+        .iter()
+        .all(|r| r.as_ref().unwrap().source == Source::Hit));
+    let calls = commands_since_reset(&server);
+    assert_eq!(calls, HashMap::from([("mget".to_owned(), 2)]), "{calls:?}");
+    // An instance that never read them: one more MGET, for the whole batch.
+    let other = support::cache(&server, "batch", CallOptions::default().tags(["year:2019"])).await;
+    reset_stats(&server);
+    let cold_instance = run(other, Arc::clone(&computed), keys.clone()).await;
+    assert!(cold_instance
         .iter()
         .all(|r| r.as_ref().unwrap().source == Source::Hit));
     let calls = commands_since_reset(&server);

@@ -210,6 +210,7 @@ impl<C: Codec> Cache<C> {
         let encoded = self
             .value_tags(&keys.user, &computed.tags)
             .and_then(|tags| {
+                self.saw_tags(keys, &tags);
                 self.encode_value(&computed.value, ttl, took, held.fence(), (born, &tags))
             });
         let bytes = match encoded {

@@ -43,7 +43,7 @@ use crate::cache::freshness::Standing;
 use crate::cache::near::NearTier;
 use crate::cache::recovery::{Intent, Queued, Recovery};
 use crate::cache::refresh::Refreshes;
-use crate::cache::tags::Tagging;
+use crate::cache::tags::{SeenTags, Tagging};
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
 use crate::stats::{Counters, Event};
@@ -135,6 +135,8 @@ pub(crate) struct Inner<C> {
     pub(crate) flights: Flights,
     /// Background refreshes running in this process, so a key is refreshed once at a time.
     pub(crate) refreshes: Arc<Refreshes>,
+    /// The tags of values read before, asked for with the next read of their keys.
+    pub(crate) seen_tags: SeenTags,
     /// What the cache did, for [`Cache::stats`] and the `metrics` facade.
     pub(crate) counters: Arc<Counters>,
     /// The near tier, if the builder was given one ([`CacheBuilder::near_cache`]). Its feed
@@ -236,6 +238,7 @@ impl<C: Codec> Cache<C> {
                 namespace,
                 flights: Flights::default(),
                 refreshes: Arc::default(),
+                seen_tags: SeenTags::default(),
                 counters,
                 near,
                 recovery,

@@ -73,6 +73,25 @@ impl Tagging {
     }
 }
 
+/// How many keys' tags [`SeenTags`] remembers.
+const SEEN_KEYS: u64 = 10_000;
+
+/// How many remembered epochs one batch read asks for with its values; past that, the rest
+/// come in one more round trip.
+const SEEN_PER_BATCH: usize = 64;
+
+/// The epoch names of the tags each key's value carried when last read (beyond the handle's),
+/// so the next read asks for them with the value, in the same round trip: a value tagged by
+/// its computation ([`Computed::tags`](crate::Computed::tags)) then costs a hit no more than
+/// one tagged by the handle. Bounded; a key it forgot costs one more round trip, once.
+pub(crate) struct SeenTags(moka::sync::Cache<String, Arc<[String]>>);
+
+impl Default for SeenTags {
+    fn default() -> Self {
+        SeenTags(moka::sync::Cache::new(SEEN_KEYS))
+    }
+}
+
 /// The epochs a read found, by name.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Epochs {
@@ -133,15 +152,58 @@ impl<C: Codec> Cache<C> {
             .ok()
     }
 
-    /// Reads the value of `keys` with the epochs every read asks for (the namespace's and the
-    /// handle's tags'), in one round trip.
+    /// The epochs a read of `keys` asks for with the values: the namespace's, the handle's
+    /// tags', and those the keys' values carried when last read.
+    pub(crate) fn read_names(&self, keys: &[&EntryKeys]) -> Arc<[String]> {
+        let mut names: Option<Vec<String>> = None;
+        for keys in keys {
+            let Some(seen) = self.inner.seen_tags.0.get(&keys.value) else {
+                continue;
+            };
+            let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
+            for name in seen.iter() {
+                if names.len() - self.tagging.names.len() >= SEEN_PER_BATCH {
+                    break;
+                }
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        names.map_or_else(|| Arc::clone(&self.tagging.names), Into::into)
+    }
+
+    /// Remembers the tags the value of `keys` carries (`tags`, as read or as written) beyond
+    /// the handle's, for the next read of the key.
+    pub(crate) fn saw_tags(&self, keys: &EntryKeys, tags: &[String]) {
+        let seen = &self.inner.seen_tags.0;
+        let names: Vec<String> = self
+            .tag_epoch_names(tags)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|name| !self.tagging.names.contains(name))
+            .collect();
+        if names.is_empty() {
+            // Only a key whose value had other tags is remembered.
+            if seen.contains_key(&keys.value) {
+                seen.invalidate(&keys.value);
+            }
+            return;
+        }
+        if seen.get(&keys.value).is_none_or(|held| *held != *names) {
+            seen.insert(keys.value.clone(), names.into());
+        }
+    }
+
+    /// Reads the value of `keys` with the epochs [`read_names`](Self::read_names) gives, in one
+    /// round trip.
     pub(crate) async fn read_with_epochs(
         &self,
         keys: &EntryKeys,
     ) -> StoreResult<(Option<Blob>, Epochs)> {
-        let names = &self.tagging.names;
-        let (bytes, values) = self.inner.store.get_with_epochs(keys, names).await?;
-        Ok((bytes, Epochs::of(names, values)))
+        let names = self.read_names(&[keys]);
+        let (bytes, values) = self.inner.store.get_with_epochs(keys, &names).await?;
+        Ok((bytes, Epochs::of(&names, values)))
     }
 
     /// Reads, in one request, the epochs `entries` need that `epochs` lacks (tags the handle
@@ -196,6 +258,7 @@ impl<C: Codec> Cache<C> {
         epochs: &mut Epochs,
     ) -> Option<StoredEntry<T>> {
         let entry = self.read_stored::<T>(keys, bytes)?;
+        self.saw_tags(keys, &entry.tags);
         match self.alive(&entry, epochs).await {
             Ok(true) => Some(entry),
             Ok(false) => {

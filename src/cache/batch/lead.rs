@@ -232,7 +232,7 @@ where
         let cache = self.cache;
         let entries: Vec<&EntryKeys> = taken_over.iter().map(|(l, _)| &*l.keys).collect();
         // A failed read finds nothing: the keys are computed, without a fallback it cannot vouch for.
-        let names = &cache.tagging.names;
+        let names = &cache.read_names(&entries);
         let (found, epochs): (Vec<Option<Blob>>, Vec<u64>) = cache
             .inner
             .store

@@ -61,7 +61,7 @@ where
         let entries: Vec<&EntryKeys> = remote.iter().map(|&slot| &*distinct[slot]).collect();
         // Writes of these keys still queued go first (auto-recovery); failing, they fail the read.
         // The epochs of the namespace and the handle's tags go in the same round trip.
-        let names = &cache.tagging.names;
+        let names = &cache.read_names(&entries);
         let read = match cache.replay_queued(&entries).await {
             Ok(()) => {
                 cache
@@ -82,6 +82,9 @@ where
                         let keys = &distinct[slot];
                         cache.reached_backend(keys);
                         let entry = bytes.as_ref().and_then(|b| cache.read_stored::<T>(keys, b));
+                        if let Some(entry) = &entry {
+                            cache.saw_tags(keys, &entry.tags);
+                        }
                         (bytes, entry)
                     })
                     .collect();
