@@ -782,7 +782,8 @@ mod tests {
         bytes: usize,
         now_ms: u64,
     ) {
-        tier.hold_epochs(ticket, &Epochs::of(&["ns:{%c}".to_owned()], vec![0]));
+        let clear: Arc<[String]> = Arc::new(["ns:{%c}".to_owned()]);
+        tier.hold_epochs(ticket, &Epochs::of(&clear, vec![0]));
         tier.insert(
             ticket,
             key,

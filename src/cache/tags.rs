@@ -92,36 +92,47 @@ impl Default for SeenTags {
     }
 }
 
-/// The epochs a read found, by name.
+/// The epochs a read found, by name: those it asked for with the value (shared with the
+/// handle, not copied), then any read after it.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Epochs {
-    found: Vec<(String, u64)>,
+    names: Arc<[String]>,
+    values: Vec<u64>,
+    more: Vec<(String, u64)>,
 }
 
 impl Epochs {
     /// What a read of `names` answered (`values` in the same order).
-    pub(crate) fn of(names: &[String], values: Vec<u64>) -> Self {
+    pub(crate) fn of(names: &Arc<[String]>, values: Vec<u64>) -> Self {
         Epochs {
-            found: names.iter().cloned().zip(values).collect(),
+            names: Arc::clone(names),
+            values,
+            more: Vec::new(),
         }
     }
 
     fn get(&self, name: &str) -> Option<u64> {
-        self.found
-            .iter()
-            .find(|(held, _)| held == name)
-            .map(|(_, epoch)| *epoch)
+        self.iter()
+            .find(|(held, _)| *held == name)
+            .map(|(_, epoch)| epoch)
     }
 
     fn add(&mut self, names: Vec<String>, values: Vec<u64>) {
-        self.found.extend(names.into_iter().zip(values));
+        self.more.extend(names.into_iter().zip(values));
     }
 
     /// Every epoch read, by name: the near tier holds them beside its copies.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.found
+        let asked = self
+            .names
             .iter()
-            .map(|(name, epoch)| (name.as_str(), *epoch))
+            .map(String::as_str)
+            .zip(self.values.iter().copied());
+        let more = self
+            .more
+            .iter()
+            .map(|(name, epoch)| (name.as_str(), *epoch));
+        asked.chain(more)
     }
 }
 
