@@ -74,12 +74,16 @@
 //! announcement of an epoch (its key changed) drops that epoch, so the copies it judges are
 //! not served until a read brings it back. The proof covers epochs as it covers copies: the
 //! epoch keys lie under the tracked prefix, and the scripts that raise them announce them.
+//! A copy held from an era that ended (`serve_while_down`) is judged too: by the epochs the
+//! tier knew when that era ended (the current era's, where it holds them), which an
+//! announcement drops as it drops the current ones. Without that a held copy outlived a
+//! clear the tier had heard before its era ended (found by the chaos test's rule (h)).
 //!
 //! Explained in the guide: `docs/near-cache.md`.
 
 use std::any::{Any, TypeId};
-use std::hash::BuildHasher;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -182,6 +186,17 @@ pub(crate) struct NearTier {
     tag_epochs: RwLock<HashMap<String, u64>>,
     /// Bumped by every announcement of an epoch, before the epoch is dropped.
     epochs_generation: AtomicU64,
+    /// The epochs as the tier knew them when an era ended (the current ones are forgotten
+    /// then: a hit of the next era needs epochs read in it), for the copies it holds: see
+    /// [`held`](Self::held). Locked before the current tags' epochs, never after.
+    past_epochs: RwLock<PastEpochs>,
+}
+
+/// The epochs known when an era ended, each until it is announced changed.
+#[derive(Debug, Default)]
+struct PastEpochs {
+    clear: Option<u64>,
+    tags: HashMap<String, u64>,
 }
 
 impl std::fmt::Debug for NearTier {
@@ -265,6 +280,7 @@ impl NearTier {
             clear_key: clear_key(namespace),
             tag_epochs: RwLock::default(),
             epochs_generation: AtomicU64::new(0),
+            past_epochs: RwLock::default(),
             tracking: std::sync::atomic::AtomicU8::new(
                 if config.tracked.is_some() {
                     TrackingState::Connecting
@@ -354,7 +370,10 @@ impl NearTier {
         if copy.tag_epochs.is_empty() {
             return true;
         }
-        let epochs = self.tag_epochs.read().unwrap_or_else(PoisonError::into_inner);
+        let epochs = self
+            .tag_epochs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
         copy.tag_epochs
             .iter()
             .all(|name| epochs.get(name).is_some_and(|&epoch| copy.born > epoch))
@@ -367,7 +386,10 @@ impl NearTier {
             return;
         }
         {
-            let mut tags = self.tag_epochs.write().unwrap_or_else(PoisonError::into_inner);
+            let mut tags = self
+                .tag_epochs
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
             for (name, epoch) in epochs.iter() {
                 if name == self.clear_key {
                     self.clear_epoch.store(epoch, Ordering::Release);
@@ -393,14 +415,69 @@ impl NearTier {
         self.counters.record(Event::NearInvalidation);
         // Generation first, then the epoch: see `hold_epochs`.
         self.epochs_generation.fetch_add(1, Ordering::SeqCst);
+        // Held across both drops, so that an era ending now (`keep_past_epochs`) cannot copy
+        // the current epoch into the past ones after it was dropped there.
+        let mut past = self
+            .past_epochs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if name == self.clear_key {
             self.clear_epoch.store(NO_EPOCH, Ordering::Release);
+            past.clear = None;
         } else {
             self.tag_epochs
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(name);
+            past.tags.remove(name);
         }
+    }
+
+    /// An era ends: the epochs held now are what its copies are judged by while held (merged
+    /// into those of earlier eras, each replaced by the newer read).
+    fn keep_past_epochs(&self) {
+        let mut past = self
+            .past_epochs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let clear = self.clear_epoch.load(Ordering::Acquire);
+        if clear != NO_EPOCH {
+            past.clear = Some(clear);
+        }
+        let tags = self
+            .tag_epochs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (name, &epoch) in tags.iter() {
+            past.tags.insert(name.clone(), epoch);
+        }
+    }
+
+    /// Whether a held `copy` was born after the epochs that judge it, as the tier knows them:
+    /// the current era's where it holds them, else those kept when an era ended. An epoch
+    /// known in neither (announced since) counts as raised.
+    fn outlived_known_epochs(&self, copy: &NearCopy) -> bool {
+        let past = self
+            .past_epochs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let clear = match self.clear_epoch.load(Ordering::Acquire) {
+            NO_EPOCH => past.clear,
+            epoch => Some(epoch),
+        };
+        if clear.is_none_or(|epoch| copy.born <= epoch) {
+            return false;
+        }
+        let current = self
+            .tag_epochs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        copy.tag_epochs.iter().all(|name| {
+            current
+                .get(name)
+                .or_else(|| past.tags.get(name))
+                .is_some_and(|&epoch| copy.born > epoch)
+        })
     }
 
     /// Drops every epoch held.
@@ -443,7 +520,11 @@ impl NearTier {
     /// insert.
     fn let_go(&self) {
         // Epochs of an era that ended may have missed an announcement: a copy of the next era
-        // is served only with epochs read in it.
+        // is served only with epochs read in it. The copies held from this one are judged by
+        // them (within the relaxed bound, as the copies themselves are).
+        if self.holds() {
+            self.keep_past_epochs();
+        }
         self.forget_epochs();
         if !self.holds() {
             self.drop_all();
@@ -495,6 +576,7 @@ impl NearTier {
         if self.held_until(copy.era).is_none_or(|until| now > until)
             || copy.type_id != TypeId::of::<T>()
             || copy.fresh_until_nanos.saturating_add(as_nanos(past_fresh)) <= now
+            || !self.outlived_known_epochs(&copy)
         {
             return None;
         }
@@ -610,6 +692,10 @@ impl NearTier {
         self.epoch.fetch_add(1, Ordering::SeqCst);
         self.copies.invalidate_all();
         self.forget_epochs();
+        *self
+            .past_epochs
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = PastEpochs::default();
     }
 
     fn nanos(&self, at: Instant) -> u64 {
@@ -1007,6 +1093,79 @@ mod tests {
         tokio::time::advance(Duration::from_millis(2)).await;
         assert_eq!(held(&tier, KEY), None, "past its era's bound");
         assert_eq!(counters.snapshot().held_served, 5);
+    }
+
+    /// Puts a copy of `key` born at `born` with tag `a`, and the epochs its read found: the
+    /// namespace's at 0, the tag's at 2.
+    fn put_tagged(tier: &NearTier, key: &str, born: u64) {
+        let ticket = tier.ticket(key).expect("a subscribed stream gives tickets");
+        let names = ["ns:{%c}".to_owned(), "ns:{%t:a}".to_owned()];
+        tier.hold_epochs(ticket, &Epochs::of(&names, vec![0, 2]));
+        let tags = vec!["ns:{%t:a}".to_owned()].into_boxed_slice();
+        tier.insert(
+            ticket,
+            key,
+            &"t".to_owned(),
+            3,
+            FRESH,
+            0,
+            1,
+            NOW,
+            (born, tags),
+        );
+    }
+
+    /// With `serve_while_down`, a held copy is judged by the epochs as the tier knew them: an
+    /// epoch announced changed (a clear, a tag invalidated) before or after the proof lapsed
+    /// stops it being served, until a read brings the epoch back and shows it outlived it.
+    /// (The chaos test's rule (h) found a held copy served 706 ms after a clear the tier had
+    /// heard 24 ms before its stream was partitioned.)
+    #[tokio::test(start_paused = true)]
+    async fn a_held_copy_is_not_served_past_an_epoch_the_tier_heard_change() {
+        let config = NearCacheOptions::new(100)
+            .max_staleness(Duration::from_millis(400))
+            .serve_while_down(Duration::from_secs(1));
+        let held = |tier: &NearTier, key: &str| tier.held::<String>(key, Duration::ZERO);
+        let lapse = || tokio::time::advance(Duration::from_millis(500));
+
+        // Untouched epochs: held past the lapse, judged by the epochs known when it came.
+        let (tier, _) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        put_tagged(&tier, "tagged", 5);
+        lapse().await;
+        assert_eq!(read(&tier, KEY), None);
+        assert_eq!(held(&tier, KEY).as_deref(), Some("v"));
+        assert_eq!(held(&tier, "tagged").as_deref(), Some("t"));
+
+        // A clear heard before the lapse: nothing is held.
+        let (tier, _) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        put_tagged(&tier, "tagged", 5);
+        tier.invalidated("ns:{%c}", 0);
+        lapse().await;
+        assert_eq!(read(&tier, KEY), None);
+        assert_eq!(held(&tier, KEY), None, "cleared before the lapse");
+        assert_eq!(held(&tier, "tagged"), None);
+
+        // A tag invalidated after the lapse (the stream still hears it): only its copies go.
+        let (tier, _) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        put_tagged(&tier, "tagged", 5);
+        lapse().await;
+        tier.changed(b"ns:{%t:a}");
+        assert_eq!(held(&tier, KEY).as_deref(), Some("v"));
+        assert_eq!(held(&tier, "tagged"), None, "its tag was invalidated");
+        // A read of the new era brings the tag's epoch back: raised to 4, the copy born at 5
+        // outlived it and is held again; raised to 7, it did not.
+        tier.proof(1, Instant::now());
+        put_tagged(&tier, "other", 9);
+        let ticket = tier.ticket("x").unwrap();
+        tier.hold_epochs(ticket, &Epochs::of(&["ns:{%t:a}".to_owned()], vec![4]));
+        assert_eq!(held(&tier, "tagged").as_deref(), Some("t"));
+        tier.changed(b"ns:{%t:a}");
+        let ticket = tier.ticket("x").unwrap();
+        tier.hold_epochs(ticket, &Epochs::of(&["ns:{%t:a}".to_owned()], vec![7]));
+        assert_eq!(held(&tier, "tagged"), None);
     }
 
     #[tokio::test(start_paused = true)]
