@@ -128,6 +128,9 @@ struct NearCopy {
     /// Its birth, and the names of its tags' epochs (its namespace's is always checked).
     born: u64,
     tag_epochs: Box<[String]>,
+    /// The version of the tags' epochs ([`NearTier::tag_epochs_version`]) at which it was last
+    /// found alive by them: while that holds, a hit need not look them up again.
+    alive_at: AtomicU64,
 }
 
 /// Taken before a read from Redis whose answer may go into the tier.
@@ -188,6 +191,8 @@ pub(crate) struct NearTier {
     tag_epochs: RwLock<HashMap<String, u64>>,
     /// Bumped by every announcement of an epoch, before the epoch is dropped.
     epochs_generation: AtomicU64,
+    /// Bumped by every change of `tag_epochs` (a value put in, one dropped).
+    tag_epochs_version: AtomicU64,
 }
 
 impl std::fmt::Debug for NearTier {
@@ -271,6 +276,7 @@ impl NearTier {
             clear_key: clear_key(namespace),
             tag_epochs: RwLock::default(),
             epochs_generation: AtomicU64::new(0),
+            tag_epochs_version: AtomicU64::new(0),
             tracking: std::sync::atomic::AtomicU8::new(
                 if config.tracked.is_some() {
                     TrackingState::Connecting
@@ -360,15 +366,25 @@ impl NearTier {
         if copy.tag_epochs.is_empty() {
             return true;
         }
+        // Read before the look-up: a change racing it bumps the version past what is kept, so
+        // the next hit looks again.
+        let version = self.tag_epochs_version.load(Ordering::Acquire);
+        if copy.alive_at.load(Ordering::Acquire) == version {
+            return true;
+        }
         let epochs = self
             .tag_epochs
             .read()
             .unwrap_or_else(PoisonError::into_inner);
-        copy.tag_epochs.iter().all(|name| {
+        let alive = copy.tag_epochs.iter().all(|name| {
             epochs
                 .get(name)
                 .is_some_and(|&epoch| outlived(copy.born, epoch))
-        })
+        });
+        if alive {
+            copy.alive_at.store(version, Ordering::Release);
+        }
+        alive
     }
 
     /// Puts the epochs a read found (the read `ticket` was taken for) into the tier, unless
@@ -385,8 +401,8 @@ impl NearTier {
             for (name, epoch) in epochs.iter() {
                 if name == self.clear_key {
                     self.clear_epoch.store(epoch, Ordering::Release);
-                } else {
-                    tags.insert(name.to_owned(), epoch);
+                } else if tags.insert(name.to_owned(), epoch) != Some(epoch) {
+                    self.tag_epochs_version.fetch_add(1, Ordering::AcqRel);
                 }
             }
         }
@@ -414,6 +430,7 @@ impl NearTier {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(name);
+            self.tag_epochs_version.fetch_add(1, Ordering::AcqRel);
         }
     }
 
@@ -424,6 +441,7 @@ impl NearTier {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        self.tag_epochs_version.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Whether the stream is proven current within `max_staleness`. When the proof has lapsed,
@@ -591,6 +609,7 @@ impl NearTier {
             bytes,
             born,
             tag_epochs,
+            alive_at: AtomicU64::new(u64::MAX),
         });
         self.copies.insert(key.to_owned(), copy);
         // After the insert: an announcement that bumped the stripe before this check dropped
@@ -1091,11 +1110,17 @@ mod tests {
         tier.proof(1, Instant::now());
         put_tagged(&tier, "other", 9);
         let ticket = tier.ticket("x").unwrap();
-        tier.hold_epochs(ticket, &Epochs::of(&Arc::from(["ns:{%t:a}".to_owned()]), vec![4]));
+        tier.hold_epochs(
+            ticket,
+            &Epochs::of(&Arc::from(["ns:{%t:a}".to_owned()]), vec![4]),
+        );
         assert_eq!(held(&tier, "tagged").as_deref(), Some("t"));
         tier.changed(b"ns:{%t:a}");
         let ticket = tier.ticket("x").unwrap();
-        tier.hold_epochs(ticket, &Epochs::of(&Arc::from(["ns:{%t:a}".to_owned()]), vec![7]));
+        tier.hold_epochs(
+            ticket,
+            &Epochs::of(&Arc::from(["ns:{%t:a}".to_owned()]), vec![7]),
+        );
         assert_eq!(held(&tier, "tagged"), None);
     }
 

@@ -23,6 +23,7 @@
 //! Clear is its own epoch, checked on every read, not a special tag some path may forget
 //! (FusionCache #600).
 
+use std::borrow::Cow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -191,12 +192,16 @@ impl<C: Codec> Cache<C> {
         }
     }
 
-    /// The epoch names of a value with `tags`: the namespace's clear key, then one per tag.
-    /// A tag that is no longer valid (written by another version) makes the value unreadable.
-    fn epoch_names(&self, tags: &[String]) -> Option<Vec<String>> {
+    /// The epoch names of a value with `tags`: the namespace's clear key (borrowed: a tagless
+    /// hit allocates nothing for it), then one per tag; `None` for a tag that is no longer
+    /// valid (written by another version), which makes the value unreadable.
+    fn epoch_names<'s>(&'s self, tags: &[String]) -> Option<Vec<Cow<'s, str>>> {
         let namespace = &self.inner.namespace;
-        std::iter::once(Ok(key::clear_key(namespace)))
-            .chain(tags.iter().map(|tag| key::tag_key(namespace, tag)))
+        std::iter::once(Ok(Cow::Borrowed(self.tagging.names[0].as_str())))
+            .chain(
+                tags.iter()
+                    .map(|tag| key::tag_key(namespace, tag).map(Cow::Owned)),
+            )
             .collect::<Result<_, _>>()
             .ok()
     }
@@ -234,15 +239,14 @@ impl<C: Codec> Cache<C> {
     /// next read of the key (and for a follower of its computation: see
     /// [`computed_before_no_invalidation`](Self::computed_before_no_invalidation)).
     pub(crate) fn saw_tags(&self, keys: &EntryKeys, tags: &[String]) {
-        let seen = &self.inner.seen_tags.0;
-        let names = self.tag_epoch_names(tags).unwrap_or_default();
-        if names.is_empty() {
-            // Only a key whose value had tags is remembered.
-            if seen.contains_key(&keys.value) {
-                seen.invalidate(&keys.value);
-            }
+        // A tagless value (the common hit) costs nothing here. A key whose value lost its tags
+        // keeps its remembered names until they are evicted: they only cost its reads a few
+        // more keys in their `MGET`.
+        if tags.is_empty() {
             return;
         }
+        let seen = &self.inner.seen_tags.0;
+        let names = self.tag_epoch_names(tags).unwrap_or_default();
         if seen.get(&keys.value).is_none_or(|held| *held != *names) {
             seen.insert(keys.value.clone(), names.into());
         }
@@ -271,8 +275,8 @@ impl<C: Codec> Cache<C> {
         let mut missing: Vec<String> = Vec::new();
         for entry in entries {
             for name in self.epoch_names(&entry.tags).into_iter().flatten() {
-                if epochs.get(&name).is_none() && !missing.contains(&name) {
-                    missing.push(name);
+                if epochs.get(&name).is_none() && !missing.iter().any(|held| *held == name) {
+                    missing.push(name.into_owned());
                 }
             }
         }
