@@ -362,6 +362,7 @@ mod guide {
         Performance = "performance.md";
         Readme = "README.md";
         Security = "security.md";
+        Tags = "tags.md";
         // Its handlers use `stampede_guard::web`.
         #[cfg(feature = "axum")]
         ServiceExample = "service-example.md";
