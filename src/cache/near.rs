@@ -91,7 +91,7 @@ mod options;
 pub use options::NearCacheOptions;
 
 use crate::cache::entry::StoredEntry;
-use crate::cache::tags::Epochs;
+use crate::cache::tags::{outlived, Epochs};
 use crate::stats::{Counters, Event, TrackingState};
 use crate::store::redis::FeedSink;
 use crate::wire::key::{clear_key, is_epoch_key, user_key_of};
@@ -348,7 +348,7 @@ impl NearTier {
     /// atomic load) and its tags' (a shared lock, only for a tagged copy).
     fn outlived_epochs(&self, copy: &NearCopy) -> bool {
         let clear = self.clear_epoch.load(Ordering::Acquire);
-        if clear == NO_EPOCH || copy.born <= clear {
+        if clear == NO_EPOCH || !outlived(copy.born, clear) {
             return false;
         }
         if copy.tag_epochs.is_empty() {
@@ -358,9 +358,11 @@ impl NearTier {
             .tag_epochs
             .read()
             .unwrap_or_else(PoisonError::into_inner);
-        copy.tag_epochs
-            .iter()
-            .all(|name| epochs.get(name).is_some_and(|&epoch| copy.born > epoch))
+        copy.tag_epochs.iter().all(|name| {
+            epochs
+                .get(name)
+                .is_some_and(|&epoch| outlived(copy.born, epoch))
+        })
     }
 
     /// Puts the epochs a read found (the read `ticket` was taken for) into the tier, unless

@@ -232,9 +232,11 @@ impl<C: Codec> Cache<C> {
     /// an epoch `epochs` lacks counts as raised.
     pub(crate) fn alive_by<T>(&self, entry: &StoredEntry<T>, epochs: &Epochs) -> bool {
         self.epoch_names(&entry.tags).is_some_and(|names| {
-            names
-                .iter()
-                .all(|name| epochs.get(name).is_some_and(|epoch| entry.born > epoch))
+            names.iter().all(|name| {
+                epochs
+                    .get(name)
+                    .is_some_and(|epoch| outlived(entry.born, epoch))
+            })
         })
     }
 
@@ -273,7 +275,8 @@ impl<C: Codec> Cache<C> {
     }
 
     /// The namespace's clock now, as a new value's birth. If it cannot be read, 0: the value
-    /// is then gone after any clear or invalidation of its tags (safe, and it is recomputed).
+    /// is then gone after any clear or invalidation of its tags, and alive until then (a
+    /// format-2 value, written before births were recorded, reads as born at 0 too).
     pub(crate) async fn born_now(&self) -> u64 {
         let clock = &self.tagging.names[0];
         match self.inner.store.born(clock).await {
@@ -317,4 +320,10 @@ impl<C: Codec> Cache<C> {
         }
         raised
     }
+}
+
+/// Whether a value born at `born` outlived an epoch: one never raised (0) judges nothing, and
+/// a raised one takes every value born at or before it.
+pub(crate) fn outlived(born: u64, epoch: u64) -> bool {
+    epoch == 0 || born > epoch
 }

@@ -231,46 +231,6 @@ where
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 
-    /// One `MGET` of `names` (the epochs), each read as a number: 0 when absent. Bytes that
-    /// are not a number are another program's: read as the highest epoch (every value that
-    /// carries it is gone) until `raise_epochs` repairs it.
-    async fn mget_epochs(
-        &self,
-        value: Option<&EntryKeys>,
-        names: &[String],
-    ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
-        let mut conn = self.conn.clone();
-        let mut mget = redis::cmd("MGET");
-        if let Some(keys) = value {
-            mget.arg(&keys.value);
-        }
-        for name in names {
-            mget.arg(name);
-        }
-        let about = value.map_or_else(
-            || names.first().map_or("", String::as_str),
-            |keys| keys.value.as_str(),
-        );
-        let mut read: Vec<Option<Vec<u8>>> = mget
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| StoreError::from(e).about(about))?;
-        if read.len() != names.len() + usize::from(value.is_some()) {
-            return Err(unexpected("mget: wrong number of values", &Value::Nil));
-        }
-        let bytes = if value.is_some() {
-            read.remove(0).map(Blob::Owned)
-        } else {
-            None
-        };
-        let epochs = read
-            .iter()
-            .zip(names)
-            .map(|(epoch, name)| parse_epoch(name, epoch.as_deref()))
-            .collect();
-        Ok((bytes, epochs))
-    }
-
     /// The value of `keys` and the epochs `names`, read with the other single-key reads that
     /// arrive while one is out (see [`coalesce`](super::coalesce)).
     async fn read_coalesced(
@@ -298,28 +258,50 @@ where
         match answered.await {
             Ok(answer) => answer,
             // The caller that carried this read went away with it: read alone.
-            Err(_) => self.mget_epochs(Some(keys), names).await,
+            Err(_) => {
+                let (mut values, epochs) = self.mget(&[keys], names).await?;
+                Ok((values.pop().flatten(), epochs))
+            }
         }
     }
 
-    /// One `MGET` of `entries` (at most [`CHUNK_KEYS`] of them): their values in order.
-    async fn mget(&self, entries: &[&EntryKeys]) -> StoreResult<Vec<Option<Blob>>> {
+    /// One `MGET` of the values of `entries` (at most [`CHUNK_KEYS`] of them) and the epochs
+    /// `names`: the values in order, then each epoch read as a number, 0 when absent. Epoch
+    /// bytes that are not a number are another program's: read as the highest epoch (every
+    /// value it judges is gone) until `raise_epochs` repairs it.
+    async fn mget(&self, entries: &[&EntryKeys], names: &[String]) -> StoreResult<ManyWithEpochs> {
         let mut conn = self.conn.clone();
         let mut mget = redis::cmd("MGET");
         for keys in entries {
             mget.arg(&keys.value);
         }
+        for name in names {
+            mget.arg(name);
+        }
+        let about = entries.first().map_or_else(
+            || names.first().map_or("", String::as_str),
+            |keys| keys.value.as_str(),
+        );
         // MGET answers nil for a key of another Redis type: a miss, as for `get`. On a
         // cluster the client splits it per slot, sends the parts concurrently and puts the
         // answers back in order.
-        let values: Vec<Option<Vec<u8>>> = mget
+        let mut values: Vec<Option<Vec<u8>>> = mget
             .query_async(&mut conn)
             .await
-            .map_err(|e| StoreError::from(e).about(&entries[0].value))?;
-        if values.len() != entries.len() {
+            .map_err(|e| StoreError::from(e).about(about))?;
+        if values.len() != entries.len() + names.len() {
             return Err(unexpected("mget: wrong number of values", &Value::Nil));
         }
-        Ok(values.into_iter().map(|v| v.map(Blob::Owned)).collect())
+        let epochs = values
+            .split_off(entries.len())
+            .iter()
+            .zip(names)
+            .map(|(epoch, name)| parse_epoch(name, epoch.as_deref()))
+            .collect();
+        Ok((
+            values.into_iter().map(|v| v.map(Blob::Owned)).collect(),
+            epochs,
+        ))
     }
 }
 
@@ -468,7 +450,7 @@ where
             if names.is_empty() {
                 return Ok(Vec::new());
             }
-            Ok(self.mget_epochs(None, names).await?.1)
+            Ok(self.mget(&[], names).await?.1)
         })
     }
 
@@ -508,7 +490,8 @@ where
             if names.is_empty() {
                 return Ok((self.get(keys).await?, Vec::new()));
             }
-            self.mget_epochs(Some(keys), names).await
+            let (mut values, epochs) = self.mget(&[keys], names).await?;
+            Ok((values.pop().flatten(), epochs))
         })
     }
 
@@ -518,9 +501,26 @@ where
         names: &'a [String],
     ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
         Box::pin(async move {
-            // The epochs' MGET goes out with the values' chunks: one round trip for all.
-            let (values, epochs) = tokio::join!(self.get_many(entries), self.epochs(names));
-            Ok((values?, epochs?))
+            if entries.is_empty() && names.is_empty() {
+                return Ok((Vec::new(), Vec::new()));
+            }
+            // One `MGET` per chunk of at most CHUNK_KEYS keys, all sent at once (pipelined on
+            // the multiplexed connection); the epochs go in the first, which carries fewer
+            // values to make room for them.
+            let first_len = CHUNK_KEYS.saturating_sub(names.len()).max(1);
+            let (first, rest) = entries.split_at(first_len.min(entries.len()));
+            let reads = std::iter::once(self.mget(first, names))
+                .chain(rest.chunks(CHUNK_KEYS).map(|chunk| self.mget(chunk, &[])));
+            let mut values = Vec::with_capacity(entries.len());
+            let mut epochs = Vec::new();
+            for (i, chunk) in join_all(reads.collect()).await.into_iter().enumerate() {
+                let (chunk, read) = chunk?;
+                values.extend(chunk);
+                if i == 0 {
+                    epochs = read;
+                }
+            }
+            Ok((values, epochs))
         })
     }
 
@@ -528,15 +528,7 @@ where
         &'a self,
         entries: &'a [&'a EntryKeys],
     ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
-        Box::pin(async move {
-            // One `MGET` per chunk, all sent at once: pipelined on the multiplexed connection.
-            let reads = entries.chunks(CHUNK_KEYS).map(|chunk| self.mget(chunk));
-            let mut values = Vec::with_capacity(entries.len());
-            for chunk in join_all(reads.collect()).await {
-                values.extend(chunk?);
-            }
-            Ok(values)
-        })
+        Box::pin(async move { Ok(self.get_many_with_epochs(entries, &[]).await?.0) })
     }
 
     fn read_or_lock_many<'a>(
@@ -712,7 +704,7 @@ where
     }
 }
 
-/// An epoch as `MGET` read it (see [`RedisStore::mget_epochs`]).
+/// An epoch as `MGET` read it (see [`RedisStore::mget`]).
 pub(super) fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
     let Some(bytes) = bytes else { return 0 };
     match std::str::from_utf8(bytes)
