@@ -413,7 +413,7 @@ pub mod __private {
     use serde::Serialize;
 
     use crate::wire::envelope::Envelope;
-    use crate::wire::key::{user_key_of, EntryKeys};
+    use crate::wire::key::{clear_key, is_epoch_key, tag_key, user_key_of, EntryKeys};
     use crate::wire::shape::fingerprint;
     use crate::{Bincode, Codec};
 
@@ -430,6 +430,10 @@ pub mod __private {
         pub failure: Option<String>,
         /// A fail-safe copy of a kept value (served only as a fallback).
         pub fallback: bool,
+        /// When its computation started (or the `set`), by the namespace's clock; 0 if unknown.
+        pub born: u64,
+        /// Its tags, in the order the envelope holds them.
+        pub tags: Vec<String>,
         /// The value, when the bytes hold one.
         pub value: Option<T>,
     }
@@ -438,11 +442,14 @@ pub mod __private {
     /// envelope, then the shape of `T`, then the payload. Any mismatch is an error naming it.
     pub fn read_stored<T: DeserializeOwned + 'static>(bytes: &[u8]) -> Result<Stored<T>, String> {
         let envelope = Envelope::decode(bytes, Bincode.id()).map_err(|e| e.to_string())?;
+        let tags = envelope.tags.iter().map(|tag| (*tag).to_owned()).collect();
         if envelope.negative {
             return Ok(Stored {
                 fence: envelope.fence,
                 failure: Some(String::from_utf8_lossy(envelope.payload).into_owned()),
                 fallback: envelope.fallback,
+                born: envelope.born,
+                tags,
                 value: None,
             });
         }
@@ -461,15 +468,19 @@ pub mod __private {
             fence: envelope.fence,
             failure: None,
             fallback: envelope.fallback,
+            born: envelope.born,
+            tags,
             value: Some(value),
         })
     }
 
     /// The bytes the cache stores for `value` written under `fence` (fresh until
-    /// `fresh_until_ms`), so that a test's hand-made server log holds the real format.
+    /// `fresh_until_ms`, born at `born` with `tags`), so that a test's hand-made server log
+    /// holds the real format.
     pub fn stored_bytes<T: Serialize + DeserializeOwned + 'static>(
         fence: u64,
         fresh_until_ms: u64,
+        (born, tags): (u64, &[&str]),
         value: &T,
     ) -> Result<Vec<u8>, String> {
         let payload = Bincode.encode(value).map_err(|e| e.to_string())?;
@@ -481,11 +492,41 @@ pub mod __private {
             compute_ms: 0,
             fence,
             shape: fingerprint::<T>(),
-            born: 0,
-            tags: Vec::new(),
+            born,
+            tags: tags.to_vec(),
             payload: &payload,
         }
         .encode())
+    }
+
+    /// One of a namespace's epochs (see `cache/tags.rs`): the one `Cache::clear` raises, or a
+    /// tag's.
+    #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Epoch {
+        /// `ns:{%c}`: the namespace's clear key (also the key its clock is read by).
+        Clear,
+        /// `ns:{%t:<escaped tag>}`: the tag's epoch.
+        Tag(String),
+    }
+
+    /// The epoch `redis_key` is if it is one of `namespace`'s epoch keys, read by the crate's
+    /// own key layout (a tag unescaped as a user key is); `None` for any other name.
+    pub fn epoch_key(namespace: &str, redis_key: &str) -> Option<Epoch> {
+        if !is_epoch_key(namespace, redis_key) {
+            return None;
+        }
+        if redis_key == clear_key(namespace) {
+            return Some(Epoch::Clear);
+        }
+        let escaped = redis_key
+            .strip_prefix(namespace)?
+            .strip_prefix(":{%t:")?
+            .strip_suffix('}')?;
+        // A tag is escaped as a user key is: the value key of the same text names it.
+        let as_value_key = format!("{namespace}:{{{escaped}}}");
+        let tag = user_key_of(namespace, &as_value_key)?.into_owned();
+        // Only a name the crate itself builds for that tag.
+        (tag_key(namespace, &tag).ok()? == redis_key).then_some(Epoch::Tag(tag))
     }
 
     /// Which of an entry's Redis keys a key is.

@@ -195,6 +195,79 @@ async fn a_computation_that_started_before_the_invalidation_does_not_survive_it(
     assert_eq!(again, "new");
 }
 
+/// Starts a computation of `key` through `cache` that answers `old` (tagged `t` by the
+/// computation) once `go` fires; returns when it has started.
+async fn slow_old_value(
+    cache: &Cache,
+    key: &'static str,
+) -> (tokio::task::JoinHandle<String>, oneshot::Sender<()>) {
+    let (started_tx, started) = oneshot::channel::<()>();
+    let (go, go_rx) = oneshot::channel::<()>();
+    let leader = tokio::spawn({
+        let cache = cache.clone();
+        async move {
+            cache
+                .fetch(key, TTL, move |_lease| async move {
+                    let _ = started_tx.send(());
+                    let _ = go_rx.await;
+                    Ok::<_, std::io::Error>(Computed::new("old".to_owned()).tags(["t"]))
+                })
+                .await
+                .unwrap()
+                .value
+        }
+    });
+    started.await.expect("the computation started");
+    (leader, go)
+}
+
+/// A call of `key` through `cache` whose own computation would answer `new`.
+fn call(cache: &Cache, key: &'static str) -> tokio::task::JoinHandle<(String, Source)> {
+    let cache = cache.clone();
+    tokio::spawn(async move {
+        let fetched = cache
+            .fetch(key, TTL, |_lease| async {
+                Ok::<_, std::io::Error>(Computed::new("new".to_owned()).tags(["t"]))
+            })
+            .await
+            .unwrap();
+        (fetched.value, fetched.source)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_starts_after_an_invalidation_does_not_share_an_older_computation() {
+    let server = RedisServer::start();
+    // Invalidated by this process, then by another one (whose tag this process never read).
+    let elsewhere = cache(&server, "flight", CallOptions::default()).await;
+    let cache = cache(&server, "flight", CallOptions::default()).await;
+    for (key, invalidator) in [("here", &cache), ("elsewhere", &elsewhere)] {
+        let (leader, go) = slow_old_value(&cache, key).await;
+        invalidator.invalidate_tag("t").await.unwrap();
+        let after = call(&cache, key);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        go.send(()).unwrap();
+        assert_eq!(leader.await.unwrap(), "old", "its own caller gets it");
+        let (value, source) = after.await.unwrap();
+        assert_eq!(value, "new", "{key}: {source:?}");
+    }
+    // A clear, the same.
+    let (leader, go) = slow_old_value(&cache, "cleared").await;
+    elsewhere.clear().await.unwrap();
+    let after = call(&cache, "cleared");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    go.send(()).unwrap();
+    leader.await.unwrap();
+    assert_eq!(after.await.unwrap().0, "new");
+    // Without an invalidation, a call shares the running computation (one computation).
+    let (leader, go) = slow_old_value(&cache, "shared").await;
+    let after = call(&cache, "shared");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    go.send(()).unwrap();
+    leader.await.unwrap();
+    assert_eq!(after.await.unwrap(), ("old".to_owned(), Source::Waited));
+}
+
 #[tokio::test]
 async fn clear_takes_the_whole_namespace_and_no_other() {
     let server = RedisServer::start();

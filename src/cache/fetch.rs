@@ -196,7 +196,11 @@ impl<C: Codec> Cache<C> {
         let started = Instant::now();
         let keys = Arc::new(keys);
         let leader = loop {
-            match self.inner.flights.join::<Fetched<T>, E>(&keys.value) {
+            match self
+                .inner
+                .flights
+                .join::<Fetched<T>, E>(&keys.value, self.epoch_mark())
+            {
                 Role::Lead(leader) => break Some(leader),
                 Role::Alone => break None,
                 Role::Follow(follower) => match self.follow(follower, &keys, started).await {
@@ -239,6 +243,7 @@ impl<C: Codec> Cache<C> {
         T: DeserializeOwned + Clone + Send + Sync + 'static,
     {
         let bound = later_by(started, self.options.wait_timeout);
+        let mark = follower.mark();
         let outcome = follower.outcome();
         tokio::pin!(outcome);
         if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
@@ -251,6 +256,13 @@ impl<C: Codec> Cache<C> {
             }
         }
         match tokio::time::timeout_at(bound, outcome).await {
+            Ok(Some(Ok(fetched)))
+                if fetched.source == Source::Computed
+                    && !self.computed_before_no_invalidation(keys, mark).await =>
+            {
+                // Its tags were invalidated after the leader started: lead again.
+                None
+            }
             Ok(outcome) => outcome.map(|outcome| outcome.map(waited)),
             Err(_) => {
                 let error = Error::WaitTimeout {

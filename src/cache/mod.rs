@@ -137,6 +137,9 @@ pub(crate) struct Inner<C> {
     pub(crate) refreshes: Arc<Refreshes>,
     /// The tags of values read before, asked for with the next read of their keys.
     pub(crate) seen_tags: SeenTags,
+    /// The highest epoch this process has read or raised: an in-process flight is shared only
+    /// by callers that know no newer one than its leader (see `wait/flight.rs`).
+    pub(crate) epoch_mark: std::sync::atomic::AtomicU64,
     /// What the cache did, for [`Cache::stats`] and the `metrics` facade.
     pub(crate) counters: Arc<Counters>,
     /// The near tier, if the builder was given one ([`CacheBuilder::near_cache`]). Its feed
@@ -239,6 +242,7 @@ impl<C: Codec> Cache<C> {
                 flights: Flights::default(),
                 refreshes: Arc::default(),
                 seen_tags: SeenTags::default(),
+                epoch_mark: std::sync::atomic::AtomicU64::new(0),
                 counters,
                 near,
                 recovery,

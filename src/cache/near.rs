@@ -74,6 +74,12 @@
 //! announcement of an epoch (its key changed) drops that epoch, so the copies it judges are
 //! not served until a read brings it back. The proof covers epochs as it covers copies: the
 //! epoch keys lie under the tracked prefix, and the scripts that raise them announce them.
+//! A copy held from an era that ended (`serve_while_down`) is judged too, by the epochs the
+//! tier holds: they are kept when an era ends (a copy of the next era goes in only with the
+//! epochs its own read found, alive by them, and epochs only rise, so an older epoch kept
+//! cannot make a dead copy look alive), and an announcement drops one as ever. Without that a
+//! held copy outlived a clear the tier had heard before its era ended (found by the chaos
+//! test's rule (h)).
 //!
 //! Explained in the guide: `docs/near-cache.md`.
 
@@ -782,7 +788,8 @@ mod tests {
         bytes: usize,
         now_ms: u64,
     ) {
-        tier.hold_epochs(ticket, &Epochs::of(&["ns:{%c}".to_owned()], vec![0]));
+        let clear: Arc<[String]> = Arc::new(["ns:{%c}".to_owned()]);
+        tier.hold_epochs(ticket, &Epochs::of(&clear, vec![0]));
         tier.insert(
             ticket,
             key,
@@ -1017,6 +1024,79 @@ mod tests {
         tokio::time::advance(Duration::from_millis(2)).await;
         assert_eq!(held(&tier, KEY), None, "past its era's bound");
         assert_eq!(counters.snapshot().held_served, 5);
+    }
+
+    /// Puts a copy of `key` born at `born` with tag `a`, and the epochs its read found: the
+    /// namespace's at 0, the tag's at 2.
+    fn put_tagged(tier: &NearTier, key: &str, born: u64) {
+        let ticket = tier.ticket(key).expect("a subscribed stream gives tickets");
+        let names = ["ns:{%c}".to_owned(), "ns:{%t:a}".to_owned()];
+        tier.hold_epochs(ticket, &Epochs::of(&names.into(), vec![0, 2]));
+        let tags = vec!["ns:{%t:a}".to_owned()].into_boxed_slice();
+        tier.insert(
+            ticket,
+            key,
+            &"t".to_owned(),
+            3,
+            FRESH,
+            0,
+            1,
+            NOW,
+            (born, tags),
+        );
+    }
+
+    /// With `serve_while_down`, a held copy is judged by the epochs as the tier knew them: an
+    /// epoch announced changed (a clear, a tag invalidated) before or after the proof lapsed
+    /// stops it being served, until a read brings the epoch back and shows it outlived it.
+    /// (The chaos test's rule (h) found a held copy served 706 ms after a clear the tier had
+    /// heard 24 ms before its stream was partitioned.)
+    #[tokio::test(start_paused = true)]
+    async fn a_held_copy_is_not_served_past_an_epoch_the_tier_heard_change() {
+        let config = NearCacheOptions::new(100)
+            .max_staleness(Duration::from_millis(400))
+            .serve_while_down(Duration::from_secs(1));
+        let held = |tier: &NearTier, key: &str| tier.held::<String>(key, Duration::ZERO);
+        let lapse = || tokio::time::advance(Duration::from_millis(500));
+
+        // Untouched epochs: held past the lapse, judged by the epochs known when it came.
+        let (tier, _) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        put_tagged(&tier, "tagged", 5);
+        lapse().await;
+        assert_eq!(read(&tier, KEY), None);
+        assert_eq!(held(&tier, KEY).as_deref(), Some("v"));
+        assert_eq!(held(&tier, "tagged").as_deref(), Some("t"));
+
+        // A clear heard before the lapse: nothing is held.
+        let (tier, _) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        put_tagged(&tier, "tagged", 5);
+        tier.invalidated("ns:{%c}", 0);
+        lapse().await;
+        assert_eq!(read(&tier, KEY), None);
+        assert_eq!(held(&tier, KEY), None, "cleared before the lapse");
+        assert_eq!(held(&tier, "tagged"), None);
+
+        // A tag invalidated after the lapse (the stream still hears it): only its copies go.
+        let (tier, _) = live_tier(&config);
+        put(&tier, KEY, "v", 1);
+        put_tagged(&tier, "tagged", 5);
+        lapse().await;
+        tier.changed(b"ns:{%t:a}");
+        assert_eq!(held(&tier, KEY).as_deref(), Some("v"));
+        assert_eq!(held(&tier, "tagged"), None, "its tag was invalidated");
+        // A read of the new era brings the tag's epoch back: raised to 4, the copy born at 5
+        // outlived it and is held again; raised to 7, it did not.
+        tier.proof(1, Instant::now());
+        put_tagged(&tier, "other", 9);
+        let ticket = tier.ticket("x").unwrap();
+        tier.hold_epochs(ticket, &Epochs::of(&Arc::from(["ns:{%t:a}".to_owned()]), vec![4]));
+        assert_eq!(held(&tier, "tagged").as_deref(), Some("t"));
+        tier.changed(b"ns:{%t:a}");
+        let ticket = tier.ticket("x").unwrap();
+        tier.hold_epochs(ticket, &Epochs::of(&Arc::from(["ns:{%t:a}".to_owned()]), vec![7]));
+        assert_eq!(held(&tier, "tagged"), None);
     }
 
     #[tokio::test(start_paused = true)]

@@ -23,6 +23,7 @@
 //! Clear is its own epoch, checked on every read, not a special tag some path may forget
 //! (FusionCache #600).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -80,7 +81,7 @@ const SEEN_KEYS: u64 = 10_000;
 /// come in one more round trip.
 const SEEN_PER_BATCH: usize = 64;
 
-/// The epoch names of the tags each key's value carried when last read (beyond the handle's),
+/// The epoch names of the tags each key's value carried when last read or written,
 /// so the next read asks for them with the value, in the same round trip: a value tagged by
 /// its computation ([`Computed::tags`](crate::Computed::tags)) then costs a hit no more than
 /// one tagged by the handle. Bounded; a key it forgot costs one more round trip, once.
@@ -92,40 +93,96 @@ impl Default for SeenTags {
     }
 }
 
-/// The epochs a read found, by name.
+/// The epochs a read found, by name: those it asked for with the value (shared with the
+/// handle, not copied), then any read after it.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Epochs {
-    found: Vec<(String, u64)>,
+    names: Arc<[String]>,
+    values: Vec<u64>,
+    more: Vec<(String, u64)>,
 }
 
 impl Epochs {
     /// What a read of `names` answered (`values` in the same order).
-    pub(crate) fn of(names: &[String], values: Vec<u64>) -> Self {
+    pub(crate) fn of(names: &Arc<[String]>, values: Vec<u64>) -> Self {
         Epochs {
-            found: names.iter().cloned().zip(values).collect(),
+            names: Arc::clone(names),
+            values,
+            more: Vec::new(),
         }
     }
 
     fn get(&self, name: &str) -> Option<u64> {
-        self.found
-            .iter()
-            .find(|(held, _)| held == name)
-            .map(|(_, epoch)| *epoch)
+        self.iter()
+            .find(|(held, _)| *held == name)
+            .map(|(_, epoch)| epoch)
     }
 
     fn add(&mut self, names: Vec<String>, values: Vec<u64>) {
-        self.found.extend(names.into_iter().zip(values));
+        self.more.extend(names.into_iter().zip(values));
+    }
+
+    /// The highest epoch read (bytes that are not a number, read as the highest, left out).
+    fn highest(&self) -> u64 {
+        self.iter()
+            .map(|(_, epoch)| epoch)
+            .filter(|&epoch| epoch != u64::MAX)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Every epoch read, by name: the near tier holds them beside its copies.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, u64)> {
-        self.found
+        let asked = self
+            .names
             .iter()
-            .map(|(name, epoch)| (name.as_str(), *epoch))
+            .map(String::as_str)
+            .zip(self.values.iter().copied());
+        let more = self
+            .more
+            .iter()
+            .map(|(name, epoch)| (name.as_str(), *epoch));
+        asked.chain(more)
     }
 }
 
 impl<C: Codec> Cache<C> {
+    /// The highest epoch this process has read or raised (see `wait/flight.rs`).
+    pub(crate) fn epoch_mark(&self) -> u64 {
+        self.inner.epoch_mark.load(Ordering::Acquire)
+    }
+
+    /// Raises the process's epoch mark to what a read found.
+    pub(crate) fn note_epochs(&self, epochs: &Epochs) {
+        self.inner
+            .epoch_mark
+            .fetch_max(epochs.highest(), Ordering::AcqRel);
+    }
+
+    /// For a follower of this process's flight of `keys`, whose leader started knowing the
+    /// epoch mark `mark` and computed a value: whether none of that value's tags (remembered at
+    /// its write) was invalidated after the leader started. The follower's own read before it
+    /// joined did not know them (the key held no value then), so their epochs are read now: one
+    /// more request, for a value tagged beyond what the follower read. Unknown (no tags
+    /// remembered, or the read failed): yes, as before tags.
+    pub(crate) async fn computed_before_no_invalidation(
+        &self,
+        keys: &EntryKeys,
+        mark: u64,
+    ) -> bool {
+        let Some(names) = self.inner.seen_tags.0.get(&keys.value) else {
+            return true;
+        };
+        match self.inner.store.epochs(&names).await {
+            Ok(values) => {
+                let epochs = Epochs::of(&names, values);
+                self.note_epochs(&epochs);
+                epochs.highest() <= mark
+            }
+            Err(_) => true,
+        }
+    }
+
     /// The handle's tags, if they can be used: checked by every call before it reads.
     pub(crate) fn check_tags(&self) -> Result<(), Error> {
         match &self.tagging.invalid {
@@ -173,18 +230,14 @@ impl<C: Codec> Cache<C> {
         names.map_or_else(|| Arc::clone(&self.tagging.names), Into::into)
     }
 
-    /// Remembers the tags the value of `keys` carries (`tags`, as read or as written) beyond
-    /// the handle's, for the next read of the key.
+    /// Remembers the tags the value of `keys` carries (`tags`, as read or as written), for the
+    /// next read of the key (and for a follower of its computation: see
+    /// [`computed_before_no_invalidation`](Self::computed_before_no_invalidation)).
     pub(crate) fn saw_tags(&self, keys: &EntryKeys, tags: &[String]) {
         let seen = &self.inner.seen_tags.0;
-        let names: Vec<String> = self
-            .tag_epoch_names(tags)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|name| !self.tagging.names.contains(name))
-            .collect();
+        let names = self.tag_epoch_names(tags).unwrap_or_default();
         if names.is_empty() {
-            // Only a key whose value had other tags is remembered.
+            // Only a key whose value had tags is remembered.
             if seen.contains_key(&keys.value) {
                 seen.invalidate(&keys.value);
             }
@@ -203,7 +256,9 @@ impl<C: Codec> Cache<C> {
     ) -> StoreResult<(Option<Blob>, Epochs)> {
         let names = self.read_names(&[keys]);
         let (bytes, values) = self.inner.store.get_with_epochs(keys, &names).await?;
-        Ok((bytes, Epochs::of(&names, values)))
+        let epochs = Epochs::of(&names, values);
+        self.note_epochs(&epochs);
+        Ok((bytes, epochs))
     }
 
     /// Reads, in one request, the epochs `entries` need that `epochs` lacks (tags the handle
@@ -224,6 +279,7 @@ impl<C: Codec> Cache<C> {
         if !missing.is_empty() {
             let values = self.inner.store.epochs(&missing).await?;
             epochs.add(missing, values);
+            self.note_epochs(epochs);
         }
         Ok(())
     }
@@ -311,6 +367,8 @@ impl<C: Codec> Cache<C> {
     /// `clear` send (two requests, whatever the number of values).
     pub(crate) async fn raise(&self, names: &[String]) -> StoreResult<()> {
         let floor = self.inner.store.born(&self.tagging.names[0]).await?;
+        // Flights led before this raise are not shared with calls that start after it.
+        self.inner.epoch_mark.fetch_max(floor, Ordering::AcqRel);
         let raised = self.inner.store.raise_epochs(names, floor).await;
         // Also after a failure: the raise may have been applied. Read-your-writes here.
         if let Some(near) = &self.inner.near {

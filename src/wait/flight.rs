@@ -6,7 +6,11 @@
 //!   it on completion and in `Drop`, so a cancelled or panicking leader leaves nothing behind;
 //! - followers of a leader that went away without an outcome are told so and try again, one of
 //!   them becoming the next leader (the same contract as tokio's `OnceCell` and moka's
-//!   `get_with`).
+//!   `get_with`);
+//! - a caller that knows of an invalidation the leader did not (a higher epoch mark: see
+//!   `cache/tags.rs`) does not follow it: the leader's computation may have started before the
+//!   invalidation, and its value would be one the caller must not get. It goes alone (and
+//!   waits on the distributed lock, then reads and judges the value itself).
 //!
 //! Explained in the guide: `docs/how-it-works.md` and `docs/guarantees.md` (cancellation and panics).
 
@@ -33,6 +37,8 @@ enum State<T> {
 /// `E` too: a caller's [`Error::Compute`] then always holds its own `E`.
 struct Slot<T, E> {
     tx: watch::Sender<State<T>>,
+    /// The epoch mark the leader knew when it started.
+    mark: u64,
     _error: PhantomData<fn() -> E>,
 }
 
@@ -56,17 +62,19 @@ pub(crate) enum Role<'a, T: Send + Sync + 'static, E: Send + Sync + 'static> {
     Lead(Leader<'a, T, E>),
     /// Another task is doing it.
     Follow(Follower<T>),
-    /// The key is in flight with other types `T`/`E`: go alone, without sharing.
+    /// The key is in flight with other types `T`/`E`, or by a leader that started before an
+    /// invalidation this caller knows of: go alone, without sharing.
     Alone,
 }
 
 impl Flights {
-    pub(crate) fn join<T, E>(&self, key: &str) -> Role<'_, T, E>
+    /// Joins the flight of `key`, knowing the epoch mark `mark` (see the module docs).
+    pub(crate) fn join<T, E>(&self, key: &str, mark: u64) -> Role<'_, T, E>
     where
         T: Clone + Send + Sync + 'static,
         E: Send + Sync + 'static,
     {
-        self.join_in(&mut lock(&self.map), key)
+        self.join_in(&mut lock(&self.map), key, mark)
     }
 
     /// [`join`](Self::join) for many keys in one step: two batches asking for the same keys at
@@ -75,6 +83,7 @@ impl Flights {
     pub(crate) fn join_many<'k, T, E>(
         &self,
         keys: impl IntoIterator<Item = &'k str>,
+        mark: u64,
     ) -> Vec<Role<'_, T, E>>
     where
         T: Clone + Send + Sync + 'static,
@@ -82,7 +91,7 @@ impl Flights {
     {
         let mut map = lock(&self.map);
         keys.into_iter()
-            .map(|key| self.join_in(&mut map, key))
+            .map(|key| self.join_in(&mut map, key, mark))
             .collect()
     }
 
@@ -90,6 +99,7 @@ impl Flights {
         &self,
         map: &mut HashMap<String, Arc<dyn Any + Send + Sync>>,
         key: &str,
+        mark: u64,
     ) -> Role<'_, T, E>
     where
         T: Clone + Send + Sync + 'static,
@@ -97,14 +107,16 @@ impl Flights {
     {
         if let Some(existing) = map.get(key) {
             return match Arc::clone(existing).downcast::<Slot<T, E>>() {
-                Ok(slot) => Role::Follow(Follower {
+                Ok(slot) if slot.mark >= mark => Role::Follow(Follower {
                     rx: slot.tx.subscribe(),
+                    mark: slot.mark,
                 }),
-                Err(_) => Role::Alone,
+                Ok(_) | Err(_) => Role::Alone,
             };
         }
         let slot: Arc<Slot<T, E>> = Arc::new(Slot {
             tx: watch::channel(State::Running).0,
+            mark,
             _error: PhantomData,
         });
         map.insert(key.to_owned(), slot.clone());
@@ -169,9 +181,16 @@ impl<T: Send + Sync + 'static, E: Send + Sync + 'static> Drop for Leader<'_, T, 
 
 pub(crate) struct Follower<T> {
     rx: watch::Receiver<State<T>>,
+    /// The epoch mark its leader knew when it started.
+    mark: u64,
 }
 
 impl<T: Clone> Follower<T> {
+    /// The epoch mark the leader knew when it started.
+    pub(crate) fn mark(&self) -> u64 {
+        self.mark
+    }
+
     /// The leader's outcome, or `None` if it went away without one.
     pub(crate) async fn outcome(mut self) -> Option<Outcome<T>> {
         let state = self
@@ -190,16 +209,33 @@ impl<T: Clone> Follower<T> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_caller_that_knows_a_newer_epoch_does_not_follow() {
+        let flights = Flights::default();
+        let Role::Lead(_leader) = flights.join::<u32, ()>("k", 5) else {
+            panic!("the first caller leads");
+        };
+        let Role::Follow(follower) = flights.join::<u32, ()>("k", 5) else {
+            panic!("a caller that knows what the leader knew follows");
+        };
+        assert_eq!(follower.mark(), 5);
+        assert!(matches!(flights.join::<u32, ()>("k", 4), Role::Follow(_)));
+        assert!(
+            matches!(flights.join::<u32, ()>("k", 6), Role::Alone),
+            "an invalidation the leader did not know of: alone"
+        );
+    }
+
     #[tokio::test]
     async fn followers_get_the_leaders_outcome_and_the_map_empties() {
         let flights = Flights::default();
-        let Role::Lead(leader) = flights.join::<u32, ()>("k") else {
+        let Role::Lead(leader) = flights.join::<u32, ()>("k", 0) else {
             panic!("the first caller leads");
         };
-        let Role::Follow(follower) = flights.join::<u32, ()>("k") else {
+        let Role::Follow(follower) = flights.join::<u32, ()>("k", 0) else {
             panic!("the second caller follows");
         };
-        assert!(matches!(flights.join::<String, ()>("k"), Role::Alone));
+        assert!(matches!(flights.join::<String, ()>("k", 0), Role::Alone));
         leader.finish(&Ok(7));
         assert_eq!(flights.len(), 0);
         assert!(matches!(follower.outcome().await, Some(Ok(7))));
@@ -208,8 +244,8 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_leader_releases_its_followers() {
         let flights = Flights::default();
-        let leader = flights.join::<u32, ()>("k");
-        let Role::Follow(follower) = flights.join::<u32, ()>("k") else {
+        let leader = flights.join::<u32, ()>("k", 0);
+        let Role::Follow(follower) = flights.join::<u32, ()>("k", 0) else {
             panic!("the second caller follows");
         };
         drop(leader);

@@ -31,7 +31,15 @@
 //!   near tier held while the backend was unreachable (`Source::Held`) is never older than a
 //!   change of its key that the server ran more than that worker's bound plus its
 //!   `max_staleness` before the call began; only a worker that serves while down gets such
-//!   values.
+//!   values;
+//! - (h) tags and clear: no call that began after a tag invalidation or a clear returned (plus
+//!   the near tier's bound, for a worker that runs one) gets a value born before that
+//!   invalidation began that carries one of its tags (a clear: any value), by whatever path
+//!   (Redis, a near copy, a held copy, an in-process follower), unless every epoch that judges
+//!   it was lost on the server in between (a restart, a flush, an eviction of the epoch key);
+//!   and the server's side of it: each invalidation that returned `Ok` raised and announced
+//!   its epochs while it ran, epochs only go up, and each stored value records the tags it
+//!   was given and a birth no later than its computation's start.
 
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
@@ -40,8 +48,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::{
-    parse_value, BumpCause, Call, Change, Compute, Ending, History, Outcome, Pause, Section,
-    ServerEvent, Violation, Write,
+    parse_value, raised_by, BumpCause, Call, Change, Compute, Ending, Epoch, History, Outcome,
+    Pause, Raise, Section, ServerEvent, Violation, Write,
 };
 
 /// The error kinds a call may end with under faults; anything else is a bug.
@@ -89,6 +97,14 @@ pub const TESTS: &[(&str, fn())] = &[
         "checker_holds_held_reads_to_the_relaxed_bound",
         checker_holds_held_reads_to_the_relaxed_bound,
     ),
+    (
+        "checker_rule_h_finds_values_served_after_their_invalidation",
+        checker_rule_h_finds_values_served_after_their_invalidation,
+    ),
+    (
+        "checker_rule_h_holds_the_server_to_the_invalidations",
+        checker_rule_h_holds_the_server_to_the_invalidations,
+    ),
 ];
 
 /// Every rule's findings, rule by rule.
@@ -103,6 +119,9 @@ pub fn check(h: &History) -> Vec<Violation> {
         nothing_stranded(h),
         near_reads_within_max_staleness(h),
         held_reads_within_the_relaxed_bound(h),
+        no_value_served_after_its_invalidation(h),
+        invalidations_reach_the_server(h),
+        stored_values_carry_their_tags(h),
     ]
     .concat()
 }
@@ -210,7 +229,7 @@ fn with_last_bump(h: &History) -> Vec<(&ServerEvent, Option<LastBump>)> {
     let mut out = Vec::new();
     for e in &h.server {
         let key = match e {
-            ServerEvent::Life(_) => None,
+            ServerEvent::Life(_) | ServerEvent::Raise(_) => None,
             ServerEvent::Acquire { key, .. }
             | ServerEvent::Bump { key, .. }
             | ServerEvent::Delete { key }
@@ -633,6 +652,331 @@ fn held_reads_within_the_relaxed_bound(h: &History) -> Vec<Violation> {
     found
 }
 
+/// The tag invalidations and clears that returned `Ok`, with the epochs each raised.
+fn completed_invalidations(h: &History) -> Vec<(&Call, u64, Vec<Epoch>)> {
+    h.calls
+        .iter()
+        .filter(|c| c.outcome == Outcome::Done)
+        .filter_map(|c| Some((c, c.end_us?, raised_by(c)?)))
+        .collect()
+}
+
+/// The latest each value can have been born, from what the history knows of how it was made:
+/// its computation's start (the birth is read after the lock was granted, before `f` runs),
+/// the end of the `set` that wrote it, and the first time the server wrote it (a birth is read
+/// before the write is sent). A value none of these knows is rule (d)'s.
+struct Births<'h> {
+    computed: HashMap<&'h str, u64>,
+    set_ends: HashMap<(&'h str, u64), u64>,
+    written: HashMap<&'h str, u64>,
+}
+
+impl<'h> Births<'h> {
+    fn of(h: &'h History) -> Self {
+        let mut computed: HashMap<&str, u64> = HashMap::new();
+        for c in &h.computes {
+            let at = computed.entry(&c.value).or_insert(c.start_us);
+            *at = (*at).min(c.start_us);
+        }
+        let set_ends = h
+            .calls
+            .iter()
+            .filter(|c| c.op == "set")
+            .filter_map(|c| Some(((c.instance.as_str(), c.id), c.end_us?)))
+            .collect();
+        let mut written: HashMap<&str, u64> = HashMap::new();
+        for e in &h.server {
+            if let ServerEvent::Write(w) = e {
+                let at = written.entry(&w.value).or_insert(w.at_us);
+                *at = (*at).min(w.at_us);
+            }
+        }
+        Births {
+            computed,
+            set_ends,
+            written,
+        }
+    }
+
+    /// No later than this, `v` (made as `parts` say) was born.
+    fn latest(&self, v: &str, parts: &crate::history::ValueParts) -> Option<u64> {
+        let set_end = (!parts.computed)
+            .then(|| self.set_ends.get(&(parts.instance.as_str(), parts.seq)))
+            .flatten();
+        [self.computed.get(v), set_end, self.written.get(v)]
+            .into_iter()
+            .flatten()
+            .copied()
+            .min()
+    }
+}
+
+/// Rule (h), the values served: no call that began after a tag invalidation (or a clear)
+/// returned, plus the bound of the tier that may have served it (a near tier's
+/// `max_staleness`; a held copy's `serve_while_down` on top), gets a value born before that
+/// invalidation began, if the value carries one of its tags (a clear: any value). Every
+/// value a call gets is judged, whatever path served it (Redis, a near copy, a held copy, an
+/// in-process follower): a value the call computed itself, or that a computation begun after
+/// the invalidation made, is born after it and passes. "Born before" is what the history
+/// proves: the value's latest possible birth (its computation's start, its `set`'s end or its
+/// first write on the server) is before the invalidation's start, the earliest its epoch
+/// can have been read from the server's clock. Excused: the epochs that judge it were all
+/// lost in between (a restart or `FLUSHDB` empties the server; an `allkeys-*` policy may
+/// evict an epoch key, which has no expiry), the documented price of an epoch kept in Redis.
+fn no_value_served_after_its_invalidation(h: &History) -> Vec<Violation> {
+    let mut found = Vec::new();
+    for (call, verdict) in tag_verdicts(h) {
+        let Verdict::Missed {
+            invalidation: inv,
+            born_by,
+            bound,
+            tier,
+        } = verdict
+        else {
+            continue;
+        };
+        let inv_end = inv.end_us.unwrap_or(inv.start_us);
+        let Outcome::Value(v) = &call.outcome else {
+            continue;
+        };
+        // Named, for whoever reads the finding: the in-process single flight handed this call
+        // a value its own process's computation made, begun before the invalidation.
+        let follower = match parse_value(v) {
+            Some(parts) if call.source == "waited" && parts.instance == call.instance => {
+                "; an in-process follower of a computation begun before the invalidation"
+            }
+            _ => "",
+        };
+        found.push(violation(
+            'h',
+            format!(
+                "{} call #{} for {} began at {} and got {v} ({}), born by {born_by}, before {} \
+                 call #{} {} {} ({}..{inv_end}) invalidated it ({} ms before the call; {tier} \
+                 {} ms){follower}",
+                call.instance,
+                call.id,
+                call.key,
+                call.start_us,
+                call.source,
+                inv.instance,
+                inv.id,
+                inv.op,
+                inv.key,
+                inv.start_us,
+                (call.start_us - inv_end) / 1000,
+                bound / 1000,
+            ),
+        ));
+    }
+    found
+}
+
+/// How rule (h) judged one value a call got.
+enum Verdict<'h> {
+    /// No invalidation that returned before the call (and the tier's bound) judges its tags.
+    Unjudged,
+    /// Judged, and born after every such invalidation began.
+    Passed,
+    /// Born before such an invalidation, whose epochs were all lost on the server since.
+    Excused,
+    /// Born before such an invalidation, and served all the same.
+    Missed {
+        invalidation: &'h Call,
+        born_by: u64,
+        bound: u64,
+        tier: &'static str,
+    },
+}
+
+/// Rule (h)'s verdict on every value a call got (see
+/// [`no_value_served_after_its_invalidation`]).
+fn tag_verdicts(h: &History) -> Vec<(&Call, Verdict<'_>)> {
+    let mut invalidations = completed_invalidations(h);
+    invalidations.sort_by_key(|(inv, _, _)| inv.start_us);
+    let births = Births::of(h);
+    let notification_slack_us = 2 * h.lease_ms * 1000;
+    // Whether `epoch` was lost on the server between `from` and `to`.
+    let lost = |epoch: &Epoch, from: u64, to: u64| {
+        h.restarts_us.iter().any(|at| (from..=to).contains(at))
+            || h.epoch_evictions.iter().any(|(seen, evicted)| {
+                evicted == epoch && (from..=to + notification_slack_us).contains(seen)
+            })
+    };
+    let mut verdicts = Vec::new();
+    for call in &h.calls {
+        let (Outcome::Value(v), Some(end)) = (&call.outcome, call.end_us) else {
+            continue;
+        };
+        let Some(parts) = parse_value(v) else {
+            continue;
+        };
+        let Some(born_by) = births.latest(v, &parts) else {
+            continue;
+        };
+        let near = h.near_instances.get(&call.instance).copied().unwrap_or(0);
+        let (bound, tier) = match h.held_bounds.get(&call.instance) {
+            Some(held) if call.held => (near + held, "serve_while_down + max_staleness"),
+            _ if near > 0 => (near, "max_staleness"),
+            _ => (0, "no near tier"),
+        };
+        let judges = |epoch: &Epoch| match epoch {
+            Epoch::Clear => true,
+            Epoch::Tag(tag) => parts.tags.contains(tag),
+        };
+        // Whether an invalidation returned (and the tier's bound passed) before the call, and
+        // judges the value.
+        let judged = |(_, inv_end, epochs): &&(&Call, u64, Vec<Epoch>)| {
+            inv_end.saturating_add(bound) < call.start_us && epochs.iter().any(judges)
+        };
+        // Sorted by start: those begun after the value was born and before the call are the
+        // ones it may have missed; any earlier one it passed.
+        let born_before = invalidations.partition_point(|(inv, _, _)| inv.start_us <= born_by);
+        let call_before = invalidations.partition_point(|(inv, _, _)| inv.start_us < call.start_us);
+        let mut verdict = if invalidations[..born_before]
+            .iter()
+            .rev()
+            .any(|i| judged(&i))
+        {
+            Verdict::Passed
+        } else {
+            Verdict::Unjudged
+        };
+        let after_birth = invalidations
+            .get(born_before..call_before)
+            .unwrap_or_default();
+        for (inv, _, epochs) in after_birth.iter().filter(judged) {
+            if epochs
+                .iter()
+                .filter(|e| judges(e))
+                .all(|e| lost(e, inv.start_us, end))
+            {
+                verdict = Verdict::Excused;
+                continue;
+            }
+            verdict = Verdict::Missed {
+                invalidation: inv,
+                born_by,
+                bound,
+                tier,
+            };
+            break;
+        }
+        verdicts.push((call, verdict));
+    }
+    verdicts
+}
+
+/// Rule (h)'s counts for the run's summary: the values judged (a call got them after an
+/// invalidation of one of their tags, or a clear, had returned), and of those, the ones
+/// excused by a lost epoch.
+pub fn tag_judgements(h: &History) -> (usize, usize) {
+    let verdicts = tag_verdicts(h);
+    let judged = verdicts
+        .iter()
+        .filter(|(_, v)| !matches!(v, Verdict::Unjudged))
+        .count();
+    let excused = verdicts
+        .iter()
+        .filter(|(_, v)| matches!(v, Verdict::Excused))
+        .count();
+    (judged, excused)
+}
+
+/// Rule (h), the server's side: every tag invalidation or clear that returned `Ok` raised each
+/// of its epochs on the server while it ran, to at least the clock at its start, and announced
+/// it on the near channel; and an epoch only goes up (a raise is `max(clock, epoch + 1)`),
+/// within a server life.
+fn invalidations_reach_the_server(h: &History) -> Vec<Violation> {
+    let raises: Vec<&Raise> = h
+        .server
+        .iter()
+        .filter_map(|e| match e {
+            ServerEvent::Raise(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    let mut found = Vec::new();
+    for (inv, end, epochs) in completed_invalidations(h) {
+        for epoch in epochs {
+            let ran = raises.iter().any(|r| {
+                r.epoch == epoch
+                    && (inv.start_us..=end).contains(&r.at_us)
+                    && r.value >= inv.start_us
+                    && r.announced
+            });
+            if !ran {
+                found.push(violation(
+                    'h',
+                    format!(
+                        "{} call #{} {} {} ({}..{end}) returned Ok, but the server raised no \
+                         {epoch:?} to at least {} and announced it while it ran",
+                        inv.instance, inv.id, inv.op, inv.key, inv.start_us, inv.start_us
+                    ),
+                ));
+            }
+        }
+    }
+    let mut last: HashMap<&Epoch, u64> = HashMap::new();
+    for e in &h.server {
+        match e {
+            ServerEvent::Life(_) => last.clear(),
+            ServerEvent::Raise(r) => {
+                if let Some(prev) = last.insert(&r.epoch, r.value) {
+                    if r.value <= prev {
+                        found.push(violation(
+                            'h',
+                            format!(
+                                "{:?} raised to {} at {}, not above its {prev}",
+                                r.epoch, r.value, r.at_us
+                            ),
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    found
+}
+
+/// Rule (h), the values stored: each value the server took records, in its envelope, the tags
+/// the worker gave it (its handle's and its computation's) and a birth no later than its
+/// computation's start (and than the write itself).
+fn stored_values_carry_their_tags(h: &History) -> Vec<Violation> {
+    let births = Births::of(h);
+    let mut found = Vec::new();
+    for e in &h.server {
+        let ServerEvent::Write(w) = e else {
+            continue;
+        };
+        let Some(parts) = parse_value(&w.value) else {
+            continue;
+        };
+        let mut stored = w.tags.clone();
+        stored.sort();
+        if stored != parts.tags {
+            found.push(violation(
+                'h',
+                format!(
+                    "key {}: {} stored with the tags {:?}",
+                    w.key, w.value, w.tags
+                ),
+            ));
+        }
+        let born_by = births.latest(&w.value, &parts).unwrap_or(w.at_us);
+        if w.born > born_by {
+            found.push(violation(
+                'h',
+                format!(
+                    "key {}: {} stored as born at {}, after its computation or write began ({born_by})",
+                    w.key, w.value, w.born
+                ),
+            ));
+        }
+    }
+    found
+}
+
 /// Pairs of spans `(start, end, label)` that overlap, unless `excused(earlier, later)`.
 fn overlaps(
     spans: &mut [(u64, u64, String)],
@@ -655,10 +999,11 @@ fn overlaps(
 // The tests, on hand-made histories: a good one, and each rule's ways of breaking it.
 
 fn value(key: &str, token: u64, instance: &str) -> String {
-    format!("V|{key}|{token}|{instance}|1")
+    format!("V|{key}|{token}|{instance}|1|-")
 }
 
-fn write(key: &str, token: u64, instance: &str) -> ServerEvent {
+/// A computed write the server ran at `at_us` (born at 0: unknown, older than any epoch).
+fn write(key: &str, token: u64, instance: &str, at_us: u64) -> ServerEvent {
     ServerEvent::Write(Write {
         key: key.into(),
         computed: true,
@@ -666,6 +1011,9 @@ fn write(key: &str, token: u64, instance: &str) -> ServerEvent {
         fence: token,
         counter: Some(token),
         value: value(key, token, instance),
+        born: 0,
+        tags: vec![],
+        at_us,
     })
 }
 
@@ -680,6 +1028,7 @@ fn good_history() -> History {
         outcome,
         held: false,
         hit: true,
+        source: "hit".into(),
     };
     let section = |instance: &str, token, asked_us, start_us, end_us| Section {
         instance: instance.into(),
@@ -741,7 +1090,7 @@ fn good_history() -> History {
                 key: "L0".into(),
                 token: 6,
             },
-            write("k0", 10, "a"),
+            write("k0", 10, "a", 25_000),
             ServerEvent::Bump {
                 key: "k0".into(),
                 cause: BumpCause::Invalidate,
@@ -750,7 +1099,7 @@ fn good_history() -> History {
                 key: "k0".into(),
                 token: 12,
             },
-            write("k0", 12, "b"),
+            write("k0", 12, "b", 55_000),
         ],
         restarts_us: vec![],
         lock_evictions: vec![],
@@ -771,6 +1120,7 @@ fn good_history() -> History {
             change(55_000, Some(value("k0", 12, "b"))),
         ],
         value_evictions: vec![],
+        epoch_evictions: vec![],
     }
 }
 
@@ -875,7 +1225,7 @@ fn checker_rule_b_finds_tokens_out_of_order() {
                 key: "k0".into(),
                 token: 13,
             });
-            let ServerEvent::Write(w) = write("k0", 11, "a") else {
+            let ServerEvent::Write(w) = write("k0", 11, "a", 60_000) else {
                 unreachable!()
             };
             h.server.push(ServerEvent::Write(Write {
@@ -996,6 +1346,7 @@ fn checker_holds_near_reads_to_max_staleness() {
             outcome: Outcome::Value(value("k0", 10, "a")),
             held: false,
             hit: true,
+            source: "hit".into(),
         });
         h
     };
@@ -1057,6 +1408,7 @@ fn checker_holds_held_reads_to_the_relaxed_bound() {
             outcome: Outcome::Value(value("k0", 10, "a")),
             held: true,
             hit: false,
+            source: "held".into(),
         });
         h
     };
@@ -1087,4 +1439,300 @@ fn checker_holds_held_reads_to_the_relaxed_bound() {
     h.changes.remove(1);
     h.value_evictions.push((30_000, "k0".into()));
     assert_eq!(rules(&check(&h)), HashSet::from(['g']));
+}
+
+/// Adds a tag invalidation or clear by `a` (`op`, its tags in the key's place, `*` for a
+/// clear) that ran from `start_us` to `end_us`, and the raises the server ran for it.
+fn invalidated(h: &mut History, op: &str, key: &str, start_us: u64, end_us: u64) {
+    let call = Call {
+        instance: "a".into(),
+        id: 100 + h.calls.len() as u64,
+        op: op.into(),
+        key: key.into(),
+        start_us,
+        end_us: Some(end_us),
+        outcome: Outcome::Done,
+        held: false,
+        hit: false,
+        source: String::new(),
+    };
+    for epoch in raised_by(&call).expect("an invalidation") {
+        h.server.push(ServerEvent::Raise(Raise {
+            epoch,
+            value: start_us + 1,
+            at_us: (start_us + end_us) / 2,
+            announced: true,
+        }));
+    }
+    h.calls.push(call);
+}
+
+/// Raises t1 to 40 ms (at 32–33 ms), then to 34 ms (at 34–35 ms), in a new server life or not.
+fn raised_twice(h: &mut History, new_life: bool) {
+    invalidated(h, "invalidate_tag", "t1", 32_000, 33_000);
+    if let Some(ServerEvent::Raise(r)) = h.server.last_mut() {
+        r.value = 40_000;
+    }
+    if new_life {
+        h.server.push(ServerEvent::Life(1));
+    }
+    invalidated(h, "invalidate_tag", "t1", 34_000, 35_000);
+}
+
+/// Adds a call of `instance` that began at `start_us` and got `v` from `source`.
+fn served(h: &mut History, instance: &str, start_us: u64, v: &str, source: &str) {
+    h.calls.push(Call {
+        instance: instance.into(),
+        id: 200 + h.calls.len() as u64,
+        op: "get_or_compute".into(),
+        key: "k0".into(),
+        start_us,
+        end_us: Some(start_us + 100),
+        outcome: Outcome::Value(v.into()),
+        held: source == "held",
+        hit: source == "hit",
+        source: source.into(),
+    });
+}
+
+/// Gives a's value of token 10 the tags `label` (as the worker writes them) everywhere.
+fn retag(h: &mut History, label: &str) -> String {
+    let (old, new) = (value("k0", 10, "a"), format!("V|k0|10|a|1|{label}"));
+    for c in &mut h.calls {
+        if c.outcome == Outcome::Value(old.clone()) {
+            c.outcome = Outcome::Value(new.clone());
+        }
+    }
+    for c in h.computes.iter_mut().filter(|c| c.value == old) {
+        c.value = new.clone();
+    }
+    for c in h
+        .changes
+        .iter_mut()
+        .filter(|c| c.value == Some(old.clone()))
+    {
+        c.value = Some(new.clone());
+    }
+    for e in &mut h.server {
+        if let ServerEvent::Write(w) = e {
+            if w.value == old {
+                w.value = new.clone();
+                w.tags = parse_value(&new).expect("a worker's value").tags;
+            }
+        }
+    }
+    new
+}
+
+/// Rule (h) on hand-made histories: a's value of token 10 was computed from 5 ms (born by
+/// then) and b's of token 12 from 45 ms; a clear or a tag invalidation runs at 32–33 ms.
+fn checker_rule_h_finds_values_served_after_their_invalidation() {
+    let v10 = value("k0", 10, "a");
+    let cleared = || {
+        let mut h = good_history();
+        invalidated(&mut h, "clear", "*", 32_000, 33_000);
+        h
+    };
+    let only_h = |h: &History, what: &str| {
+        let found = check(h);
+        assert_eq!(found.len(), 1, "{what}: {found:?}");
+        assert_eq!(rules(&found), HashSet::from(['h']), "{what}");
+    };
+    assert_eq!(check(&cleared()), vec![]);
+    // Without a near tier, from the moment the clear returned; a call begun before is not
+    // judged (it may have read before the raise).
+    let mut h = cleared();
+    served(&mut h, "a", 33_000, &v10, "hit");
+    assert_eq!(check(&h), vec![]);
+    let mut h = cleared();
+    served(&mut h, "a", 33_001, &v10, "hit");
+    only_h(&h, "a hit after the clear");
+    // Whatever the path: an in-process follower too (its flight began before).
+    let mut h = cleared();
+    served(&mut h, "a", 34_000, &v10, "waited");
+    only_h(&h, "a follower after the clear");
+    // A near tier (b: 10 ms) is allowed its max_staleness, a held copy its serve_while_down
+    // (20 ms) on top.
+    for (source, start_us, ok) in [
+        ("hit", 43_000, true),
+        ("hit", 43_001, false),
+        ("held", 63_000, true),
+        ("held", 63_001, false),
+    ] {
+        let mut h = cleared();
+        served(&mut h, "b", start_us, &v10, source);
+        if ok {
+            assert_eq!(check(&h), vec![], "{source} at {start_us}");
+        } else {
+            only_h(&h, &format!("{source} at {start_us}"));
+        }
+    }
+    // A value whose computation began after the invalidation began is not proven older: b's
+    // value of token 12 (from 45 ms) after a clear at 40–41 ms passes, after one at 46–47 ms
+    // does not. So does the value a call computed itself.
+    let v12 = value("k0", 12, "b");
+    let mut h = good_history();
+    invalidated(&mut h, "clear", "*", 40_000, 41_000);
+    served(&mut h, "a", 60_000, &v12, "hit");
+    assert_eq!(check(&h), vec![]);
+    let mut h = good_history();
+    invalidated(&mut h, "clear", "*", 46_000, 47_000);
+    served(&mut h, "a", 60_000, &v12, "hit");
+    only_h(&h, "a value computed before the clear began");
+    // Tags: only an invalidation of one of the value's tags judges it.
+    for (tags, invalidation, ok) in [
+        ("-", "t1", true),
+        ("t1+t2", "t2", false),
+        ("t1+t2", "t0+t3", true),
+        ("t1+t2", "t0+t1", false),
+    ] {
+        let mut h = good_history();
+        let v = retag(&mut h, tags);
+        let op = if invalidation.contains('+') {
+            "invalidate_tags"
+        } else {
+            "invalidate_tag"
+        };
+        invalidated(&mut h, op, invalidation, 32_000, 33_000);
+        served(&mut h, "a", 34_000, &v, "hit");
+        if ok {
+            assert_eq!(check(&h), vec![], "{tags} after {invalidation}");
+        } else {
+            only_h(&h, &format!("{tags} after {invalidation}"));
+        }
+    }
+    // A value `set` before (its set ended at 20 ms, the server wrote it at 21 ms).
+    let mut h = cleared();
+    let set = "S|k0|a|7|-";
+    h.calls.push(Call {
+        instance: "a".into(),
+        id: 7,
+        op: "set".into(),
+        key: "k0".into(),
+        start_us: 19_000,
+        end_us: Some(20_000),
+        outcome: Outcome::Done,
+        held: false,
+        hit: false,
+        source: String::new(),
+    });
+    h.server.insert(
+        5,
+        ServerEvent::Write(Write {
+            key: "k0".into(),
+            computed: false,
+            token: 0,
+            fence: 0,
+            counter: None,
+            value: set.into(),
+            born: 19_500,
+            tags: vec![],
+            at_us: 21_000,
+        }),
+    );
+    assert_eq!(check(&h), vec![]);
+    served(&mut h, "a", 34_000, set, "hit");
+    only_h(&h, "a set value after the clear");
+    // A lost epoch brings the values back: a restart or a flush after the invalidation began
+    // excuses; one before it does not. So does an eviction of each epoch that judges the
+    // value, not of another.
+    for restart_us in [32_500, 34_050] {
+        let mut h = cleared();
+        served(&mut h, "a", 34_000, &v10, "hit");
+        h.restarts_us.push(restart_us);
+        assert_eq!(check(&h), vec![], "restart at {restart_us}");
+    }
+    let mut h = cleared();
+    served(&mut h, "a", 34_000, &v10, "hit");
+    h.restarts_us.push(31_000);
+    only_h(&h, "a restart before the clear");
+    for (evicted, excused) in [
+        (vec![Epoch::Clear], true),
+        (vec![Epoch::Tag("t1".into())], false),
+    ] {
+        let mut h = cleared();
+        served(&mut h, "a", 34_000, &v10, "hit");
+        h.epoch_evictions = evicted.iter().map(|e| (33_500, e.clone())).collect();
+        assert_eq!(check(&h).is_empty(), excused, "{evicted:?} evicted");
+    }
+    for (evicted, excused) in [(vec!["t1"], false), (vec!["t1", "t2"], true)] {
+        let mut h = good_history();
+        let v = retag(&mut h, "t1+t2");
+        invalidated(&mut h, "invalidate_tags", "t1+t2", 32_000, 33_000);
+        served(&mut h, "a", 34_000, &v, "hit");
+        h.epoch_evictions = evicted
+            .iter()
+            .map(|t| (33_500, Epoch::Tag(t.to_string())))
+            .collect();
+        assert_eq!(check(&h).is_empty(), excused, "{evicted:?} evicted");
+    }
+}
+
+/// Rule (h), the server's side: an invalidation that returned `Ok` without the server raising
+/// (and announcing) each of its epochs while it ran, an epoch that went down, and values
+/// stored with other tags or a later birth than their computation's start.
+fn checker_rule_h_holds_the_server_to_the_invalidations() {
+    let cases: &[(&str, char, Breaker)] = &[
+        ("a clear the server never ran", 'h', |h| {
+            invalidated(h, "clear", "*", 32_000, 33_000);
+            h.server.pop();
+        }),
+        ("a raise after the call returned", 'h', |h| {
+            invalidated(h, "invalidate_tag", "t1", 32_000, 33_000);
+            let Some(ServerEvent::Raise(r)) = h.server.last_mut() else {
+                unreachable!()
+            };
+            r.at_us = 33_001;
+        }),
+        ("a raise below the clock at the call's start", 'h', |h| {
+            invalidated(h, "invalidate_tag", "t1", 32_000, 33_000);
+            let Some(ServerEvent::Raise(r)) = h.server.last_mut() else {
+                unreachable!()
+            };
+            r.value = 31_999;
+        }),
+        ("a raise not announced", 'h', |h| {
+            invalidated(h, "invalidate_tag", "t1", 32_000, 33_000);
+            let Some(ServerEvent::Raise(r)) = h.server.last_mut() else {
+                unreachable!()
+            };
+            r.announced = false;
+        }),
+        ("one tag of two raised", 'h', |h| {
+            invalidated(h, "invalidate_tags", "t1+t2", 32_000, 33_000);
+            h.server.pop();
+        }),
+        ("an epoch that went down", 'h', |h| {
+            raised_twice(h, false);
+        }),
+        ("a value stored without its tags", 'h', |h| {
+            retag(h, "t1");
+            let ServerEvent::Write(w) = &mut h.server[4] else {
+                unreachable!()
+            };
+            w.tags.clear();
+        }),
+        (
+            "a value stored as born after its computation began",
+            'h',
+            |h| {
+                let ServerEvent::Write(w) = &mut h.server[4] else {
+                    unreachable!()
+                };
+                w.born = 5_001;
+            },
+        ),
+    ];
+    assert_each_breaks_only_its_rule(cases);
+    // An epoch starts over in a new life (a restart, a flush).
+    let mut h = good_history();
+    raised_twice(&mut h, true);
+    assert_eq!(check(&h), vec![]);
+    // Born at the computation's very start is fine.
+    let mut h = good_history();
+    let ServerEvent::Write(w) = &mut h.server[4] else {
+        unreachable!()
+    };
+    w.born = 5_000;
+    assert_eq!(check(&h), vec![]);
 }

@@ -20,6 +20,8 @@
 
 use std::collections::HashMap;
 
+pub use stampede_guard::__private::Epoch;
+
 /// A call of the cache API made by a worker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Call {
@@ -38,6 +40,24 @@ pub struct Call {
     /// tier. A near copy is only ever served as a hit (or as held), so rule (f) judges these;
     /// a follower of this process's flight gets `Waited`, read when its leader asked.
     pub hit: bool,
+    /// Where the value came from, as the worker wrote it after the value (`hit`, `held`,
+    /// `computed`, `waited`...; empty for other outcomes): evidence in a finding.
+    pub source: String,
+}
+
+/// The epochs a call raises, if it is a tag invalidation or a clear (as the workers log them:
+/// the op, and in the key's place the tags joined by `+`, `*` for a clear).
+pub fn raised_by(call: &Call) -> Option<Vec<Epoch>> {
+    match call.op.as_str() {
+        "clear" => Some(vec![Epoch::Clear]),
+        "invalidate_tag" | "invalidate_tags" => Some(
+            call.key
+                .split('+')
+                .map(|tag| Epoch::Tag(tag.to_string()))
+                .collect(),
+        ),
+        _ => None,
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -96,8 +116,24 @@ pub enum ServerEvent {
     /// accepts only while the counter is still the refresh's own token.
     Delete { key: String },
     /// A value was written that the crate's own reader refused (`reason`): its fence and value
-    /// are unknown, so the checker reports it instead of judging it.
+    /// are unknown, so the checker reports it instead of judging it. Also an epoch set to
+    /// something that is not a number (`key` is then the epoch's Redis key).
     Unreadable { key: String, reason: String },
+    /// An epoch was raised (`invalidate_tag`, `clear`).
+    Raise(Raise),
+}
+
+/// One raise of an epoch, as the server ran it: the `SET` of the epoch key, inside the script
+/// that raises it (after its `GET`), and the announcement that follows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Raise {
+    pub epoch: Epoch,
+    /// The epoch it was set to (µs, by the server's clock).
+    pub value: u64,
+    /// When the server ran the script (MONITOR timestamp).
+    pub at_us: u64,
+    /// Whether the script published `"0 <epoch key>"` on the near channel.
+    pub announced: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +154,11 @@ pub struct Write {
     /// The fencing counter at the moment of the write, replayed from the server's commands.
     pub counter: Option<u64>,
     pub value: String,
+    /// The birth in the value's envelope (the namespace's clock, µs), and its tags.
+    pub born: u64,
+    pub tags: Vec<String>,
+    /// When the server ran the write (MONITOR timestamp).
+    pub at_us: u64,
 }
 
 /// A pause of a worker by SIGSTOP, until SIGCONT.
@@ -169,6 +210,10 @@ pub struct History {
     /// Value keys the server evicted under memory pressure: when the notification was seen (µs)
     /// and the entry's name.
     pub value_evictions: Vec<(u64, String)>,
+    /// Epoch keys the server evicted (they have no expiry: only an `allkeys-*` policy takes
+    /// them): when the notification was seen (µs) and the epoch. A lost epoch brings back the
+    /// values it had invalidated (docs/tags.md), as a restart or a flush does.
+    pub epoch_evictions: Vec<(u64, Epoch)>,
 }
 
 /// One change of an entry's value, as the server ran it: one script's `set`, `invalidate`,
@@ -195,30 +240,57 @@ impl std::fmt::Display for Violation {
     }
 }
 
-/// A value as the workers write it: `V|key|token|instance|seq` (computed) or `S|key|instance|seq`.
+/// A value as the workers write it: `V|key|token|instance|seq|tags` (computed) or
+/// `S|key|instance|seq|tags` (`set`), where `tags` are the tags the value was given (its
+/// handle's and its computation's), sorted and joined by `+`, or `-` for none. Every value is
+/// unique (`seq` is the call's id, or a batch key's), so a value served names its computation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValueParts {
     pub computed: bool,
     pub key: String,
     pub token: u64,
     pub instance: String,
+    /// The id of the call that made it (a `set`'s own; a computation's call, or batch key).
+    pub seq: u64,
+    pub tags: Vec<String>,
 }
 
 pub fn parse_value(value: &str) -> Option<ValueParts> {
     let f: Vec<&str> = value.split('|').collect();
-    match f.as_slice() {
-        ["V", key, token, instance, _seq] => Some(ValueParts {
-            computed: true,
-            key: key.to_string(),
-            token: token.parse().ok()?,
-            instance: instance.to_string(),
-        }),
-        ["S", key, instance, _seq] => Some(ValueParts {
-            computed: false,
-            key: key.to_string(),
-            token: 0,
-            instance: instance.to_string(),
-        }),
-        _ => None,
+    let (computed, key, token, instance, seq, tags) = match f.as_slice() {
+        ["V", key, token, instance, seq, tags] => {
+            (true, key, token.parse().ok()?, instance, seq, tags)
+        }
+        ["S", key, instance, seq, tags] => (false, key, 0, instance, seq, tags),
+        _ => return None,
+    };
+    Some(ValueParts {
+        computed,
+        key: key.to_string(),
+        token,
+        instance: instance.to_string(),
+        seq: seq.parse().ok()?,
+        tags: tags_of_label(tags)?,
+    })
+}
+
+/// The label of a value's tags (sorted, each once, joined by `+`; `-` for none).
+pub fn tags_label<S: AsRef<str>>(tags: &[S]) -> String {
+    let mut tags: Vec<&str> = tags.iter().map(AsRef::as_ref).collect();
+    tags.sort_unstable();
+    tags.dedup();
+    if tags.is_empty() {
+        "-".to_string()
+    } else {
+        tags.join("+")
+    }
+}
+
+/// The tags of a label ([`tags_label`]); `None` for an empty label.
+fn tags_of_label(label: &str) -> Option<Vec<String>> {
+    match label {
+        "" => None,
+        "-" => Some(Vec::new()),
+        tags => Some(tags.split('+').map(str::to_string).collect()),
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! A controller starts worker processes (this binary, re-executed) that loop over
 //! `get_or_compute_with_lease`, `fetch_many` (batches of two or three keys, each computed under
-//! its own lease and logged as a call of its own), `invalidate`, `set`, a `Lock` and a `Leader`
-//! on a few hot keys,
+//! its own lease and logged as a call of its own), `invalidate`, `set`, `invalidate_tag`,
+//! `invalidate_tags` and `clear` (values tagged from three tags by their handle and their
+//! computation), a `Lock` and a `Leader` on a few hot keys,
 //! all through loopback TCP proxies (two: slots 0-1 and 2-3, so a proxy fault can partition one
 //! side from the other) to one real redis-server. Driven by a seeded RNG, one *round*
 //! at a time (a pause of 20–100 ms, then at most one new fault), it SIGKILLs workers (and starts
@@ -53,7 +54,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use checker::check;
-use history::{Call, Compute, Ending, History, Outcome, Pause, Section, ServerEvent};
+use history::{
+    raised_by, tags_label, Call, Compute, Ending, Epoch, History, Outcome, Pause, Section,
+    ServerEvent,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use stampede_guard::leader::{JobContext, Leader, Role};
@@ -68,6 +72,10 @@ const NAMESPACE: &str = "chaos";
 const LEASE: Duration = Duration::from_millis(400);
 const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
 const CACHE_KEYS: usize = 3;
+/// The tags values may carry, over all the keys: a value gets up to two from its handle
+/// (`CallOptions::tags`) and up to one from its computation (`Computed::tags`), so a handle
+/// often reads a value with a tag it did not name (the second read of the epochs).
+const TAGS: &[&str] = &["t0", "t1", "t2"];
 const LOCKS: &[&str] = &["L0", "L1"];
 const WORKERS: usize = 4;
 /// The near tier's bound in the workers that run one (the even slots; the odd ones run none).
@@ -317,6 +325,8 @@ struct EvictionWatch {
     seen: Arc<Mutex<Vec<(u64, String)>>>,
     /// Evictions of value keys (rule (f) excuses a copy of a value Redis evicted).
     values: Arc<Mutex<Vec<(u64, String)>>>,
+    /// Evictions of epoch keys (rule (h) excuses a value an evicted epoch brought back).
+    epochs: Arc<Mutex<Vec<(u64, Epoch)>>>,
     subscriptions: Arc<std::sync::atomic::AtomicU64>,
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -332,6 +342,8 @@ impl EvictionWatch {
         let seen: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
         let values: Arc<Mutex<Vec<(u64, String)>>> = Arc::default();
         let value_sink = Arc::clone(&values);
+        let epochs: Arc<Mutex<Vec<(u64, Epoch)>>> = Arc::default();
+        let epoch_sink = Arc::clone(&epochs);
         let subscriptions = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (sink, stopping, url) = (Arc::clone(&seen), Arc::clone(&stop), server.url());
@@ -365,6 +377,11 @@ impl EvictionWatch {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .push((now_us(), entry));
+                    } else if let Some(epoch) = replay::epoch_name(NAMESPACE, &key) {
+                        epoch_sink
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((now_us(), epoch));
                     }
                 }
             }
@@ -372,6 +389,7 @@ impl EvictionWatch {
         let watch = EvictionWatch {
             seen,
             values,
+            epochs,
             subscriptions,
             stop,
             thread: Some(thread),
@@ -393,9 +411,9 @@ impl EvictionWatch {
         subscribers.iter().any(|(_, n)| *n > 0)
     }
 
-    /// The lock evictions seen, the value evictions seen, and how many times the watch
-    /// subscribed (once per server life).
-    fn stop(mut self, server: &RedisServer) -> (Evictions, Evictions, u64) {
+    /// The lock evictions seen, the value evictions seen, the epoch evictions seen, and how
+    /// many times the watch subscribed (once per server life).
+    fn stop(mut self, server: &RedisServer) -> (Evictions, Evictions, Vec<(u64, Epoch)>, u64) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         let _: redis::RedisResult<i64> = redis::cmd("PUBLISH")
             .arg(EVICTED)
@@ -406,9 +424,11 @@ impl EvictionWatch {
         }
         let seen = std::mem::take(&mut *self.seen.lock().unwrap_or_else(|p| p.into_inner()));
         let values = std::mem::take(&mut *self.values.lock().unwrap_or_else(|p| p.into_inner()));
+        let epochs = std::mem::take(&mut *self.epochs.lock().unwrap_or_else(|p| p.into_inner()));
         (
             seen,
             values,
+            epochs,
             self.subscriptions.load(std::sync::atomic::Ordering::SeqCst),
         )
     }
@@ -817,7 +837,8 @@ fn chaos_run() {
     std::thread::sleep(LEASE + Duration::from_millis(50));
     let locks_after_lease = lock_keys(&mut conn);
     monitor_files.push(monitor.stop());
-    let (lock_evictions, value_evictions, watch_subscriptions) = evictions.stop(&server);
+    let (lock_evictions, value_evictions, epoch_evictions, watch_subscriptions) =
+        evictions.stop(&server);
     // Kept with the history, as evidence if the run fails.
     std::fs::write(
         dir.join("lock-evictions.log"),
@@ -846,6 +867,7 @@ fn chaos_run() {
         lease_ms: LEASE.as_millis() as u64,
         call_bound_us: CALL_BOUND.as_micros() as u64,
         value_evictions,
+        epoch_evictions,
         ..History::default()
     };
     for (n, path) in monitor_files.iter().enumerate() {
@@ -900,14 +922,27 @@ fn chaos_run() {
         .count();
     let refused_sections = h.sections.iter().filter(|s| s.accepted < s.writes).count();
     let fault_total: u64 = c.faults.values().sum();
+    // The workers' tag invalidations and clears, by op: (returned `Ok`, failed).
+    let mut invalidations: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for call in calls_done.iter().filter(|c| raised_by(c).is_some()) {
+        let counts = invalidations.entry(call.op.as_str()).or_default();
+        match call.outcome {
+            Outcome::Done => counts.0 += 1,
+            _ => counts.1 += 1,
+        }
+    }
+    let done = |op: &str| invalidations.get(op).copied().unwrap_or_default();
     println!(
         "chaos: seed {seed}, {rounds} rounds in {:.0?}",
         began.elapsed()
     );
     println!(
         "chaos: faults injected {fault_total}: {:?} ({one_side} of the cuts, delays and \
-         black-holes on one side only: slots 0-1 or 2-3)",
-        c.faults
+         black-holes on one side only: slots 0-1 or 2-3); and by the workers {} tag \
+         invalidations and {} clears completed",
+        c.faults,
+        done("invalidate_tag").0 + done("invalidate_tags").0,
+        done("clear").0,
     );
     println!(
         "chaos: calls completed {} ({outcomes:?}); worker processes {} ({} killed)",
@@ -965,12 +1000,40 @@ fn chaos_run() {
         h.held_bounds.len(),
         near_stats[4],
     );
+    let raises = h
+        .server
+        .iter()
+        .filter(|e| matches!(e, ServerEvent::Raise(_)))
+        .count();
+    let tagged = h
+        .calls
+        .iter()
+        .filter_map(|c| match &c.outcome {
+            Outcome::Value(v) => history::parse_value(v),
+            _ => None,
+        })
+        .filter(|v| !v.tags.is_empty())
+        .count();
+    let (judged, excused) = checker::tag_judgements(&h);
+    println!(
+        "chaos: tags {TAGS:?}: {tagged} tagged values returned; completed (failed): \
+         invalidate_tag {:?}, invalidate_tags {:?}, clear {:?}; {raises} epochs raised on the \
+         server; {judged} values returned after an invalidation of one of their tags or a \
+         clear had returned, judged by rule (h), {excused} of them excused by a lost epoch; {} \
+         epoch keys evicted",
+        done("invalidate_tag"),
+        done("invalidate_tags"),
+        done("clear"),
+        h.epoch_evictions.len(),
+    );
     println!("chaos: violations {}", violations.len());
     for v in violations.iter().take(50) {
         println!("  {v}");
     }
     if !violations.is_empty() {
-        // Keep the evidence.
+        // Keep the evidence, every finding with it (the output shows the first 50).
+        let all: String = violations.iter().map(|v| format!("{v}\n")).collect();
+        let _ = std::fs::write(dir.join("violations.log"), all);
         let kept = tmp.keep();
         println!("chaos: history kept in {}", kept.display());
     }
@@ -1009,6 +1072,10 @@ fn chaos_run() {
             c.faults.keys().any(|k| k.starts_with("outside_")),
             "no outside write injected"
         );
+        for op in ["invalidate_tag", "invalidate_tags", "clear"] {
+            assert!(done(op).0 > 0, "no {op} completed");
+        }
+        assert!(judged > 0, "no value judged by rule (h)");
     }
 }
 
@@ -1046,6 +1113,7 @@ fn read_worker_log(
                         outcome: Outcome::Pending,
                         held: false,
                         hit: false,
+                        source: String::new(),
                     },
                 );
             }
@@ -1060,6 +1128,9 @@ fn read_worker_log(
                 // A value's source follows it: `held` is judged by rule (g).
                 call.held = f[6] == "ok" && f.get(8) == Some(&"held");
                 call.hit = f[6] == "ok" && f.get(8) == Some(&"hit");
+                if f[6] == "ok" {
+                    call.source = f.get(8).unwrap_or(&"").to_string();
+                }
             }
             "compute" => h.computes.push(Compute {
                 instance: instance.to_string(),
@@ -1329,8 +1400,14 @@ async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
             0..8 => "invalidate",
             8..12 => "set",
             12..30 => "batch",
+            30..33 => "invalidate_tag",
+            33..34 => "invalidate_tags",
+            34..35 => "clear",
             _ => "get_or_compute",
         };
+        let tags = Tags::draw(&mut rng);
+        // Two distinct tags: an `invalidate_tag` takes the first.
+        let invalidated = draw_tags(&mut rng, 2);
         let compute_ms = match rng.random_range(0..100) {
             0..70 => rng.random_range(0..60),
             70..95 => rng.random_range(60..200),
@@ -1353,8 +1430,10 @@ async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
         tokio::spawn(async move {
             let _permit = permit;
             match op {
-                "batch" => batch_call(&ctx, batch, compute_ms, fail, leave_out, ttl).await,
-                _ => one_call(&ctx, op, key, compute_ms, fail, ttl).await,
+                "batch" => batch_call(&ctx, batch, compute_ms, fail, leave_out, ttl, tags).await,
+                "invalidate_tag" => invalidation_call(&ctx, op, &invalidated[..1]).await,
+                "invalidate_tags" | "clear" => invalidation_call(&ctx, op, &invalidated).await,
+                _ => one_call(&ctx, op, key, compute_ms, fail, ttl, tags).await,
             }
         });
         tokio::time::sleep(Duration::from_millis(rng.random_range(5..30))).await;
@@ -1367,6 +1446,79 @@ async fn cache_loop(ctx: Arc<Ctx>, seed: u64) -> Result<(), String> {
     Ok(())
 }
 
+/// Draws `n` distinct tags of [`TAGS`].
+fn draw_tags(rng: &mut StdRng, n: usize) -> Vec<String> {
+    let mut tags: Vec<String> = TAGS.iter().map(|t| t.to_string()).collect();
+    for i in 0..n.min(tags.len()) {
+        let j = rng.random_range(i..tags.len());
+        tags.swap(i, j);
+    }
+    tags.truncate(n);
+    tags
+}
+
+/// The tags of one call's values: its handle's (`CallOptions::tags`, read with the value in
+/// one round trip) and its computation's (`Computed::tags`).
+struct Tags {
+    handle: Vec<String>,
+    computed: Vec<String>,
+}
+
+impl Tags {
+    /// Two calls in five with no handle tags, two with one, one with two; a computation adds
+    /// one tag three times in ten.
+    fn draw(rng: &mut StdRng) -> Self {
+        let n = match rng.random_range(0..5) {
+            0..2 => 0,
+            2..4 => 1,
+            _ => 2,
+        };
+        let handle = draw_tags(rng, n);
+        let one = rng.random_range(0..10) < 3;
+        let computed = draw_tags(rng, usize::from(one));
+        Tags { handle, computed }
+    }
+
+    /// The handle that gives values the handle's tags.
+    fn handle(&self, cache: &Cache) -> Cache {
+        if self.handle.is_empty() {
+            return cache.clone();
+        }
+        cache.with_options(cache.options().clone().tags(self.handle.clone()))
+    }
+
+    /// The tags of a value computed by this call, as it writes them into the value.
+    fn of_computed(&self) -> String {
+        tags_label(&[&self.handle[..], &self.computed[..]].concat())
+    }
+}
+
+/// One tag invalidation (`invalidate_tag` for one tag, `invalidate_tags` for more) or `clear`,
+/// logged as it begins and ends, its tags in the key's place (`*` for a clear).
+async fn invalidation_call(ctx: &Arc<Ctx>, op: &str, tags: &[String]) {
+    let id = ctx.next_id();
+    let start = now_us();
+    let label = if op == "clear" {
+        "*".to_string()
+    } else {
+        tags.join("+")
+    };
+    ctx.log.event(format!("begin {id} {op} {label} {start}"));
+    let done = match op {
+        "clear" => ctx.cache.clear().await,
+        "invalidate_tag" => ctx.cache.invalidate_tag(&tags[0]).await,
+        _ => ctx.cache.invalidate_tags(tags).await,
+    };
+    let outcome = match done {
+        Ok(()) => "done".to_string(),
+        Err(e) => format!("err {}", kind(&e)),
+    };
+    ctx.log.event(format!(
+        "end {id} {op} {label} {start} {} {outcome}",
+        now_us()
+    ));
+}
+
 /// One call, logged as it begins and ends.
 async fn one_call(
     ctx: &Arc<Ctx>,
@@ -1375,22 +1527,21 @@ async fn one_call(
     compute_ms: u64,
     fail: bool,
     ttl: Duration,
+    tags: Tags,
 ) {
     let id = ctx.next_id();
     let start = now_us();
     ctx.log.event(format!("begin {id} {op} {key} {start}"));
+    let cache = tags.handle(&ctx.cache);
     let outcome = match op {
-        "invalidate" => match ctx.cache.invalidate(&key).await {
+        "invalidate" => match cache.invalidate(&key).await {
             Ok(_) => "done".to_string(),
             Err(e) => format!("err {}", kind(&e)),
         },
         "set" => {
-            let value = format!("S|{key}|{}|{id}", ctx.instance);
-            match ctx
-                .cache
-                .set(&key, &value, Duration::from_millis(1500))
-                .await
-            {
+            let label = tags_label(&tags.handle);
+            let value = format!("S|{key}|{}|{id}|{label}", ctx.instance);
+            match cache.set(&key, &value, Duration::from_millis(1500)).await {
                 Ok(_) => "done".to_string(),
                 Err(e) => format!("err {}", kind(&e)),
             }
@@ -1398,10 +1549,11 @@ async fn one_call(
         _ => {
             let inner = Arc::clone(ctx);
             let k = key.clone();
+            let label = tags.of_computed();
+            let computed_tags = tags.computed;
             // `fetch`, not `get_or_compute_with_lease`: the same path, and it says where the
             // value came from (a held copy is judged by rule (g)).
-            let got = ctx
-                .cache
+            let got = cache
                 .fetch(&key, ttl, move |lease| async move {
                     let began = now_us();
                     let token = lease.fencing_token().unwrap_or(0);
@@ -1409,11 +1561,11 @@ async fn one_call(
                     if fail {
                         return Err("planned failure".to_string());
                     }
-                    let value = format!("V|{k}|{token}|{}|{id}", inner.instance);
+                    let value = format!("V|{k}|{token}|{}|{id}|{label}", inner.instance);
                     inner
                         .log
                         .event(format!("compute {k} {token} {began} {} {value}", now_us()));
-                    Ok(Computed::new(value))
+                    Ok(Computed::new(value).tags(computed_tags))
                 })
                 .await;
             match got {
@@ -1438,6 +1590,7 @@ async fn batch_call(
     fail: bool,
     leave_out: Option<String>,
     ttl: Duration,
+    tags: Tags,
 ) {
     let ids: Vec<u64> = keys.iter().map(|_| ctx.next_id()).collect();
     let start = now_us();
@@ -1445,10 +1598,13 @@ async fn batch_call(
         ctx.log.event(format!("begin {id} batch {key} {start}"));
     }
     let inner = Arc::clone(ctx);
-    let got = ctx
-        .cache
+    let cache = tags.handle(&ctx.cache);
+    let label = tags.of_computed();
+    let computed_tags = tags.computed;
+    let got = cache
         .fetch_many(&keys, ttl, move |locked: Vec<(String, Lease)>| {
             let (ctx, leave_out) = (Arc::clone(&inner), leave_out.clone());
+            let (label, computed_tags) = (label.clone(), computed_tags.clone());
             async move {
                 let began = now_us();
                 tokio::time::sleep(Duration::from_millis(compute_ms)).await;
@@ -1461,12 +1617,13 @@ async fn batch_call(
                         continue;
                     }
                     let token = lease.fencing_token().unwrap_or(0);
-                    let value = format!("V|{key}|{token}|{}|{}", ctx.instance, ctx.next_id());
+                    let value =
+                        format!("V|{key}|{token}|{}|{}|{label}", ctx.instance, ctx.next_id());
                     ctx.log.event(format!(
                         "compute {key} {token} {began} {} {value}",
                         now_us()
                     ));
-                    values.push((key, Computed::new(value)));
+                    values.push((key, Computed::new(value).tags(computed_tags.clone())));
                 }
                 Ok(values)
             }

@@ -1,14 +1,15 @@
 //! Reading the cache server's MONITOR output back into the server's side of the history
 //! ([`ServerEvent`]s and [`Change`]s): which script acquired, bumped, deleted or wrote what,
-//! replaying the fencing counters from their seeds. Keys and stored values are read through the
+//! replaying the fencing counters from their seeds, and which epoch (a tag's, the namespace's
+//! clear key) a script raised to what. Keys and stored values are read through the
 //! crate's own decoder (`stampede_guard::__private`), so that a change of the format changes
 //! the replay with it; bytes it refuses are an [`ServerEvent::Unreadable`] write.
 
 use std::collections::HashMap;
 
-use stampede_guard::__private::{entry_key, read_stored, stored_bytes, KeyKind};
+use stampede_guard::__private::{entry_key, epoch_key, read_stored, stored_bytes, KeyKind};
 
-use crate::history::{parse_value, BumpCause, Change, ServerEvent, Write};
+use crate::history::{parse_value, BumpCause, Change, Epoch, Raise, ServerEvent, Write};
 use crate::NAMESPACE;
 
 /// The replay's tests, run by the binary's `main` (the chaos test has its own harness).
@@ -20,6 +21,10 @@ pub const TESTS: &[(&str, fn())] = &[
     (
         "monitor_replay_counts_outside_writes_as_changes",
         monitor_replay_counts_outside_writes_as_changes,
+    ),
+    (
+        "monitor_replay_reads_the_clock_and_the_raised_epochs",
+        monitor_replay_reads_the_clock_and_the_raised_epochs,
     ),
 ];
 
@@ -166,13 +171,88 @@ pub fn lock_name(namespace: &str, key: &str) -> Option<String> {
     }
 }
 
-/// The envelope's fence and the value (a `String`) of stored value bytes, read as the cache
-/// reads them; an error says why the crate refuses them.
-fn decode_value(bytes: &[u8]) -> Result<(u64, String), String> {
+/// The epoch `key` is if it is one of the namespace's epoch keys (its clear key, a tag's),
+/// read by the crate's own key layout: no entry's key, and no value.
+pub fn epoch_name(namespace: &str, key: &str) -> Option<Epoch> {
+    epoch_key(namespace, key)
+}
+
+/// What a stored value's bytes hold, read as the cache reads them.
+struct Decoded {
+    fence: u64,
+    born: u64,
+    tags: Vec<String>,
+    value: String,
+}
+
+/// The envelope's fence, birth and tags and the value (a `String`) of stored value bytes, read
+/// as the cache reads them; an error says why the crate refuses them.
+fn decode_value(bytes: &[u8]) -> Result<Decoded, String> {
     let stored = read_stored::<String>(bytes)?;
     match (stored.value, stored.failure) {
-        (Some(value), _) => Ok((stored.fence, value)),
+        (Some(value), _) => Ok(Decoded {
+            fence: stored.fence,
+            born: stored.born,
+            tags: stored.tags,
+            value,
+        }),
         (None, failure) => Err(format!("a remembered failure, not a value: {failure:?}")),
+    }
+}
+
+/// The epoch a script's command works on, if any: a `GET` or `SET` of an epoch key (the
+/// script that raises it), or its announcement on the near channel (`PUBLISH` of
+/// `"0 <epoch key>"`). A clock read (`TIME` alone, the script every birth and raise starts
+/// from) names no key and changes nothing.
+fn epoch_of_command(namespace: &str, args: &[Vec<u8>]) -> Option<Epoch> {
+    fn text(arg: &[u8]) -> Option<&str> {
+        std::str::from_utf8(arg).ok()
+    }
+    match args {
+        [cmd, _channel, message] if cmd.eq_ignore_ascii_case(b"PUBLISH") => {
+            let (fence, key) = text(message)?.split_once(' ')?;
+            (fence == "0").then_some(())?;
+            epoch_name(namespace, key)
+        }
+        [_cmd, key, ..] => epoch_name(namespace, text(key)?),
+        _ => None,
+    }
+}
+
+/// Replays the commands one script ran on one epoch: the `SET` is the raise, the `PUBLISH` its
+/// announcement. Bytes that are not a number are reported, as a value the crate cannot read.
+fn replay_raise(
+    epoch: Epoch,
+    script: Vec<Vec<Vec<u8>>>,
+    at_us: u64,
+    events: &mut Vec<ServerEvent>,
+) {
+    let announced = script.iter().any(|args| {
+        args.first()
+            .is_some_and(|cmd| cmd.eq_ignore_ascii_case(b"PUBLISH"))
+    });
+    let set = script.iter().find_map(|args| match args.as_slice() {
+        [cmd, key, value, ..] if cmd.eq_ignore_ascii_case(b"SET") => Some((key, value)),
+        _ => None,
+    });
+    // A read alone (no raise) changes nothing.
+    let Some((key, value)) = set else {
+        return;
+    };
+    match std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()) {
+        Some(value) => events.push(ServerEvent::Raise(Raise {
+            epoch,
+            value,
+            at_us,
+            announced,
+        })),
+        None => events.push(ServerEvent::Unreadable {
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: format!(
+                "an epoch set to {:?}, not a number",
+                String::from_utf8_lossy(value)
+            ),
+        }),
     }
 }
 
@@ -199,9 +279,18 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                  changes: &mut Vec<Change>| {
         // A batch's script (a read-or-lock or an invalidation of many keys) works on several
         // entries, each as a single key's script would: each entry's commands are replayed as
-        // a script of their own, in the order the entries first appear.
+        // a script of their own, in the order the entries first appear. The commands on an
+        // epoch (a raise) are replayed per epoch, apart: an epoch key is no entry's.
         let mut entries: Vec<(String, Vec<Vec<Vec<u8>>>)> = Vec::new();
+        let mut epochs: Vec<(Epoch, Vec<Vec<Vec<u8>>>)> = Vec::new();
         for args in script.drain(..) {
+            if let Some(epoch) = epoch_of_command(namespace, &args) {
+                match epochs.iter_mut().find(|(e, _)| *e == epoch) {
+                    Some((_, commands)) => commands.push(args),
+                    None => epochs.push((epoch, vec![args])),
+                }
+                continue;
+            }
             let Some((entry, _)) = args.get(1).and_then(|key| entry_of(namespace, key)) else {
                 continue;
             };
@@ -212,6 +301,9 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
         }
         for (_, commands) in entries {
             replay_script(namespace, counters, commands, at_us, events, changes);
+        }
+        for (epoch, commands) in epochs {
+            replay_raise(epoch, commands, at_us, events);
         }
     };
     for line in lines {
@@ -331,7 +423,12 @@ fn replay_script(
         events.push(ServerEvent::Delete { key });
     }
     if let Some((key, bytes)) = written {
-        let (fence, value) = match decode_value(&bytes) {
+        let Decoded {
+            fence,
+            born,
+            tags,
+            value,
+        } = match decode_value(&bytes) {
             Ok(read) => read,
             Err(reason) => {
                 // Not judged as a write (its fence is unknown): the checker reports it.
@@ -359,6 +456,9 @@ fn replay_script(
             key,
             fence,
             value,
+            born,
+            tags,
+            at_us,
         }));
     } else if let Some(key) = changed {
         changes.push(Change {
@@ -379,25 +479,26 @@ fn monitor_time_us(line: &str) -> Option<u64> {
 // ---------------------------------------------------------------------------------------------
 // The tests, on hand-made MONITOR logs.
 
+/// A value as the cache stores it (born at `born` with `tags`), escaped as MONITOR prints it.
+fn monitor_envelope(fence: u64, (born, tags): (u64, &[&str]), text: &str) -> String {
+    stored_bytes(fence, 1_700_000_000_000, (born, tags), &text.to_owned())
+        .expect("a String encodes")
+        .iter()
+        .map(|b| {
+            if b.is_ascii_graphic() && *b != b'"' && *b != b'\\' {
+                (*b as char).to_string()
+            } else {
+                format!("\\x{b:02x}")
+            }
+        })
+        .collect()
+}
+
 /// Hand-made MONITOR logs: single-key scripts, a batch's scripts, and a value the crate cannot
 /// read.
 fn monitor_replay_rebuilds_the_servers_decisions() {
-    // A value as the cache stores it, escaped as MONITOR prints it.
-    let envelope = |fence: u64, text: &str| {
-        let value = text.to_owned();
-        stored_bytes(fence, 1_700_000_000_000, &value)
-            .expect("a String encodes")
-            .iter()
-            .map(|b| {
-                if b.is_ascii_graphic() && *b != b'"' && *b != b'\\' {
-                    (*b as char).to_string()
-                } else {
-                    format!("\\x{b:02x}")
-                }
-            })
-            .collect::<String>()
-    };
-    let v = "V|k0|101|w0.1|1".to_string();
+    let envelope = |fence: u64, text: &str| monitor_envelope(fence, (0, &[]), text);
+    let v = "V|k0|101|w0.1|1|-".to_string();
     let lines: Vec<String> = [
         r#"1.0 [0 127.0.0.1:1] "evalsha" "abc" "3""#.to_string(),
         r#"1.1 [0 lua] "GET" "chaos:{k0}""#.into(),
@@ -465,6 +566,9 @@ fn monitor_replay_rebuilds_the_servers_decisions() {
                 fence: 101,
                 counter: Some(101),
                 value: v,
+                born: 0,
+                tags: vec![],
+                at_us: 2_100_000,
             }),
             ServerEvent::Bump {
                 key: "k0".into(),
@@ -575,4 +679,108 @@ fn monitor_replay_counts_outside_writes_as_changes() {
         ]
     );
     assert_eq!(events, vec![ServerEvent::Life(3), ServerEvent::Life(3)]);
+}
+
+/// The scripts of tags and clear: a clock read (`TIME` alone) changes nothing; a raise (`GET`,
+/// `SET`, `PUBLISH "0 <epoch key>"` on the near channel) is a [`Raise`] of its epoch, not a
+/// change of any value, nor an outside write; a tagged value's envelope gives its birth and
+/// tags; an epoch set to bytes that are not a number is reported.
+fn monitor_replay_reads_the_clock_and_the_raised_epochs() {
+    let v = "V|k0|101|w0.1|7|t1+t2";
+    let lines: Vec<String> = [
+        r#"1.0 [0 127.0.0.1:1] "evalsha" "clock" "1" "chaos:{%c}""#.to_string(),
+        r#"1.1 [0 lua] "TIME""#.into(),
+        "C".into(),
+        r#"2.1 [0 lua] "GET" "chaos:{%t:t1}""#.into(),
+        r#"2.2 [0 lua] "SET" "chaos:{%t:t1}" "1700000000000123""#.into(),
+        r#"2.3 [0 lua] "PUBLISH" "chaos:near-tier" "0 chaos:{%t:t1}""#.into(),
+        "C".into(),
+        r#"3.1 [0 lua] "GET" "chaos:{%c}""#.into(),
+        r#"3.2 [0 lua] "SET" "chaos:{%c}" "1700000000000500""#.into(),
+        r#"3.3 [0 lua] "PUBLISH" "chaos:near-tier" "0 chaos:{%c}""#.into(),
+        "C".into(),
+        r#"4.1 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
+        format!(
+            r#"4.2 [0 lua] "SET" "chaos:{{k0}}" "{}" "PX" "900""#,
+            monitor_envelope(101, (1_700_000_000_000_600, &["t1", "t2"]), v)
+        ),
+        r#"4.3 [0 lua] "PUBLISH" "chaos:near-tier" "101 chaos:{k0}""#.into(),
+        "C".into(),
+        // A tag whose name needs escaping, raised without a near channel (no announcement).
+        r#"5.1 [0 lua] "GET" "chaos:{%t:a%20b}""#.into(),
+        r#"5.2 [0 lua] "SET" "chaos:{%t:a%20b}" "1700000000000700""#.into(),
+        "C".into(),
+        r#"6.1 [0 lua] "SET" "chaos:{%t:t2}" "not a number""#.into(),
+    ]
+    .to_vec();
+    assert!(
+        lines.iter().all(|l| !is_outside_write(l)),
+        "no script command is an outside write"
+    );
+    let (events, changes) = replay(NAMESPACE, 0, &lines);
+    let raise = |epoch: Epoch, value, at_us, announced| {
+        ServerEvent::Raise(Raise {
+            epoch,
+            value,
+            at_us,
+            announced,
+        })
+    };
+    assert_eq!(
+        events,
+        vec![
+            ServerEvent::Life(0),
+            raise(
+                Epoch::Tag("t1".into()),
+                1_700_000_000_000_123,
+                2_100_000,
+                true
+            ),
+            raise(Epoch::Clear, 1_700_000_000_000_500, 3_100_000, true),
+            ServerEvent::Write(Write {
+                key: "k0".into(),
+                computed: true,
+                token: 101,
+                fence: 101,
+                counter: None,
+                value: v.into(),
+                born: 1_700_000_000_000_600,
+                tags: vec!["t1".into(), "t2".into()],
+                at_us: 4_100_000,
+            }),
+            raise(
+                Epoch::Tag("a b".into()),
+                1_700_000_000_000_700,
+                5_100_000,
+                false
+            ),
+            ServerEvent::Unreadable {
+                key: "chaos:{%t:t2}".into(),
+                reason: r#"an epoch set to "not a number", not a number"#.into(),
+            },
+        ]
+    );
+    // Only the value's write changed a value: a raise changes none (the near tiers hear of it
+    // by the epoch, and rule (h) judges what it invalidated).
+    assert_eq!(
+        changes,
+        vec![Change {
+            key: "k0".into(),
+            at_us: 4_100_000,
+            value: Some(v.into()),
+        }]
+    );
+    // An epoch key is no entry's key, and an entry's key is no epoch.
+    for key in ["chaos:{%c}", "chaos:{%t:t1}"] {
+        assert_eq!(value_name(NAMESPACE, key), None, "{key}");
+        assert_eq!(lock_name(NAMESPACE, key), None, "{key}");
+    }
+    for key in [
+        "chaos:{k0}",
+        "chaos:{%25c}",
+        "chaos:{k0}_lock",
+        "other:{%c}",
+    ] {
+        assert_eq!(epoch_name(NAMESPACE, key), None, "{key}");
+    }
 }

@@ -34,10 +34,10 @@ where
         let missing: Vec<usize> = (0..distinct.len())
             .filter(|&slot| outcomes[slot].is_none())
             .collect();
-        let roles =
-            self.cache.inner.flights.join_many::<Fetched<T>, E>(
-                missing.iter().map(|&slot| distinct[slot].value.as_str()),
-            );
+        let roles = self.cache.inner.flights.join_many::<Fetched<T>, E>(
+            missing.iter().map(|&slot| distinct[slot].value.as_str()),
+            self.cache.epoch_mark(),
+        );
         for (slot, role) in missing.into_iter().zip(roles) {
             let keys = Arc::clone(&distinct[slot]);
             let leader = match role {
@@ -73,7 +73,8 @@ where
                 return vec![(slot, outcome)];
             }
             // The leader was cancelled or panicked: try to lead.
-            let leader = match cache.inner.flights.join::<Fetched<T>, E>(&keys.value) {
+            let mark = cache.epoch_mark();
+            let leader = match cache.inner.flights.join::<Fetched<T>, E>(&keys.value, mark) {
                 Role::Follow(next) => {
                     follower = next;
                     continue;

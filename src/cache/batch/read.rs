@@ -75,6 +75,7 @@ where
         match read {
             Ok((values, epochs)) => {
                 let mut epochs = Epochs::of(names, epochs);
+                cache.note_epochs(&epochs);
                 let read: Vec<_> = values
                     .into_iter()
                     .zip(remote.iter())
