@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use stampede_guard::{Cache, NearCacheOptions};
+use stampede_guard::{Cache, ConnectionOptions, NearCacheOptions};
 use support::RedisServer;
 
 const KEY: &str = "2019-05";
@@ -115,6 +115,38 @@ async fn raw_hit(mut raw: ConnectionManager) {
     black_box(v);
 }
 
+/// Resets the server's command counts (`CONFIG RESETSTAT`).
+fn reset_stats(server: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.conn())
+        .expect("CONFIG RESETSTAT");
+}
+
+/// The commands the server ran since the reset, but the `CONFIG` and `INFO` that count them and
+/// the clock's calibration (`TIME`, in the background).
+fn commands_run(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls: u64 = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (!["config", "info", "time"]
+                .iter()
+                .any(|n| name.starts_with(n)))
+            .then_some(calls)
+        })
+        .sum()
+}
+
 /// Criterion measures the two sides seconds apart, and background load on a shared 2-core
 /// machine moves each by up to ±40 %. This alternates short timed batches of both sides and
 /// prints the median of the per-pair ratios `baseline time / stampede-guard time`
@@ -174,10 +206,17 @@ fn hit_path(c: &mut Criterion) {
     }
     let server = RedisServer::start();
     let rt = runtime();
-    let (cache, raw) = rt.block_on(async {
+    let (cache, uncoalesced, raw) = rt.block_on(async {
         let cache = Cache::builder()
             .redis_url(server.url())
             .namespace("bench")
+            .build()
+            .await
+            .expect("a cache");
+        let uncoalesced = Cache::builder()
+            .redis_url(server.url())
+            .namespace("bench")
+            .connection(ConnectionOptions::default().coalesce_reads(false))
             .build()
             .await
             .expect("a cache");
@@ -198,7 +237,7 @@ fn hit_path(c: &mut Criterion) {
             .exec_async(&mut raw)
             .await
             .expect("SET the raw key");
-        (cache, raw)
+        (cache, uncoalesced, raw)
     });
 
     let mut group = c.benchmark_group("hit_path");
@@ -218,23 +257,38 @@ fn hit_path(c: &mut Criterion) {
         });
     }
     group.finish();
-    for (in_flight, ops) in [(1u64, 2_000u64), (64, 20_000)] {
-        let (cache, raw) = (cache.clone(), raw.clone());
-        print_ratio(
-            &format!("hit_path/{in_flight} (raw redis-rs GET + decode)"),
-            || {
-                rt.block_on(concurrently(in_flight, ops, {
-                    let cache = cache.clone();
-                    move || guarded_hit(cache.clone())
-                }))
-            },
-            || {
-                rt.block_on(concurrently(in_flight, ops, {
-                    let raw = raw.clone();
-                    move || raw_hit(raw.clone())
-                }))
-            },
-        );
+    for (reads, cache) in [("coalesced", &cache), ("not coalesced", &uncoalesced)] {
+        for (in_flight, ops) in [(1u64, 2_000u64), (64, 20_000)] {
+            let (cache, raw) = (cache.clone(), raw.clone());
+            print_ratio(
+                &format!("hit_path/{in_flight}, reads {reads} (raw redis-rs GET + decode)"),
+                || {
+                    rt.block_on(concurrently(in_flight, ops, {
+                        let cache = cache.clone();
+                        move || guarded_hit(cache.clone())
+                    }))
+                },
+                || {
+                    rt.block_on(concurrently(in_flight, ops, {
+                        let raw = raw.clone();
+                        move || raw_hit(raw.clone())
+                    }))
+                },
+            );
+            // What the server ran per hit (the raw side's GETs left out).
+            const HITS: u64 = 20_000;
+            reset_stats(&server);
+            rt.block_on(concurrently(in_flight, HITS, {
+                let cache = cache.clone();
+                move || guarded_hit(cache.clone())
+            }));
+            let commands = commands_run(&server);
+            println!(
+                "commands hit_path/{in_flight}, reads {reads}: {:.3} Redis commands per hit \
+                 ({commands} for {HITS} hits)",
+                commands as f64 / HITS as f64
+            );
+        }
     }
 
     let mut group = c.benchmark_group("won_miss");

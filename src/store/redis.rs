@@ -20,6 +20,7 @@
 mod classify;
 mod clock;
 mod cluster;
+mod coalesce;
 mod connection;
 mod eviction;
 mod feed;

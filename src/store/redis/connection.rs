@@ -25,6 +25,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// | [`connect_timeout`](Self::connect_timeout) | 2 s | one attempt to open a connection (TCP, TLS, login) |
 /// | [`response_timeout`](Self::response_timeout) | 5 s | one command's answer; a hung server becomes [`Error::Backend`](crate::Error::Backend) |
 /// | [`reconnect_retries`](Self::reconnect_retries) | 2 | attempts after the first failed one, with a jittered exponential delay of at most 500 ms in between; a cluster keeps its own command retries (they also follow redirections during a failover) |
+/// | [`coalesce_reads`](Self::coalesce_reads) | on | concurrent single-key reads of one cache go out as one `MGET` while another is out (a lone read is sent at once) |
 ///
 /// While no connection can be made, each call fails with [`Error::Backend`](crate::Error::Backend), and each failure
 /// costs `1 + reconnect_retries` attempts: the first call makes them itself; after a failure one
@@ -58,6 +59,7 @@ pub struct ConnectionOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
     pub(crate) reconnect_retries: usize,
+    pub(crate) coalesce_reads: bool,
 }
 
 impl Default for ConnectionOptions {
@@ -68,6 +70,7 @@ impl Default for ConnectionOptions {
             // surfaces as an error rather than a hang.
             response_timeout: Duration::from_secs(5),
             reconnect_retries: 2,
+            coalesce_reads: true,
         }
     }
 }
@@ -91,6 +94,26 @@ impl ConnectionOptions {
     pub fn reconnect_retries(mut self, retries: usize) -> Self {
         self.reconnect_retries = retries;
         self
+    }
+
+    /// Whether concurrent single-key reads of one cache are coalesced (default on): a read that
+    /// finds no other in flight is sent at once, by itself; reads that arrive while one is out
+    /// wait for it and go out together as one `MGET`, so under load the server runs one
+    /// command for many hits. Off: one command per read, as before (measured in
+    /// `docs/performance.md`).
+    ///
+    /// ```
+    /// let options = stampede_guard::ConnectionOptions::default().coalesce_reads(false);
+    /// assert!(!options.get_coalesce_reads());
+    /// ```
+    pub fn coalesce_reads(mut self, coalesce: bool) -> Self {
+        self.coalesce_reads = coalesce;
+        self
+    }
+
+    /// Whether reads are coalesced.
+    pub fn get_coalesce_reads(&self) -> bool {
+        self.coalesce_reads
     }
 
     /// The connect timeout in force.

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::Value;
+use tokio::sync::oneshot;
 
 use super::clock::ServerClock;
 use super::cluster::LazyCluster;
+use super::coalesce::{self, Coalescer, Read};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
 use super::pubsub::PubSub;
@@ -63,6 +65,8 @@ pub(crate) struct RedisStore<C> {
     /// Redis Cluster: a script may only touch the keys of one slot, so batch scripts are sent
     /// per slot.
     per_slot: bool,
+    /// Concurrent single-key reads, coalesced into one `MGET` ([`ConnectionOptions::coalesce_reads`]).
+    coalescer: Option<Arc<Coalescer>>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -87,7 +91,14 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             channel_suffix,
             near_channel: String::new(),
             per_slot: false,
+            coalescer: None,
         }
+    }
+
+    /// Coalesce concurrent single-key reads, or not (see [`coalesce`](super::coalesce)).
+    fn coalescing(mut self, connection: &ConnectionOptions) -> Self {
+        self.coalescer = connection.coalesce_reads.then(Arc::default);
+        self
     }
 
     /// Announce every change of an entry on the near channel of `namespace` (see
@@ -120,7 +131,7 @@ impl RedisStore<ConnectionManager> {
             ConnectionManager::new_lazy_with_config(client.clone(), connection.manager_config())?;
         let pubsub = PubSub::connect(&client, connection)?;
         let db = client.get_connection_info().redis_settings().db();
-        Ok(RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)))
+        Ok(RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)).coalescing(connection))
     }
 
     /// The suffix of this store's channels (its database), for the near tier's feed.
@@ -140,7 +151,8 @@ impl RedisStore<LazyCluster> {
         let conn = LazyCluster::new(connection.cluster_builder(seeds).build()?);
         let pubsub = PubSub::connect_cluster(seeds, connection)?;
         // A cluster has database 0 only.
-        let mut store = RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new());
+        let mut store =
+            RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new()).coalescing(connection);
         store.per_slot = true;
         Ok(store)
     }
@@ -219,6 +231,40 @@ where
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 
+    /// The value of `keys` and the epochs `names`, read with the other single-key reads that
+    /// arrive while one is out (see [`coalesce`](super::coalesce)).
+    async fn read_coalesced(
+        &self,
+        coalescer: &Arc<Coalescer>,
+        keys: &EntryKeys,
+        names: &[String],
+    ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
+        let (answer, answered) = oneshot::channel();
+        let read = Read {
+            value: keys.value.clone(),
+            names: names.into(),
+            answer,
+        };
+        if let Some(batch) = coalescer.enqueue(read) {
+            // Nothing was out: this caller sends the batch now. Dropped before it returns, its
+            // guard hands the queue to a task.
+            let handover = Handover {
+                conn: Some(self.conn.clone()),
+                coalescer: Arc::clone(coalescer),
+            };
+            coalesce::send(&self.conn, batch).await;
+            handover.done();
+        }
+        match answered.await {
+            Ok(answer) => answer,
+            // The caller that carried this read went away with it: read alone.
+            Err(_) => {
+                let (mut values, epochs) = self.mget(&[keys], names).await?;
+                Ok((values.pop().flatten(), epochs))
+            }
+        }
+    }
+
     /// One `MGET` of the values of `entries` (at most [`CHUNK_KEYS`] of them) and the epochs
     /// `names`: the values in order, then each epoch read as a number, 0 when absent. Epoch
     /// bytes that are not a number are another program's: read as the highest epoch (every
@@ -256,6 +302,28 @@ where
             values.into_iter().map(|v| v.map(Blob::Owned)).collect(),
             epochs,
         ))
+    }
+}
+
+/// Hands the queue of a coalescer to a task when the caller that sent its batch returns (the
+/// reads queued meanwhile go next) or is dropped while its `MGET` is out.
+struct Handover<C: ConnectionLike + Clone + Send + Sync + 'static> {
+    conn: Option<Answered<C>>,
+    coalescer: Arc<Coalescer>,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Handover<C> {
+    /// The batch was answered: the queue goes out from a task, this caller returns.
+    fn done(self) {
+        drop(self);
+    }
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handover<C> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            coalesce::drain_in_task(conn, Arc::clone(&self.coalescer), None);
+        }
     }
 }
 
@@ -416,6 +484,9 @@ where
         names: &'a [String],
     ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
         Box::pin(async move {
+            if let Some(coalescer) = &self.coalescer {
+                return self.read_coalesced(coalescer, keys, names).await;
+            }
             if names.is_empty() {
                 return Ok((self.get(keys).await?, Vec::new()));
             }
@@ -633,8 +704,8 @@ where
     }
 }
 
-/// An epoch as `MGET` read it (see [`RedisStore::mget_epochs`]).
-fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
+/// An epoch as `MGET` read it (see [`RedisStore::mget`]).
+pub(super) fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
     let Some(bytes) = bytes else { return 0 };
     match std::str::from_utf8(bytes)
         .ok()

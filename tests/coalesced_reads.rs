@@ -1,0 +1,188 @@
+//! Concurrent single-key reads of one cache go out as one `MGET` while another is out
+//! (`ConnectionOptions::coalesce_reads`, on by default), against a real redis-server: fewer
+//! commands than reads under concurrency, one command per read when alone, each read its own
+//! answer, and a sender dropped while its `MGET` is out stalls no one.
+
+/// The shared helpers this file uses, one module each (tests/support/): a helper that no
+/// file declaring it uses is a dead-code warning.
+mod support {
+    pub mod server;
+    pub use server::*;
+}
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use stampede_guard::{Cache, ConnectionOptions, Source};
+use support::RedisServer;
+
+const TTL: Duration = Duration::from_secs(600);
+
+async fn cache(server: &RedisServer, connection: ConnectionOptions) -> Cache {
+    Cache::builder()
+        .redis_url(server.url())
+        .namespace("coalesce")
+        .connection(connection)
+        .build()
+        .await
+        .expect("a cache on the test server")
+}
+
+/// How many `MGET`s and `GET`s the server ran since the last `CONFIG RESETSTAT`.
+fn reads_run(server: &RedisServer) -> HashMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            ["mget", "get"]
+                .contains(&name)
+                .then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+fn reset_stats(server: &RedisServer) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut server.conn())
+        .expect("CONFIG RESETSTAT");
+}
+
+/// Writes `keys` values `key -> "v-<key>"`.
+async fn fill(cache: &Cache, keys: &[String]) {
+    for key in keys {
+        let _ = cache.set(key, &format!("v-{key}"), TTL).await.unwrap();
+    }
+}
+
+/// Reads every key at once, on this task (so the reads are polled together), and checks each
+/// got its own value as a hit.
+async fn read_all(cache: &Cache, keys: &[String]) {
+    let reads = keys.iter().map(|key| async move {
+        let fetched = cache
+            .fetch(key, TTL, |_lease| async {
+                Ok::<_, std::io::Error>(stampede_guard::Computed::new("computed".to_owned()))
+            })
+            .await
+            .unwrap();
+        (key, fetched)
+    });
+    for (key, fetched) in futures_like_join(reads.collect()).await {
+        assert_eq!(fetched.value, format!("v-{key}"));
+        assert_eq!(fetched.source, Source::Hit);
+    }
+}
+
+/// Polls every future on the current task until all are done (so reads made together are
+/// in flight together), their outputs in order.
+async fn futures_like_join<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(out) => *output = Some(out),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn concurrent_hits_share_mgets_and_each_gets_its_own_value() {
+    let server = RedisServer::start();
+    let cache = cache(&server, ConnectionOptions::default()).await;
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+    fill(&cache, &keys).await;
+    // Warm the connection (its first answer starts the eviction-policy check).
+    read_all(&cache, &keys[..1]).await;
+    reset_stats(&server);
+    read_all(&cache, &keys).await;
+    let reads = reads_run(&server);
+    // The first read goes out alone, the 63 that queued behind it in one more `MGET`.
+    assert_eq!(reads.get("get"), None, "{reads:?}");
+    let mgets = reads.get("mget").copied().unwrap_or(0);
+    assert!((1..=4).contains(&mgets), "64 hits cost {mgets} MGETs");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_lone_read_goes_out_by_itself_each_time() {
+    let server = RedisServer::start();
+    let cache = cache(&server, ConnectionOptions::default()).await;
+    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
+    fill(&cache, &keys).await;
+    read_all(&cache, &keys[..1]).await;
+    reset_stats(&server);
+    for key in &keys {
+        read_all(&cache, std::slice::from_ref(key)).await;
+    }
+    assert_eq!(reads_run(&server).get("mget"), Some(&10));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn switched_off_every_read_is_its_own_command() {
+    let server = RedisServer::start();
+    let cache = cache(&server, ConnectionOptions::default().coalesce_reads(false)).await;
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+    fill(&cache, &keys).await;
+    read_all(&cache, &keys[..1]).await;
+    reset_stats(&server);
+    read_all(&cache, &keys).await;
+    assert_eq!(reads_run(&server).get("mget"), Some(&64));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_dropped_while_its_mget_is_out_stalls_no_one() {
+    let server = RedisServer::start_with(&["--enable-debug-command".into(), "local".into()], "");
+    let cache = cache(&server, ConnectionOptions::default()).await;
+    let keys: Vec<String> = (0..20).map(|i| format!("k{i}")).collect();
+    fill(&cache, &keys).await;
+    read_all(&cache, &keys[..1]).await;
+    // The server sleeps: the next `MGET` stays out.
+    let mut sleeper = server.cli();
+    let sleeping = std::thread::spawn(move || sleeper.args(["DEBUG", "SLEEP", "0.5"]).output());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let sender = tokio::spawn({
+        let cache = cache.clone();
+        let key = keys[0].clone();
+        async move { cache.get::<String>(&key).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // These queue behind the sender's `MGET`; then the sender goes away with it.
+    let waiting: Vec<_> = keys[1..]
+        .iter()
+        .map(|key| {
+            let (cache, key) = (cache.clone(), key.clone());
+            tokio::spawn(async move { (cache.get::<String>(&key).await, key) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    sender.abort();
+    for read in waiting {
+        let (value, key) = tokio::time::timeout(Duration::from_secs(10), read)
+            .await
+            .expect("no read stalls")
+            .unwrap();
+        assert_eq!(value.unwrap(), Some(format!("v-{key}")));
+    }
+    let _ = sleeping.join();
+}
