@@ -318,11 +318,6 @@ impl CallOptions {
         &self.tags
     }
 
-    /// [`get_tags`](Self::get_tags), inside the crate.
-    pub(crate) fn tags_ref(&self) -> &[String] {
-        &self.tags
-    }
-
     /// Whether the fail-safe is on.
     pub(crate) fn fail_safe(&self) -> bool {
         !self.fail_safe_for.is_zero()

@@ -238,9 +238,18 @@ fn call(cache: &Cache, key: &'static str) -> tokio::task::JoinHandle<(String, So
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_starts_after_an_invalidation_does_not_share_an_older_computation() {
     let server = RedisServer::start();
+    not_shared_after_an_invalidation(&server, "flight", CallOptions::default()).await;
+    // With the fail-safe's soft timeout, a follower waits on its leader by another path.
+    let soft = CallOptions::default()
+        .fail_safe_for(Duration::from_secs(3600))
+        .soft_timeout(Some(Duration::from_secs(30)));
+    not_shared_after_an_invalidation(&server, "flight-soft", soft).await;
+}
+
+async fn not_shared_after_an_invalidation(server: &RedisServer, ns: &str, options: CallOptions) {
     // Invalidated by this process, then by another one (whose tag this process never read).
-    let elsewhere = cache(&server, "flight", CallOptions::default()).await;
-    let cache = cache(&server, "flight", CallOptions::default()).await;
+    let elsewhere = cache(server, ns, options.clone()).await;
+    let cache = cache(server, ns, options).await;
     for (key, invalidator) in [("here", &cache), ("elsewhere", &elsewhere)] {
         let (leader, go) = slow_old_value(&cache, key).await;
         invalidator.invalidate_tag("t").await.unwrap();
@@ -488,6 +497,17 @@ async fn bad_tags_are_clear_errors_and_tags_stay_in_their_namespace() {
         empty.get::<u8>("k").await,
         Err(Error::InvalidKey { .. })
     ));
+    let batch = empty
+        .get_or_compute_many(["a", "b"], TTL, |keys| async move {
+            Ok::<_, std::io::Error>(keys.into_iter().map(|k| (k, 1u8)).collect::<Vec<_>>())
+        })
+        .await;
+    assert!(
+        batch
+            .iter()
+            .all(|r| matches!(r, Err(Error::InvalidKey { .. }))),
+        "{batch:?}"
+    );
     assert!(matches!(
         cache.invalidate_tag("").await,
         Err(Error::InvalidKey { .. })

@@ -326,8 +326,9 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
         }
     }
 
-    /// A plain read of the value; errors and unreadable bytes count as nothing found (the
-    /// read-or-lock that follows reports the former and replaces the latter).
+    /// A plain read of the value with its epochs; errors, unreadable bytes and a value a tag or
+    /// a clear invalidated count as nothing found (the read-or-lock that follows reports the
+    /// first and replaces the others).
     async fn read_entry<T: DeserializeOwned + 'static>(&self) -> Option<StoredEntry<T>> {
         match self.cache.read_with_epochs(self.keys).await {
             Ok((Some(bytes), mut epochs)) => {

@@ -267,7 +267,7 @@ impl<C: Codec> Cache<C> {
                 None => held.release().await,
             },
             (OnFailure::Remember, Some(negative_ttl), Some(e)) => {
-                let tags = self.options.tags_ref();
+                let tags = self.options.get_tags();
                 let bytes =
                     self.encode_failure::<T, E>(e, negative_ttl, held.fence(), (born, tags));
                 let write = Write::Value {

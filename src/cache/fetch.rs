@@ -162,7 +162,8 @@ impl<C: Codec> Cache<C> {
             .as_ref()
             .and_then(|near| near.ticket(&keys.user));
 
-        // The hit path: one GET, no script, no in-process bookkeeping. A value past its stale
+        // The hit path: one MGET (the value and its epochs), no script, no in-process
+        // bookkeeping. A value past its stale
         // window is not a hit: it goes on to the lock, taken over it.
         let mut start = Start::Read;
         match self.first_read(&keys).await {
@@ -248,7 +249,7 @@ impl<C: Codec> Cache<C> {
         tokio::pin!(outcome);
         if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
             if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
-                return outcome.map(|outcome| outcome.map(waited));
+                return self.shared(outcome, keys, mark).await;
             }
             if let Some(Err(kept)) = self.look_again::<T>(keys).await {
                 self.inner.counters.record(Event::SoftTimeout);
@@ -256,14 +257,7 @@ impl<C: Codec> Cache<C> {
             }
         }
         match tokio::time::timeout_at(bound, outcome).await {
-            Ok(Some(Ok(fetched)))
-                if fetched.source == Source::Computed
-                    && !self.computed_before_no_invalidation(keys, mark).await =>
-            {
-                // Its tags were invalidated after the leader started: lead again.
-                None
-            }
-            Ok(outcome) => outcome.map(|outcome| outcome.map(waited)),
+            Ok(outcome) => self.shared(outcome, keys, mark).await,
             Err(_) => {
                 let error = Error::WaitTimeout {
                     key: keys.user.clone(),
@@ -275,6 +269,26 @@ impl<C: Codec> Cache<C> {
                 };
                 Some(self.fall_back(error, kept, keys))
             }
+        }
+    }
+
+    /// What a follower takes of its leader's `outcome` (`None`: lead again): a value the leader
+    /// computed only if none of its tags was invalidated since the leader started, knowing the
+    /// epoch mark `mark` (see `cache/tags.rs`).
+    async fn shared<T>(
+        &self,
+        outcome: Option<Result<Fetched<T>, Error>>,
+        keys: &EntryKeys,
+        mark: u64,
+    ) -> Option<Result<Fetched<T>, Error>> {
+        match outcome {
+            Some(Ok(fetched))
+                if fetched.source == Source::Computed
+                    && !self.outlives_invalidations_since(keys, mark).await =>
+            {
+                None
+            }
+            outcome => outcome.map(|outcome| outcome.map(waited)),
         }
     }
 

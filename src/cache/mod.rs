@@ -655,15 +655,18 @@ impl<C: Codec> Cache<C> {
         I::Item: AsRef<str>,
     {
         let mut names = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut given = 0;
         for tag in tags {
+            given += 1;
             let name = crate::wire::key::tag_key(&self.inner.namespace, tag.as_ref())?;
-            if !names.contains(&name) {
+            if seen.insert(name.clone()) {
                 names.push(name);
             }
         }
         if names.len() > batch::MAX_BATCH_KEYS {
             return Err(Error::TooManyKeys {
-                keys: names.len(),
+                keys: given,
                 limit: batch::MAX_BATCH_KEYS,
             });
         }

@@ -105,6 +105,9 @@ use crate::wire::key::{clear_key, is_epoch_key, user_key_of};
 /// The clear epoch's value while the tier holds none.
 const NO_EPOCH: u64 = u64::MAX;
 
+/// The most tags' epochs a tier holds; past it, they are let go and read again.
+const MAX_TAG_EPOCHS: usize = 100_000;
+
 /// How many generation stripes: enough that unrelated keys rarely share one while reads race
 /// announcements, small enough to be a fixed 2 KiB.
 const STRIPES: usize = 256;
@@ -399,11 +402,25 @@ impl NearTier {
                 .write()
                 .unwrap_or_else(PoisonError::into_inner);
             for (name, epoch) in epochs.iter() {
+                // Epochs only rise: of two reads answered out of order, the older one's is not
+                // kept over the newer one's.
                 if name == self.clear_key {
-                    self.clear_epoch.store(epoch, Ordering::Release);
-                } else if tags.insert(name.to_owned(), epoch) != Some(epoch) {
-                    self.tag_epochs_version.fetch_add(1, Ordering::AcqRel);
+                    let _ = self.clear_epoch.fetch_update(
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                        |held| (held == NO_EPOCH || held < epoch).then_some(epoch),
+                    );
+                    continue;
                 }
+                if tags.get(name).is_some_and(|&held| held >= epoch) {
+                    continue;
+                }
+                // Bounded: an epoch let go only stops its copies from being served.
+                if tags.len() >= MAX_TAG_EPOCHS {
+                    tags.clear();
+                }
+                tags.insert(name.to_owned(), epoch);
+                self.tag_epochs_version.fetch_add(1, Ordering::AcqRel);
             }
         }
         // After the insert, as for copies: an announcement that raced it drops them all.

@@ -51,10 +51,11 @@ pub(crate) struct Tagging {
 impl Tagging {
     pub(crate) fn new(namespace: &str, options: &CallOptions) -> Self {
         let mut names = vec![key::clear_key(namespace)];
+        let mut seen = std::collections::HashSet::new();
         let mut invalid = None;
-        for tag in options.tags_ref() {
+        for tag in options.get_tags() {
             match key::tag_key(namespace, tag) {
-                Ok(name) if !names.contains(&name) => names.push(name),
+                Ok(name) if seen.insert(name.clone()) => names.push(name),
                 Ok(_) => {}
                 Err(e) => {
                     invalid.get_or_insert(e);
@@ -164,13 +165,10 @@ impl<C: Codec> Cache<C> {
     /// epoch mark `mark` and computed a value: whether none of that value's tags (remembered at
     /// its write) was invalidated after the leader started. The follower's own read before it
     /// joined did not know them (the key held no value then), so their epochs are read now: one
-    /// more request, for a value tagged beyond what the follower read. Unknown (no tags
-    /// remembered, or the read failed): yes, as before tags.
-    pub(crate) async fn computed_before_no_invalidation(
-        &self,
-        keys: &EntryKeys,
-        mark: u64,
-    ) -> bool {
+    /// more request, for a tagged value. No tags remembered: yes (the follower's own read, the
+    /// namespace's epoch included, raised the mark it joined with). The epochs unreadable: no,
+    /// as a read that cannot judge a value does not serve it.
+    pub(crate) async fn outlives_invalidations_since(&self, keys: &EntryKeys, mark: u64) -> bool {
         let Some(names) = self.inner.seen_tags.0.get(&keys.value) else {
             return true;
         };
@@ -180,7 +178,7 @@ impl<C: Codec> Cache<C> {
                 self.note_epochs(&epochs);
                 epochs.highest() <= mark
             }
-            Err(_) => true,
+            Err(_) => false,
         }
     }
 
@@ -312,7 +310,8 @@ impl<C: Codec> Cache<C> {
 
     /// [`read_stored`](Self::read_stored), then [`alive`](Self::alive): a value invalidated by
     /// a tag or a clear is no value (logged at debug), and neither is one whose epochs could
-    /// not be read (the call's next request meets the same failure and reports it).
+    /// not be read: it is replaced under the lock, as bytes that do not decode are (on a
+    /// cluster the epochs' node may be down while the value's answers).
     pub(crate) async fn read_live<T: DeserializeOwned + 'static>(
         &self,
         keys: &EntryKeys,
@@ -351,8 +350,9 @@ impl<C: Codec> Cache<C> {
     /// The tags of a value of `key`: the handle's and the computation's, each once, checked.
     pub(crate) fn value_tags(&self, key: &str, computed: &[String]) -> Result<Vec<String>, Error> {
         let mut tags: Vec<String> = Vec::new();
-        for tag in self.options.tags_ref().iter().chain(computed) {
-            if !tags.contains(tag) {
+        let mut seen = std::collections::HashSet::new();
+        for tag in self.options.get_tags().iter().chain(computed) {
+            if seen.insert(tag.as_str()) {
                 key::tag_key(&self.inner.namespace, tag)?;
                 tags.push(tag.clone());
             }

@@ -24,6 +24,7 @@ mod coalesce;
 mod connection;
 mod eviction;
 mod feed;
+mod mget;
 mod pubsub;
 mod scripts;
 mod store;

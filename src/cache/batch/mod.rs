@@ -122,6 +122,10 @@ impl<C: Codec> Cache<C> {
             };
             return vec![Err(refused); asked.len()];
         }
+        // The handle's tags judge every value it reads: unusable, they fail every key.
+        if let Err(e) = self.check_tags() {
+            return vec![Err(e); asked.len()];
+        }
         let batch = Batch {
             cache: self,
             ttl,

@@ -6,7 +6,9 @@
 //!
 //! Cancellation: the caller that sends a batch may be dropped while its `MGET` is out. The
 //! reads it carried then see their answer channel closed and read again, each by itself; the
-//! queue behind it is handed to a task, so it never stalls.
+//! queue behind it is handed to a task. If that task cannot run or ends early (no runtime, the
+//! runtime shutting down), its guard gives the turn back and lets the queued reads go, which
+//! then read alone: the queue never waits for a sender that is gone.
 //!
 //! Explained in the guide: `docs/performance.md` (Reads coalesced into one `MGET`).
 
@@ -14,12 +16,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use redis::aio::ConnectionLike;
-use redis::Value;
 use tokio::sync::oneshot;
 
-use super::scripts::unexpected;
 use crate::join::join_all;
-use crate::store::{Blob, StoreError, StoreResult};
+use crate::store::{Blob, StoreResult};
 use crate::sync::lock;
 
 /// The most reads one `MGET` carries; a longer queue goes out as several, at once.
@@ -38,9 +38,10 @@ pub(crate) struct Read {
 }
 
 /// The reads waiting for the next `MGET` of one store.
-#[derive(Default)]
 pub(crate) struct Coalescer {
     state: Mutex<State>,
+    /// A Redis Cluster: one `MGET` per slot (see `mget.rs`).
+    per_slot: bool,
 }
 
 #[derive(Default)]
@@ -51,6 +52,14 @@ struct State {
 }
 
 impl Coalescer {
+    /// The coalescer of a store (`per_slot`: a cluster's).
+    pub(crate) fn new(per_slot: bool) -> Self {
+        Coalescer {
+            state: Mutex::default(),
+            per_slot,
+        }
+    }
+
     /// Queues `read`. If no batch is out, the caller is to send the queue now: returned.
     pub(crate) fn enqueue(&self, read: Read) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
@@ -60,6 +69,15 @@ impl Coalescer {
         }
         state.sending = true;
         Some(std::mem::take(&mut state.queued))
+    }
+
+    /// The sender of the queue went away before it was empty: no batch is out any more, and
+    /// the reads queued are let go (their callers see their answer channel closed and read
+    /// alone), so the queue never waits for a sender that is gone.
+    fn give_up(&self) {
+        let mut state = lock(&self.state);
+        state.sending = false;
+        state.queued.clear();
     }
 
     /// After a batch was answered: the reads queued meanwhile, to send next; `None` when
@@ -74,35 +92,60 @@ impl Coalescer {
     }
 }
 
-/// Sends `batch`, then the queue of `coalescer` until it is empty, in a task of its own: the
-/// caller whose read was answered goes back to its own work.
-pub(crate) fn drain_in_task<C>(conn: C, coalescer: Arc<Coalescer>, batch: Option<Vec<Read>>)
+/// Sends the queue of `coalescer` until it is empty, in a task of its own: the caller whose
+/// read was answered (or who went away) goes back to its own work.
+pub(crate) fn drain_in_task<C>(conn: C, coalescer: Arc<Coalescer>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let Some(batch) = batch.or_else(|| coalescer.next()) else {
+    let Some(batch) = coalescer.next() else {
         return;
     };
+    // The turn to send is the task's from here: if the task ends before the queue is empty
+    // (the runtime shutting down, no runtime at all, a panic), its guard gives the turn back.
+    let turn = Turn {
+        coalescer,
+        done: false,
+    };
     let task = async move {
+        let mut turn = turn;
         let mut batch = batch;
         loop {
-            send(&conn, batch).await;
-            match coalescer.next() {
+            send(&conn, batch, turn.coalescer.per_slot).await;
+            match turn.coalescer.next() {
                 Some(next) => batch = next,
-                None => return,
+                None => {
+                    turn.done = true;
+                    return;
+                }
             }
         }
     };
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => drop(runtime.spawn(task)),
-        // No runtime (a process shutting down): nothing can be read any more; the queued
-        // reads see their channels closed.
+        // No runtime to send from (a process shutting down): the guard gives up the turn.
         Err(_) => drop(task),
     }
 }
 
-/// Sends `batch`: one `MGET` per [`MAX_READS`] reads (all at once), each answering its reads.
-pub(crate) async fn send<C>(conn: &C, batch: Vec<Read>)
+/// The turn to send a coalescer's queue, held by the task that drains it.
+struct Turn {
+    coalescer: Arc<Coalescer>,
+    /// The queue was found empty: the turn was given back by [`Coalescer::next`].
+    done: bool,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if !self.done {
+            self.coalescer.give_up();
+        }
+    }
+}
+
+/// Sends `batch`: one `MGET` per [`MAX_READS`] reads (all at once; on a cluster, `per_slot`, one
+/// per slot of each), each answering its reads.
+pub(crate) async fn send<C>(conn: &C, batch: Vec<Read>, per_slot: bool)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -114,41 +157,30 @@ where
     join_all(
         chunks
             .into_iter()
-            .map(|chunk| send_one(conn, chunk))
+            .map(|chunk| send_one(conn, chunk, per_slot))
             .collect(),
     )
     .await;
 }
 
 /// One `MGET` of `reads`' value keys and the union of their epochs, each key once.
-async fn send_one<C>(conn: &C, reads: Vec<Read>)
+async fn send_one<C>(conn: &C, reads: Vec<Read>, per_slot: bool)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let mut slot: HashMap<&str, usize> = HashMap::new();
-    let mut mget = redis::cmd("MGET");
+    let mut keys: Vec<&str> = Vec::new();
     for name in reads.iter().map(|read| read.value.as_str()).chain(
         reads
             .iter()
             .flat_map(|read| read.names.iter().map(String::as_str)),
     ) {
-        let next = slot.len();
         slot.entry(name).or_insert_with(|| {
-            mget.arg(name);
-            next
+            keys.push(name);
+            keys.len() - 1
         });
     }
-    let answered: StoreResult<Vec<Option<Vec<u8>>>> = mget
-        .query_async(&mut conn.clone())
-        .await
-        .map_err(|e| StoreError::from(e).about(&reads[0].value));
-    let answered = answered.and_then(|found| {
-        if found.len() == slot.len() {
-            Ok(found)
-        } else {
-            Err(unexpected("mget: wrong number of values", &Value::Nil))
-        }
-    });
+    let answered = super::mget::mget(conn, &keys, per_slot).await;
     let answers: Vec<StoreResult<Answer>> = reads
         .iter()
         .map(|read| {
@@ -184,8 +216,35 @@ mod tests {
     }
 
     #[test]
+    fn a_sender_that_ends_early_gives_the_turn_back_and_lets_the_queue_go() {
+        let coalescer = Arc::new(Coalescer::new(false));
+        let (first, _a) = read("a");
+        let _sent = coalescer.enqueue(first).expect("nothing out: send now");
+        let (second, mut waiting) = read("b");
+        assert!(coalescer.enqueue(second).is_none());
+        // The task that drains the queue is dropped before it finished (no runtime, a
+        // shutdown): its turn's guard goes with it.
+        drop(Turn {
+            coalescer: Arc::clone(&coalescer),
+            done: false,
+        });
+        assert!(
+            matches!(
+                waiting.try_recv(),
+                Err(oneshot::error::TryRecvError::Closed)
+            ),
+            "the queued read is let go, to read alone"
+        );
+        let (third, _c) = read("c");
+        assert!(
+            coalescer.enqueue(third).is_some(),
+            "nothing out: the next read sends"
+        );
+    }
+
+    #[test]
     fn a_lone_read_is_sent_at_once_and_later_ones_wait_for_it() {
-        let coalescer = Coalescer::default();
+        let coalescer = Coalescer::new(false);
         let (first, _a) = read("a");
         let batch = coalescer.enqueue(first).expect("nothing out: send now");
         assert_eq!(batch.len(), 1);

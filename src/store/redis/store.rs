@@ -14,6 +14,7 @@ use super::cluster::LazyCluster;
 use super::coalesce::{self, Coalescer, Read};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
+use super::mget;
 use super::pubsub::PubSub;
 use super::scripts::{
     self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
@@ -97,7 +98,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
 
     /// Coalesce concurrent single-key reads, or not (see [`coalesce`](super::coalesce)).
     fn coalescing(mut self, connection: &ConnectionOptions) -> Self {
-        self.coalescer = connection.coalesce_reads.then(Arc::default);
+        let per_slot = self.per_slot;
+        self.coalescer = connection
+            .coalesce_reads
+            .then(|| Arc::new(Coalescer::new(per_slot)));
         self
     }
 
@@ -151,10 +155,9 @@ impl RedisStore<LazyCluster> {
         let conn = LazyCluster::new(connection.cluster_builder(seeds).build()?);
         let pubsub = PubSub::connect_cluster(seeds, connection)?;
         // A cluster has database 0 only.
-        let mut store =
-            RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new()).coalescing(connection);
+        let mut store = RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new());
         store.per_slot = true;
-        Ok(store)
+        Ok(store.coalescing(connection))
     }
 }
 
@@ -252,8 +255,9 @@ where
                 conn: Some(self.conn.clone()),
                 coalescer: Arc::clone(coalescer),
             };
-            coalesce::send(&self.conn, batch).await;
-            handover.done();
+            coalesce::send(&self.conn, batch, self.per_slot).await;
+            // Answered: the reads queued meanwhile go out from a task.
+            drop(handover);
         }
         match answered.await {
             Ok(answer) => answer,
@@ -270,28 +274,12 @@ where
     /// bytes that are not a number are another program's: read as the highest epoch (every
     /// value it judges is gone) until `raise_epochs` repairs it.
     async fn mget(&self, entries: &[&EntryKeys], names: &[String]) -> StoreResult<ManyWithEpochs> {
-        let mut conn = self.conn.clone();
-        let mut mget = redis::cmd("MGET");
-        for keys in entries {
-            mget.arg(&keys.value);
-        }
-        for name in names {
-            mget.arg(name);
-        }
-        let about = entries.first().map_or_else(
-            || names.first().map_or("", String::as_str),
-            |keys| keys.value.as_str(),
-        );
-        // MGET answers nil for a key of another Redis type: a miss, as for `get`. On a
-        // cluster the client splits it per slot, sends the parts concurrently and puts the
-        // answers back in order.
-        let mut values: Vec<Option<Vec<u8>>> = mget
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| StoreError::from(e).about(about))?;
-        if values.len() != entries.len() + names.len() {
-            return Err(unexpected("mget: wrong number of values", &Value::Nil));
-        }
+        let keys: Vec<&str> = entries
+            .iter()
+            .map(|keys| keys.value.as_str())
+            .chain(names.iter().map(String::as_str))
+            .collect();
+        let mut values = mget::mget(&self.conn, &keys, self.per_slot).await?;
         let epochs = values
             .split_off(entries.len())
             .iter()
@@ -312,17 +300,10 @@ struct Handover<C: ConnectionLike + Clone + Send + Sync + 'static> {
     coalescer: Arc<Coalescer>,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Handover<C> {
-    /// The batch was answered: the queue goes out from a task, this caller returns.
-    fn done(self) {
-        drop(self);
-    }
-}
-
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handover<C> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            coalesce::drain_in_task(conn, Arc::clone(&self.coalescer), None);
+            coalesce::drain_in_task(conn, Arc::clone(&self.coalescer));
         }
     }
 }
