@@ -8,7 +8,7 @@
 //! - client time per hit: `get_or_compute` on a warm key, 1 in flight (the two codecs' hits
 //!   interleaved in batches, so that the shared machine's drift falls on both alike), p50 and mean;
 //! - server time per hit: `INFO commandstats` `usec_per_call` of the read command;
-//! - the codec alone: decode and encode time of the payload, no Redis.
+//! - the codecs alone, no Redis: decode and encode time of the report, interleaved.
 //!
 //! A custom harness: `cargo bench --features compression --bench compression`.
 
@@ -124,20 +124,19 @@ struct Side<C: Codec> {
     name: &'static str,
     server: RedisServer,
     cache: Cache<C>,
-    codec: C,
     /// Client time of each hit, in order.
     hits: Vec<Duration>,
     /// `total_net_output_bytes` before the first measured hit.
     bytes_out_before: f64,
 }
 
-impl<C: Codec + Clone> Side<C> {
+impl<C: Codec> Side<C> {
     async fn new(name: &'static str, codec: C) -> Self {
         let server = RedisServer::start();
         let cache = Cache::builder()
             .redis_url(server.url())
             .namespace("compression")
-            .codec(codec.clone())
+            .codec(codec)
             .build()
             .await
             .expect("a cache");
@@ -145,7 +144,6 @@ impl<C: Codec + Clone> Side<C> {
             name,
             server,
             cache,
-            codec,
             hits: Vec::new(),
             bytes_out_before: 0.0,
         }
@@ -221,41 +219,6 @@ impl<C: Codec + Clone> Side<C> {
         )
     }
 
-    /// The codec alone: median decode and encode time of `report`'s payload, and its size.
-    fn codec_figures(&self, report: &Report, iters: u32) -> String {
-        let payload = self.codec.encode(report).expect("encodes");
-        let median = |f: &dyn Fn()| {
-            let mut runs: Vec<Duration> = (0..7)
-                .map(|_| {
-                    let started = Instant::now();
-                    for _ in 0..iters {
-                        f();
-                    }
-                    started.elapsed() / iters
-                })
-                .collect();
-            runs.sort_unstable();
-            runs[3]
-        };
-        let decode = median(&|| {
-            black_box(
-                self.codec
-                    .decode::<Report>(black_box(&payload))
-                    .expect("decodes"),
-            );
-        });
-        let encode = median(&|| {
-            black_box(self.codec.encode(black_box(report)).expect("encodes"));
-        });
-        format!(
-            "{:>10} | payload {:>7} bytes | decode {:>7.1} µs | encode {:>7.1} µs",
-            self.name,
-            payload.len(),
-            decode.as_secs_f64() * 1e6,
-            encode.as_secs_f64() * 1e6,
-        )
-    }
-
     fn start_hits(&mut self) {
         let mut conn = self.server.conn();
         let _: () = redis::cmd("CONFIG")
@@ -295,8 +258,56 @@ async fn compare(label: &str, rows: usize, values: usize, hits: usize) {
     let iters = u32::try_from(1_000_000 / plain_len.max(1))
         .unwrap_or(1)
         .max(20);
-    println!("  {}", plain.codec_figures(&report, iters));
-    println!("  {}", lz4.codec_figures(&report, iters));
+    println!("  {}", codec_costs(&report, iters));
+}
+
+/// The codecs alone, no Redis: decode and encode time of `report`, the two codecs' batches of
+/// `iters` calls taking turns; the medians of each and of the per-round differences.
+fn codec_costs(report: &Report, iters: u32) -> String {
+    const ROUNDS: usize = 15;
+    let (plain, lz4) = (Bincode, Compressed::new());
+    let (plain_bytes, lz4_bytes) = (plain.encode(report).unwrap(), lz4.encode(report).unwrap());
+    let batch = |f: &dyn Fn()| {
+        let started = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        started.elapsed().as_secs_f64() * 1e6 / f64::from(iters)
+    };
+    let median = |mut runs: Vec<f64>| {
+        runs.sort_unstable_by(f64::total_cmp);
+        runs[runs.len() / 2]
+    };
+    let interleaved = |a: &dyn Fn(), b: &dyn Fn()| {
+        let (mut ta, mut tb, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let (x, y) = (batch(a), batch(b));
+            ta.push(x);
+            tb.push(y);
+            diff.push(y - x);
+        }
+        (median(ta), median(tb), median(diff))
+    };
+    let decode = interleaved(
+        &|| {
+            drop(black_box(
+                plain.decode::<Report>(black_box(&plain_bytes)).unwrap(),
+            ))
+        },
+        &|| {
+            drop(black_box(
+                lz4.decode::<Report>(black_box(&lz4_bytes)).unwrap(),
+            ))
+        },
+    );
+    let encode = interleaved(
+        &|| drop(black_box(plain.encode(black_box(report)).unwrap())),
+        &|| drop(black_box(lz4.encode(black_box(report)).unwrap())),
+    );
+    format!(
+        "codecs alone (median of {ROUNDS} interleaved rounds): decode Bincode {:.1} µs, Compressed {:.1} µs ({:+.1} µs); encode Bincode {:.1} µs, Compressed {:.1} µs ({:+.1} µs)",
+        decode.0, decode.1, decode.2, encode.0, encode.1, encode.2
+    )
 }
 
 fn main() {
