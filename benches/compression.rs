@@ -31,7 +31,7 @@ use support::RedisServer;
 
 const TTL: Duration = Duration::from_secs(3600);
 /// Hits per codec and size are `BATCHES` batches of `hits / BATCHES`, the codecs taking turns.
-const BATCHES: usize = 20;
+const BATCHES: usize = 100;
 /// Computations run by the hits: none, or a hit was not one.
 static COMPUTED: AtomicU64 = AtomicU64::new(0);
 
