@@ -50,7 +50,7 @@ const FIRST_FREE_ID: u8 = 16;
 /// values written by the plain codec read as a miss once after the change (recomputed and
 /// overwritten), and during a rolling deploy each side recomputes what the other wrote rather
 /// than misread it. Whether it pays, with figures for 1 KiB and 100 KiB values:
-/// `docs/performance.md` (Compressing large values).
+/// [Compressing large values](https://github.com/stampede-guard/stampede-guard/blob/main/docs/performance.md#compressing-large-values).
 ///
 /// Decompression is bounded: it never claims more than [`MAX_VALUE_BYTES`], nor more than the
 /// stored bytes can expand to, and corrupt bytes are a decode error (a miss), never a panic.
