@@ -916,13 +916,21 @@ fn invalidations_reach_the_server(h: &History) -> Vec<Violation> {
             }
         }
     }
-    let mut last: HashMap<&Epoch, u64> = HashMap::new();
+    // An epoch only rises within a server life, unless its key was evicted in between (then
+    // the next raise starts from its floor: the clock at the raising call's start).
+    let slack_us = 2 * h.lease_ms * 1000;
+    let evicted = |epoch: &Epoch, from: u64, to: u64| {
+        h.epoch_evictions
+            .iter()
+            .any(|(seen, gone)| gone == epoch && (from..=to + slack_us).contains(seen))
+    };
+    let mut last: HashMap<&Epoch, (u64, u64)> = HashMap::new();
     for e in &h.server {
         match e {
             ServerEvent::Life(_) => last.clear(),
             ServerEvent::Raise(r) => {
-                if let Some(prev) = last.insert(&r.epoch, r.value) {
-                    if r.value <= prev {
+                if let Some((prev, prev_at)) = last.insert(&r.epoch, (r.value, r.at_us)) {
+                    if r.value <= prev && !evicted(&r.epoch, prev_at, r.at_us) {
                         found.push(violation(
                             'h',
                             format!(
