@@ -273,8 +273,10 @@ impl<C: Codec> Cache<C> {
     }
 
     /// What a follower takes of its leader's `outcome` (`None`: lead again): a value the leader
-    /// computed only if none of its tags was invalidated since the leader started, knowing the
-    /// epoch mark `mark` (see `cache/tags.rs`).
+    /// computed or read from the store only if none of its tags was invalidated since the
+    /// leader started, knowing the epoch mark `mark` (see `cache/tags.rs`). A leader that read
+    /// the value judged it when it read it, which may be before an invalidation the follower
+    /// must not miss. Fallbacks (held, uncached, fail-safe) are shared as they are.
     async fn shared<T>(
         &self,
         outcome: Option<Result<Fetched<T>, Error>>,
@@ -283,8 +285,10 @@ impl<C: Codec> Cache<C> {
     ) -> Option<Result<Fetched<T>, Error>> {
         match outcome {
             Some(Ok(fetched))
-                if fetched.source == Source::Computed
-                    && !self.outlives_invalidations_since(keys, mark).await =>
+                if matches!(
+                    fetched.source,
+                    Source::Computed | Source::Hit | Source::Waited | Source::Stale
+                ) && !self.outlives_invalidations_since(keys, mark).await =>
             {
                 None
             }

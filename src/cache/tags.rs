@@ -162,10 +162,11 @@ impl<C: Codec> Cache<C> {
     }
 
     /// For a follower of this process's flight of `keys`, whose leader started knowing the
-    /// epoch mark `mark` and computed a value: whether none of that value's tags (remembered at
-    /// its write) was invalidated after the leader started. The follower's own read before it
-    /// joined did not know them (the key held no value then), so their epochs are read now: one
-    /// more request, for a tagged value. No tags remembered: yes (the follower's own read, the
+    /// epoch mark `mark` and computed or read a value: whether none of that value's tags
+    /// (remembered when it was written or read) was invalidated after the leader started. The
+    /// follower's own read before it joined may not have known them (the key held no value
+    /// then, or a value with other tags), so their epochs are read now: one more request, for a
+    /// tagged value. No tags remembered: yes (the follower's own read, the
     /// namespace's epoch included, raised the mark it joined with). The epochs unreadable: no,
     /// as a read that cannot judge a value does not serve it.
     pub(crate) async fn outlives_invalidations_since(&self, keys: &EntryKeys, mark: u64) -> bool {
