@@ -163,8 +163,8 @@ impl<C: Codec> Cache<C> {
             .and_then(|near| near.ticket(&keys.user));
 
         // The hit path: one MGET (the value and its epochs), no script, no in-process
-        // bookkeeping. A value past its stale
-        // window is not a hit: it goes on to the lock, taken over it.
+        // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
+        // taken over it.
         let mut start = Start::Read;
         match self.first_read(&keys).await {
             Ok((Some(bytes), mut epochs)) => {
@@ -194,8 +194,26 @@ impl<C: Codec> Cache<C> {
             }
         }
 
+        self.share_or_load(Arc::new(keys), ttl, f, start).await
+    }
+
+    /// A miss: this process's flight of the key, followed or led (then [`load`]).
+    ///
+    /// [`load`]: Self::load
+    async fn share_or_load<T, E, F, Fut>(
+        &self,
+        keys: Arc<EntryKeys>,
+        ttl: Duration,
+        f: F,
+        start: Start,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: CacheValue,
+        E: ComputeFailure,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
         let started = Instant::now();
-        let keys = Arc::new(keys);
         let leader = loop {
             match self
                 .inner
@@ -206,7 +224,8 @@ impl<C: Codec> Cache<C> {
                 Role::Alone => break None,
                 Role::Follow(follower) => match self.follow(follower, &keys, started).await {
                     Some(outcome) => return outcome,
-                    // The leader was cancelled or panicked: try to lead.
+                    // The leader went away, or its value is one this call must not get (an
+                    // invalidation since it started): try to lead.
                     None => continue,
                 },
             }

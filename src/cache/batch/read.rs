@@ -8,8 +8,10 @@ use std::sync::Arc;
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::{Batch, Outcome};
+use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::Sorted;
 use crate::cache::tags::Epochs;
+use crate::store::Blob;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Error, Source};
@@ -31,6 +33,30 @@ where
                 outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
             }
         }
+    }
+
+    /// What one read found for the `remote` keys, decoded (bytes that are not ours: `None`),
+    /// each beside its bytes; the tags of each value are remembered for the next read.
+    fn decoded(
+        &self,
+        distinct: &[Arc<EntryKeys>],
+        remote: &[usize],
+        values: Vec<Option<Blob>>,
+    ) -> Vec<(Option<Blob>, Option<StoredEntry<T>>)> {
+        let cache = self.cache;
+        values
+            .into_iter()
+            .zip(remote)
+            .map(|(bytes, &slot)| {
+                let keys = &distinct[slot];
+                cache.reached_backend(keys);
+                let entry = bytes.as_ref().and_then(|b| cache.read_stored::<T>(keys, b));
+                if let Some(entry) = &entry {
+                    cache.saw_tags(keys, &entry.tags);
+                }
+                (bytes, entry)
+            })
+            .collect()
     }
 
     /// One read for every key still without an outcome; answers what it can, and says which
@@ -76,19 +102,7 @@ where
             Ok((values, epochs)) => {
                 let mut epochs = Epochs::of(names, epochs);
                 cache.note_epochs(&epochs);
-                let read: Vec<_> = values
-                    .into_iter()
-                    .zip(remote.iter())
-                    .map(|(bytes, &slot)| {
-                        let keys = &distinct[slot];
-                        cache.reached_backend(keys);
-                        let entry = bytes.as_ref().and_then(|b| cache.read_stored::<T>(keys, b));
-                        if let Some(entry) = &entry {
-                            cache.saw_tags(keys, &entry.tags);
-                        }
-                        (bytes, entry)
-                    })
-                    .collect();
+                let read = self.decoded(distinct, &remote, values);
                 // Other tags' epochs, for every key at once: one more round trip at most. If
                 // they cannot be read, those values are replaced (as for one key).
                 let entries = read.iter().filter_map(|(_, entry)| entry.as_ref());
