@@ -20,8 +20,9 @@
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod bench;
+    pub mod commandstats;
     pub mod server;
-    pub use {bench::*, server::*};
+    pub use {bench::*, commandstats::*, server::*};
 }
 
 use std::future::Future;
@@ -115,36 +116,12 @@ async fn raw_hit(mut raw: ConnectionManager) {
     black_box(v);
 }
 
-/// Resets the server's command counts (`CONFIG RESETSTAT`).
-fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut server.conn())
-        .expect("CONFIG RESETSTAT");
-}
-
-/// The commands the server ran since the reset, but the `CONFIG` and `INFO` that count them and
-/// the clock's calibration (`TIME`, in the background).
+/// The commands the server ran since the reset (see `support::commandstats`), but the clock's
+/// calibration (`TIME`, in the background).
 fn commands_run(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls: u64 = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            (!["config", "info", "time"]
-                .iter()
-                .any(|n| name.starts_with(n)))
-            .then_some(calls)
-        })
-        .sum()
+    let mut calls = support::commands_since_reset(server);
+    calls.remove("time");
+    calls.values().sum()
 }
 
 /// Criterion measures the two sides seconds apart, and background load on a shared 2-core
@@ -277,7 +254,7 @@ fn hit_path(c: &mut Criterion) {
             );
             // What the server ran per hit (the raw side's GETs left out).
             const HITS: u64 = 20_000;
-            reset_stats(&server);
+            support::reset_command_stats(&server);
             rt.block_on(concurrently(in_flight, HITS, {
                 let cache = cache.clone();
                 move || guarded_hit(cache.clone())

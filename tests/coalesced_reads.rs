@@ -6,15 +6,16 @@
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
 mod support {
+    pub mod commandstats;
     pub mod server;
-    pub use server::*;
+    pub use {commandstats::*, server::*};
 }
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use stampede_guard::{Cache, ConnectionOptions, Source};
-use support::RedisServer;
+use support::{commands_since_reset, reset_command_stats, RedisServer};
 
 const TTL: Duration = Duration::from_secs(600);
 
@@ -28,33 +29,11 @@ async fn cache(server: &RedisServer, connection: ConnectionOptions) -> Cache {
         .expect("a cache on the test server")
 }
 
-/// How many `MGET`s and `GET`s the server ran since the last `CONFIG RESETSTAT`.
-fn reads_run(server: &RedisServer) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            ["mget", "get"]
-                .contains(&name)
-                .then(|| (name.to_owned(), calls))
-        })
-        .collect()
-}
-
-fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut server.conn())
-        .expect("CONFIG RESETSTAT");
+/// How many `MGET`s and `GET`s the server ran since the last reset.
+fn reads_run(server: &RedisServer) -> BTreeMap<String, u64> {
+    let mut calls = commands_since_reset(server);
+    calls.retain(|name, _| name == "mget" || name == "get");
+    calls
 }
 
 /// Writes `keys` values `key -> "v-<key>"`.
@@ -115,7 +94,7 @@ async fn concurrent_hits_share_mgets_and_each_gets_its_own_value() {
     fill(&cache, &keys).await;
     // Warm the connection (its first answer starts the eviction-policy check).
     read_all(&cache, &keys[..1]).await;
-    reset_stats(&server);
+    reset_command_stats(&server);
     read_all(&cache, &keys).await;
     let reads = reads_run(&server);
     // The first read goes out alone, the 63 that queued behind it in one more `MGET`.
@@ -131,7 +110,7 @@ async fn a_lone_read_goes_out_by_itself_each_time() {
     let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
     fill(&cache, &keys).await;
     read_all(&cache, &keys[..1]).await;
-    reset_stats(&server);
+    reset_command_stats(&server);
     for key in &keys {
         read_all(&cache, std::slice::from_ref(key)).await;
     }
@@ -145,7 +124,7 @@ async fn switched_off_every_read_is_its_own_command() {
     let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
     fill(&cache, &keys).await;
     read_all(&cache, &keys[..1]).await;
-    reset_stats(&server);
+    reset_command_stats(&server);
     read_all(&cache, &keys).await;
     assert_eq!(reads_run(&server).get("mget"), Some(&64));
 }

@@ -10,19 +10,22 @@ mod support {
     pub mod cache;
     pub mod cluster;
     pub mod cluster_cache;
+    pub mod commandstats;
     pub mod poll;
     pub mod server;
-    pub use {cache::*, cluster::*, cluster_cache::*, server::*};
+    pub use {cache::*, cluster::*, cluster_cache::*, commandstats::*, server::*};
 }
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Commands;
 use stampede_guard::{Cache, CallOptions, Computed, Error, NearCacheOptions, Source, MAX_TAGS};
-use support::{cache, cluster_cache, RedisCluster, RedisServer};
+use support::{
+    cache, cluster_cache, commands_since_reset, reset_command_stats, RedisCluster, RedisServer,
+};
 use tokio::sync::oneshot;
 
 const TTL: Duration = Duration::from_secs(600);
@@ -62,42 +65,11 @@ impl Counted {
     }
 }
 
-/// How many times the server ran each command since the last `CONFIG RESETSTAT`.
-fn command_calls(server: &RedisServer) -> HashMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .expect("INFO commandstats");
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
-        })
-        .collect()
-}
-
-fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut server.conn())
-        .expect("CONFIG RESETSTAT");
-}
-
-/// Every command the server ran since the reset, but the `INFO` and `CONFIG` of the test and
-/// the `TIME`s a new instance calibrates its clock with (no part of a read).
-fn commands_since_reset(server: &RedisServer) -> HashMap<String, u64> {
-    let mut calls = command_calls(server);
-    calls.retain(|name, _| {
-        !["info", "config", "time"]
-            .iter()
-            .any(|n| name.starts_with(n))
-    });
+/// Every command the server ran since the reset (see `support::commandstats`), but the
+/// `TIME`s a new instance calibrates its clock with (no part of a read).
+fn commands_of_the_cache(server: &RedisServer) -> BTreeMap<String, u64> {
+    let mut calls = commands_since_reset(server);
+    calls.remove("time");
     calls
 }
 
@@ -314,18 +286,18 @@ async fn invalidating_and_clearing_cost_two_commands_whatever_the_number_of_valu
     }
     // The scripts are loaded once per server; counted from the second call on.
     cache.invalidate_tag("warm-up").await.unwrap();
-    reset_stats(&server);
+    reset_command_stats(&server);
     cache.invalidate_tag("big").await.unwrap();
     // `commandstats` counts the commands a script runs too (its GET, SET, TIME, PUBLISH): the
     // client sent the two scripts, and nothing touched the values.
-    let calls = commands_since_reset(&server);
+    let calls = commands_of_the_cache(&server);
     assert_eq!(calls.get("evalsha"), Some(&2), "{calls:?}");
     for per_value in ["scan", "keys", "del", "unlink", "mget", "expire", "pexpire"] {
         assert!(!calls.contains_key(per_value), "{calls:?}");
     }
-    reset_stats(&server);
+    reset_command_stats(&server);
     cache.clear().await.unwrap();
-    let calls = commands_since_reset(&server);
+    let calls = commands_of_the_cache(&server);
     assert_eq!(calls.get("evalsha"), Some(&2), "{calls:?}");
     for key in keys.iter().step_by(50) {
         assert_eq!(cache.get::<u8>(key).await.unwrap(), None);
@@ -344,41 +316,41 @@ async fn a_hit_reads_its_handles_tags_with_the_value_in_one_command() {
     reader.read(&cache, "computed-tags", &tags).await;
 
     // The handle names the value's tags: one MGET, no script.
-    reset_stats(&server);
+    reset_command_stats(&server);
     assert_eq!(reader.read(&tagged, "r", &[]).await.1, Source::Hit);
     assert_eq!(
-        commands_since_reset(&server),
-        HashMap::from([("mget".to_owned(), 1)])
+        commands_of_the_cache(&server),
+        BTreeMap::from([("mget".to_owned(), 1)])
     );
     // Untagged: the same one MGET (the value and the namespace's epoch).
-    reset_stats(&server);
+    reset_command_stats(&server);
     assert_eq!(reader.read(&cache, "plain", &[]).await.1, Source::Hit);
     assert_eq!(
-        commands_since_reset(&server),
-        HashMap::from([("mget".to_owned(), 1)])
+        commands_of_the_cache(&server),
+        BTreeMap::from([("mget".to_owned(), 1)])
     );
     // Tags only the computation gave: the instance that computed the value remembers them,
     // and reads them with the value.
-    reset_stats(&server);
+    reset_command_stats(&server);
     assert_eq!(
         reader.read(&cache, "computed-tags", &[]).await.1,
         Source::Hit
     );
     assert_eq!(
-        commands_since_reset(&server),
-        HashMap::from([("mget".to_owned(), 1)])
+        commands_of_the_cache(&server),
+        BTreeMap::from([("mget".to_owned(), 1)])
     );
     // Another instance learns them on its first read (one more round trip, once).
     let other = support::cache(&server, "trips", CallOptions::default()).await;
     for mgets in [2, 1] {
-        reset_stats(&server);
+        reset_command_stats(&server);
         assert_eq!(
             reader.read(&other, "computed-tags", &[]).await.1,
             Source::Hit
         );
         assert_eq!(
-            commands_since_reset(&server),
-            HashMap::from([("mget".to_owned(), mgets)])
+            commands_of_the_cache(&server),
+            BTreeMap::from([("mget".to_owned(), mgets)])
         );
     }
 }
@@ -419,22 +391,22 @@ async fn a_batch_reads_its_keys_tags_in_the_same_round_trips_and_skips_invalidat
 
     // A warm batch: one MGET of the values and the epochs, the handle's tag ("year:2019") and
     // the one its computation added ("odd", remembered).
-    reset_stats(&server);
+    reset_command_stats(&server);
     let warm = run(year.clone(), Arc::clone(&computed), keys.clone()).await;
     assert!(warm
         .iter()
         .all(|r| r.as_ref().unwrap().source == Source::Hit));
-    let calls = commands_since_reset(&server);
-    assert_eq!(calls, HashMap::from([("mget".to_owned(), 1)]), "{calls:?}");
+    let calls = commands_of_the_cache(&server);
+    assert_eq!(calls, BTreeMap::from([("mget".to_owned(), 1)]), "{calls:?}");
     // An instance that never read them: one more MGET, for the whole batch.
     let other = support::cache(&server, "batch", CallOptions::default().tags(["year:2019"])).await;
-    reset_stats(&server);
+    reset_command_stats(&server);
     let cold_instance = run(other, Arc::clone(&computed), keys.clone()).await;
     assert!(cold_instance
         .iter()
         .all(|r| r.as_ref().unwrap().source == Source::Hit));
-    let calls = commands_since_reset(&server);
-    assert_eq!(calls, HashMap::from([("mget".to_owned(), 2)]), "{calls:?}");
+    let calls = commands_of_the_cache(&server);
+    assert_eq!(calls, BTreeMap::from([("mget".to_owned(), 2)]), "{calls:?}");
 
     cache.invalidate_tag("odd").await.unwrap();
     let after = run(year.clone(), Arc::clone(&computed), keys.clone()).await;
