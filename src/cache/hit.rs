@@ -1,6 +1,8 @@
 //! The hit path's glue to the tiers in this process: the near tier's copies, and the embedded
 //! store's decoded values (a hit there skips decoding). A copy is never a fail-safe fallback.
 
+use std::borrow::Cow;
+
 use crate::cache::entry::StoredEntry;
 use crate::cache::near::Ticket;
 use crate::cache::tags::Epochs;
@@ -150,11 +152,11 @@ impl<C: Codec> Cache<C> {
             && !entry.throttled
             && entry.fresh_until_ms > memory.now_ms()
         {
-            let Some(mut epochs) = self.tag_epoch_names(&entry.tags) else {
+            let Some(epochs) = self.epoch_names(&entry.tags) else {
                 return;
             };
-            epochs.insert(0, self.tagging.names[0].clone());
-            let (born, epochs) = (entry.born, epochs.into());
+            let epochs = epochs.into_iter().map(Cow::into_owned).collect();
+            let born = entry.born;
             memory.keep_decoded(keys, shared, value, entry.fresh_until_ms, born, epochs);
         }
     }

@@ -194,7 +194,7 @@ impl<C: Codec> Cache<C> {
     /// The epoch names of a value with `tags`: the namespace's clear key (borrowed: a tagless
     /// hit allocates nothing for it), then one per tag; `None` for a tag that is no longer
     /// valid (written by another version), which makes the value unreadable.
-    fn epoch_names<'s>(&'s self, tags: &[String]) -> Option<Vec<Cow<'s, str>>> {
+    pub(crate) fn epoch_names<'s>(&'s self, tags: &[String]) -> Option<Vec<Cow<'s, str>>> {
         let namespace = &self.inner.namespace;
         std::iter::once(Ok(Cow::Borrowed(self.tagging.names[0].as_str())))
             .chain(
