@@ -21,8 +21,9 @@
 mod support {
     pub mod bench;
     pub mod commandstats;
+    pub mod load;
     pub mod server;
-    pub use {bench::*, commandstats::*, server::*};
+    pub use {bench::*, commandstats::*, load::*, server::*};
 }
 
 use std::future::Future;
@@ -34,34 +35,17 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use stampede_guard::{Cache, ConnectionOptions, NearCacheOptions};
-use support::RedisServer;
+use support::{runtime, value, RedisServer};
 
 const KEY: &str = "2019-05";
 const RAW_KEY: &str = "raw:2019-05";
 const TTL: Duration = Duration::from_secs(3600);
-const VALUE_BYTES: usize = 1024;
-
 /// The library's codec configuration (bincode 2 standard, 64 MiB limit), for the raw baseline.
 const BINCODE: bincode::config::Configuration<
     bincode::config::LittleEndian,
     bincode::config::Varint,
     bincode::config::Limit<{ stampede_guard::MAX_VALUE_BYTES }>,
 > = bincode::config::standard().with_limit::<{ stampede_guard::MAX_VALUE_BYTES }>();
-
-fn value() -> String {
-    "2019-05|".repeat(VALUE_BYTES / 8 + 1)[..VALUE_BYTES].to_owned()
-}
-
-/// One thread for the client, so that redis-server has the other core to itself. On a
-/// multi-thread runtime a 1-in-flight call's latency swings between ~19 and ~58 µs run to run,
-/// depending on whether the caller and the connection's driver task land on the same worker:
-/// that measures the scheduler, not the library.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
 
 /// Runs `iters` calls of `op` as `in_flight` tasks, each calling it in a loop; returns the time
 /// scaled to exactly `iters` calls.

@@ -29,9 +29,10 @@
 mod support {
     pub mod bench;
     pub mod commandstats;
+    pub mod load;
     pub mod percentile;
     pub mod server;
-    pub use {bench::*, commandstats::*, percentile::*, server::*};
+    pub use {bench::*, commandstats::*, load::*, percentile::*, server::*};
 }
 
 use std::collections::BTreeMap;
@@ -42,14 +43,12 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use stampede_guard::{Cache, CallOptions, Computed, NearCacheOptions, Source, MAX_BATCH_KEYS};
-use support::RedisServer;
+use support::{runtime, value, RedisServer};
 
 const TTL: Duration = Duration::from_secs(3600);
 /// The tags of the tagged reads.
 const TAGS: [&str; 3] = ["tenant:7", "year:2019", "report:sales"];
 /// The value of the warm reads: the load generator's 1,024 bytes, as in `cache_ops`.
-const VALUE_BYTES: usize = 1024;
-
 /// The bulk parts: values tagged `TAG`, and how they are written.
 const TAG: &str = "year:2019";
 const TAGGED_VALUES: usize = 100_000;
@@ -68,18 +67,6 @@ const TIER_KEYS: usize = 16;
 const CLEAR_ROUNDS: usize = 300;
 /// `NearCacheOptions`'s default.
 const MAX_STALENESS: Duration = Duration::from_secs(1);
-
-fn value() -> String {
-    "2019-05|".repeat(VALUE_BYTES / 8 + 1)[..VALUE_BYTES].to_owned()
-}
-
-/// One thread for the client, so that redis-server has the other core (see `cache_ops`).
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
 
 async fn redis_cache(server: &RedisServer, namespace: &str, near: bool) -> Cache {
     let builder = Cache::builder()

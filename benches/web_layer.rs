@@ -11,8 +11,9 @@
 #[path = "../tests/support"]
 /// The shared helpers this file uses, one module each (tests/support/).
 mod support {
+    pub mod load;
     pub mod server;
-    pub use server::*;
+    pub use {load::*, server::*};
 }
 
 use std::time::Duration;
@@ -25,16 +26,10 @@ use axum::Router;
 use criterion::{criterion_group, criterion_main, Criterion};
 use stampede_guard::web::ResponseCacheLayer;
 use stampede_guard::Cache;
-use support::RedisServer;
+use support::{runtime, value, RedisServer, VALUE_BYTES};
 use tower::ServiceExt;
 
 const TTL: Duration = Duration::from_secs(3600);
-const VALUE_BYTES: usize = 1024;
-
-fn value() -> String {
-    "2019-05|".repeat(VALUE_BYTES / 8 + 1)[..VALUE_BYTES].to_owned()
-}
-
 /// The handler the layer caches: it would compute the report; here it is only run once.
 async fn computed() -> String {
     value()
@@ -87,13 +82,6 @@ fn compare(c: &mut Criterion, name: &str, cache: Cache, rt: &tokio::runtime::Run
         b.to_async(rt).iter(|| request(&direct))
     });
     group.finish();
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
 }
 
 fn web_layer(c: &mut Criterion) {
