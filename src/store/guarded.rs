@@ -301,7 +301,7 @@ impl Store for GuardedStore {
     fn get_with_epochs<'a>(
         &'a self,
         keys: &'a EntryKeys,
-        names: &'a [String],
+        names: &'a Arc<[String]>,
     ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
         self.through(self.inner.get_with_epochs(keys, names))
     }

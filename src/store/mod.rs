@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use self::wakeup::Listener;
@@ -495,7 +496,7 @@ pub(crate) trait Store: LockStore {
     fn get_with_epochs<'a>(
         &'a self,
         keys: &'a EntryKeys,
-        names: &'a [String],
+        names: &'a Arc<[String]>,
     ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
         Box::pin(async move {
             let value = self.get(keys).await?;

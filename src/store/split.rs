@@ -254,7 +254,7 @@ impl Store for SplitStore {
     fn get_with_epochs<'a>(
         &'a self,
         keys: &'a EntryKeys,
-        names: &'a [String],
+        names: &'a Arc<[String]>,
     ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
         self.values.get_with_epochs(keys, names)
     }

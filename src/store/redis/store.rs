@@ -240,12 +240,12 @@ where
         &self,
         coalescer: &Arc<Coalescer>,
         keys: &EntryKeys,
-        names: &[String],
+        names: &Arc<[String]>,
     ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
         let (answer, answered) = oneshot::channel();
         let read = Read {
             value: keys.value.clone(),
-            names: names.into(),
+            names: Arc::clone(names),
             answer,
         };
         if let Some(batch) = coalescer.enqueue(read) {
@@ -462,7 +462,7 @@ where
     fn get_with_epochs<'a>(
         &'a self,
         keys: &'a EntryKeys,
-        names: &'a [String],
+        names: &'a Arc<[String]>,
     ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
         Box::pin(async move {
             if let Some(coalescer) = &self.coalescer {
