@@ -24,7 +24,7 @@
 //! (FusionCache #600).
 
 use std::borrow::Cow;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -87,11 +87,37 @@ const SEEN_PER_BATCH: usize = 64;
 /// so the next read asks for them with the value, in the same round trip: a value tagged by
 /// its computation ([`Computed::tags`](crate::Computed::tags)) then costs a hit no more than
 /// one tagged by the handle. Bounded; a key it forgot costs one more round trip, once.
-pub(crate) struct SeenTags(moka::sync::Cache<String, Arc<[String]>>);
+pub(crate) struct SeenTags {
+    names: moka::sync::Cache<String, Arc<[String]>>,
+    /// Whether any tagged value was seen: until then a read does not look the key up (the
+    /// tagless hit, by far the most common, hashes nothing here).
+    any: AtomicBool,
+}
 
 impl Default for SeenTags {
     fn default() -> Self {
-        SeenTags(moka::sync::Cache::new(SEEN_KEYS))
+        SeenTags {
+            names: moka::sync::Cache::new(SEEN_KEYS),
+            any: AtomicBool::new(false),
+        }
+    }
+}
+
+impl SeenTags {
+    /// The epoch names of the tags the value of `key` carried when last seen.
+    fn get(&self, key: &str) -> Option<Arc<[String]>> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        self.names.get(key)
+    }
+
+    /// Remembers `names` for `key` (a change only: an unchanged entry is not written again).
+    fn remember(&self, key: &str, names: Vec<String>) {
+        self.any.store(true, Ordering::Release);
+        if self.names.get(key).is_none_or(|held| *held != *names) {
+            self.names.insert(key.to_owned(), names.into());
+        }
     }
 }
 
@@ -170,7 +196,7 @@ impl<C: Codec> Cache<C> {
     /// namespace's epoch included, raised the mark it joined with). The epochs unreadable: no,
     /// as a read that cannot judge a value does not serve it.
     pub(crate) async fn outlives_invalidations_since(&self, keys: &EntryKeys, mark: u64) -> bool {
-        let Some(names) = self.inner.seen_tags.0.get(&keys.value) else {
+        let Some(names) = self.inner.seen_tags.get(&keys.value) else {
             return true;
         };
         match self.inner.store.epochs(&names).await {
@@ -218,7 +244,7 @@ impl<C: Codec> Cache<C> {
     pub(crate) fn read_names(&self, keys: &[&EntryKeys]) -> Arc<[String]> {
         let mut names: Option<Vec<String>> = None;
         for keys in keys {
-            let Some(seen) = self.inner.seen_tags.0.get(&keys.value) else {
+            let Some(seen) = self.inner.seen_tags.get(&keys.value) else {
                 continue;
             };
             let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
@@ -244,11 +270,8 @@ impl<C: Codec> Cache<C> {
         if tags.is_empty() {
             return;
         }
-        let seen = &self.inner.seen_tags.0;
         let names = self.tag_epoch_names(tags).unwrap_or_default();
-        if seen.get(&keys.value).is_none_or(|held| *held != *names) {
-            seen.insert(keys.value.clone(), names.into());
-        }
+        self.inner.seen_tags.remember(&keys.value, names);
     }
 
     /// Reads the value of `keys` with the epochs [`read_names`](Self::read_names) gives, in one
@@ -290,6 +313,12 @@ impl<C: Codec> Cache<C> {
     /// Whether `entry` was born after the namespace's epoch and each of its tags' in `epochs`;
     /// an epoch `epochs` lacks counts as raised.
     pub(crate) fn alive_by<T>(&self, entry: &StoredEntry<T>, epochs: &Epochs) -> bool {
+        if entry.tags.is_empty() {
+            // The namespace's epoch alone judges it: no names to build.
+            return epochs
+                .get(&self.tagging.names[0])
+                .is_some_and(|epoch| outlived(entry.born, epoch));
+        }
         self.epoch_names(&entry.tags).is_some_and(|names| {
             names.iter().all(|name| {
                 epochs

@@ -60,6 +60,13 @@ impl Coalescer {
         }
     }
 
+    /// Takes the turn to send if no batch is out (then the queue is empty): the caller reads
+    /// alone, at once, and hands the turn on when answered (see [`drain_in_task`]).
+    pub(crate) fn lead(&self) -> bool {
+        let mut state = lock(&self.state);
+        !std::mem::replace(&mut state.sending, true)
+    }
+
     /// Queues `read`. If no batch is out, the caller is to send the queue now: returned.
     pub(crate) fn enqueue(&self, read: Read) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
@@ -168,24 +175,13 @@ async fn send_one<C>(conn: &C, reads: Vec<Read>, per_slot: bool)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let mut slot: HashMap<&str, usize> = HashMap::new();
-    let mut keys: Vec<&str> = Vec::new();
-    for name in reads.iter().map(|read| read.value.as_str()).chain(
-        reads
-            .iter()
-            .flat_map(|read| read.names.iter().map(String::as_str)),
-    ) {
-        slot.entry(name).or_insert_with(|| {
-            keys.push(name);
-            keys.len() - 1
-        });
-    }
-    let answered = super::mget::mget(conn, &keys, per_slot).await;
+    let keys = Keys::of(&reads);
+    let answered = super::mget::mget(conn, &keys.names, per_slot).await;
     let answers: Vec<StoreResult<Answer>> = reads
         .iter()
         .map(|read| {
             let found = answered.as_ref().map_err(Clone::clone)?;
-            let at = |name: &str| slot.get(name).and_then(|&i| found.get(i));
+            let at = |name: &str| keys.position(name).and_then(|i| found.get(i));
             let value = at(&read.value).cloned().flatten().map(Blob::Owned);
             let epochs = read
                 .names
@@ -263,5 +259,53 @@ mod tests {
             coalescer.enqueue(fourth).is_some(),
             "nothing out again: send at once"
         );
+    }
+}
+
+/// The keys of one `MGET`: every read's value key and epochs, each once, in order.
+struct Keys<'r> {
+    names: Vec<&'r str>,
+    /// Where each name went, once there are too many to search.
+    at: Option<HashMap<&'r str, usize>>,
+}
+
+/// Up to this many keys a linear search finds a name faster than hashing it.
+const SEARCHED: usize = 16;
+
+impl<'r> Keys<'r> {
+    fn of(reads: &'r [Read]) -> Self {
+        let mut keys = Keys {
+            names: Vec::new(),
+            at: None,
+        };
+        let all = reads.iter().map(|read| read.value.as_str()).chain(
+            reads
+                .iter()
+                .flat_map(|read| read.names.iter().map(String::as_str)),
+        );
+        for name in all {
+            if keys.position(name).is_none() {
+                keys.names.push(name);
+                if let Some(at) = &mut keys.at {
+                    at.insert(name, keys.names.len() - 1);
+                } else if keys.names.len() > SEARCHED {
+                    keys.at = Some(
+                        keys.names
+                            .iter()
+                            .enumerate()
+                            .map(|(i, n)| (*n, i))
+                            .collect(),
+                    );
+                }
+            }
+        }
+        keys
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        match &self.at {
+            Some(at) => at.get(name).copied(),
+            None => self.names.iter().position(|held| *held == name),
+        }
     }
 }

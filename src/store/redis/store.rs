@@ -242,6 +242,18 @@ where
         keys: &EntryKeys,
         names: &Arc<[String]>,
     ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
+        if coalescer.lead() {
+            // Nothing was out: this caller reads now, alone (no company waited for). Dropped
+            // before it returns, its guard hands the turn to a task, as when answered.
+            let handover = Handover {
+                conn: Some(self.conn.clone()),
+                coalescer: Arc::clone(coalescer),
+            };
+            let read = self.mget(&[keys], names).await;
+            drop(handover);
+            let (mut values, epochs) = read?;
+            return Ok((values.pop().flatten(), epochs));
+        }
         let (answer, answered) = oneshot::channel();
         let read = Read {
             value: keys.value.clone(),
@@ -249,7 +261,7 @@ where
             answer,
         };
         if let Some(batch) = coalescer.enqueue(read) {
-            // Nothing was out: this caller sends the batch now. Dropped before it returns, its
+            // The batch out came back meanwhile: this caller sends the queue now. Dropped before it returns, its
             // guard hands the queue to a task.
             let handover = Handover {
                 conn: Some(self.conn.clone()),
