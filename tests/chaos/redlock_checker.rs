@@ -89,13 +89,15 @@ pub struct RedlockHistory {
     pub errors: BTreeMap<String, u64>,
 }
 
-/// An overlap of two sections, the earlier-started first, and the node whose restart explains
-/// it (`None`: unexplained).
+/// An overlap of two sections (instance, id, token), the earlier-started first, the nodes that
+/// may have granted each, and the node whose restart explains it (`None`: unexplained).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Overlap {
     pub lock: String,
     pub earlier: (String, u64, u64),
     pub later: (String, u64, u64),
+    pub earlier_nodes: BTreeSet<usize>,
+    pub later_nodes: BTreeSet<usize>,
     pub node: Option<usize>,
 }
 
@@ -108,9 +110,14 @@ impl std::fmt::Display for Overlap {
             self.lock, a.0, a.1, a.2, b.0, b.1, b.2
         )?;
         match self.node {
-            Some(n) => write!(f, " (node {n} restarted between them and granted both)"),
-            None => write!(f, " (no restart of a node that granted both explains it)"),
+            Some(n) => write!(f, " (node {n} restarted between them and granted both")?,
+            None => write!(f, " (no restart of a node that granted both explains it")?,
         }
+        write!(
+            f,
+            "; granted by nodes {:?} and {:?} at most)",
+            self.earlier_nodes, self.later_nodes
+        )
     }
 }
 
@@ -171,6 +178,8 @@ fn overlaps(r: &RedlockHistory) -> Vec<Overlap> {
                         lock: lock.to_string(),
                         earlier: (a.instance.clone(), a.id, a.token),
                         later: (b.instance.clone(), b.id, b.token),
+                        earlier_nodes: may_have_granted(r, a),
+                        later_nodes: may_have_granted(r, b),
                         node: explaining_restart(r, a, b),
                     });
                 }
