@@ -442,10 +442,10 @@ fn drive(rounds: u64, seed: u64, nodes: &mut Nodes, w: &mut Workers) -> BTreeMap
                 w.pause(&mut rng, now);
                 "stop".to_string()
             }
-            9..19 => {
+            9..24 => {
                 let size = match rng.random_range(0..10) {
-                    0..3 => 1,
-                    3..7 => 2,
+                    0..2 => 1,
+                    2..6 => 2,
                     _ => 3,
                 };
                 match nodes.plan_burst(&mut rng, size, now) {
