@@ -24,7 +24,8 @@
 //!
 //! `cargo test --test chaos` runs a short seeded version (400 rounds);
 //! `STAMPEDE_CHAOS_ROUNDS=10000 cargo test --release --test chaos` the long one;
-//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule.
+//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule; `STAMPEDE_CHAOS_REDLOCK=1` runs the
+//! Redlock schedule instead (`redlock.rs`: five nodes restarted without persistence).
 
 #[path = "../support"]
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
