@@ -361,7 +361,7 @@ fn no_write_after_an_invalidation(h: &History) -> Vec<Violation> {
 
 /// Rule (b), from the holders' side: a lock acquisition that began after another was granted
 /// gets a higher token.
-fn later_requests_get_higher_tokens(h: &History) -> Vec<Violation> {
+pub(crate) fn later_requests_get_higher_tokens(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut by_lock: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
     for s in &h.sections {

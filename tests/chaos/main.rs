@@ -24,7 +24,8 @@
 //!
 //! `cargo test --test chaos` runs a short seeded version (400 rounds);
 //! `STAMPEDE_CHAOS_ROUNDS=10000 cargo test --release --test chaos` the long one;
-//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule.
+//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule; `STAMPEDE_CHAOS_REDLOCK=1` runs the
+//! Redlock schedule instead (`redlock.rs`: five nodes restarted without persistence).
 
 #[path = "../support"]
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
@@ -43,6 +44,8 @@ mod support {
 
 mod checker;
 mod history;
+mod redlock;
+mod redlock_checker;
 mod replay;
 
 use std::collections::BTreeMap;
@@ -101,11 +104,16 @@ const HELD_PARTITION_MS: std::ops::Range<u64> = 500..2500;
 const CALL_BOUND: Duration = Duration::from_secs(3 + 1 + 4 * 7);
 
 fn main() {
-    let tests: Vec<(&str, fn())> = [checker::TESTS, replay::TESTS]
-        .concat()
-        .into_iter()
-        .chain([("chaos_run_has_no_violation", chaos_run as fn())])
-        .collect();
+    let tests: Vec<(&str, fn())> = [
+        checker::TESTS,
+        replay::TESTS,
+        redlock_checker::TESTS,
+        redlock::TESTS,
+    ]
+    .concat()
+    .into_iter()
+    .chain([("chaos_run_has_no_violation", chaos_run as fn())])
+    .collect();
     support::run_child_or_tests("chaos", &tests, worker);
 }
 
@@ -558,6 +566,10 @@ impl Controller {
 }
 
 fn chaos_run() {
+    // `STAMPEDE_CHAOS_REDLOCK=1`: the Redlock schedule instead (tests/chaos/redlock.rs).
+    if redlock::selected() {
+        return redlock::chaos_run();
+    }
     let rounds: u64 = std::env::var("STAMPEDE_CHAOS_ROUNDS")
         .ok()
         .map(|v| v.parse().expect("STAMPEDE_CHAOS_ROUNDS is a number"))
@@ -1277,6 +1289,9 @@ impl Ctx {
 }
 
 fn worker(role: &str) -> Result<(), String> {
+    if role == redlock::ROLE {
+        return redlock::worker();
+    }
     if role != "chaos-worker" {
         return Err(format!("unknown role {role}"));
     }
