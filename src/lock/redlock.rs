@@ -17,9 +17,11 @@
 //! whose clocks jump, can leave two processes believing they hold the lock (Kleppmann, "How to do
 //! distributed locking", 2016). The fencing token is what makes the write safe: the system written
 //! to must refuse tokens lower than one it has seen. A node that restarts without persistence
-//! forgets the lock; since a holder takes the lock on every node it reaches (not just a majority),
-//! one such restart cannot hand a majority to another client, but several can: run the nodes with
-//! persistence, or delay restarts by one lease, as the Redlock description advises.
+//! forgets the lock. A holder takes the lock on every node it reaches, not just a majority, but
+//! when it reached only a bare majority (a node slow or down), one such restart can hand a
+//! majority to another client; several can in any case (the chaos harness's Redlock schedule sees
+//! both). Run the nodes with persistence, or delay restarts by one lease, as the Redlock
+//! description advises: with the delay the harness finds no overlap.
 //!
 //! Explained in the guide: `docs/cluster-and-redlock.md` (Redlock).
 
