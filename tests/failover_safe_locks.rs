@@ -9,6 +9,7 @@ mod support {
     pub mod cluster;
     pub mod commandstats;
     pub mod poll;
+    pub mod replica;
     pub mod replicated;
     pub mod server;
     pub mod signal;
@@ -21,7 +22,8 @@ use std::time::Duration;
 use stampede_guard::{BackendErrorKind, Cache, ConnectionOptions, Error, Lock, LockGuard};
 use support::cluster::RedisCluster;
 use support::commandstats::{commands_since_reset, reset_command_stats};
-use support::replicated::{get_on_replica, replica_of, Replicated};
+use support::replica::{get_on_replica, replica_of};
+use support::replicated::Replicated;
 use support::server::RedisServer;
 use support::signal::signal;
 

@@ -1,5 +1,4 @@
-//! Servers with replicas: a master with one replica on loopback ports, and the replica of a
-//! Redis Cluster master. Needs `server` and `poll` declared beside it.
+//! A master with one replica on loopback ports. Needs `server` and `poll` declared beside it.
 
 use std::time::Duration;
 
@@ -9,6 +8,10 @@ use super::server::RedisServer;
 /// A master and one replica of it (`--replicaof`), the replica's link up.
 pub struct Replicated {
     pub master: RedisServer,
+    #[allow(
+        dead_code,
+        reason = "the benches only keep the replica alive; the tests stop it"
+    )]
     pub replica: RedisServer,
 }
 
@@ -44,29 +47,4 @@ pub fn online_replicas(master: &RedisServer) -> Vec<u16> {
             port.parse().ok()
         })
         .collect()
-}
-
-/// The index in `nodes` of a replica of `nodes[master]` that is online.
-pub fn replica_of(nodes: &[RedisServer], master: usize) -> usize {
-    let mut replica = None;
-    assert!(
-        eventually(Duration::from_secs(10), || {
-            let ports = online_replicas(&nodes[master]);
-            replica = nodes.iter().position(|n| ports.contains(&n.port()));
-            replica.is_some()
-        }),
-        "node {master} has no online replica"
-    );
-    replica.unwrap_or_default()
-}
-
-/// `GET key` on a replica, as a replica answers it: a cluster replica redirects reads unless
-/// the connection says `READONLY` first (a plain replica accepts it too).
-pub fn get_on_replica(replica: &RedisServer, key: &str) -> Option<String> {
-    let mut conn = replica.conn();
-    let _: redis::RedisResult<()> = redis::cmd("READONLY").query(&mut conn);
-    redis::cmd("GET")
-        .arg(key)
-        .query(&mut conn)
-        .expect("GET on the replica")
 }
