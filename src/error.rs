@@ -857,6 +857,13 @@ fn explain_backend(
             };
             write!(f, "Redis is busy during {op}: {why}")
         }
+        BackendErrorKind::TooFewReplicas => write!(
+            f,
+            "too few replicas acknowledged {what} in time ({}), so a failover could lose it; it \
+             does not count (a granted lock was released); check the replicas (`INFO \
+             replication` on the master) or lower `ConnectionOptions::wait_for_replicas`",
+            source.detail().unwrap_or("no detail")
+        ),
         _ => {
             write!(f, "the cache backend failed during {op}")?;
             if !code.is_empty() {
@@ -947,6 +954,7 @@ fn namespace_of(key: &str) -> Option<&str> {
 /// | [`RefusedPermission`](Self::RefusedPermission) | `NOPERM`, `NOAUTH`, `WRONGPASS` | the error, at once | 500 |
 /// | [`RefusedRole`](Self::RefusedRole) | `READONLY`, `MASTERDOWN` | the error, at once | 500 |
 /// | [`WrongType`](Self::WrongType) | `WRONGTYPE` | the error, at once | 500 |
+/// | [`TooFewReplicas`](Self::TooFewReplicas) | `WAIT` counted fewer replicas than [`ConnectionOptions::wait_for_replicas`](crate::ConnectionOptions::wait_for_replicas) asks | computes without the cache | 503, `Retry-After` |
 /// | [`Other`](Self::Other) | anything else | computes without the cache | 503, `Retry-After` |
 ///
 /// Why, in `docs/guarantees.md` (What a Redis error means).
@@ -968,6 +976,12 @@ pub enum BackendErrorKind {
     /// One of the cache's keys holds another Redis type (`WRONGTYPE`): something else writes
     /// in the namespace.
     WrongType,
+    /// A lock or fencing write was carried out, but fewer replicas than
+    /// [`ConnectionOptions::wait_for_replicas`](crate::ConnectionOptions::wait_for_replicas)
+    /// asks acknowledged it within its timeout, so a failover could lose it. A granted lock was
+    /// released again; the message says how many replicas answered. A replica is down, cut
+    /// off or lagging (`INFO replication` on the master).
+    TooFewReplicas,
     /// Any other failure (an unexpected reply, an unknown error code).
     Other,
 }
@@ -998,12 +1012,13 @@ impl BackendErrorKind {
             BackendErrorKind::Unreachable
                 | BackendErrorKind::Busy
                 | BackendErrorKind::OutOfMemory
+                | BackendErrorKind::TooFewReplicas
                 | BackendErrorKind::Other
         )
     }
 
     /// A short name for logs and metric labels: `unreachable`, `refused-permission`,
-    /// `refused-role`, `out-of-memory`, `busy`, `wrong-type`, `other`.
+    /// `refused-role`, `out-of-memory`, `busy`, `wrong-type`, `too-few-replicas`, `other`.
     pub fn as_str(self) -> &'static str {
         match self {
             BackendErrorKind::Unreachable => "unreachable",
@@ -1012,6 +1027,7 @@ impl BackendErrorKind {
             BackendErrorKind::OutOfMemory => "out-of-memory",
             BackendErrorKind::Busy => "busy",
             BackendErrorKind::WrongType => "wrong-type",
+            BackendErrorKind::TooFewReplicas => "too-few-replicas",
             BackendErrorKind::Other => "other",
         }
     }

@@ -8,6 +8,7 @@
 //! - `store.rs`: [`RedisStore`], the store operations over the data connection;
 //! - `cluster.rs`: the lazy Redis Cluster connection;
 //! - `pubsub.rs`: wake-up subscriptions, counted per channel;
+//! - `replicas.rs`: lock and fencing writes that wait for replicas (`WAIT`);
 //! - `scripts.rs` and `scripts/`: the Lua scripts, each beside the typed call that builds its
 //!   KEYS and ARGV and reads its reply;
 //! - `feed.rs`: the near tier's invalidation feed;
@@ -26,6 +27,7 @@ mod eviction;
 mod feed;
 mod mget;
 mod pubsub;
+mod replicas;
 mod scripts;
 mod store;
 

@@ -26,6 +26,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// | [`response_timeout`](Self::response_timeout) | 5 s | one command's answer; a hung server becomes [`Error::Backend`](crate::Error::Backend) |
 /// | [`reconnect_retries`](Self::reconnect_retries) | 2 | attempts after the first failed one, with a jittered exponential delay of at most 500 ms in between; a cluster keeps its own command retries (they also follow redirections during a failover) |
 /// | [`coalesce_reads`](Self::coalesce_reads) | on | concurrent single-key reads of one cache go out as one `MGET` while another is out (a lone read is sent at once) |
+/// | [`wait_for_replicas`](Self::wait_for_replicas) | off | a granted lock, a renewal and a fencing bump count only once that many replicas acknowledged them (`WAIT`) |
 ///
 /// While no connection can be made, each call fails with [`Error::Backend`](crate::Error::Backend), and each failure
 /// costs `1 + reconnect_retries` attempts: the first call makes them itself; after a failure one
@@ -60,6 +61,18 @@ pub struct ConnectionOptions {
     pub(crate) response_timeout: Duration,
     pub(crate) reconnect_retries: usize,
     pub(crate) coalesce_reads: bool,
+    /// Lock and fencing writes wait for this many replicas (`None`: off).
+    pub(crate) wait_for_replicas: Option<ReplicaAcks>,
+}
+
+/// How many replicas must acknowledge a lock or fencing write, and how long the master waits
+/// for them ([`ConnectionOptions::wait_for_replicas`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaAcks {
+    /// At least 1: zero turns the option off.
+    pub(crate) replicas: usize,
+    /// At least 1 ms (`WAIT` reads 0 as "for ever") and at most [`MAX_TIMEOUT`].
+    pub(crate) timeout: Duration,
 }
 
 impl Default for ConnectionOptions {
@@ -71,6 +84,7 @@ impl Default for ConnectionOptions {
             response_timeout: Duration::from_secs(5),
             reconnect_retries: 2,
             coalesce_reads: true,
+            wait_for_replicas: None,
         }
     }
 }
@@ -109,6 +123,59 @@ impl ConnectionOptions {
     pub fn coalesce_reads(mut self, coalesce: bool) -> Self {
         self.coalesce_reads = coalesce;
         self
+    }
+
+    /// Makes lock writes failover-safe, as far as Redis replication can (off by default): every
+    /// lock acquisition that grants, every lease renewal and every fencing-counter bump is
+    /// followed by `WAIT replicas timeout` on the same connection, and counts only if at least
+    /// `replicas` replicas acknowledged it. A granted acquisition that falls short is released
+    /// at once and fails with [`Error::Backend`](crate::Error::Backend) of kind
+    /// [`TooFewReplicas`](crate::BackendErrorKind::TooFewReplicas) (a cache treats it as any
+    /// backend error, by its [`OnBackendError`](crate::OnBackendError)); a renewal that falls
+    /// short does not move the lease on (the heartbeat retries); releases and value writes
+    /// never wait. Applies to a cache's per-key locks, [`Lock`](crate::Lock),
+    /// [`Leader`](crate::leader::Leader) and, per node, [`Redlock`](crate::Redlock) (a node counts
+    /// toward the majority only once its own replicas acknowledged). `replicas` 0 turns it
+    /// off; the timeout counts at least 1 ms (`WAIT 0` would block for ever) and at most
+    /// 24 hours, and is added to [`response_timeout`](Self::response_timeout) for these
+    /// writes.
+    ///
+    /// What it buys and what it does not (Redis' own words: `WAIT` does not make Redis strongly
+    /// consistent): a failover that promotes a replica that acknowledged keeps the lock, but a
+    /// failover may still promote one that did not, and a write acknowledged by every replica
+    /// is lost if they all fail together. The writes go over a connection of their own,
+    /// because `WAIT` holds the connection it is sent on until it returns. Explained in
+    /// `docs/cluster-and-redlock.md` (Failover-safe locks).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let options = stampede_guard::ConnectionOptions::default()
+    ///     .wait_for_replicas(1, Duration::from_millis(100));
+    /// assert_eq!(
+    ///     options.get_wait_for_replicas(),
+    ///     Some((1, Duration::from_millis(100)))
+    /// );
+    /// let off = options.wait_for_replicas(0, Duration::from_millis(100));
+    /// assert_eq!(off.get_wait_for_replicas(), None);
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.wait_for_replicas = (replicas > 0).then(|| ReplicaAcks {
+            replicas,
+            timeout: timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT),
+        });
+        self
+    }
+
+    /// The replicas lock writes wait for and the longest wait, or `None` when they do not wait
+    /// (the default).
+    ///
+    /// ```
+    /// let options = stampede_guard::ConnectionOptions::default();
+    /// assert_eq!(options.get_wait_for_replicas(), None);
+    /// ```
+    pub fn get_wait_for_replicas(&self) -> Option<(usize, Duration)> {
+        self.wait_for_replicas
+            .map(|acks| (acks.replicas, acks.timeout))
     }
 
     /// Whether reads are coalesced.
@@ -161,6 +228,15 @@ impl ConnectionOptions {
             .set_max_delay(Duration::from_millis(500))
     }
 
+    /// The settings of the connection that carries the writes that wait for replicas: as
+    /// [`manager_config`](Self::manager_config), with the answer awaited `WAIT`'s timeout
+    /// longer, so a `WAIT` that runs its course is answered rather than cut off (cut off, the
+    /// script's own answer would be lost with it).
+    pub(crate) fn waited_manager_config(&self, acks: ReplicaAcks) -> ConnectionManagerConfig {
+        self.manager_config()
+            .set_response_timeout(Some(self.response_timeout.saturating_add(acks.timeout)))
+    }
+
     /// The settings of a connection that is made anew rather than resumed (the near tier's
     /// feed): only the time-outs, since its owner reconnects by itself.
     pub(crate) fn async_config(&self) -> AsyncConnectionConfig {
@@ -176,6 +252,17 @@ impl ConnectionOptions {
         ClusterClientBuilder::new(seeds.iter().map(String::as_str))
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.response_timeout)
+    }
+
+    /// [`cluster_builder`](Self::cluster_builder) for the writes that wait for replicas (see
+    /// [`waited_manager_config`](Self::waited_manager_config)).
+    pub(crate) fn waited_cluster_builder(
+        &self,
+        seeds: &[String],
+        acks: ReplicaAcks,
+    ) -> ClusterClientBuilder {
+        self.cluster_builder(seeds)
+            .response_timeout(self.response_timeout.saturating_add(acks.timeout))
     }
 }
 

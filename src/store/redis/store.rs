@@ -16,6 +16,7 @@ use super::connection::ConnectionOptions;
 use super::eviction::Answered;
 use super::mget;
 use super::pubsub::PubSub;
+use super::replicas::{Acks, ReplicaWait};
 use super::scripts::{
     self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
     RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall,
@@ -68,6 +69,9 @@ pub(crate) struct RedisStore<C> {
     per_slot: bool,
     /// Concurrent single-key reads, coalesced into one `MGET` ([`ConnectionOptions::coalesce_reads`]).
     coalescer: Option<Arc<Coalescer>>,
+    /// Lock and fencing writes wait for replicas over this connection
+    /// ([`ConnectionOptions::wait_for_replicas`]); `None`: they do not wait.
+    replicas: Option<ReplicaWait<C>>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -93,6 +97,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             near_channel: String::new(),
             per_slot: false,
             coalescer: None,
+            replicas: None,
         }
     }
 
@@ -135,7 +140,14 @@ impl RedisStore<ConnectionManager> {
             ConnectionManager::new_lazy_with_config(client.clone(), connection.manager_config())?;
         let pubsub = PubSub::connect(&client, connection)?;
         let db = client.get_connection_info().redis_settings().db();
-        Ok(RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)).coalescing(connection))
+        let mut store =
+            RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)).coalescing(connection);
+        if let Some(acks) = connection.wait_for_replicas {
+            let config = connection.waited_manager_config(acks);
+            let waited = ConnectionManager::new_lazy_with_config(client, config)?;
+            store.replicas = Some(ReplicaWait::new(waited, acks));
+        }
+        Ok(store)
     }
 
     /// The suffix of this store's channels (its database), for the near tier's feed.
@@ -157,6 +169,10 @@ impl RedisStore<LazyCluster> {
         // A cluster has database 0 only.
         let mut store = RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new());
         store.per_slot = true;
+        if let Some(acks) = connection.wait_for_replicas {
+            let waited = connection.waited_cluster_builder(seeds, acks).build()?;
+            store.replicas = Some(ReplicaWait::new(LazyCluster::new(waited), acks));
+        }
         Ok(store.coalescing(connection))
     }
 }
@@ -232,6 +248,45 @@ where
     /// because a call needs it mutable).
     async fn run<S: ScriptCall>(&self, call: S) -> StoreResult<S::Reply> {
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
+    }
+
+    /// Runs a lock or fencing write: followed by `WAIT` on the replicas' connection when writes
+    /// wait for replicas (see [`replicas`](super::replicas)), else as [`run`](Self::run) does.
+    async fn run_acked<S: ScriptCall>(&self, call: S) -> StoreResult<(S::Reply, Acks)> {
+        match &self.replicas {
+            Some(replicas) => replicas.run(self.scripts, call).await,
+            None => Ok((self.run(call).await?, Ok(()))),
+        }
+    }
+
+    /// A lock granted to `token` that too few replicas acknowledged: released, so that nobody
+    /// holds a lock a failover could lose. Best effort: if the release fails too, the lease
+    /// running out frees it.
+    async fn release_unacked(&self, keys: &EntryKeys, token: &str) {
+        if let Err(e) = self.unlock(keys, token).await {
+            tracing::warn!(key = %keys.user, error = %e, "could not release a lock that too few replicas acknowledged; it expires with its lease");
+        }
+    }
+
+    /// The answers of one read-or-lock-many request whose replicas fell `short`: each lock it
+    /// granted is released and fails with `short`; values and held locks stand (they wrote
+    /// nothing).
+    async fn release_unacked_many(
+        &self,
+        entries: &[(&EntryKeys, &str, bool)],
+        answers: Vec<StoreResult<ReadOrLock>>,
+        short: &StoreError,
+    ) -> Vec<StoreResult<ReadOrLock>> {
+        let mut out = Vec::with_capacity(answers.len());
+        for ((keys, token, _), answer) in entries.iter().zip(answers) {
+            if let Ok(ReadOrLock::Acquired { .. }) = answer {
+                self.release_unacked(keys, token).await;
+                out.push(Err(short.clone().about(&keys.value)));
+            } else {
+                out.push(answer);
+            }
+        }
+        out
     }
 
     /// The value of `keys` and the epochs `names`, read with the other single-key reads that
@@ -339,7 +394,16 @@ where
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(self.run(ExtendCall { keys, token, lease }))
+        Box::pin(async move {
+            // A renewal too few replicas acknowledged does not count: the holder's lease is
+            // not moved on (its heartbeat retries), since a failover could bring back the
+            // older expiry.
+            let (extended, acks) = self.run_acked(ExtendCall { keys, token, lease }).await?;
+            if extended {
+                acks?;
+            }
+            Ok(extended)
+        })
     }
 
     fn unlock<'a>(
@@ -383,7 +447,11 @@ where
         keys: &'a EntryKeys,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<u64>> {
-        Box::pin(self.run(NextFenceCall { keys, lease }))
+        Box::pin(async move {
+            // A fence a failover could hand out again is no fence.
+            let (fence, acks) = self.run_acked(NextFenceCall { keys, lease }).await?;
+            acks.map(|()| fence)
+        })
     }
 
     fn raise_fence<'a>(
@@ -392,7 +460,12 @@ where
         floor: u64,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(self.run(RaiseFenceCall { keys, floor, lease }))
+        Box::pin(async move {
+            let ((), acks) = self
+                .run_acked(RaiseFenceCall { keys, floor, lease })
+                .await?;
+            acks
+        })
     }
 }
 
@@ -426,12 +499,22 @@ where
         lease: Duration,
         read_value: bool,
     ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        Box::pin(self.run(ReadOrLockCall {
-            keys,
-            token,
-            lease,
-            read_value,
-        }))
+        Box::pin(async move {
+            let call = ReadOrLockCall {
+                keys,
+                token,
+                lease,
+                read_value,
+            };
+            match self.run_acked(call).await? {
+                (ReadOrLock::Acquired { .. }, Err(short)) => {
+                    self.release_unacked(keys, token).await;
+                    Err(short)
+                }
+                // A value read or a lock found held wrote nothing: no replica needs it.
+                (answer, _) => Ok(answer),
+            }
+        })
     }
 
     fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
@@ -532,14 +615,19 @@ where
         Box::pin(async move {
             let groups = self.script_requests(entries, |(keys, _, _)| keys);
             let calls = groups.iter().map(|group| async move {
+                let chunk: Vec<_> = group.iter().map(|&i| entries[i]).collect();
                 let call = ReadOrLockManyCall {
-                    entries: group.iter().map(|&i| entries[i]).collect(),
+                    entries: chunk.clone(),
                     lease,
                 };
-                // A failed call fails each of its entries.
-                self.run(call)
-                    .await
-                    .unwrap_or_else(|e| vec![Err(e); group.len()])
+                match self.run_acked(call).await {
+                    Ok((answers, Ok(()))) => answers,
+                    Ok((answers, Err(short))) => {
+                        self.release_unacked_many(&chunk, answers, &short).await
+                    }
+                    // A failed call fails each of its entries.
+                    Err(e) => vec![Err(e); group.len()],
+                }
             });
             let answers = join_all(calls.collect()).await;
             let mut out: Vec<Option<StoreResult<ReadOrLock>>> = vec![None; entries.len()];

@@ -1,0 +1,242 @@
+//! Failover-safe locks (`ConnectionOptions::wait_for_replicas`) on real replicas: a master with
+//! one replica, and the 3+3 cluster. With the option on, a granted lock is on a replica when
+//! the acquisition returns; with the replica stopped (SIGSTOP) the acquisition fails with
+//! `BackendErrorKind::TooFewReplicas` within the timeout and leaves no lock behind; with the
+//! option off nothing waits.
+
+/// The shared helpers this file uses, one module each (tests/support/).
+mod support {
+    pub mod cluster;
+    pub mod commandstats;
+    pub mod poll;
+    pub mod replica;
+    pub mod replicated;
+    pub mod server;
+    pub mod signal;
+}
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use stampede_guard::{BackendErrorKind, Cache, ConnectionOptions, Error, Lock, LockGuard};
+use support::cluster::RedisCluster;
+use support::commandstats::{commands_since_reset, reset_command_stats};
+use support::replica::{get_on_replica, replica_of};
+use support::replicated::Replicated;
+use support::server::RedisServer;
+use support::signal::signal;
+
+/// The longest a replica may take to acknowledge, in the tests that stop it.
+const WAIT: Duration = Duration::from_millis(200);
+/// A bound that only a hang would reach: the failing calls must end well within it.
+const NO_HANG: Duration = Duration::from_secs(10);
+
+fn waiting() -> ConnectionOptions {
+    ConnectionOptions::default().wait_for_replicas(1, WAIT)
+}
+
+/// A replica stopped with SIGSTOP, resumed (SIGCONT) when dropped, so a failed assertion does
+/// not leave it stopped until the test's servers are killed.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(server: &RedisServer) -> Self {
+        let pid = server.pid().expect("the replica runs");
+        signal(pid, "STOP");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+async fn lock_on(urls: Target<'_>, name: &str, connection: ConnectionOptions) -> Lock {
+    let builder = Lock::builder(name).namespace("failover");
+    let builder = match urls {
+        Target::Server(server) => builder.redis_url(server.url()),
+        Target::Cluster(cluster) => builder.redis_cluster(cluster.urls()),
+    };
+    builder
+        .connection(connection)
+        .build()
+        .await
+        .expect("a lock")
+}
+
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    Server(&'a RedisServer),
+    Cluster(&'a RedisCluster),
+}
+
+/// Acquires `lock` while `replica` is stopped, resuming it from another thread a moment later:
+/// the acquisition must not return before the resume (it waits for the replica's
+/// acknowledgement), and then the lock is on the replica.
+async fn acquire_across_a_pause(lock: &Lock, replica: &RedisServer) -> LockGuard {
+    let resumed = Arc::new(AtomicBool::new(false));
+    let stopped = Stopped::stop(replica);
+    let resume = std::thread::spawn({
+        let resumed = Arc::clone(&resumed);
+        move || {
+            std::thread::sleep(Duration::from_millis(300));
+            resumed.store(true, Ordering::SeqCst);
+            drop(stopped);
+        }
+    });
+    let guard = lock.try_acquire().await.expect("acquired").expect("free");
+    assert!(
+        resumed.load(Ordering::SeqCst),
+        "the acquisition returned while the replica was stopped: it did not wait for it"
+    );
+    resume.join().expect("the resuming thread");
+    guard
+}
+
+fn expect_too_few_replicas(result: Result<impl std::fmt::Debug, Error>) {
+    match result {
+        Err(e) => assert_eq!(
+            e.backend_kind(),
+            Some(BackendErrorKind::TooFewReplicas),
+            "{e}"
+        ),
+        Ok(held) => panic!("acquired without the replica's acknowledgement: {held:?}"),
+    }
+}
+
+fn exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<i64>(&mut server.conn())
+        .expect("EXISTS")
+        == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_replicated_server_a_granted_lock_is_on_the_replica_when_acquire_returns() {
+    let servers = Replicated::start();
+    let timeout = ConnectionOptions::default().wait_for_replicas(1, Duration::from_secs(5));
+    let lock = lock_on(Target::Server(&servers.master), "report", timeout).await;
+    let guard = acquire_across_a_pause(&lock, &servers.replica).await;
+    let token = get_on_replica(&servers.replica, "failover:{report}_lock");
+    assert!(token.is_some(), "the lock key is on the replica");
+    let fence = get_on_replica(&servers.replica, "failover:{report}_fence");
+    assert_eq!(fence, Some(guard.fencing_token().to_string()));
+    guard.release().await.expect("released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_replica_stopped_an_acquisition_fails_and_leaves_no_lock() {
+    let servers = Replicated::start();
+    let lock = lock_on(Target::Server(&servers.master), "report", waiting()).await;
+    let stopped = Stopped::stop(&servers.replica);
+    let attempt = tokio::time::timeout(NO_HANG, lock.try_acquire()).await;
+    expect_too_few_replicas(attempt.expect("the acquisition ends within its timeout"));
+    assert!(
+        !exists(&servers.master, "failover:{report}_lock"),
+        "the unacknowledged lock was released"
+    );
+    drop(stopped);
+    // The replica back, the same lock is granted.
+    let guard = lock.try_acquire().await.expect("acquired").expect("free");
+    guard.release().await.expect("released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_replica_stopped_a_renewal_fails_and_the_lock_stays() {
+    let servers = Replicated::start();
+    let lock = lock_on(Target::Server(&servers.master), "report", waiting()).await;
+    let guard = lock.try_acquire().await.expect("acquired").expect("free");
+    let stopped = Stopped::stop(&servers.replica);
+    let renewal = tokio::time::timeout(NO_HANG, guard.extend()).await;
+    expect_too_few_replicas(renewal.expect("the renewal ends within its timeout"));
+    // Not given up: the lock is still ours, with the lease it had.
+    assert!(exists(&servers.master, "failover:{report}_lock"));
+    drop(stopped);
+    assert!(guard
+        .extend()
+        .await
+        .expect("renewed once the replica is back"));
+    guard.release().await.expect("released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_whose_replica_is_stopped_fails_a_miss_by_its_backend_policy() {
+    let servers = Replicated::start();
+    let cache = Cache::builder()
+        .redis_url(servers.master.url())
+        .namespace("failover")
+        .connection(waiting())
+        .build()
+        .await
+        .expect("a cache");
+    let computed = Arc::new(AtomicBool::new(false));
+    let stopped = Stopped::stop(&servers.replica);
+    let call = cache.get_or_compute("2019-05", Duration::from_secs(60), {
+        let computed = Arc::clone(&computed);
+        move || async move {
+            computed.store(true, Ordering::SeqCst);
+            Ok::<_, String>(1u64)
+        }
+    });
+    expect_too_few_replicas(tokio::time::timeout(NO_HANG, call).await.expect("ends"));
+    assert!(
+        !computed.load(Ordering::SeqCst),
+        "computed without the lock"
+    );
+    assert!(!exists(&servers.master, "failover:{2019-05}_lock"));
+    drop(stopped);
+    let value: u64 = cache
+        .get_or_compute("2019-05", Duration::from_secs(60), || async {
+            Ok::<_, String>(2)
+        })
+        .await
+        .expect("computed under the lock once the replica is back");
+    assert_eq!(value, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_option_off_nothing_waits() {
+    let servers = Replicated::start();
+    let lock = lock_on(
+        Target::Server(&servers.master),
+        "report",
+        ConnectionOptions::default(),
+    )
+    .await;
+    let _stopped = Stopped::stop(&servers.replica);
+    reset_command_stats(&servers.master);
+    let guard = lock.try_acquire().await.expect("acquired").expect("free");
+    assert!(guard.extend().await.expect("renewed"));
+    guard.release().await.expect("released");
+    let commands = commands_since_reset(&servers.master);
+    assert!(commands.contains_key("evalsha"), "{commands:?}");
+    assert!(!commands.contains_key("wait"), "{commands:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_wait_goes_to_the_slot_master_and_its_replica_has_the_lock() {
+    let cluster = RedisCluster::start();
+    let master = cluster.master_of("failover:{report}");
+    let replica = replica_of(&cluster.nodes, master);
+    let timeout = ConnectionOptions::default().wait_for_replicas(1, Duration::from_secs(5));
+    let lock = lock_on(Target::Cluster(&cluster), "report", timeout).await;
+    let guard = acquire_across_a_pause(&lock, &cluster.nodes[replica]).await;
+    let token = get_on_replica(&cluster.nodes[replica], "failover:{report}_lock");
+    assert!(
+        token.is_some(),
+        "the lock key is on the slot master's replica"
+    );
+    guard.release().await.expect("released");
+
+    // The replica stopped: the acquisition fails and leaves no lock on the master.
+    let waiting = lock_on(Target::Cluster(&cluster), "report", waiting()).await;
+    let stopped = Stopped::stop(&cluster.nodes[replica]);
+    let attempt = tokio::time::timeout(NO_HANG, waiting.try_acquire()).await;
+    expect_too_few_replicas(attempt.expect("the acquisition ends within its timeout"));
+    assert!(!exists(&cluster.nodes[master], "failover:{report}_lock"));
+    drop(stopped);
+}
