@@ -16,40 +16,19 @@
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod bench;
+    pub mod near_ready;
     pub mod server;
-    pub use {bench::*, server::*};
+    pub mod server_info;
+    pub use {bench::*, near_ready::*, server::*, server_info::*};
 }
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use stampede_guard::{Cache, NearCacheOptions, TrackingState};
-use support::RedisServer;
+use stampede_guard::{Cache, NearCacheOptions};
+use support::{server_counters as counters, RedisServer};
 
 const WRITES: usize = 2_000;
 const TTL: Duration = Duration::from_secs(600);
-
-/// The server's counters that a write moves.
-#[derive(Debug, Clone, Copy)]
-struct Counters {
-    commands: f64,
-    bytes_out: f64,
-    cpu_seconds: f64,
-}
-
-fn counters(conn: &mut redis::Connection) -> Counters {
-    let info: String = redis::cmd("INFO").arg("all").query(conn).expect("INFO");
-    let field = |name: &str| -> f64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("INFO has no {name}"))
-    };
-    Counters {
-        commands: field("total_commands_processed:"),
-        bytes_out: field("total_net_output_bytes:"),
-        cpu_seconds: field("used_cpu_user:") + field("used_cpu_sys:"),
-    }
-}
 
 async fn instance(url: &str, tracking: bool) -> Cache {
     Cache::builder()
@@ -63,25 +42,6 @@ async fn instance(url: &str, tracking: bool) -> Cache {
         .build()
         .await
         .expect("a cache")
-}
-
-/// Waits until every instance's feed is subscribed (and tracking, if asked).
-async fn ready(fleet: &[Cache], tracking: bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    for cache in fleet {
-        loop {
-            let health = cache.health().await;
-            let tracked = !tracking || health.near_tracking == Some(TrackingState::On);
-            if health.near_feed_proven == Some(true) && tracked {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "a feed never came up: {health:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 }
 
 /// Runs `writes` and prints what they cost the server, per write.
@@ -114,7 +74,7 @@ async fn fleet_of(server: &RedisServer, instances: usize, tracking: bool) {
     for _ in 0..instances {
         fleet.push(instance(&url, tracking).await);
     }
-    ready(&fleet, tracking).await;
+    support::wait_for_near_feeds(&fleet, tracking).await;
     let writer = &fleet[0];
     let mut conn = server.conn();
     let mode = if tracking {
