@@ -362,6 +362,7 @@ mod guide {
         NearCache = "near-cache.md";
         Observability = "observability.md";
         Outages = "outages.md";
+        PastOneRedis = "past-one-redis.md";
         Performance = "performance.md";
         Readme = "README.md";
         Security = "security.md";
