@@ -197,6 +197,54 @@ where
     }
 }
 
+/// The keys of one `MGET`: every read's value key and epochs, each once, in order.
+struct Keys<'r> {
+    names: Vec<&'r str>,
+    /// Where each name went, once there are too many to search.
+    at: Option<HashMap<&'r str, usize>>,
+}
+
+/// Up to this many keys a linear search finds a name faster than hashing it.
+const SEARCHED: usize = 16;
+
+impl<'r> Keys<'r> {
+    fn of(reads: &'r [Read]) -> Self {
+        let mut keys = Keys {
+            names: Vec::new(),
+            at: None,
+        };
+        let all = reads.iter().map(|read| read.value.as_str()).chain(
+            reads
+                .iter()
+                .flat_map(|read| read.names.iter().map(String::as_str)),
+        );
+        for name in all {
+            if keys.position(name).is_none() {
+                keys.names.push(name);
+                if let Some(at) = &mut keys.at {
+                    at.insert(name, keys.names.len() - 1);
+                } else if keys.names.len() > SEARCHED {
+                    keys.at = Some(
+                        keys.names
+                            .iter()
+                            .enumerate()
+                            .map(|(i, n)| (*n, i))
+                            .collect(),
+                    );
+                }
+            }
+        }
+        keys
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        match &self.at {
+            Some(at) => at.get(name).copied(),
+            None => self.names.iter().position(|held| *held == name),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,53 +307,5 @@ mod tests {
             coalescer.enqueue(fourth).is_some(),
             "nothing out again: send at once"
         );
-    }
-}
-
-/// The keys of one `MGET`: every read's value key and epochs, each once, in order.
-struct Keys<'r> {
-    names: Vec<&'r str>,
-    /// Where each name went, once there are too many to search.
-    at: Option<HashMap<&'r str, usize>>,
-}
-
-/// Up to this many keys a linear search finds a name faster than hashing it.
-const SEARCHED: usize = 16;
-
-impl<'r> Keys<'r> {
-    fn of(reads: &'r [Read]) -> Self {
-        let mut keys = Keys {
-            names: Vec::new(),
-            at: None,
-        };
-        let all = reads.iter().map(|read| read.value.as_str()).chain(
-            reads
-                .iter()
-                .flat_map(|read| read.names.iter().map(String::as_str)),
-        );
-        for name in all {
-            if keys.position(name).is_none() {
-                keys.names.push(name);
-                if let Some(at) = &mut keys.at {
-                    at.insert(name, keys.names.len() - 1);
-                } else if keys.names.len() > SEARCHED {
-                    keys.at = Some(
-                        keys.names
-                            .iter()
-                            .enumerate()
-                            .map(|(i, n)| (*n, i))
-                            .collect(),
-                    );
-                }
-            }
-        }
-        keys
-    }
-
-    fn position(&self, name: &str) -> Option<usize> {
-        match &self.at {
-            Some(at) => at.get(name).copied(),
-            None => self.names.iter().position(|held| *held == name),
-        }
     }
 }
