@@ -44,12 +44,20 @@
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
 //! could not read is a finding of rule (b), whose evidence (the fence) it lacks.
+//!
+//! On a cluster that fails over (docs/guarantees.md, "When the cluster fails over"), some
+//! findings are the documented price of asynchronous replication, and are counted by kind
+//! ([`documented`]) instead of passing silently or failing the run: a finding of rule (a) or
+//! (b) whose earlier event the replay proves lost with the old master (a [`Rollback`] lists
+//! the bumps the new master never had: an acquisition lost there hands its token out again),
+//! and lock sections that overlap across a failover of their key's master. They carry the
+//! rule's letter in upper case and their kind in brackets.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::{
-    parse_value, raised_by, BumpCause, Call, Change, Compute, Ending, Epoch, History, Outcome,
-    Pause, Raise, Section, ServerEvent, Violation, Write,
+    epoch_tag, parse_value, raised_by, BumpCause, Call, Change, Compute, Ending, Epoch, History,
+    Outcome, Pause, Raise, Rollback, Section, ServerEvent, Violation, Write,
 };
 
 /// The error kinds a call may end with under faults; anything else is a bug.
@@ -107,8 +115,66 @@ pub const TESTS: &[(&str, fn())] = &[
     ),
 ];
 
-/// Every rule's findings, rule by rule.
+/// Every rule's findings, rule by rule: the violations (the documented kinds of a failover
+/// are counted apart, by [`documented`]).
 pub fn check(h: &History) -> Vec<Violation> {
+    findings(h)
+        .into_iter()
+        .filter(|f| f.rule.is_ascii_lowercase())
+        .collect()
+}
+
+/// The findings a cluster's failovers may cause, as docs/guarantees.md states them ("When the
+/// cluster fails over"): each proven by the replay or the controller's record, counted by kind.
+pub fn documented(h: &History) -> Vec<Violation> {
+    findings(h)
+        .into_iter()
+        .filter(|f| f.rule.is_ascii_uppercase())
+        .collect()
+}
+
+/// The documented findings by kind (the bracketed label that starts each).
+pub fn documented_kinds(found: &[Violation]) -> BTreeMap<String, usize> {
+    let mut kinds = BTreeMap::new();
+    for f in found {
+        let kind = f
+            .detail
+            .strip_prefix('[')
+            .and_then(|d| d.split_once(']'))
+            .map_or("unlabelled", |(kind, _)| kind);
+        *kinds
+            .entry(format!("({}) {kind}", f.rule.to_ascii_lowercase()))
+            .or_default() += 1;
+    }
+    kinds
+}
+
+/// A documented finding of `rule` (upper case), of `kind`.
+fn documented_finding(rule: char, kind: &str, detail: String) -> Violation {
+    violation(rule.to_ascii_uppercase(), format!("[{kind}] {detail}"))
+}
+
+/// The tokens a failover handed out again, by key: the acquisitions the replay proves lost
+/// with an old master ([`Rollback::lost`]), whose token the new master's counter hands out once
+/// more.
+fn reissued_tokens(h: &History) -> HashSet<(&str, u64)> {
+    h.server
+        .iter()
+        .filter_map(|e| match e {
+            ServerEvent::Rollback(r) => Some(r),
+            _ => None,
+        })
+        .flat_map(|r: &Rollback| {
+            r.lost
+                .iter()
+                .filter(|(_, what)| *what == "acquisition")
+                .map(|(token, _)| (r.key.as_str(), *token))
+        })
+        .collect()
+}
+
+/// Every rule's findings, violations and documented kinds alike.
+fn findings(h: &History) -> Vec<Violation> {
     [
         accepted_computations_never_overlap(h),
         lock_sections_never_overlap(h),
@@ -158,13 +224,31 @@ fn accepted_computations_never_overlap(h: &History) -> Vec<Violation> {
             ));
         }
     }
+    let reissued = reissued_tokens(h);
     let mut out = Vec::new();
     for (key, spans) in &mut by_key {
         for (a, b) in overlaps(spans, |_, _| false) {
-            out.push(violation(
-                'a',
-                format!("key {key}: accepted critical sections overlap: {a} and {b}"),
-            ));
+            let detail = format!("key {key}: accepted critical sections overlap: {a} and {b}");
+            // Both under one token that a failover handed out twice.
+            let token = |label: &str| {
+                label
+                    .split(" token ")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            match (token(&a), token(&b)) {
+                (Some(ta), Some(tb)) if ta == tb && reissued.contains(&(key, ta)) => {
+                    out.push(documented_finding(
+                        'a',
+                        "two holders of a token reissued after a failover",
+                        detail,
+                    ))
+                }
+                _ => out.push(violation('a', detail)),
+            }
         }
     }
     out
@@ -208,11 +292,28 @@ fn lock_sections_never_overlap(h: &History) -> Vec<Violation> {
                     name == lock && *seen >= from && *seen <= b.0 + notification_slack_us
                 })
         };
+        // On a cluster: a failover of the lock key's master can lose it (asynchronous
+        // replication), as a restart does; counted, not passed silently.
+        let failed_over = |a: &(u64, u64, String), b: &(u64, u64, String)| {
+            let asked_a = asked.get(&a.2).copied().unwrap_or(a.0);
+            let asked_b = asked.get(&b.2).copied().unwrap_or(b.0);
+            let from = asked_a.min(asked_b);
+            h.failovers.iter().any(|f| f.covers(lock, from, b.0))
+        };
         for (a, b) in overlaps(spans, lock_lost) {
-            out.push(violation(
-                'a',
-                format!("lock {lock}: critical sections overlap: {a} and {b}"),
-            ));
+            let detail = format!("lock {lock}: critical sections overlap: {a} and {b}");
+            let (sa, sb) = (
+                spans.iter().find(|s| s.2 == a),
+                spans.iter().find(|s| s.2 == b),
+            );
+            match (sa, sb) {
+                (Some(sa), Some(sb)) if failed_over(sa, sb) => out.push(documented_finding(
+                    'a',
+                    "lock lost in a failover of its master",
+                    detail,
+                )),
+                _ => out.push(violation('a', detail)),
+            }
         }
     }
     out
@@ -222,6 +323,10 @@ fn lock_sections_never_overlap(h: &History) -> Vec<Violation> {
 /// acquisition (`None` for an invalidation or a `set`) and its name.
 type LastBump = (Option<u64>, &'static str);
 
+/// The name of a counter's state after a failover that the replay could not prove (no bump it
+/// saw matches the new master's counter): no write can be matched against it.
+const FAILED_OVER: &str = "failover";
+
 /// Each server event with what last bumped its key's counter before it, in the server's order
 /// (a restart forgets every counter): the evidence of rules (b) and (c).
 fn with_last_bump(h: &History) -> Vec<(&ServerEvent, Option<LastBump>)> {
@@ -229,7 +334,7 @@ fn with_last_bump(h: &History) -> Vec<(&ServerEvent, Option<LastBump>)> {
     let mut out = Vec::new();
     for e in &h.server {
         let key = match e {
-            ServerEvent::Life(_) | ServerEvent::Raise(_) => None,
+            ServerEvent::Life(_) | ServerEvent::Raise(_) | ServerEvent::Rollback(_) => None,
             ServerEvent::Acquire { key, .. }
             | ServerEvent::Bump { key, .. }
             | ServerEvent::Delete { key }
@@ -239,6 +344,15 @@ fn with_last_bump(h: &History) -> Vec<(&ServerEvent, Option<LastBump>)> {
         out.push((e, key.and_then(|k| last_bump.get(k).copied())));
         match e {
             ServerEvent::Life(_) => last_bump.clear(),
+            // After a failover the counter is what the new master had: its last bump that the
+            // replay saw, or, unproven, a state no write can be matched against.
+            ServerEvent::Rollback(r) => {
+                let state = match (r.to, r.survivor) {
+                    (Some(_), Some(survivor)) if !r.reseeded => survivor,
+                    _ => (None, FAILED_OVER),
+                };
+                last_bump.insert(&r.key, state);
+            }
             ServerEvent::Acquire { key, token } => {
                 last_bump.insert(key, (Some(*token), "acquisition"));
             }
@@ -264,8 +378,25 @@ fn tokens_only_increase(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut last_write: HashMap<&str, u64> = HashMap::new();
     let mut last_acquire: HashMap<&str, u64> = HashMap::new();
+    let reissued = reissued_tokens(h);
     for (e, last_bump) in with_last_bump(h) {
         match e {
+            ServerEvent::Rollback(r) => {
+                // The new master goes on from its own counter: what the old one handed out
+                // above it is no longer a bound (lost), and an unproven start bounds nothing.
+                for last in [&mut last_write, &mut last_acquire] {
+                    match r.to.filter(|_| !r.reseeded) {
+                        Some(to) => {
+                            if let Some(prev) = last.get_mut(r.key.as_str()) {
+                                *prev = (*prev).min(to);
+                            }
+                        }
+                        None => {
+                            last.remove(r.key.as_str());
+                        }
+                    }
+                }
+            }
             ServerEvent::Acquire { key, token } => {
                 if let Some(prev) = last_acquire.get(key.as_str()) {
                     if token <= prev {
@@ -289,19 +420,34 @@ fn tokens_only_increase(h: &History) -> Vec<Violation> {
                 }
                 if let Some(prev) = last_write.get(w.key.as_str()) {
                     if w.token <= *prev {
-                        out.push(violation(
-                            'b',
-                            format!(
-                                "key {}: write with token {} accepted after one with {}",
-                                w.key, w.token, prev
-                            ),
-                        ));
+                        let detail = format!(
+                            "key {}: write with token {} accepted after one with {}",
+                            w.key, w.token, prev
+                        );
+                        if w.token == *prev && reissued.contains(&(w.key.as_str(), w.token)) {
+                            out.push(documented_finding(
+                                'b',
+                                "a second write under a token reissued after a failover",
+                                detail,
+                            ));
+                        } else {
+                            out.push(violation('b', detail));
+                        }
                     }
                 }
                 last_write.insert(&w.key, w.token);
                 match last_bump {
                     Some((Some(t), _)) if t == w.token => {}
                     Some((_, "invalidation")) => {}
+                    Some((_, FAILED_OVER)) => out.push(documented_finding(
+                        'b',
+                        "a write after a failover the replay could not prove",
+                        format!(
+                            "key {}: write with token {} accepted by a new master whose counter \
+                             at the switch is unknown",
+                            w.key, w.token
+                        ),
+                    )),
                     Some((other, what)) => out.push(violation(
                         'b',
                         format!(
@@ -347,7 +493,7 @@ fn no_write_after_an_invalidation(h: &History) -> Vec<Violation> {
                 _ => {}
             },
             ServerEvent::Delete { key } => match last_bump {
-                Some((Some(_), "acquisition")) => {}
+                Some((Some(_), "acquisition")) | Some((_, FAILED_OVER)) => {}
                 other => out.push(violation(
                     'c',
                     format!("key {key}: a fenced delete accepted after a newer bump ({other:?})"),
@@ -363,6 +509,7 @@ fn no_write_after_an_invalidation(h: &History) -> Vec<Violation> {
 /// gets a higher token.
 fn later_requests_get_higher_tokens(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
+    let reissued = reissued_tokens(h);
     let mut by_lock: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
     for s in &h.sections {
         by_lock.entry(&s.lock).or_default().push(s);
@@ -380,13 +527,19 @@ fn later_requests_get_higher_tokens(h: &History) -> Vec<Violation> {
                 .max();
             if let Some(max) = earlier_max {
                 if s.token <= max {
-                    out.push(violation(
-                        'b',
-                        format!(
-                            "lock {lock}: {}#{} asked after token {max} was granted but got {}",
-                            s.instance, s.id, s.token
-                        ),
-                    ));
+                    let detail = format!(
+                        "lock {lock}: {}#{} asked after token {max} was granted but got {}",
+                        s.instance, s.id, s.token
+                    );
+                    if reissued.contains(&(lock, s.token)) {
+                        out.push(documented_finding(
+                            'b',
+                            "a token reissued after a failover lost its acquisition",
+                            detail,
+                        ));
+                    } else {
+                        out.push(violation('b', detail));
+                    }
                 }
             }
             granted.push((s.start_us, s.token));
@@ -798,6 +951,9 @@ fn tag_verdicts(h: &History) -> Vec<(&Call, Verdict<'_>)> {
     // Whether `epoch` was lost on the server between `from` and `to`.
     let lost = |epoch: &Epoch, from: u64, to: u64| {
         h.restarts_us.iter().any(|at| (from..=to).contains(at))
+            || h.failovers
+                .iter()
+                .any(|f| f.covers(&epoch_tag(epoch), from, to))
             || h.epoch_evictions.iter().any(|(seen, evicted)| {
                 evicted == epoch && (from..=to + notification_slack_us).contains(seen)
             })
@@ -1129,6 +1285,7 @@ fn good_history() -> History {
         ],
         value_evictions: vec![],
         epoch_evictions: vec![],
+        failovers: vec![],
     }
 }
 

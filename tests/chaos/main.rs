@@ -31,6 +31,7 @@
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod clock;
+    pub mod cluster;
     pub mod poll;
     pub mod process;
     pub mod proxy;
@@ -42,6 +43,8 @@ mod support {
 }
 
 mod checker;
+mod cluster;
+mod fences;
 mod history;
 mod replay;
 
@@ -566,6 +569,10 @@ fn chaos_run() {
         .ok()
         .map(|v| v.parse().expect("STAMPEDE_CHAOS_SEED is a number"))
         .unwrap_or(7);
+    // The cluster schedule (tests/chaos/cluster.rs).
+    if std::env::var("STAMPEDE_CHAOS_CLUSTER").is_ok_and(|v| v == "1") {
+        return cluster::cluster_run(rounds, seed);
+    }
     let began = Instant::now();
     let tmp = tempfile::tempdir().expect("a temp dir for the history");
     let dir = tmp.path().to_path_buf();
@@ -1193,6 +1200,16 @@ fn read_worker_log(
     h.sections.extend(sections.into_values());
 }
 
+/// Refuses `STAMPEDE_CHAOS_WAIT_REPLICAS=1` until the worker's builder wires the option it
+/// stands for (see `worker`): a run that claims it waited for replicas must have.
+fn wait_for_replicas_wired() {
+    assert!(
+        !std::env::var("STAMPEDE_CHAOS_WAIT_REPLICAS").is_ok_and(|v| v == "1"),
+        "STAMPEDE_CHAOS_WAIT_REPLICAS=1: the crate has no option to wait for replicas yet; \
+         wire it in the worker's builder (tests/chaos/main.rs, `worker`) when it lands"
+    );
+}
+
 // =============================================================================================
 // The workers.
 
@@ -1298,7 +1315,11 @@ fn worker(role: &str) -> Result<(), String> {
         let options = CallOptions::default()
             .lease(LEASE)
             .wait_timeout(WAIT_TIMEOUT);
+        // The cluster schedule passes the seed nodes, comma-separated, and runs no near tier
+        // (tests/chaos/cluster.rs).
+        let cluster = url.contains(',');
         let near_ms: Option<u64> = match var("CHAOS_NEAR_MS")?.as_str() {
+            _ if cluster => None,
             "" => None,
             ms => Some(ms.parse().map_err(|e| format!("CHAOS_NEAR_MS: {e}"))?),
         };
@@ -1307,10 +1328,18 @@ fn worker(role: &str) -> Result<(), String> {
             (None, _) | (_, "") => None,
             (Some(_), ms) => Some(ms.parse().map_err(|e| format!("CHAOS_HELD_MS: {e}"))?),
         };
-        let mut builder = Cache::builder()
-            .redis_url(url.as_str())
-            .namespace(NAMESPACE)
-            .options(options);
+        let builder = if cluster {
+            Cache::builder().redis_cluster(url.split(','))
+        } else {
+            Cache::builder().redis_url(url.as_str())
+        };
+        let mut builder = builder.namespace(NAMESPACE).options(options);
+        // STAMPEDE_CHAOS_WAIT_REPLICAS=1: the one place to wire the option that makes lock and
+        // fencing writes wait for a replica (`WAIT 1 <timeout>`), once the crate has it; until
+        // then `wait_for_replicas_wired` refuses the variable.
+        if std::env::var("STAMPEDE_CHAOS_WAIT_REPLICAS").is_ok_and(|v| v == "1") {
+            return Err("STAMPEDE_CHAOS_WAIT_REPLICAS is not wired yet".to_string());
+        }
         if let Some(ms) = near_ms {
             let mut near = NearCacheOptions::new(1_000).max_staleness(Duration::from_millis(ms));
             if let Some(held) = held_ms {

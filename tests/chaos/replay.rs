@@ -5,10 +5,9 @@
 //! crate's own decoder (`stampede_guard::__private`), so that a change of the format changes
 //! the replay with it; bytes it refuses are an [`ServerEvent::Unreadable`] write.
 
-use std::collections::HashMap;
-
 use stampede_guard::__private::{entry_key, epoch_key, read_stored, stored_bytes, KeyKind};
 
+use crate::fences::Fences;
 use crate::history::{parse_value, BumpCause, Change, Epoch, Raise, ServerEvent, Write};
 use crate::NAMESPACE;
 
@@ -108,7 +107,7 @@ fn outside_write(
     life: u32,
     args: &[Vec<u8>],
     at_us: u64,
-    counters: &mut HashMap<String, u64>,
+    counters: &mut Fences,
     events: &mut Vec<ServerEvent>,
     changes: &mut Vec<Change>,
 ) {
@@ -123,7 +122,7 @@ fn outside_write(
             keys.sort();
             keys.dedup();
             changes.extend(keys.into_iter().map(|k| gone(k, at_us)));
-            counters.clear();
+            counters.clear(events);
             events.push(ServerEvent::Life(life));
         }
         [cmd, key, rest @ ..] => {
@@ -268,13 +267,13 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
 pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>, Vec<Change>) {
     let mut events = vec![ServerEvent::Life(life)];
     let mut changes = Vec::new();
-    let mut counters: HashMap<String, u64> = HashMap::new();
+    let mut counters = Fences::default();
     let mut script: Vec<Vec<Vec<u8>>> = Vec::new();
     // When the current script ran.
     let mut script_at = 0u64;
     let flush = |script: &mut Vec<Vec<Vec<u8>>>,
                  at_us: u64,
-                 counters: &mut HashMap<String, u64>,
+                 counters: &mut Fences,
                  events: &mut Vec<ServerEvent>,
                  changes: &mut Vec<Change>| {
         // A batch's script (a read-or-lock or an invalidation of many keys) works on several
@@ -299,7 +298,8 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                 None => entries.push((entry, vec![args])),
             }
         }
-        for (_, commands) in entries {
+        for (entry, commands) in entries {
+            counters.script_of(&entry, at_us, events);
             replay_script(namespace, counters, commands, at_us, events, changes);
         }
         for (epoch, commands) in epochs {
@@ -307,6 +307,26 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
         }
     };
     for line in lines {
+        // A cluster's merged log says which node the scripts that follow ran on, and which
+        // entries a migration moves (see `fences.rs`); a server's own log has neither.
+        if let Some(marker) = cluster_marker(line) {
+            flush(
+                &mut script,
+                script_at,
+                &mut counters,
+                &mut events,
+                &mut changes,
+            );
+            match marker {
+                Marker::Node(node) => counters.on_node(node),
+                Marker::Moving(node, entries) => {
+                    for entry in entries {
+                        counters.moving(entry, node);
+                    }
+                }
+            }
+            continue;
+        }
         // Anything but a script command (a client's command, or the `C` that stands for one)
         // ends the script before it.
         match parse_monitor_line(line) {
@@ -353,7 +373,7 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
 /// `set`), a fenced delete, a write, and the change of value it made.
 fn replay_script(
     namespace: &str,
-    counters: &mut HashMap<String, u64>,
+    counters: &mut Fences,
     script: Vec<Vec<Vec<u8>>>,
     at_us: u64,
     events: &mut Vec<ServerEvent>,
@@ -382,13 +402,11 @@ fn replay_script(
                 if bumped.as_ref().is_some_and(|(k, _)| *k == entry) {
                     bumped = Some((entry.clone(), seed));
                 }
-                counters.insert(entry, seed);
+                counters.seed(&entry, seed, events);
             }
             (b"INCR", KeyKind::Fence) => {
-                // A counter the replay has not seen (or that lapsed) starts at 1, as in Redis.
-                let n = counters.entry(entry.clone()).or_insert(0);
-                *n += 1;
-                bumped = Some((entry, *n));
+                let n = counters.incr(&entry);
+                bumped = Some((entry, n));
             }
             (b"SET", KeyKind::Lock) => locked = true,
             (b"DEL", KeyKind::Value) => deleted = Some(entry),
@@ -405,19 +423,26 @@ fn replay_script(
         _ => None,
     };
     if let Some((key, n)) = bumped {
-        if locked {
-            events.push(ServerEvent::Acquire { key, token: n });
+        let what = if locked {
+            events.push(ServerEvent::Acquire {
+                key: key.clone(),
+                token: n,
+            });
+            (Some(n), "acquisition")
         } else if deleted.is_some() {
             events.push(ServerEvent::Bump {
-                key,
+                key: key.clone(),
                 cause: BumpCause::Invalidate,
             });
+            (None, "invalidation")
         } else {
             events.push(ServerEvent::Bump {
-                key,
+                key: key.clone(),
                 cause: BumpCause::Set,
             });
-        }
+            (None, "set")
+        };
+        counters.record(&key, events.len() - 1, Some(what));
     } else if let Some(key) = deleted {
         // A delete without a bump: the fenced delete of a failed refresh.
         events.push(ServerEvent::Delete { key });
@@ -447,25 +472,50 @@ fn replay_script(
             value: Some(value.clone()),
         });
         let parts = parse_value(&value);
+        // Judged by what was written, not by the script's shape, so that a script that
+        // skipped its fence check is still held to the rules of a computed write.
+        let computed = parts.as_ref().is_none_or(|p| p.computed);
+        counters.record(&key, events.len(), None);
         events.push(ServerEvent::Write(Write {
-            counter: counters.get(&key).copied(),
-            // Judged by what was written, not by the script's shape, so that a script that
-            // skipped its fence check is still held to the rules of a computed write.
-            computed: parts.as_ref().is_none_or(|p| p.computed),
+            counter: counters.get(&key),
+            computed,
             token: parts.map(|p| p.token).unwrap_or(0),
-            key,
+            key: key.clone(),
             fence,
             value,
             born,
             tags,
             at_us,
         }));
+        if computed {
+            // The store script wrote it only while the counter equalled its fence.
+            counters.written(&key, fence, events);
+        }
     } else if let Some(key) = changed {
         changes.push(Change {
             key,
             at_us,
             value: None,
         });
+    }
+}
+
+/// A line of a cluster's merged log that is no command (see `fences.rs`).
+enum Marker<'l> {
+    /// `N <node>`: the script lines that follow ran on this node.
+    Node(u32),
+    /// `M <node> <entry>...`: a migration moves these entries to this node.
+    Moving(u32, Vec<&'l str>),
+}
+
+fn cluster_marker(line: &str) -> Option<Marker<'_>> {
+    let mut words = line.split(' ');
+    let kind = words.next()?;
+    let node: u32 = words.next()?.parse().ok()?;
+    match kind {
+        "N" => Some(Marker::Node(node)),
+        "M" => Some(Marker::Moving(node, words.collect())),
+        _ => None,
     }
 }
 
