@@ -56,8 +56,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::{
-    epoch_tag, parse_value, raised_by, BumpCause, Call, Change, Compute, Ending, Epoch, History,
-    Outcome, Pause, Raise, Rollback, Section, ServerEvent, Violation, Write,
+    epoch_tag, parse_value, raised_by, BumpCause, Call, Change, Compute, Ending, Epoch,
+    FailoverWindow, History, Outcome, Pause, Raise, Rollback, Section, ServerEvent, Violation,
+    Write,
 };
 
 /// The error kinds a call may end with under faults; anything else is a bug.
@@ -112,6 +113,10 @@ pub const TESTS: &[(&str, fn())] = &[
     (
         "checker_rule_h_holds_the_server_to_the_invalidations",
         checker_rule_h_holds_the_server_to_the_invalidations,
+    ),
+    (
+        "checker_counts_what_a_failover_may_break_and_nothing_else",
+        checker_counts_what_a_failover_may_break_and_nothing_else,
     ),
 ];
 
@@ -1900,4 +1905,102 @@ fn checker_rule_h_holds_the_server_to_the_invalidations() {
     };
     w.born = 5_000;
     assert_eq!(check(&h), vec![]);
+}
+
+/// On a cluster: a token handed out twice because the failover lost its first acquisition
+/// (the replay's [`Rollback`] lists it) makes two accepted holders and two writes under one
+/// token: counted as documented kinds, not violations; the same history without that proof is
+/// two violations. Lock sections that overlap across a failover of their key's master are
+/// counted; across a failover of another master they are a violation. A write under an
+/// acquisition the new master may not have (its counter at the switch unproven) is counted.
+fn checker_counts_what_a_failover_may_break_and_nothing_else() {
+    let compute = |instance: &str, start_us, end_us| Compute {
+        instance: instance.into(),
+        key: "k0".into(),
+        token: 10,
+        start_us,
+        end_us,
+        value: value("k0", 10, instance),
+    };
+    let rollback = |to: Option<u64>, lost: Vec<(u64, &'static str)>| {
+        ServerEvent::Rollback(Rollback {
+            key: "k0".into(),
+            at_us: 20_000,
+            to,
+            reseeded: false,
+            from: Some(10),
+            lost,
+            survivor: to.map(|t| (Some(t), "acquisition")),
+        })
+    };
+    let acquire = |token| ServerEvent::Acquire {
+        key: "k0".into(),
+        token,
+    };
+    let reissued = |lost: Vec<(u64, &'static str)>| History {
+        computes: vec![compute("a", 5_000, 25_000), compute("b", 20_000, 27_000)],
+        server: vec![
+            ServerEvent::Life(0),
+            acquire(9),
+            // a's acquisition on the old master, which the new master never had.
+            acquire(10),
+            rollback(Some(9), lost),
+            // b's, on the new master: the same token.
+            acquire(10),
+            write("k0", 10, "b", 28_000),
+            write("k0", 10, "a", 29_000),
+        ],
+        lease_ms: 400,
+        call_bound_us: 40_000,
+        ..History::default()
+    };
+    let h = reissued(vec![(10, "acquisition")]);
+    assert_eq!(check(&h), vec![]);
+    let kinds = documented_kinds(&documented(&h));
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        vec![
+            (
+                "(a) two holders of a token reissued after a failover".to_string(),
+                1
+            ),
+            (
+                "(b) a second write under a token reissued after a failover".to_string(),
+                1
+            ),
+        ]
+    );
+    let h = reissued(vec![]);
+    assert_eq!(rules(&check(&h)), HashSet::from(['a', 'b']));
+    assert_eq!(documented(&h), vec![]);
+
+    // Lock sections overlapping while their key's master failed over; another master's
+    // failover excuses nothing.
+    for (tags, excused) in [(vec!["L0"], true), (vec!["L1"], false)] {
+        let mut h = good_history();
+        h.sections[1].start_us = 800;
+        h.failovers.push(FailoverWindow {
+            from_us: 120,
+            to_us: 900,
+            kind: "master_kill".into(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+        });
+        assert_eq!(check(&h).is_empty(), excused, "{tags:?}");
+        assert_eq!(documented(&h).len(), usize::from(excused), "{tags:?}");
+    }
+
+    // A write after a switch whose counter the replay could not prove: counted.
+    let h = History {
+        server: vec![
+            ServerEvent::Life(0),
+            acquire(7),
+            rollback(None, vec![]),
+            write("k0", 7, "a", 29_000),
+        ],
+        lease_ms: 400,
+        call_bound_us: 40_000,
+        ..History::default()
+    };
+    assert_eq!(check(&h), vec![]);
+    assert_eq!(documented(&h).len(), 1);
 }

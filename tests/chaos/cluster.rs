@@ -49,6 +49,10 @@ const KEY_TAGS: &[&str] = &[
 /// The entries whose slot the migration fault moves (the hot ones: the cache's keys and the
 /// locks).
 const MOVED_TAGS: &[&str] = &["k0", "k1", "k2", "L0", "L1", "leader"];
+/// The probe of a fencing counter (see `Nodes::probe_counters`; read by `replay.rs`).
+const PROBE: &str = "local v = redis.call('GET', KEYS[1]) or '0'
+redis.call('ECHO', 'probe ' .. KEYS[1] .. ' ' .. v)
+return v";
 /// How long a killed master stays down before it is restarted (ms): past the node timeout and
 /// the election, so that its replica has taken over.
 const KILLED_MS: std::ops::Range<u64> = 2500..5000;
@@ -475,6 +479,7 @@ impl Nodes {
                 }
             }
             Fault::Failover if self.cluster.is_settled() => {
+                self.probe_counters();
                 o.window.to_us = now_us();
                 let _ = writeln!(log, "{} settled {}", now_us(), o.window.kind);
                 failovers.push(o.window);
@@ -483,6 +488,29 @@ impl Nodes {
             _ => {}
         }
         Some(o)
+    }
+
+    /// Reads every hot entry's fencing counter inside its master, in a script that prints it
+    /// to MONITOR (`ECHO "probe <key> <value>"`): the replay's proof of the counter a new
+    /// master went on from, for the entries no cache write follows (the locks, the leader).
+    fn probe_counters(&self) {
+        let Some(view) = self.view(None) else {
+            return;
+        };
+        for tag in MOVED_TAGS {
+            let slot = self.slots[tag];
+            let master = view
+                .iter()
+                .find(|n| n.master && n.slots.iter().any(|(lo, hi)| (lo..=hi).contains(&&slot)));
+            let conn = master.and_then(|m| self.cluster.node_conn(m.index, ms(2000)));
+            if let Some(mut conn) = conn {
+                let _: redis::RedisResult<redis::Value> = redis::cmd("EVAL")
+                    .arg(PROBE)
+                    .arg(1)
+                    .arg(format!("{NAMESPACE}:{{{tag}}}_fence"))
+                    .query(&mut conn);
+            }
+        }
     }
 
     /// The history of the run: the workers' logs, the merged server log replayed, the lock

@@ -157,11 +157,26 @@ impl Fences {
     /// the counter equals it: if the entry's counter after a failover was not yet known, it is
     /// now, and so are the bumps the old master made above it.
     pub fn written(&mut self, entry: &str, fence: u64, events: &mut [ServerEvent]) {
+        self.resolve(entry, fence, events);
+    }
+
+    /// The controller read the counter inside the server (a probe script, run once the cluster
+    /// settled after a failover: the only proof for a lock's entry, which no cache write
+    /// follows). A counter that is gone proves nothing: the next bump seeds it.
+    pub fn probed(&mut self, entry: &str, value: u64, events: &mut [ServerEvent]) {
+        if value > 0 {
+            self.resolve(entry, value, events);
+        }
+    }
+
+    /// The entry's counter is `now` at this point of the log: if its start after a switch was
+    /// not yet known, it is the value minus the bumps counted since.
+    fn resolve(&mut self, entry: &str, now: u64, events: &mut [ServerEvent]) {
         let Some(pending) = self.pending.remove(entry) else {
             return;
         };
         let counted = self.get(entry).unwrap_or(0);
-        let Some(start) = fence.checked_sub(counted) else {
+        let Some(start) = now.checked_sub(counted) else {
             // Not a counter this replay can explain: left unproven.
             return;
         };
@@ -172,7 +187,7 @@ impl Fences {
                 _ => {}
             }
         }
-        self.counters.insert(entry.to_string(), fence);
+        self.counters.insert(entry.to_string(), now);
         let log = self.bumps.entry(entry.to_string()).or_default();
         let lost: Vec<(u64, &'static str)> = log
             .iter()

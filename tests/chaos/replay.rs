@@ -8,7 +8,7 @@
 use stampede_guard::__private::{entry_key, epoch_key, read_stored, stored_bytes, KeyKind};
 
 use crate::fences::Fences;
-use crate::history::{parse_value, BumpCause, Change, Epoch, Raise, ServerEvent, Write};
+use crate::history::{parse_value, BumpCause, Change, Epoch, Raise, Rollback, ServerEvent, Write};
 use crate::NAMESPACE;
 
 /// The replay's tests, run by the binary's `main` (the chaos test has its own harness).
@@ -24,6 +24,10 @@ pub const TESTS: &[(&str, fn())] = &[
     (
         "monitor_replay_reads_the_clock_and_the_raised_epochs",
         monitor_replay_reads_the_clock_and_the_raised_epochs,
+    ),
+    (
+        "monitor_replay_follows_the_counters_across_a_clusters_nodes",
+        monitor_replay_follows_the_counters_across_a_clusters_nodes,
     ),
 ];
 
@@ -283,6 +287,7 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
         let mut entries: Vec<(String, Vec<Vec<Vec<u8>>>)> = Vec::new();
         let mut epochs: Vec<(Epoch, Vec<Vec<Vec<u8>>>)> = Vec::new();
         for args in script.drain(..) {
+            let args = probe_as_command(args);
             if let Some(epoch) = epoch_of_command(namespace, &args) {
                 match epochs.iter_mut().find(|(e, _)| *e == epoch) {
                     Some((_, commands)) => commands.push(args),
@@ -409,6 +414,14 @@ fn replay_script(
                 bumped = Some((entry, n));
             }
             (b"SET", KeyKind::Lock) => locked = true,
+            (b"PROBE", KeyKind::Fence) => {
+                let value = rest
+                    .first()
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                counters.probed(&entry, value, events);
+            }
             (b"DEL", KeyKind::Value) => deleted = Some(entry),
             (b"SET", KeyKind::Value) => {
                 written = Some((entry, rest.first().cloned().unwrap_or_default()))
@@ -498,6 +511,21 @@ fn replay_script(
             value: None,
         });
     }
+}
+
+/// What the cluster schedule's probe of a fencing counter printed (`ECHO "probe <fence key>
+/// <value>"` in its script, after the `GET`; see `cluster.rs`), as a command of the entry:
+/// `PROBE <fence key> <value>`. Any other command as it is.
+fn probe_as_command(args: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    if let [cmd, message] = args.as_slice() {
+        if cmd.eq_ignore_ascii_case(b"ECHO") {
+            let words: Vec<&[u8]> = message.split(|b| *b == b' ').collect();
+            if let [b"probe", key, value] = words.as_slice() {
+                return vec![b"PROBE".to_vec(), key.to_vec(), value.to_vec()];
+            }
+        }
+    }
+    args
 }
 
 /// A line of a cluster's merged log that is no command (see `fences.rs`).
@@ -833,4 +861,109 @@ fn monitor_replay_reads_the_clock_and_the_raised_epochs() {
     ] {
         assert_eq!(epoch_name(NAMESPACE, key), None, "{key}");
     }
+}
+
+/// A cluster's merged log (`N <node>` before each script, `M <node> <entry>` for a migration):
+/// node 0 seeds k0's counter at 100 and grants 101; a failover puts k0 on node 1, which grants
+/// a token the replay counts from 0 until node 1 accepts a computed write with fence 101: the
+/// counter was 100 at the switch, so node 0's 101 was lost, and node 1's acquisition is patched
+/// to 101. A migration to node 2 carries the counter (no switch); a switch with no write after
+/// it stays unproven, one whose counter was gone is reseeded, and one the controller's probe
+/// reads the counter of after it is proven by the probe.
+fn monitor_replay_follows_the_counters_across_a_clusters_nodes() {
+    let acquire = |at: &str, seed: Option<&str>| {
+        let mut lines = vec![
+            format!(r#"{at} [0 lua] "SET" "chaos:{{k0}}_lock" "t" "NX" "PX" "400""#),
+            format!(r#"{at} [0 lua] "INCR" "chaos:{{k0}}_fence""#),
+        ];
+        if let Some(seed) = seed {
+            lines.push(format!(r#"{at} [0 lua] "TIME""#));
+            lines.push(format!(
+                r#"{at} [0 lua] "SET" "chaos:{{k0}}_fence" "{seed}" "PX" "800""#
+            ));
+        }
+        lines
+    };
+    let v = "V|k0|101|w1.1|1|-";
+    let mut lines: Vec<String> = vec!["N 0".into()];
+    lines.extend(acquire("1.0", Some("100")));
+    lines.extend(["C".into(), "N 0".into()]);
+    lines.extend(acquire("2.0", None));
+    lines.extend(["C".into(), "N 1".into()]);
+    lines.extend(acquire("3.0", None));
+    lines.extend(["C".into(), "N 1".into()]);
+    lines.push(r#"4.0 [0 lua] "GET" "chaos:{k0}_fence""#.into());
+    lines.push(format!(
+        r#"4.1 [0 lua] "SET" "chaos:{{k0}}" "{}" "PX" "900""#,
+        monitor_envelope(101, (0, &[]), v)
+    ));
+    lines.extend(["C".into(), "M 2 k0".into(), "N 2".into()]);
+    lines.extend(acquire("5.0", None));
+    // A failover to node 3 that nothing proves, then one to node 4 whose counter was gone.
+    lines.extend(["C".into(), "N 3".into()]);
+    lines.extend(acquire("6.0", None));
+    lines.extend(["C".into(), "N 4".into()]);
+    lines.extend(acquire("7.0", Some("900")));
+    // A failover to node 5, proven by the controller's probe of the counter (901 after one
+    // bump there: it went on from 900).
+    lines.extend(["C".into(), "N 5".into()]);
+    lines.extend(acquire("8.0", None));
+    lines.extend([
+        "C".into(),
+        "N 5".into(),
+        r#"9.0 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
+        r#"9.1 [0 lua] "ECHO" "probe chaos:{k0}_fence 901""#.into(),
+    ]);
+    let (events, _) = replay(NAMESPACE, 0, &lines);
+    let acquired = |token| ServerEvent::Acquire {
+        key: "k0".into(),
+        token,
+    };
+    let rollback = |at_us, to, reseeded, from, lost: Vec<(u64, &'static str)>, survivor| {
+        ServerEvent::Rollback(Rollback {
+            key: "k0".into(),
+            at_us,
+            to,
+            reseeded,
+            from,
+            lost,
+            survivor,
+        })
+    };
+    let ServerEvent::Write(written) = &events[5] else {
+        panic!("a write after the switch: {events:?}");
+    };
+    assert_eq!((written.fence, written.counter), (101, Some(101)));
+    assert_eq!(
+        events,
+        vec![
+            ServerEvent::Life(0),
+            acquired(100),
+            acquired(101),
+            rollback(
+                3_000_000,
+                Some(100),
+                false,
+                Some(101),
+                vec![(101, "acquisition")],
+                Some((Some(100), "acquisition"))
+            ),
+            acquired(101),
+            events[5].clone(),
+            acquired(102),
+            rollback(6_000_000, None, false, Some(102), vec![], None),
+            acquired(1),
+            rollback(7_000_000, None, true, None, vec![], None),
+            acquired(900),
+            rollback(
+                8_000_000,
+                Some(900),
+                false,
+                Some(900),
+                vec![],
+                Some((Some(900), "acquisition"))
+            ),
+            acquired(901),
+        ]
+    );
 }
