@@ -22,9 +22,11 @@
 //! section goes into a history that the faults cannot corrupt (`history.rs`), which is then
 //! checked (`checker.rs`, the rules; `replay.rs` reads the server's side back).
 //!
-//! `cargo test --test chaos` runs a short seeded version (400 rounds);
+//! `cargo test --test chaos` runs a short seeded version (400 rounds), and a short run of the
+//! cluster schedule (200 rounds, `cluster.rs`);
 //! `STAMPEDE_CHAOS_ROUNDS=10000 cargo test --release --test chaos` the long one;
-//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule.
+//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule; `STAMPEDE_CHAOS_CLUSTER=1` makes
+//! `chaos_run` run the cluster schedule instead.
 
 #[path = "../support"]
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
@@ -107,7 +109,13 @@ fn main() {
     let tests: Vec<(&str, fn())> = [checker::TESTS, replay::TESTS]
         .concat()
         .into_iter()
-        .chain([("chaos_run_has_no_violation", chaos_run as fn())])
+        .chain([
+            ("chaos_run_has_no_violation", chaos_run as fn()),
+            (
+                "chaos_cluster_run_has_no_violation",
+                cluster::short_cluster_run as fn(),
+            ),
+        ])
         .collect();
     support::run_child_or_tests("chaos", &tests, worker);
 }
