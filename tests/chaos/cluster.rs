@@ -210,30 +210,7 @@ pub fn cluster_run(rounds: u64, seed: u64) {
     let sink = RedisServer::start();
     let seeds = nodes.cluster.urls().join(",");
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut c = Controller {
-        dir: dir.clone(),
-        proxy_urls: [seeds.clone(), seeds],
-        sink_url: sink.url(),
-        seed,
-        slots: (0..WORKERS)
-            .map(|_| Slot {
-                worker: None,
-                instance: String::new(),
-                generation: 0,
-                paused_since: None,
-                resume_at: None,
-                respawn_at: None,
-            })
-            .collect(),
-        faults: BTreeMap::new(),
-        pauses: Vec::new(),
-        endings: Vec::new(),
-        restarts_us: Vec::new(),
-        instances: Vec::new(),
-    };
-    for i in 0..WORKERS {
-        c.spawn(i);
-    }
+    let mut c = Controller::on_cluster(&dir, seeds, sink.url(), seed);
     let mut fault_log = BufWriter::new(File::create(dir.join("faults.log")).expect("faults.log"));
     let mut failovers = Vec::new();
     let mut open: Option<Open> = None;
@@ -302,35 +279,11 @@ impl Nodes {
         let (kind, fault, master, target) = match dice {
             20..25 => {
                 let replica = replicas[rng.random_range(0..replicas.len())];
-                let force = dice >= 23;
-                let Some(master) = masters
-                    .iter()
-                    .find(|m| replica.master_id.as_deref() == Some(m.id.as_str()))
+                let Some((kind, fault, master)) = self.ask_failover(replica, &masters, dice >= 23)
                 else {
                     return (None, String::new());
                 };
-                let mut cmd = redis::cmd("CLUSTER");
-                cmd.arg("FAILOVER");
-                if force {
-                    cmd.arg("FORCE");
-                }
-                let sent = self
-                    .cluster
-                    .node_conn(replica.index, Duration::from_secs(2))
-                    .map(|mut conn| cmd.query::<()>(&mut conn));
-                if !matches!(sent, Some(Ok(()))) {
-                    return (None, String::new());
-                }
-                let kind = if force {
-                    "cluster_failover_force"
-                } else {
-                    "cluster_failover"
-                };
-                let fault = Fault::Asked {
-                    replica: replica.index,
-                    until: Instant::now() + Duration::from_secs(5),
-                };
-                (kind, fault, *master, format!("to node {}", replica.index))
+                (kind, fault, master, format!("to node {}", replica.index))
             }
             25..27 => {
                 let master = masters[rng.random_range(0..masters.len())];
@@ -383,6 +336,38 @@ impl Nodes {
             tags: self.tags_of(master),
         };
         (Some(Open { fault, window }), target)
+    }
+
+    /// Sends `CLUSTER FAILOVER` (`FORCE`) to `replica`: the fault's kind and state, and the
+    /// master it replaces, if the replica took the request.
+    fn ask_failover<'v>(
+        &self,
+        replica: &NodeView,
+        masters: &[&'v NodeView],
+        force: bool,
+    ) -> Option<(&'static str, Fault, &'v NodeView)> {
+        let master = masters
+            .iter()
+            .find(|m| replica.master_id.as_deref() == Some(m.id.as_str()))?;
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("FAILOVER");
+        if force {
+            cmd.arg("FORCE");
+        }
+        let mut conn = self
+            .cluster
+            .node_conn(replica.index, Duration::from_secs(2))?;
+        cmd.query::<()>(&mut conn).ok()?;
+        let kind = if force {
+            "cluster_failover_force"
+        } else {
+            "cluster_failover"
+        };
+        let fault = Fault::Asked {
+            replica: replica.index,
+            until: Instant::now() + Duration::from_secs(5),
+        };
+        Some((kind, fault, master))
     }
 
     /// Moves the slot of a hot key from its master to another one, under load. Returns what
@@ -631,6 +616,36 @@ fn ms(n: u64) -> Duration {
 }
 
 impl Controller {
+    /// The workers' controller on a cluster (`seeds`: its nodes' URLs, comma-separated, in the
+    /// place of the proxies' URL), its workers started.
+    fn on_cluster(dir: &Path, seeds: String, sink_url: String, seed: u64) -> Self {
+        let mut c = Controller {
+            dir: dir.to_path_buf(),
+            proxy_urls: [seeds.clone(), seeds],
+            sink_url,
+            seed,
+            slots: (0..WORKERS)
+                .map(|_| Slot {
+                    worker: None,
+                    instance: String::new(),
+                    generation: 0,
+                    paused_since: None,
+                    resume_at: None,
+                    respawn_at: None,
+                })
+                .collect(),
+            faults: BTreeMap::new(),
+            pauses: Vec::new(),
+            endings: Vec::new(),
+            restarts_us: Vec::new(),
+            instances: Vec::new(),
+        };
+        for i in 0..WORKERS {
+            c.spawn(i);
+        }
+        c
+    }
+
     /// Ends the worker faults that are due: pauses resumed, killed workers started again.
     fn end_worker_faults(&mut self, now: Instant) {
         for i in 0..WORKERS {
@@ -725,6 +740,51 @@ fn report(c: &Controller, h: &History, rounds: u64, seed: u64, took: Duration) {
     let count = |f: fn(&ServerEvent) -> bool| h.server.iter().filter(|e| f(e)).count();
     let accepted = count(|e| matches!(e, ServerEvent::Write(w) if w.computed));
     let acquisitions = count(|e| matches!(e, ServerEvent::Acquire { .. }));
+    let sections_ok = h
+        .sections
+        .iter()
+        .filter(|s| s.writes > 0 && s.accepted == s.writes)
+        .count();
+    let refused = h.sections.iter().filter(|s| s.accepted < s.writes).count();
+    let fault_total: u64 = c
+        .faults
+        .iter()
+        .filter(|(k, _)| ["kill", "stop", "failover", "migrate"].contains(k))
+        .map(|(_, n)| n)
+        .sum();
+    let documented = documented(h);
+    println!("chaos: cluster (3 masters, 3 replicas, node timeout {NODE_TIMEOUT_MS} ms): seed {seed}, {rounds} rounds in {took:.0?}");
+    println!("chaos: faults injected {fault_total}: {:?}", c.faults);
+    println!(
+        "chaos: calls completed {} ({outcomes:?}); worker processes {} ({} killed)",
+        calls_done.len(),
+        c.instances.len(),
+        c.endings.iter().filter(|e| e.killed).count()
+    );
+    println!(
+        "chaos: server: {acquisitions} lock acquisitions, {accepted} computed values accepted; \
+         {}; lock/leader sections: {} ({sections_ok} accepted by the fenced sink, {refused} \
+         refused)",
+        failover_figures(h),
+        h.sections.len()
+    );
+    println!(
+        "chaos: documented kinds {}: {:?}",
+        documented.len(),
+        documented_kinds(&documented)
+    );
+    for d in documented.iter().take(20) {
+        println!("  {d}");
+    }
+    let violations = check(h);
+    println!("chaos: violations {}", violations.len());
+    for v in violations.iter().take(50) {
+        println!("  {v}");
+    }
+}
+
+/// What the failovers did to the entries' counters, as the replay proved it.
+fn failover_figures(h: &History) -> String {
     let rollbacks: Vec<_> = h
         .server
         .iter()
@@ -751,51 +811,14 @@ fn report(c: &Controller, h: &History, rounds: u64, seed: u64, took: Duration) {
                 })
         })
         .count();
-    let sections_ok = h
-        .sections
-        .iter()
-        .filter(|s| s.writes > 0 && s.accepted == s.writes)
-        .count();
-    let refused = h.sections.iter().filter(|s| s.accepted < s.writes).count();
-    let fault_total: u64 = c
-        .faults
-        .iter()
-        .filter(|(k, _)| ["kill", "stop", "failover", "migrate"].contains(k))
-        .map(|(_, n)| n)
-        .sum();
-    let documented = documented(h);
-    println!("chaos: cluster (3 masters, 3 replicas, node timeout {NODE_TIMEOUT_MS} ms): seed {seed}, {rounds} rounds in {took:.0?}");
-    println!("chaos: faults injected {fault_total}: {:?}", c.faults);
-    println!(
-        "chaos: calls completed {} ({outcomes:?}); worker processes {} ({} killed)",
-        calls_done.len(),
-        c.instances.len(),
-        c.endings.iter().filter(|e| e.killed).count()
-    );
-    println!(
-        "chaos: server: {acquisitions} lock acquisitions, {accepted} computed values accepted; \
-         entries switched to another node by a failover {} ({proven} proven from the new \
+    format!(
+        "entries switched to another node by a failover {} ({proven} proven from the new \
          master's first write or the controller's probe, {reseeded} found their counter gone \
          and reseeded, {} unproven), bumps lost with an old master {lost:?} ({reissued} lost \
-         acquisitions whose token was handed out again); lock/leader sections: {} \
-         ({sections_ok} accepted by the fenced sink, {refused} refused)",
+         acquisitions whose token was handed out again)",
         rollbacks.len(),
         rollbacks.len() - proven - reseeded,
-        h.sections.len()
-    );
-    println!(
-        "chaos: documented kinds {}: {:?}",
-        documented.len(),
-        documented_kinds(&documented)
-    );
-    for d in documented.iter().take(20) {
-        println!("  {d}");
-    }
-    let violations = check(h);
-    println!("chaos: violations {}", violations.len());
-    for v in violations.iter().take(50) {
-        println!("  {v}");
-    }
+    )
 }
 
 /// The run must have done something worth checking.

@@ -1208,6 +1208,23 @@ fn read_worker_log(
     h.sections.extend(sections.into_values());
 }
 
+/// The worker's cache on `url`: one server (through a proxy), or a cluster (its seed nodes,
+/// comma-separated).
+fn backend(url: &str) -> Result<stampede_guard::CacheBuilder, String> {
+    let builder = if url.contains(',') {
+        Cache::builder().redis_cluster(url.split(','))
+    } else {
+        Cache::builder().redis_url(url)
+    };
+    // STAMPEDE_CHAOS_WAIT_REPLICAS=1: the one place to wire the option that makes lock and
+    // fencing writes wait for a replica (`WAIT 1 <timeout>`), once the crate has it; until then
+    // `wait_for_replicas_wired` refuses the variable.
+    if std::env::var("STAMPEDE_CHAOS_WAIT_REPLICAS").is_ok_and(|v| v == "1") {
+        return Err("STAMPEDE_CHAOS_WAIT_REPLICAS is not wired yet".to_string());
+    }
+    Ok(builder)
+}
+
 /// Refuses `STAMPEDE_CHAOS_WAIT_REPLICAS=1` until the worker's builder wires the option it
 /// stands for (see `worker`): a run that claims it waited for replicas must have.
 fn wait_for_replicas_wired() {
@@ -1336,18 +1353,7 @@ fn worker(role: &str) -> Result<(), String> {
             (None, _) | (_, "") => None,
             (Some(_), ms) => Some(ms.parse().map_err(|e| format!("CHAOS_HELD_MS: {e}"))?),
         };
-        let builder = if cluster {
-            Cache::builder().redis_cluster(url.split(','))
-        } else {
-            Cache::builder().redis_url(url.as_str())
-        };
-        let mut builder = builder.namespace(NAMESPACE).options(options);
-        // STAMPEDE_CHAOS_WAIT_REPLICAS=1: the one place to wire the option that makes lock and
-        // fencing writes wait for a replica (`WAIT 1 <timeout>`), once the crate has it; until
-        // then `wait_for_replicas_wired` refuses the variable.
-        if std::env::var("STAMPEDE_CHAOS_WAIT_REPLICAS").is_ok_and(|v| v == "1") {
-            return Err("STAMPEDE_CHAOS_WAIT_REPLICAS is not wired yet".to_string());
-        }
+        let mut builder = backend(&url)?.namespace(NAMESPACE).options(options);
         if let Some(ms) = near_ms {
             let mut near = NearCacheOptions::new(1_000).max_staleness(Duration::from_millis(ms));
             if let Some(held) = held_ms {

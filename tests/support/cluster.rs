@@ -176,6 +176,10 @@ impl RedisCluster {
 
 /// One node as `CLUSTER NODES` describes it.
 #[derive(Debug, Clone)]
+#[allow(
+    dead_code,
+    reason = "read only by the test binaries that drive a cluster's faults"
+)]
 pub struct NodeView {
     /// Its index in [`RedisCluster::nodes`].
     pub index: usize,
