@@ -44,12 +44,21 @@
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
 //! could not read is a finding of rule (b), whose evidence (the fence) it lacks.
+//!
+//! On a cluster that fails over (docs/guarantees.md, "When the cluster fails over"), some
+//! findings are the documented price of asynchronous replication, and are counted by kind
+//! ([`documented`]) instead of passing silently or failing the run: a finding of rule (a) or
+//! (b) whose earlier event the replay proves lost with the old master (a [`Rollback`] lists
+//! the bumps the new master never had: an acquisition lost there hands its token out again),
+//! and lock sections that overlap across a failover of their key's master. They carry the
+//! rule's letter in upper case and their kind in brackets.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::{
-    parse_value, raised_by, BumpCause, Call, Change, Compute, Ending, Epoch, History, Outcome,
-    Pause, Raise, Section, ServerEvent, Violation, Write,
+    epoch_tag, parse_value, raised_by, BumpCause, Call, Change, Compute, Ending, Epoch,
+    FailoverWindow, History, Outcome, Pause, Raise, Rollback, Section, ServerEvent, Violation,
+    Write,
 };
 
 /// The error kinds a call may end with under faults; anything else is a bug.
@@ -105,10 +114,72 @@ pub const TESTS: &[(&str, fn())] = &[
         "checker_rule_h_holds_the_server_to_the_invalidations",
         checker_rule_h_holds_the_server_to_the_invalidations,
     ),
+    (
+        "checker_counts_what_a_failover_may_break_and_nothing_else",
+        checker_counts_what_a_failover_may_break_and_nothing_else,
+    ),
 ];
 
-/// Every rule's findings, rule by rule.
+/// Every rule's findings, rule by rule: the violations (the documented kinds of a failover
+/// are counted apart, by [`documented`]).
 pub fn check(h: &History) -> Vec<Violation> {
+    findings(h)
+        .into_iter()
+        .filter(|f| f.rule.is_ascii_lowercase())
+        .collect()
+}
+
+/// The findings a cluster's failovers may cause, as docs/guarantees.md states them ("When the
+/// cluster fails over"): each proven by the replay or the controller's record, counted by kind.
+pub fn documented(h: &History) -> Vec<Violation> {
+    findings(h)
+        .into_iter()
+        .filter(|f| f.rule.is_ascii_uppercase())
+        .collect()
+}
+
+/// The documented findings by kind (the bracketed label that starts each).
+pub fn documented_kinds(found: &[Violation]) -> BTreeMap<String, usize> {
+    let mut kinds = BTreeMap::new();
+    for f in found {
+        let kind = f
+            .detail
+            .strip_prefix('[')
+            .and_then(|d| d.split_once(']'))
+            .map_or("unlabelled", |(kind, _)| kind);
+        *kinds
+            .entry(format!("({}) {kind}", f.rule.to_ascii_lowercase()))
+            .or_default() += 1;
+    }
+    kinds
+}
+
+/// A documented finding of `rule` (upper case), of `kind`.
+fn documented_finding(rule: char, kind: &str, detail: String) -> Violation {
+    violation(rule.to_ascii_uppercase(), format!("[{kind}] {detail}"))
+}
+
+/// The acquisitions the replay proves lost with an old master ([`Rollback::lost`]), by key and
+/// token: the new master's counter never had them, so it may hand their tokens out again, or
+/// (an old master that granted after its replica took over) go on below them.
+fn lost_acquisitions(h: &History) -> HashSet<(&str, u64)> {
+    h.server
+        .iter()
+        .filter_map(|e| match e {
+            ServerEvent::Rollback(r) => Some(r),
+            _ => None,
+        })
+        .flat_map(|r: &Rollback| {
+            r.lost
+                .iter()
+                .filter(|(_, what)| *what == "acquisition")
+                .map(|(token, _)| (r.key.as_str(), *token))
+        })
+        .collect()
+}
+
+/// Every rule's findings, violations and documented kinds alike.
+fn findings(h: &History) -> Vec<Violation> {
     [
         accepted_computations_never_overlap(h),
         lock_sections_never_overlap(h),
@@ -158,13 +229,31 @@ fn accepted_computations_never_overlap(h: &History) -> Vec<Violation> {
             ));
         }
     }
+    let reissued = lost_acquisitions(h);
     let mut out = Vec::new();
     for (key, spans) in &mut by_key {
         for (a, b) in overlaps(spans, |_, _| false) {
-            out.push(violation(
-                'a',
-                format!("key {key}: accepted critical sections overlap: {a} and {b}"),
-            ));
+            let detail = format!("key {key}: accepted critical sections overlap: {a} and {b}");
+            // Both under one token that a failover handed out twice.
+            let token = |label: &str| {
+                label
+                    .split(" token ")
+                    .nth(1)?
+                    .split(' ')
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            match (token(&a), token(&b)) {
+                (Some(ta), Some(tb)) if ta == tb && reissued.contains(&(key, ta)) => {
+                    out.push(documented_finding(
+                        'a',
+                        "two holders of a token reissued after a failover",
+                        detail,
+                    ))
+                }
+                _ => out.push(violation('a', detail)),
+            }
         }
     }
     out
@@ -208,11 +297,28 @@ fn lock_sections_never_overlap(h: &History) -> Vec<Violation> {
                     name == lock && *seen >= from && *seen <= b.0 + notification_slack_us
                 })
         };
+        // On a cluster: a failover of the lock key's master can lose it (asynchronous
+        // replication), as a restart does; counted, not passed silently.
+        let failed_over = |a: &(u64, u64, String), b: &(u64, u64, String)| {
+            let asked_a = asked.get(&a.2).copied().unwrap_or(a.0);
+            let asked_b = asked.get(&b.2).copied().unwrap_or(b.0);
+            let from = asked_a.min(asked_b);
+            h.failovers.iter().any(|f| f.covers(lock, from, b.0))
+        };
         for (a, b) in overlaps(spans, lock_lost) {
-            out.push(violation(
-                'a',
-                format!("lock {lock}: critical sections overlap: {a} and {b}"),
-            ));
+            let detail = format!("lock {lock}: critical sections overlap: {a} and {b}");
+            let (sa, sb) = (
+                spans.iter().find(|s| s.2 == a),
+                spans.iter().find(|s| s.2 == b),
+            );
+            match (sa, sb) {
+                (Some(sa), Some(sb)) if failed_over(sa, sb) => out.push(documented_finding(
+                    'a',
+                    "lock lost in a failover of its master",
+                    detail,
+                )),
+                _ => out.push(violation('a', detail)),
+            }
         }
     }
     out
@@ -222,6 +328,10 @@ fn lock_sections_never_overlap(h: &History) -> Vec<Violation> {
 /// acquisition (`None` for an invalidation or a `set`) and its name.
 type LastBump = (Option<u64>, &'static str);
 
+/// The name of a counter's state after a failover that the replay could not prove (no bump it
+/// saw matches the new master's counter): no write can be matched against it.
+const FAILED_OVER: &str = "failover";
+
 /// Each server event with what last bumped its key's counter before it, in the server's order
 /// (a restart forgets every counter): the evidence of rules (b) and (c).
 fn with_last_bump(h: &History) -> Vec<(&ServerEvent, Option<LastBump>)> {
@@ -229,7 +339,7 @@ fn with_last_bump(h: &History) -> Vec<(&ServerEvent, Option<LastBump>)> {
     let mut out = Vec::new();
     for e in &h.server {
         let key = match e {
-            ServerEvent::Life(_) | ServerEvent::Raise(_) => None,
+            ServerEvent::Life(_) | ServerEvent::Raise(_) | ServerEvent::Rollback(_) => None,
             ServerEvent::Acquire { key, .. }
             | ServerEvent::Bump { key, .. }
             | ServerEvent::Delete { key }
@@ -239,6 +349,15 @@ fn with_last_bump(h: &History) -> Vec<(&ServerEvent, Option<LastBump>)> {
         out.push((e, key.and_then(|k| last_bump.get(k).copied())));
         match e {
             ServerEvent::Life(_) => last_bump.clear(),
+            // After a failover the counter is what the new master had: its last bump that the
+            // replay saw, or, unproven, a state no write can be matched against.
+            ServerEvent::Rollback(r) => {
+                let state = match (r.to, r.survivor) {
+                    (Some(_), Some(survivor)) if !r.reseeded => survivor,
+                    _ => (None, FAILED_OVER),
+                };
+                last_bump.insert(&r.key, state);
+            }
             ServerEvent::Acquire { key, token } => {
                 last_bump.insert(key, (Some(*token), "acquisition"));
             }
@@ -264,8 +383,25 @@ fn tokens_only_increase(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
     let mut last_write: HashMap<&str, u64> = HashMap::new();
     let mut last_acquire: HashMap<&str, u64> = HashMap::new();
+    let reissued = lost_acquisitions(h);
     for (e, last_bump) in with_last_bump(h) {
         match e {
+            ServerEvent::Rollback(r) => {
+                // The new master goes on from its own counter: what the old one handed out
+                // above it is no longer a bound (lost), and an unproven start bounds nothing.
+                for last in [&mut last_write, &mut last_acquire] {
+                    match r.to.filter(|_| !r.reseeded) {
+                        Some(to) => {
+                            if let Some(prev) = last.get_mut(r.key.as_str()) {
+                                *prev = (*prev).min(to);
+                            }
+                        }
+                        None => {
+                            last.remove(r.key.as_str());
+                        }
+                    }
+                }
+            }
             ServerEvent::Acquire { key, token } => {
                 if let Some(prev) = last_acquire.get(key.as_str()) {
                     if token <= prev {
@@ -289,19 +425,34 @@ fn tokens_only_increase(h: &History) -> Vec<Violation> {
                 }
                 if let Some(prev) = last_write.get(w.key.as_str()) {
                     if w.token <= *prev {
-                        out.push(violation(
-                            'b',
-                            format!(
-                                "key {}: write with token {} accepted after one with {}",
-                                w.key, w.token, prev
-                            ),
-                        ));
+                        let detail = format!(
+                            "key {}: write with token {} accepted after one with {}",
+                            w.key, w.token, prev
+                        );
+                        if w.token == *prev && reissued.contains(&(w.key.as_str(), w.token)) {
+                            out.push(documented_finding(
+                                'b',
+                                "a second write under a token reissued after a failover",
+                                detail,
+                            ));
+                        } else {
+                            out.push(violation('b', detail));
+                        }
                     }
                 }
                 last_write.insert(&w.key, w.token);
                 match last_bump {
                     Some((Some(t), _)) if t == w.token => {}
                     Some((_, "invalidation")) => {}
+                    Some((_, FAILED_OVER)) => out.push(documented_finding(
+                        'b',
+                        "a write after a failover the replay could not prove",
+                        format!(
+                            "key {}: write with token {} accepted by a new master whose counter \
+                             at the switch is unknown",
+                            w.key, w.token
+                        ),
+                    )),
                     Some((other, what)) => out.push(violation(
                         'b',
                         format!(
@@ -347,7 +498,7 @@ fn no_write_after_an_invalidation(h: &History) -> Vec<Violation> {
                 _ => {}
             },
             ServerEvent::Delete { key } => match last_bump {
-                Some((Some(_), "acquisition")) => {}
+                Some((Some(_), "acquisition")) | Some((_, FAILED_OVER)) => {}
                 other => out.push(violation(
                     'c',
                     format!("key {key}: a fenced delete accepted after a newer bump ({other:?})"),
@@ -363,6 +514,7 @@ fn no_write_after_an_invalidation(h: &History) -> Vec<Violation> {
 /// gets a higher token.
 pub(crate) fn later_requests_get_higher_tokens(h: &History) -> Vec<Violation> {
     let mut out = Vec::new();
+    let lost = lost_acquisitions(h);
     let mut by_lock: BTreeMap<&str, Vec<&Section>> = BTreeMap::new();
     for s in &h.sections {
         by_lock.entry(&s.lock).or_default().push(s);
@@ -373,20 +525,30 @@ pub(crate) fn later_requests_get_higher_tokens(h: &History) -> Vec<Violation> {
         // earlier-granted one that was granted before it was even asked for.
         let mut granted: Vec<(u64, u64)> = Vec::new(); // (start_us, token), sorted by start
         for s in sections {
-            let earlier_max = granted
-                .iter()
-                .filter(|(start, _)| *start < s.asked_us)
+            let earlier = || granted.iter().filter(|(start, _)| *start < s.asked_us);
+            let earlier_max = earlier().map(|(_, t)| *t).max();
+            // Without the grants the replay proves lost with an old master (a failover): the
+            // new master never had them, so its tokens only rise above the others.
+            let kept_max = earlier()
                 .map(|(_, t)| *t)
+                .filter(|t| !lost.contains(&(lock, *t)))
                 .max();
             if let Some(max) = earlier_max {
                 if s.token <= max {
-                    out.push(violation(
-                        'b',
-                        format!(
-                            "lock {lock}: {}#{} asked after token {max} was granted but got {}",
-                            s.instance, s.id, s.token
-                        ),
-                    ));
+                    let detail = format!(
+                        "lock {lock}: {}#{} asked after token {max} was granted but got {}",
+                        s.instance, s.id, s.token
+                    );
+                    let kind = if s.token == max {
+                        "a token reissued after a failover lost its acquisition"
+                    } else {
+                        "a token below one granted by an old master and lost with it"
+                    };
+                    if kept_max.is_none_or(|kept| s.token > kept) {
+                        out.push(documented_finding('b', kind, detail));
+                    } else {
+                        out.push(violation('b', detail));
+                    }
                 }
             }
             granted.push((s.start_us, s.token));
@@ -798,6 +960,9 @@ fn tag_verdicts(h: &History) -> Vec<(&Call, Verdict<'_>)> {
     // Whether `epoch` was lost on the server between `from` and `to`.
     let lost = |epoch: &Epoch, from: u64, to: u64| {
         h.restarts_us.iter().any(|at| (from..=to).contains(at))
+            || h.failovers
+                .iter()
+                .any(|f| f.covers(&epoch_tag(epoch), from, to))
             || h.epoch_evictions.iter().any(|(seen, evicted)| {
                 evicted == epoch && (from..=to + notification_slack_us).contains(seen)
             })
@@ -1129,6 +1294,7 @@ fn good_history() -> History {
         ],
         value_evictions: vec![],
         epoch_evictions: vec![],
+        failovers: vec![],
     }
 }
 
@@ -1743,4 +1909,121 @@ fn checker_rule_h_holds_the_server_to_the_invalidations() {
     };
     w.born = 5_000;
     assert_eq!(check(&h), vec![]);
+}
+
+/// On a cluster: a token handed out twice because the failover lost its first acquisition
+/// (the replay's [`Rollback`] lists it) makes two accepted holders and two writes under one
+/// token: counted as documented kinds, not violations; the same history without that proof is
+/// two violations. So is a lock token below one an old master granted and lost. Lock sections that overlap across a failover of their key's master are
+/// counted; across a failover of another master they are a violation. A write under an
+/// acquisition the new master may not have (its counter at the switch unproven) is counted.
+fn checker_counts_what_a_failover_may_break_and_nothing_else() {
+    let compute = |instance: &str, start_us, end_us| Compute {
+        instance: instance.into(),
+        key: "k0".into(),
+        token: 10,
+        start_us,
+        end_us,
+        value: value("k0", 10, instance),
+    };
+    let rollback = |to: Option<u64>, lost: Vec<(u64, &'static str)>| {
+        ServerEvent::Rollback(Rollback {
+            key: "k0".into(),
+            at_us: 20_000,
+            to,
+            reseeded: false,
+            from: Some(10),
+            lost,
+            survivor: to.map(|t| (Some(t), "acquisition")),
+        })
+    };
+    let acquire = |token| ServerEvent::Acquire {
+        key: "k0".into(),
+        token,
+    };
+    let reissued = |lost: Vec<(u64, &'static str)>| History {
+        computes: vec![compute("a", 5_000, 25_000), compute("b", 20_000, 27_000)],
+        server: vec![
+            ServerEvent::Life(0),
+            acquire(9),
+            // a's acquisition on the old master, which the new master never had.
+            acquire(10),
+            rollback(Some(9), lost),
+            // b's, on the new master: the same token.
+            acquire(10),
+            write("k0", 10, "b", 28_000),
+            write("k0", 10, "a", 29_000),
+        ],
+        lease_ms: 400,
+        call_bound_us: 40_000,
+        ..History::default()
+    };
+    let h = reissued(vec![(10, "acquisition")]);
+    assert_eq!(check(&h), vec![]);
+    let kinds = documented_kinds(&documented(&h));
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        vec![
+            (
+                "(a) two holders of a token reissued after a failover".to_string(),
+                1
+            ),
+            (
+                "(b) a second write under a token reissued after a failover".to_string(),
+                1
+            ),
+        ]
+    );
+    let h = reissued(vec![]);
+    assert_eq!(rules(&check(&h)), HashSet::from(['a', 'b']));
+    assert_eq!(documented(&h), vec![]);
+
+    // Lock sections overlapping while their key's master failed over; another master's
+    // failover excuses nothing.
+    for (tags, excused) in [(vec!["L0"], true), (vec!["L1"], false)] {
+        let mut h = good_history();
+        h.sections[1].start_us = 800;
+        h.failovers.push(FailoverWindow {
+            from_us: 120,
+            to_us: 900,
+            kind: "master_kill".into(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+        });
+        assert_eq!(check(&h).is_empty(), excused, "{tags:?}");
+        assert_eq!(documented(&h).len(), usize::from(excused), "{tags:?}");
+    }
+
+    // An old master that granted the lock after its replica took over (token 50, lost with
+    // it) is above the new master's next token (6): counted when the replay proves it lost.
+    for (lost, excused) in [(vec![(50, "acquisition")], true), (vec![], false)] {
+        let mut h = good_history();
+        h.sections[0].token = 50;
+        h.sections[1].asked_us = 950;
+        h.server.push(ServerEvent::Rollback(Rollback {
+            key: "L0".into(),
+            at_us: 60_000,
+            to: Some(5),
+            reseeded: false,
+            from: Some(50),
+            lost: lost.clone(),
+            survivor: Some((Some(5), "acquisition")),
+        }));
+        assert_eq!(check(&h).is_empty(), excused, "{lost:?}");
+        assert_eq!(documented(&h).len(), usize::from(excused), "{lost:?}");
+    }
+
+    // A write after a switch whose counter the replay could not prove: counted.
+    let h = History {
+        server: vec![
+            ServerEvent::Life(0),
+            acquire(7),
+            rollback(None, vec![]),
+            write("k0", 7, "a", 29_000),
+        ],
+        lease_ms: 400,
+        call_bound_us: 40_000,
+        ..History::default()
+    };
+    assert_eq!(check(&h), vec![]);
+    assert_eq!(documented(&h).len(), 1);
 }

@@ -121,6 +121,66 @@ pub enum ServerEvent {
     Unreadable { key: String, reason: String },
     /// An epoch was raised (`invalidate_tag`, `clear`).
     Raise(Raise),
+    /// On a cluster: the entry's scripts began to run on another node without a migration
+    /// moving it there (a failover), so the counter is the one the new master had replicated,
+    /// possibly behind the old master's. Placed where the switch happened, resolved by the replay
+    /// from what the new master did next.
+    Rollback(Rollback),
+}
+
+/// A failover's effect on one entry's fencing counter, as the replay proves it: the counter the
+/// new master went on from (`to`), read back from its first accepted computed write (which the
+/// store script accepts only while the counter equals the write's fence, so the counter at the
+/// switch is that fence minus the bumps the new master made before it), and the bumps the old
+/// master had made above it, which the new master never had (lost with the old master).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rollback {
+    pub key: String,
+    /// The first script on the new master (MONITOR timestamp).
+    pub at_us: u64,
+    /// What the new master's counter held at the switch. `None`: not proven (no accepted
+    /// computed write before the entry's next switch or the end of the run), or the counter was
+    /// gone there and was seeded again from the clock (`reseeded`): either way the entry's
+    /// earlier tokens are no evidence for its later ones.
+    pub to: Option<u64>,
+    pub reseeded: bool,
+    /// The old master's counter at the switch, as replayed (`None`: not known).
+    pub from: Option<u64>,
+    /// The bumps above `to` that the old master made: (counter, what bumped it).
+    pub lost: Vec<(u64, &'static str)>,
+    /// The last bump at or below `to` that the replay saw: the counter's state after the
+    /// switch (the token of an acquisition, `None` for an invalidation or a `set`).
+    pub survivor: Option<(Option<u64>, &'static str)>,
+}
+
+/// A fault of the cluster schedule that could change which node is master of some keys: from
+/// the fault to the moment the controller found the cluster healthy again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailoverWindow {
+    pub from_us: u64,
+    pub to_us: u64,
+    /// The fault's kind (`cluster_failover`, `cluster_failover_force`, `master_kill`,
+    /// `master_pause`).
+    pub kind: String,
+    /// The hash tags (`k0`, `L0`, `leader`, `%t:t0`, `%c`...) whose slots the failed master
+    /// served when the fault began.
+    pub tags: Vec<String>,
+}
+
+impl FailoverWindow {
+    /// Whether this window failed over `tag`'s master and overlaps `from..=to`.
+    pub fn covers(&self, tag: &str, from: u64, to: u64) -> bool {
+        self.tags.iter().any(|t| t == tag) && self.from_us <= to && self.to_us >= from
+    }
+}
+
+/// The hash tag of an epoch's key (`%c` for the clear key, `%t:<tag>` for a tag's), for
+/// matching it against a [`FailoverWindow`]. The chaos tags need no escaping.
+pub fn epoch_tag(epoch: &Epoch) -> String {
+    match epoch {
+        Epoch::Clear => "%c".to_string(),
+        Epoch::Tag(tag) => format!("%t:{tag}"),
+    }
 }
 
 /// One raise of an epoch, as the server ran it: the `SET` of the epoch key, inside the script
@@ -214,6 +274,8 @@ pub struct History {
     /// them): when the notification was seen (µs) and the epoch. A lost epoch brings back the
     /// values it had invalidated (docs/tags.md), as a restart or a flush does.
     pub epoch_evictions: Vec<(u64, Epoch)>,
+    /// On a cluster: the faults that could fail a master over, with the keys they touched.
+    pub failovers: Vec<FailoverWindow>,
 }
 
 /// One change of an entry's value, as the server ran it: one script's `set`, `invalidate`,

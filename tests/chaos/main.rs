@@ -22,16 +22,19 @@
 //! section goes into a history that the faults cannot corrupt (`history.rs`), which is then
 //! checked (`checker.rs`, the rules; `replay.rs` reads the server's side back).
 //!
-//! `cargo test --test chaos` runs a short seeded version (400 rounds);
+//! `cargo test --test chaos` runs a short seeded version (400 rounds), and a short run of the
+//! cluster schedule (200 rounds, `cluster.rs`);
 //! `STAMPEDE_CHAOS_ROUNDS=10000 cargo test --release --test chaos` the long one;
-//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule; `STAMPEDE_CHAOS_REDLOCK=1` runs the
-//! Redlock schedule instead (`redlock.rs`: five nodes restarted without persistence).
+//! `STAMPEDE_CHAOS_SEED=n` picks another fault schedule; `STAMPEDE_CHAOS_CLUSTER=1` makes
+//! `chaos_run` run the cluster schedule instead, `STAMPEDE_CHAOS_REDLOCK=1` the Redlock schedule
+//! (`redlock.rs`: five nodes restarted without persistence).
 
 #[path = "../support"]
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod clock;
+    pub mod cluster;
     pub mod poll;
     pub mod process;
     pub mod proxy;
@@ -43,6 +46,8 @@ mod support {
 }
 
 mod checker;
+mod cluster;
+mod fences;
 mod history;
 mod redlock;
 mod redlock_checker;
@@ -112,7 +117,13 @@ fn main() {
     ]
     .concat()
     .into_iter()
-    .chain([("chaos_run_has_no_violation", chaos_run as fn())])
+    .chain([
+        ("chaos_run_has_no_violation", chaos_run as fn()),
+        (
+            "chaos_cluster_run_has_no_violation",
+            cluster::short_cluster_run as fn(),
+        ),
+    ])
     .collect();
     support::run_child_or_tests("chaos", &tests, worker);
 }
@@ -578,6 +589,14 @@ fn chaos_run() {
         .ok()
         .map(|v| v.parse().expect("STAMPEDE_CHAOS_SEED is a number"))
         .unwrap_or(7);
+    // The cluster schedule (tests/chaos/cluster.rs).
+    if std::env::var("STAMPEDE_CHAOS_CLUSTER").is_ok_and(|v| v == "1") {
+        return cluster::cluster_run(rounds, seed);
+    }
+    assert!(
+        !waits_for_replicas(),
+        "STAMPEDE_CHAOS_WAIT_REPLICAS=1 needs STAMPEDE_CHAOS_CLUSTER=1 (one server has no replica)"
+    );
     let began = Instant::now();
     let tmp = tempfile::tempdir().expect("a temp dir for the history");
     let dir = tmp.path().to_path_buf();
@@ -1205,6 +1224,35 @@ fn read_worker_log(
     h.sections.extend(sections.into_values());
 }
 
+/// The worker's cache on `url`: one server (through a proxy), or a cluster (its seed nodes,
+/// comma-separated).
+fn backend(url: &str) -> Result<stampede_guard::CacheBuilder, String> {
+    let builder = if url.contains(',') {
+        Cache::builder().redis_cluster(url.split(','))
+    } else {
+        Cache::builder().redis_url(url)
+    };
+    // STAMPEDE_CHAOS_WAIT_REPLICAS=1: lock and fencing writes wait for a replica (`WAIT 1`),
+    // on the cluster only (one server has no replica: every acquisition would fail). The wait's
+    // bound stays under the breaker's stall (1 s), as the option's docs ask.
+    if waits_for_replicas() {
+        if !url.contains(',') {
+            return Err(
+                "STAMPEDE_CHAOS_WAIT_REPLICAS=1 needs STAMPEDE_CHAOS_CLUSTER=1".to_string(),
+            );
+        }
+        return Ok(builder.connection(
+            ConnectionOptions::default().wait_for_replicas(1, Duration::from_millis(250)),
+        ));
+    }
+    Ok(builder)
+}
+
+/// `STAMPEDE_CHAOS_WAIT_REPLICAS=1`: the workers' locks wait for a replica (cluster schedule).
+pub fn waits_for_replicas() -> bool {
+    std::env::var("STAMPEDE_CHAOS_WAIT_REPLICAS").is_ok_and(|v| v == "1")
+}
+
 // =============================================================================================
 // The workers.
 
@@ -1313,7 +1361,11 @@ fn worker(role: &str) -> Result<(), String> {
         let options = CallOptions::default()
             .lease(LEASE)
             .wait_timeout(WAIT_TIMEOUT);
+        // The cluster schedule passes the seed nodes, comma-separated, and runs no near tier
+        // (tests/chaos/cluster.rs).
+        let cluster = url.contains(',');
         let near_ms: Option<u64> = match var("CHAOS_NEAR_MS")?.as_str() {
+            _ if cluster => None,
             "" => None,
             ms => Some(ms.parse().map_err(|e| format!("CHAOS_NEAR_MS: {e}"))?),
         };
@@ -1322,10 +1374,7 @@ fn worker(role: &str) -> Result<(), String> {
             (None, _) | (_, "") => None,
             (Some(_), ms) => Some(ms.parse().map_err(|e| format!("CHAOS_HELD_MS: {e}"))?),
         };
-        let mut builder = Cache::builder()
-            .redis_url(url.as_str())
-            .namespace(NAMESPACE)
-            .options(options);
+        let mut builder = backend(&url)?.namespace(NAMESPACE).options(options);
         if let Some(ms) = near_ms {
             let mut near = NearCacheOptions::new(1_000).max_staleness(Duration::from_millis(ms));
             if let Some(held) = held_ms {

@@ -5,11 +5,10 @@
 //! crate's own decoder (`stampede_guard::__private`), so that a change of the format changes
 //! the replay with it; bytes it refuses are an [`ServerEvent::Unreadable`] write.
 
-use std::collections::HashMap;
-
 use stampede_guard::__private::{entry_key, epoch_key, read_stored, stored_bytes, KeyKind};
 
-use crate::history::{parse_value, BumpCause, Change, Epoch, Raise, ServerEvent, Write};
+use crate::fences::Fences;
+use crate::history::{parse_value, BumpCause, Change, Epoch, Raise, Rollback, ServerEvent, Write};
 use crate::NAMESPACE;
 
 /// The replay's tests, run by the binary's `main` (the chaos test has its own harness).
@@ -25,6 +24,10 @@ pub const TESTS: &[(&str, fn())] = &[
     (
         "monitor_replay_reads_the_clock_and_the_raised_epochs",
         monitor_replay_reads_the_clock_and_the_raised_epochs,
+    ),
+    (
+        "monitor_replay_follows_the_counters_across_a_clusters_nodes",
+        monitor_replay_follows_the_counters_across_a_clusters_nodes,
     ),
 ];
 
@@ -108,7 +111,7 @@ fn outside_write(
     life: u32,
     args: &[Vec<u8>],
     at_us: u64,
-    counters: &mut HashMap<String, u64>,
+    counters: &mut Fences,
     events: &mut Vec<ServerEvent>,
     changes: &mut Vec<Change>,
 ) {
@@ -123,7 +126,7 @@ fn outside_write(
             keys.sort();
             keys.dedup();
             changes.extend(keys.into_iter().map(|k| gone(k, at_us)));
-            counters.clear();
+            counters.clear(events);
             events.push(ServerEvent::Life(life));
         }
         [cmd, key, rest @ ..] => {
@@ -268,13 +271,13 @@ pub fn replay_monitor(namespace: &str, life: u32, lines: &[String]) -> Vec<Serve
 pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>, Vec<Change>) {
     let mut events = vec![ServerEvent::Life(life)];
     let mut changes = Vec::new();
-    let mut counters: HashMap<String, u64> = HashMap::new();
+    let mut counters = Fences::default();
     let mut script: Vec<Vec<Vec<u8>>> = Vec::new();
     // When the current script ran.
     let mut script_at = 0u64;
     let flush = |script: &mut Vec<Vec<Vec<u8>>>,
                  at_us: u64,
-                 counters: &mut HashMap<String, u64>,
+                 counters: &mut Fences,
                  events: &mut Vec<ServerEvent>,
                  changes: &mut Vec<Change>| {
         // A batch's script (a read-or-lock or an invalidation of many keys) works on several
@@ -284,6 +287,7 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
         let mut entries: Vec<(String, Vec<Vec<Vec<u8>>>)> = Vec::new();
         let mut epochs: Vec<(Epoch, Vec<Vec<Vec<u8>>>)> = Vec::new();
         for args in script.drain(..) {
+            let args = probe_as_command(args);
             if let Some(epoch) = epoch_of_command(namespace, &args) {
                 match epochs.iter_mut().find(|(e, _)| *e == epoch) {
                     Some((_, commands)) => commands.push(args),
@@ -299,7 +303,8 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
                 None => entries.push((entry, vec![args])),
             }
         }
-        for (_, commands) in entries {
+        for (entry, commands) in entries {
+            counters.script_of(&entry, at_us, events);
             replay_script(namespace, counters, commands, at_us, events, changes);
         }
         for (epoch, commands) in epochs {
@@ -307,6 +312,26 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
         }
     };
     for line in lines {
+        // A cluster's merged log says which node the scripts that follow ran on, and which
+        // entries a migration moves (see `fences.rs`); a server's own log has neither.
+        if let Some(marker) = cluster_marker(line) {
+            flush(
+                &mut script,
+                script_at,
+                &mut counters,
+                &mut events,
+                &mut changes,
+            );
+            match marker {
+                Marker::Node(node) => counters.on_node(node),
+                Marker::Moving(node, entries) => {
+                    for entry in entries {
+                        counters.moving(entry, node);
+                    }
+                }
+            }
+            continue;
+        }
         // Anything but a script command (a client's command, or the `C` that stands for one)
         // ends the script before it.
         match parse_monitor_line(line) {
@@ -353,7 +378,7 @@ pub fn replay(namespace: &str, life: u32, lines: &[String]) -> (Vec<ServerEvent>
 /// `set`), a fenced delete, a write, and the change of value it made.
 fn replay_script(
     namespace: &str,
-    counters: &mut HashMap<String, u64>,
+    counters: &mut Fences,
     script: Vec<Vec<Vec<u8>>>,
     at_us: u64,
     events: &mut Vec<ServerEvent>,
@@ -382,15 +407,21 @@ fn replay_script(
                 if bumped.as_ref().is_some_and(|(k, _)| *k == entry) {
                     bumped = Some((entry.clone(), seed));
                 }
-                counters.insert(entry, seed);
+                counters.seed(&entry, seed, events);
             }
             (b"INCR", KeyKind::Fence) => {
-                // A counter the replay has not seen (or that lapsed) starts at 1, as in Redis.
-                let n = counters.entry(entry.clone()).or_insert(0);
-                *n += 1;
-                bumped = Some((entry, *n));
+                let n = counters.incr(&entry);
+                bumped = Some((entry, n));
             }
             (b"SET", KeyKind::Lock) => locked = true,
+            (b"PROBE", KeyKind::Fence) => {
+                let value = rest
+                    .first()
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                counters.probed(&entry, value, events);
+            }
             (b"DEL", KeyKind::Value) => deleted = Some(entry),
             (b"SET", KeyKind::Value) => {
                 written = Some((entry, rest.first().cloned().unwrap_or_default()))
@@ -405,19 +436,26 @@ fn replay_script(
         _ => None,
     };
     if let Some((key, n)) = bumped {
-        if locked {
-            events.push(ServerEvent::Acquire { key, token: n });
+        let what = if locked {
+            events.push(ServerEvent::Acquire {
+                key: key.clone(),
+                token: n,
+            });
+            (Some(n), "acquisition")
         } else if deleted.is_some() {
             events.push(ServerEvent::Bump {
-                key,
+                key: key.clone(),
                 cause: BumpCause::Invalidate,
             });
+            (None, "invalidation")
         } else {
             events.push(ServerEvent::Bump {
-                key,
+                key: key.clone(),
                 cause: BumpCause::Set,
             });
-        }
+            (None, "set")
+        };
+        counters.record(&key, events.len() - 1, Some(what));
     } else if let Some(key) = deleted {
         // A delete without a bump: the fenced delete of a failed refresh.
         events.push(ServerEvent::Delete { key });
@@ -447,25 +485,65 @@ fn replay_script(
             value: Some(value.clone()),
         });
         let parts = parse_value(&value);
+        // Judged by what was written, not by the script's shape, so that a script that
+        // skipped its fence check is still held to the rules of a computed write.
+        let computed = parts.as_ref().is_none_or(|p| p.computed);
+        counters.record(&key, events.len(), None);
         events.push(ServerEvent::Write(Write {
-            counter: counters.get(&key).copied(),
-            // Judged by what was written, not by the script's shape, so that a script that
-            // skipped its fence check is still held to the rules of a computed write.
-            computed: parts.as_ref().is_none_or(|p| p.computed),
+            counter: counters.get(&key),
+            computed,
             token: parts.map(|p| p.token).unwrap_or(0),
-            key,
+            key: key.clone(),
             fence,
             value,
             born,
             tags,
             at_us,
         }));
+        if computed {
+            // The store script wrote it only while the counter equalled its fence.
+            counters.written(&key, fence, events);
+        }
     } else if let Some(key) = changed {
         changes.push(Change {
             key,
             at_us,
             value: None,
         });
+    }
+}
+
+/// What the cluster schedule's probe of a fencing counter printed (`ECHO "probe <fence key>
+/// <value>"` in its script, after the `GET`; see `cluster.rs`), as a command of the entry:
+/// `PROBE <fence key> <value>`. Any other command as it is.
+fn probe_as_command(args: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    if let [cmd, message] = args.as_slice() {
+        if cmd.eq_ignore_ascii_case(b"ECHO") {
+            let words: Vec<&[u8]> = message.split(|b| *b == b' ').collect();
+            if let [b"probe", key, value] = words.as_slice() {
+                return vec![b"PROBE".to_vec(), key.to_vec(), value.to_vec()];
+            }
+        }
+    }
+    args
+}
+
+/// A line of a cluster's merged log that is no command (see `fences.rs`).
+enum Marker<'l> {
+    /// `N <node>`: the script lines that follow ran on this node.
+    Node(u32),
+    /// `M <node> <entry>...`: a migration moves these entries to this node.
+    Moving(u32, Vec<&'l str>),
+}
+
+fn cluster_marker(line: &str) -> Option<Marker<'_>> {
+    let mut words = line.split(' ');
+    let kind = words.next()?;
+    let node: u32 = words.next()?.parse().ok()?;
+    match kind {
+        "N" => Some(Marker::Node(node)),
+        "M" => Some(Marker::Moving(node, words.collect())),
+        _ => None,
     }
 }
 
@@ -783,4 +861,109 @@ fn monitor_replay_reads_the_clock_and_the_raised_epochs() {
     ] {
         assert_eq!(epoch_name(NAMESPACE, key), None, "{key}");
     }
+}
+
+/// A cluster's merged log (`N <node>` before each script, `M <node> <entry>` for a migration):
+/// node 0 seeds k0's counter at 100 and grants 101; a failover puts k0 on node 1, which grants
+/// a token the replay counts from 0 until node 1 accepts a computed write with fence 101: the
+/// counter was 100 at the switch, so node 0's 101 was lost, and node 1's acquisition is patched
+/// to 101. A migration to node 2 carries the counter (no switch); a switch with no write after
+/// it stays unproven, one whose counter was gone is reseeded, and one the controller's probe
+/// reads the counter of after it is proven by the probe.
+fn monitor_replay_follows_the_counters_across_a_clusters_nodes() {
+    let acquire = |at: &str, seed: Option<&str>| {
+        let mut lines = vec![
+            format!(r#"{at} [0 lua] "SET" "chaos:{{k0}}_lock" "t" "NX" "PX" "400""#),
+            format!(r#"{at} [0 lua] "INCR" "chaos:{{k0}}_fence""#),
+        ];
+        if let Some(seed) = seed {
+            lines.push(format!(r#"{at} [0 lua] "TIME""#));
+            lines.push(format!(
+                r#"{at} [0 lua] "SET" "chaos:{{k0}}_fence" "{seed}" "PX" "800""#
+            ));
+        }
+        lines
+    };
+    let v = "V|k0|101|w1.1|1|-";
+    let mut lines: Vec<String> = vec!["N 0".into()];
+    lines.extend(acquire("1.0", Some("100")));
+    lines.extend(["C".into(), "N 0".into()]);
+    lines.extend(acquire("2.0", None));
+    lines.extend(["C".into(), "N 1".into()]);
+    lines.extend(acquire("3.0", None));
+    lines.extend(["C".into(), "N 1".into()]);
+    lines.push(r#"4.0 [0 lua] "GET" "chaos:{k0}_fence""#.into());
+    lines.push(format!(
+        r#"4.1 [0 lua] "SET" "chaos:{{k0}}" "{}" "PX" "900""#,
+        monitor_envelope(101, (0, &[]), v)
+    ));
+    lines.extend(["C".into(), "M 2 k0".into(), "N 2".into()]);
+    lines.extend(acquire("5.0", None));
+    // A failover to node 3 that nothing proves, then one to node 4 whose counter was gone.
+    lines.extend(["C".into(), "N 3".into()]);
+    lines.extend(acquire("6.0", None));
+    lines.extend(["C".into(), "N 4".into()]);
+    lines.extend(acquire("7.0", Some("900")));
+    // A failover to node 5, proven by the controller's probe of the counter (901 after one
+    // bump there: it went on from 900).
+    lines.extend(["C".into(), "N 5".into()]);
+    lines.extend(acquire("8.0", None));
+    lines.extend([
+        "C".into(),
+        "N 5".into(),
+        r#"9.0 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
+        r#"9.1 [0 lua] "ECHO" "probe chaos:{k0}_fence 901""#.into(),
+    ]);
+    let (events, _) = replay(NAMESPACE, 0, &lines);
+    let acquired = |token| ServerEvent::Acquire {
+        key: "k0".into(),
+        token,
+    };
+    let rollback = |at_us, to, reseeded, from, lost: Vec<(u64, &'static str)>, survivor| {
+        ServerEvent::Rollback(Rollback {
+            key: "k0".into(),
+            at_us,
+            to,
+            reseeded,
+            from,
+            lost,
+            survivor,
+        })
+    };
+    let ServerEvent::Write(written) = &events[5] else {
+        panic!("a write after the switch: {events:?}");
+    };
+    assert_eq!((written.fence, written.counter), (101, Some(101)));
+    assert_eq!(
+        events,
+        vec![
+            ServerEvent::Life(0),
+            acquired(100),
+            acquired(101),
+            rollback(
+                3_000_000,
+                Some(100),
+                false,
+                Some(101),
+                vec![(101, "acquisition")],
+                Some((Some(100), "acquisition"))
+            ),
+            acquired(101),
+            events[5].clone(),
+            acquired(102),
+            rollback(6_000_000, None, false, Some(102), vec![], None),
+            acquired(1),
+            rollback(7_000_000, None, true, None, vec![], None),
+            acquired(900),
+            rollback(
+                8_000_000,
+                Some(900),
+                false,
+                Some(900),
+                vec![],
+                Some((Some(900), "acquisition"))
+            ),
+            acquired(901),
+        ]
+    );
 }

@@ -47,16 +47,31 @@ impl Drop for Turn {
     }
 }
 
+/// What only some test files call (rustc checks dead code per test binary; see `server.rs`).
+#[allow(
+    dead_code,
+    reason = "each test binary calls a different subset of these methods"
+)]
 impl RedisCluster {
+    /// A cluster whose node timeout is 1 s.
     pub fn start() -> Self {
+        Self::start_with_timeout(1000)
+    }
+
+    /// A cluster whose nodes call a master failing after `node_timeout_ms` without an answer
+    /// (its replica is promoted shortly after). Each node keeps its `nodes.conf` in its own dir,
+    /// so a node restarted with [`RedisServer::restart`] comes back with its identity and
+    /// rejoins (as a replica, if its slots were taken over meanwhile).
+    pub fn start_with_timeout(node_timeout_ms: u64) -> Self {
         let turn = Turn::take();
+        let node_timeout = node_timeout_ms.to_string();
         let args: Vec<String> = [
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
             "nodes.conf",
             "--cluster-node-timeout",
-            "1000",
+            &node_timeout,
             // A replica may always take over, however long ago it last heard from its master:
             // the test kills masters of freshly created clusters.
             "--cluster-replica-validity-factor",
@@ -156,5 +171,108 @@ impl RedisCluster {
             }
         }
         panic!("no master serves slot {slot}");
+    }
+}
+
+/// One node as `CLUSTER NODES` describes it.
+#[derive(Debug, Clone)]
+#[allow(
+    dead_code,
+    reason = "read only by the test binaries that drive a cluster's faults"
+)]
+pub struct NodeView {
+    /// Its index in [`RedisCluster::nodes`].
+    pub index: usize,
+    pub id: String,
+    pub master: bool,
+    /// Flagged failing (`fail` or `fail?`) by the node asked.
+    pub failing: bool,
+    /// For a replica, its master's id.
+    pub master_id: Option<String>,
+    /// For a master, the slot ranges it serves.
+    pub slots: Vec<(u16, u16)>,
+}
+
+#[allow(
+    dead_code,
+    reason = "each test binary calls a different subset of these methods"
+)]
+impl RedisCluster {
+    /// A connection to node `i` that gives up after `timeout` on connecting and on each reply
+    /// (a node stopped by SIGSTOP accepts connections and never answers).
+    pub fn node_conn(&self, i: usize, timeout: Duration) -> Option<redis::Connection> {
+        let client = redis::Client::open(self.nodes[i].url()).ok()?;
+        let conn = client.get_connection_with_timeout(timeout).ok()?;
+        conn.set_read_timeout(Some(timeout)).ok()?;
+        conn.set_write_timeout(Some(timeout)).ok()?;
+        Some(conn)
+    }
+
+    /// The cluster as node `i` sees it (`CLUSTER NODES`), or `None` if it does not answer.
+    pub fn view(&self, i: usize) -> Option<Vec<NodeView>> {
+        let mut conn = self.node_conn(i, Duration::from_millis(500))?;
+        let text: String = redis::cmd("CLUSTER").arg("NODES").query(&mut conn).ok()?;
+        text.lines().map(|line| self.node_view(line)).collect()
+    }
+
+    /// One line of `CLUSTER NODES`: `id ip:port@bus flags master ping pong epoch link slots...`.
+    fn node_view(&self, line: &str) -> Option<NodeView> {
+        let f: Vec<&str> = line.split(' ').collect();
+        let port: u16 = f
+            .get(1)?
+            .split('@')
+            .next()?
+            .rsplit(':')
+            .next()?
+            .parse()
+            .ok()?;
+        let index = self.nodes.iter().position(|n| n.port() == port)?;
+        let flags = f.get(2)?;
+        let slots = f
+            .get(8..)
+            .unwrap_or_default()
+            .iter()
+            .filter(|s| !s.starts_with('['))
+            .filter_map(|s| match s.split_once('-') {
+                Some((lo, hi)) => Some((lo.parse().ok()?, hi.parse().ok()?)),
+                None => s.parse().ok().map(|n| (n, n)),
+            })
+            .collect();
+        Some(NodeView {
+            index,
+            id: f[0].to_string(),
+            master: flags.contains("master"),
+            failing: flags.contains("fail"),
+            master_id: (f.get(3)? != &"-").then(|| f[3].to_string()),
+            slots,
+        })
+    }
+
+    /// Healthy in the strict sense a fault schedule needs before its next fault: every node
+    /// runs and answers, says `cluster_state:ok` with every slot served, and node 0 sees three
+    /// masters, each with one replica, and no node failing.
+    pub fn is_settled(&self) -> bool {
+        let all_ok = (0..self.nodes.len()).all(|i| {
+            let Some(mut conn) = self.node_conn(i, Duration::from_millis(500)) else {
+                return false;
+            };
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut conn)
+                .unwrap_or_default();
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        });
+        let Some(view) = self.view(0).filter(|_| all_ok) else {
+            return false;
+        };
+        let masters: Vec<&NodeView> = view.iter().filter(|n| n.master).collect();
+        masters.len() == 3
+            && view.iter().all(|n| !n.failing)
+            && masters.iter().all(|m| {
+                view.iter()
+                    .filter(|n| n.master_id.as_deref() == Some(m.id.as_str()))
+                    .count()
+                    == 1
+            })
     }
 }
