@@ -413,12 +413,16 @@ where
     ) -> BoxFuture<'a, StoreResult<bool>> {
         Box::pin(async move {
             let channel = self.channel(keys);
-            self.run(UnlockCall {
+            let call = UnlockCall {
                 keys,
                 token,
                 channel: &channel,
-            })
-            .await
+            };
+            // Behind the acquisitions, when they wait for replicas (see `ReplicaWait::release`).
+            match &self.replicas {
+                Some(replicas) => replicas.release(self.scripts, call).await,
+                None => self.run(call).await,
+            }
         })
     }
 
