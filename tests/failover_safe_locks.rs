@@ -19,7 +19,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stampede_guard::{BackendErrorKind, Cache, ConnectionOptions, Error, Lock, LockGuard};
+use stampede_guard::{
+    BackendErrorKind, BreakerOptions, BreakerState, Cache, CallOptions, ConnectionOptions, Error,
+    Lock, LockGuard,
+};
 use support::cluster::RedisCluster;
 use support::commandstats::{commands_since_reset, reset_command_stats};
 use support::replica::{get_on_replica, replica_of};
@@ -238,5 +241,81 @@ async fn on_a_cluster_the_wait_goes_to_the_slot_master_and_its_replica_has_the_l
     let attempt = tokio::time::timeout(NO_HANG, waiting.try_acquire()).await;
     expect_too_few_replicas(attempt.expect("the acquisition ends within its timeout"));
     assert!(!exists(&cluster.nodes[master], "failover:{report}_lock"));
+    drop(stopped);
+}
+
+/// Bug A: a release must not overtake the acquisition it undoes. While the first acquisition's
+/// `WAIT` blocks (replica stopped), the second's script sits unread behind it; both callers
+/// give up. Their releases queue behind the scripts (same connection), so when the replica
+/// comes back the second's script and then both releases run, in that order, and no lock is
+/// left to a token nobody holds. Sent on another connection, the releases ran at once, the
+/// second found nothing to free, and its script then took the lock for a whole lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_an_abandoned_acquisition_does_not_overtake_it() {
+    let servers = Replicated::start();
+    // A lease far above the poll's bound: a lock left behind is seen, not expired.
+    let lock = Lock::builder("report")
+        .namespace("failover")
+        .redis_url(servers.master.url())
+        .options(CallOptions::default().lease(Duration::from_secs(60)))
+        .connection(ConnectionOptions::default().wait_for_replicas(1, Duration::from_secs(5)))
+        .build()
+        .await
+        .expect("a lock");
+    let stopped = Stopped::stop(&servers.replica);
+    let give_up = Duration::from_millis(300);
+    let (first, second) = tokio::join!(
+        tokio::time::timeout(give_up, lock.try_acquire()),
+        tokio::time::timeout(give_up, lock.try_acquire()),
+    );
+    assert!(
+        first.is_err() && second.is_err(),
+        "both acquisitions still waited for the stopped replica when given up"
+    );
+    // Time for the abandoned acquisitions' releases to be sent (from background tasks) before
+    // the replica comes back; not an assertion.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(stopped);
+    let key = "failover:{report}_lock";
+    assert!(
+        support::poll::eventually(Duration::from_secs(10), || !exists(&servers.master, key)),
+        "a lock is left behind: {:?}",
+        get_on_replica(&servers.master, key)
+    );
+    // And the lock is free for the next caller.
+    let guard = lock.try_acquire().await.expect("acquired").expect("free");
+    guard.release().await.expect("released");
+}
+
+/// Bug B: a `WAIT` that runs its course is answered slowly by design, not a dead server. With
+/// the `WAIT` timeout above the breaker's stall bound and the replica down, a miss fails with
+/// `TooFewReplicas` (not as unreachable), and the breaker stays closed: a hit right after it
+/// is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_longer_than_the_stall_bound_does_not_open_the_breaker() {
+    let servers = Replicated::start();
+    let cache = Cache::builder()
+        .redis_url(servers.master.url())
+        .namespace("failover")
+        .connection(ConnectionOptions::default().wait_for_replicas(1, Duration::from_millis(1500)))
+        .breaker(BreakerOptions::default().stall(Duration::from_secs(1)))
+        .build()
+        .await
+        .expect("a cache");
+    let ttl = Duration::from_secs(60);
+    let warm: u64 = cache
+        .get_or_compute("warm", ttl, || async { Ok::<_, String>(7) })
+        .await
+        .expect("computed with the replica up");
+    assert_eq!(warm, 7);
+    let stopped = Stopped::stop(&servers.replica);
+    let miss = cache.get_or_compute("cold", ttl, || async { Ok::<_, String>(1u64) });
+    expect_too_few_replicas(tokio::time::timeout(NO_HANG, miss).await.expect("ends"));
+    let hit: u64 = cache
+        .get_or_compute("warm", ttl, || async { Ok::<_, String>(8) })
+        .await
+        .expect("a hit, the breaker closed");
+    assert_eq!(hit, 7, "served from the cache");
+    assert_eq!(cache.health().await.breaker, BreakerState::Closed);
     drop(stopped);
 }

@@ -361,7 +361,8 @@ impl<C: Codec> CacheBuilder<C> {
             if let Some(tier) = &tier {
                 tier.nudges(Arc::clone(&breaker));
             }
-            store = Arc::new(GuardedStore::new(store, breaker));
+            let slow_locks = self.connection.get_wait_for_replicas().is_some();
+            store = Arc::new(GuardedStore::new(store, breaker, slow_locks));
         }
         // Spawned here, on the caller's runtime; stopped by the cache's drop guard.
         let recovery = self

@@ -23,7 +23,10 @@
 //! a time-out) and take their fallback (`serve_while_down`, `ComputeUncached`). A live server
 //! answers a cache in well under a millisecond; a connection busy with a large answer still
 //! shows life by that answer's end, so keep `stall` above your largest value's transfer. The
-//! watchdog is one task per cache, looking every quarter of `stall`.
+//! watchdog is one task per cache, looking every quarter of `stall`. Lock writes that wait for
+//! replicas (`ConnectionOptions::wait_for_replicas`) are not watched: they travel on a
+//! connection of their own and are answered slowly by design, up to their `WAIT` timeout;
+//! their response time-out bounds them.
 //!
 //! # Logging
 //! One warning when it opens and one line when it closes, with the counts in between; the
@@ -272,6 +275,19 @@ impl Breaker {
         InFlight {
             breaker: self,
             opened: self.opened.subscribe(),
+            watched: true,
+        }
+    }
+
+    /// As [`sending`](Self::sending), for a request answered slowly by design (a lock write
+    /// that waits for replicas, up to its `WAIT` timeout): left out of the stall watchdog's
+    /// count, which would take its wait for a dead server. Its outcome is still recorded, and
+    /// it still fails at once when the breaker opens.
+    pub(crate) fn sending_slow(&self) -> InFlight<'_> {
+        InFlight {
+            breaker: self,
+            opened: self.opened.subscribe(),
+            watched: false,
         }
     }
 
@@ -488,6 +504,8 @@ pub(crate) struct InFlight<'a> {
     breaker: &'a Breaker,
     /// Changes when the breaker opens.
     pub(crate) opened: watch::Receiver<u64>,
+    /// Counted in `in_flight` (see [`Breaker::sending_slow`]).
+    watched: bool,
 }
 
 impl InFlight<'_> {
@@ -501,7 +519,9 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.breaker.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if self.watched {
+            self.breaker.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::breaker::{watch_period, Admit, Breaker};
+use super::breaker::{watch_period, Admit, Breaker, InFlight};
 use super::wakeup::Listener;
 use super::{
     Acquire, Blob, BoxFuture, LockStore, ManyWithEpochs, MemoryStore, ReadOrLock, Store,
@@ -22,12 +22,17 @@ const PROBE_RETRY: Duration = Duration::from_millis(100);
 pub(crate) struct GuardedStore {
     inner: Arc<dyn Store>,
     breaker: Arc<Breaker>,
+    /// Lock writes wait for replicas
+    /// ([`ConnectionOptions::wait_for_replicas`](crate::ConnectionOptions::wait_for_replicas)):
+    /// the stall watchdog leaves them out.
+    slow_locks: bool,
 }
 
 impl GuardedStore {
     /// `inner` behind `breaker`, and the breaker's stall watchdog, spawned on the caller's
-    /// runtime; it ends when the store is dropped.
-    pub(crate) fn new(inner: Arc<dyn Store>, breaker: Arc<Breaker>) -> Self {
+    /// runtime; it ends when the store is dropped. `slow_locks`: the lock writes wait for
+    /// replicas, and the watchdog does not count them.
+    pub(crate) fn new(inner: Arc<dyn Store>, breaker: Arc<Breaker>, slow_locks: bool) -> Self {
         let stall = breaker.stall();
         if !stall.is_zero() {
             let watched = Arc::downgrade(&breaker);
@@ -44,7 +49,11 @@ impl GuardedStore {
                 }
             });
         }
-        GuardedStore { inner, breaker }
+        GuardedStore {
+            inner,
+            breaker,
+            slow_locks,
+        }
     }
 
     /// `op` if the breaker lets it through, with its outcome recorded; otherwise the
@@ -55,9 +64,35 @@ impl GuardedStore {
         &'a self,
         op: BoxFuture<'a, StoreResult<T>>,
     ) -> BoxFuture<'a, StoreResult<T>> {
+        self.through_as(op, false)
+    }
+
+    /// As [`through`](Self::through), for a lock write: when it waits for replicas, it waits
+    /// unwatched by the stall watchdog (see [`Breaker::sending_slow`]).
+    fn lock_write<'a, T: Send + 'a>(
+        &'a self,
+        op: BoxFuture<'a, StoreResult<T>>,
+    ) -> BoxFuture<'a, StoreResult<T>> {
+        self.through_as(op, self.slow_locks)
+    }
+
+    /// The request's place in the breaker's count: `slow`, out of the watchdog's.
+    fn in_flight(&self, slow: bool) -> InFlight<'_> {
+        if slow {
+            self.breaker.sending_slow()
+        } else {
+            self.breaker.sending()
+        }
+    }
+
+    fn through_as<'a, T: Send + 'a>(
+        &'a self,
+        op: BoxFuture<'a, StoreResult<T>>,
+        slow: bool,
+    ) -> BoxFuture<'a, StoreResult<T>> {
         match self.admit() {
             Ok(()) => {
-                let mut waiting = self.breaker.sending();
+                let mut waiting = self.in_flight(slow);
                 Box::pin(async move {
                     let outcome = tokio::select! {
                         biased;
@@ -117,7 +152,7 @@ impl LockStore for GuardedStore {
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<Acquire>> {
-        self.through(self.inner.try_lock(keys, token, lease))
+        self.lock_write(self.inner.try_lock(keys, token, lease))
     }
 
     fn extend<'a>(
@@ -126,7 +161,7 @@ impl LockStore for GuardedStore {
         token: &'a str,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.through(self.inner.extend(keys, token, lease))
+        self.lock_write(self.inner.extend(keys, token, lease))
     }
 
     /// Not refused by an open breaker: freeing a lock is clean-up, mostly of a lock request
@@ -146,7 +181,7 @@ impl LockStore for GuardedStore {
         keys: &'a EntryKeys,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<u64>> {
-        self.through(self.inner.next_fence(keys, lease))
+        self.lock_write(self.inner.next_fence(keys, lease))
     }
 
     fn raise_fence<'a>(
@@ -155,7 +190,7 @@ impl LockStore for GuardedStore {
         floor: u64,
         lease: Duration,
     ) -> BoxFuture<'a, StoreResult<()>> {
-        self.through(self.inner.raise_fence(keys, floor, lease))
+        self.lock_write(self.inner.raise_fence(keys, floor, lease))
     }
 
     fn record_run<'a>(
@@ -195,7 +230,7 @@ impl Store for GuardedStore {
         lease: Duration,
         read_value: bool,
     ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        self.through(self.inner.read_or_lock(keys, token, lease, read_value))
+        self.lock_write(self.inner.read_or_lock(keys, token, lease, read_value))
     }
 
     fn store_and_unlock<'a>(
@@ -252,7 +287,7 @@ impl Store for GuardedStore {
             let answers = entries.iter().map(|_| Err(refused.clone())).collect();
             return Box::pin(std::future::ready(answers));
         }
-        let mut waiting = self.breaker.sending();
+        let mut waiting = self.in_flight(self.slow_locks);
         Box::pin(async move {
             let answers = tokio::select! {
                 biased;

@@ -16,6 +16,9 @@
 //! the replicas take, up to the whole timeout while one is down. On its own connection only the
 //! waiting writes queue behind each other (measured in `benches/lock_latency.rs`).
 //!
+//! Why releases go over it too ([`ReplicaWait::release`]): order. A release must not overtake
+//! the acquisition it undoes, and only one connection keeps them in order.
+//!
 //! What `WAIT` does not do: roll anything back. A write that too few replicas acknowledged
 //! stays on the master; the store undoes what it can (it releases a granted lock) and reports
 //! [`BackendErrorKind::TooFewReplicas`].
@@ -94,9 +97,26 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
         let answer = call.decode(reply)?;
         let acks = match waited {
             Value::Int(acked) => self.enough(usize::try_from(acked).unwrap_or(0), call.key()),
+            // Refused (`NOPERM`, a proxy that does not know it): classed as the script's own
+            // refusals are, not as a reply of the wrong shape.
+            Value::ServerError(e) => Err(about(RedisError::from(e).into())),
             other => Err(about(unexpected("WAIT: a count of replicas", &other))),
         };
         Ok((answer, acks))
+    }
+
+    /// Runs `call` on this connection, with no `WAIT` after it: for releases. A release must
+    /// go where the acquisitions go: the server reads nothing more from this connection while
+    /// a `WAIT` on it blocks, so a lock script sent behind that `WAIT` runs only after it. A
+    /// release sent on another connection (a caller that gave up on its acquisition) could
+    /// run first, find nothing, and the script then granted the lock to nobody for a lease.
+    /// Sent here, it runs after every script sent before it.
+    pub(crate) async fn release<S: ScriptCall>(
+        &self,
+        scripts: &Scripts,
+        call: S,
+    ) -> StoreResult<S::Reply> {
+        super::scripts::run(scripts, call, &mut self.conn.clone()).await
     }
 
     /// `Ok` if `acked` replicas are enough, else the error that says so, about `key`.

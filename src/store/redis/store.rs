@@ -277,16 +277,29 @@ where
         answers: Vec<StoreResult<ReadOrLock>>,
         short: &StoreError,
     ) -> Vec<StoreResult<ReadOrLock>> {
-        let mut out = Vec::with_capacity(answers.len());
-        for ((keys, token, _), answer) in entries.iter().zip(answers) {
-            if let Ok(ReadOrLock::Acquired { .. }) = answer {
-                self.release_unacked(keys, token).await;
-                out.push(Err(short.clone().about(&keys.value)));
-            } else {
-                out.push(answer);
-            }
-        }
-        out
+        let granted =
+            |answer: &StoreResult<ReadOrLock>| matches!(answer, Ok(ReadOrLock::Acquired { .. }));
+        let releases = entries
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| granted(answer))
+            .map(|((keys, token, _), _)| self.release_unacked(keys, token));
+        join_all(releases.collect()).await;
+        entries
+            .iter()
+            .zip(answers)
+            .map(|((keys, _, _), answer)| {
+                if !granted(&answer) {
+                    return answer;
+                }
+                // `short` names the request's first key: each entry's error names its own.
+                let mut own = short.clone();
+                if let StoreError::Redis { key, .. } = &mut own {
+                    *key = Some(keys.value.clone());
+                }
+                Err(own)
+            })
+            .collect()
     }
 
     /// The value of `keys` and the epochs `names`, read with the other single-key reads that
@@ -413,12 +426,16 @@ where
     ) -> BoxFuture<'a, StoreResult<bool>> {
         Box::pin(async move {
             let channel = self.channel(keys);
-            self.run(UnlockCall {
+            let call = UnlockCall {
                 keys,
                 token,
                 channel: &channel,
-            })
-            .await
+            };
+            // Behind the acquisitions, when they wait for replicas (see `ReplicaWait::release`).
+            match &self.replicas {
+                Some(replicas) => replicas.release(self.scripts, call).await,
+                None => self.run(call).await,
+            }
         })
     }
 
