@@ -110,6 +110,30 @@ fn expect_too_few_replicas(result: Result<impl std::fmt::Debug, Error>) {
     }
 }
 
+/// Resumes the replica and waits until it has caught up with the master (a write of this
+/// connection acknowledged), so the next waiting write is judged on a replica in sync, not on
+/// one still replaying its backlog on a loaded machine.
+fn resume_and_catch_up(stopped: Stopped, master: &RedisServer) {
+    drop(stopped);
+    let mut conn = master.conn();
+    redis::cmd("SET")
+        .arg("failover:caught-up")
+        .arg(1)
+        .exec(&mut conn)
+        .expect("SET");
+    for _ in 0..100 {
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(100)
+            .query(&mut conn)
+            .expect("WAIT");
+        if acked >= 1 {
+            return;
+        }
+    }
+    panic!("the resumed replica did not catch up within 10 s");
+}
+
 fn exists(server: &RedisServer, key: &str) -> bool {
     redis::cmd("EXISTS")
         .arg(key)
@@ -142,7 +166,7 @@ async fn with_the_replica_stopped_an_acquisition_fails_and_leaves_no_lock() {
         !exists(&servers.master, "failover:{report}_lock"),
         "the unacknowledged lock was released"
     );
-    drop(stopped);
+    resume_and_catch_up(stopped, &servers.master);
     // The replica back, the same lock is granted.
     let guard = lock.try_acquire().await.expect("acquired").expect("free");
     guard.release().await.expect("released");
@@ -158,7 +182,7 @@ async fn with_the_replica_stopped_a_renewal_fails_and_the_lock_stays() {
     expect_too_few_replicas(renewal.expect("the renewal ends within its timeout"));
     // Not given up: the lock is still ours, with the lease it had.
     assert!(exists(&servers.master, "failover:{report}_lock"));
-    drop(stopped);
+    resume_and_catch_up(stopped, &servers.master);
     assert!(guard
         .extend()
         .await
@@ -191,7 +215,7 @@ async fn a_cache_whose_replica_is_stopped_fails_a_miss_by_its_backend_policy() {
         "computed without the lock"
     );
     assert!(!exists(&servers.master, "failover:{2019-05}_lock"));
-    drop(stopped);
+    resume_and_catch_up(stopped, &servers.master);
     let value: u64 = cache
         .get_or_compute("2019-05", Duration::from_secs(60), || async {
             Ok::<_, String>(2)
