@@ -144,7 +144,9 @@ impl ConnectionOptions {
     /// consistent): a failover that promotes a replica that acknowledged keeps the lock, but a
     /// failover may still promote one that did not, and a write acknowledged by every replica
     /// is lost if they all fail together. The writes go over a connection of their own,
-    /// because `WAIT` holds the connection it is sent on until it returns. Explained in
+    /// because `WAIT` holds the connection it is sent on until it returns; releases go over it
+    /// too (without a `WAIT`), so a release is never read before the acquisition it undoes, and
+    /// its requests do not count toward the breaker's stall bound. Explained in
     /// `docs/cluster-and-redlock.md` (Failover-safe locks).
     ///
     /// ```
