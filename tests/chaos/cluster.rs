@@ -797,6 +797,7 @@ fn failover_figures(h: &History) -> String {
         .collect();
     let proven = rollbacks.iter().filter(|r| r.to.is_some()).count();
     let reseeded = rollbacks.iter().filter(|r| r.reseeded).count();
+    let raised = rollbacks.iter().filter(|r| r.raised).count();
     // The bumps lost with an old master, by what made them, and the lost acquisitions whose
     // token the new master handed out again.
     let mut lost: BTreeMap<&str, usize> = BTreeMap::new();
@@ -816,10 +817,11 @@ fn failover_figures(h: &History) -> String {
     format!(
         "entries switched to another node by a failover {} ({proven} proven from the new \
          master's first write or the controller's probe, {reseeded} found their counter gone \
-         and reseeded, {} unproven), bumps lost with an old master {lost:?} ({reissued} lost \
+         and reseeded, {raised} raised to the new master's clock at its first bump, {} \
+         unproven), bumps lost with an old master {lost:?} ({reissued} lost \
          acquisitions whose token was handed out again)",
         rollbacks.len(),
-        rollbacks.len() - proven - reseeded,
+        rollbacks.len() - proven - reseeded - raised,
     )
 }
 
