@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::checker::{check, documented, documented_kinds};
-use crate::history::{Call, Ending, FailoverWindow, History, Outcome, ServerEvent};
+use crate::history::{Call, Ending, FailoverWindow, History, Outcome, Rollback, ServerEvent};
 use crate::support::cluster::{NodeView, RedisCluster};
 use crate::support::{now_us, signal, RedisServer};
 use crate::{read_worker_log, replay, Controller, MonitorLog, Slot, CALL_BOUND, LEASE};
@@ -804,12 +804,19 @@ fn failover_figures(h: &History) -> String {
     for (_, what) in rollbacks.iter().flat_map(|r| &r.lost) {
         *lost.entry(what).or_default() += 1;
     }
+    // Handed out again: by an acquisition after the switch (the lost one itself came before).
+    let switched_at = |r: &Rollback| {
+        h.server
+            .iter()
+            .position(|e| matches!(e, ServerEvent::Rollback(x) if std::ptr::eq(x, r)))
+            .unwrap_or(0)
+    };
     let reissued = rollbacks
         .iter()
         .flat_map(|r| r.lost.iter().map(move |(token, what)| (r, *token, *what)))
         .filter(|(r, token, what)| {
             *what == "acquisition"
-                && h.server.iter().any(|e| {
+                && h.server[switched_at(r)..].iter().any(|e| {
                     matches!(e, ServerEvent::Acquire { key, token: t } if *key == r.key && t == token)
                 })
         })
