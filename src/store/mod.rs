@@ -230,10 +230,11 @@ pub(crate) struct Stored {
 /// no expiry). No operation shortens it. So, per key and per store:
 /// - while a lock or a value of the key exists, or within two leases of the last acquisition or
 ///   invalidation, tokens strictly increase: each acquisition, `set` and invalidation gets one
-///   above every token handed out before;
+///   above every token handed out before (on Redis the higher of counter + 1 and the server
+///   clock in microseconds);
 /// - the residual case: when the counter is lost although the crate kept it (evicted under
-///   `maxmemory`, `FLUSHDB`, a failover to a replica that missed the last `INCR`) or lapsed
-///   after everything it guarded was gone, the next bump re-seeds it from the server clock in
+///   `maxmemory`, `FLUSHDB`), goes back (a failover to a replica that missed its last bumps) or
+///   lapsed after everything it guarded was gone, the next bump is the server clock in
 ///   microseconds. That is above every earlier token unless the server clock was stepped back
 ///   (or a replica's runs behind) by more than the time since the lost token was handed out.
 ///   Within the cache this can only refuse a write (a write needs the counter to equal its

@@ -386,6 +386,10 @@ fn tokens_only_increase(h: &History) -> Vec<Violation> {
     let reissued = lost_acquisitions(h);
     for (e, last_bump) in with_last_bump(h) {
         match e {
+            // The new master's first bump set its counter to its clock: every token it hands
+            // out from there is above everything the old one handed out (`bump_fence`), so
+            // the old bounds stand.
+            ServerEvent::Rollback(r) if r.raised => {}
             ServerEvent::Rollback(r) => {
                 // The new master goes on from its own counter: what the old one handed out
                 // above it is no longer a bound (lost), and an unproven start bounds nothing.
@@ -1932,6 +1936,7 @@ fn checker_counts_what_a_failover_may_break_and_nothing_else() {
             at_us: 20_000,
             to,
             reseeded: false,
+            raised: false,
             from: Some(10),
             lost,
             survivor: to.map(|t| (Some(t), "acquisition")),
@@ -2004,6 +2009,7 @@ fn checker_counts_what_a_failover_may_break_and_nothing_else() {
             at_us: 60_000,
             to: Some(5),
             reseeded: false,
+            raised: false,
             from: Some(50),
             lost: lost.clone(),
             survivor: Some((Some(5), "acquisition")),

@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::checker::{check, documented, documented_kinds};
-use crate::history::{Call, Ending, FailoverWindow, History, Outcome, ServerEvent};
+use crate::history::{Call, Ending, FailoverWindow, History, Outcome, Rollback, ServerEvent};
 use crate::support::cluster::{NodeView, RedisCluster};
 use crate::support::{now_us, signal, RedisServer};
 use crate::{read_worker_log, replay, Controller, MonitorLog, Slot, CALL_BOUND, LEASE};
@@ -797,18 +797,26 @@ fn failover_figures(h: &History) -> String {
         .collect();
     let proven = rollbacks.iter().filter(|r| r.to.is_some()).count();
     let reseeded = rollbacks.iter().filter(|r| r.reseeded).count();
+    let raised = rollbacks.iter().filter(|r| r.raised).count();
     // The bumps lost with an old master, by what made them, and the lost acquisitions whose
     // token the new master handed out again.
     let mut lost: BTreeMap<&str, usize> = BTreeMap::new();
     for (_, what) in rollbacks.iter().flat_map(|r| &r.lost) {
         *lost.entry(what).or_default() += 1;
     }
+    // Handed out again: by an acquisition after the switch (the lost one itself came before).
+    let switched_at = |r: &Rollback| {
+        h.server
+            .iter()
+            .position(|e| matches!(e, ServerEvent::Rollback(x) if std::ptr::eq(x, r)))
+            .unwrap_or(0)
+    };
     let reissued = rollbacks
         .iter()
         .flat_map(|r| r.lost.iter().map(move |(token, what)| (r, *token, *what)))
         .filter(|(r, token, what)| {
             *what == "acquisition"
-                && h.server.iter().any(|e| {
+                && h.server[switched_at(r)..].iter().any(|e| {
                     matches!(e, ServerEvent::Acquire { key, token: t } if *key == r.key && t == token)
                 })
         })
@@ -816,10 +824,11 @@ fn failover_figures(h: &History) -> String {
     format!(
         "entries switched to another node by a failover {} ({proven} proven from the new \
          master's first write or the controller's probe, {reseeded} found their counter gone \
-         and reseeded, {} unproven), bumps lost with an old master {lost:?} ({reissued} lost \
+         and reseeded, {raised} raised to the new master's clock at its first bump, {} \
+         unproven), bumps lost with an old master {lost:?} ({reissued} lost \
          acquisitions whose token was handed out again)",
         rollbacks.len(),
-        rollbacks.len() - proven - reseeded,
+        rollbacks.len() - proven - reseeded - raised,
     )
 }
 

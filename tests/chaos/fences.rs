@@ -1,6 +1,7 @@
 //! The fencing counters as the replay follows them, on one server or across a cluster's nodes.
 //!
-//! On one server every bump is seen (MONITOR prints each script's `INCR` and the clock seed).
+//! On one server every bump is seen (MONITOR prints each script's `INCR`, and the `SET` of the
+//! clock that follows it when the counter was gone or the clock is above counter + 1).
 //! On a cluster the counter of an entry lives on the node that serves its slot, and moves in
 //! two ways:
 //! - a migration (`MIGRATE` of the slot's keys) carries it whole to the new node: the controller
@@ -13,6 +14,8 @@
 //!   while the counter equals the write's fence, so at that write the counter *is* the fence,
 //!   and at the switch it was the fence minus the bumps the new master made in between. Until
 //!   then the bumps on the new master are counted from 0 and patched once the start is known.
+//!   A bump that sets the counter to the new master's clock ends the wait instead: the start is
+//!   then unknown, and no longer matters, since the clock is above the old master's tokens.
 //!   The old master's bumps above that start never reached the new master: they are the ones a
 //!   failover lost, each an acquisition, an invalidation or a `set` ([`Rollback::lost`]).
 
@@ -99,6 +102,7 @@ impl Fences {
             at_us,
             to: None,
             reseeded: false,
+            raised: false,
             from,
             lost: Vec::new(),
             survivor: None,
@@ -129,6 +133,23 @@ impl Fences {
         if let Some(pending) = self.pending.remove(entry) {
             if let ServerEvent::Rollback(r) = &mut events[pending.rollback] {
                 r.reseeded = true;
+            }
+        }
+    }
+
+    /// The bump set the counter to the server's clock, above counter + 1 (`SET ... KEEPTTL`).
+    /// After a failover that ends the pending switch: the counter the new master went on from
+    /// can no longer be read back from a later write (the clock replaced it), but the clock
+    /// puts this token above every one the old master handed out (as long as the nodes' clocks
+    /// agree to within the failover's time), which the checker holds it to
+    /// ([`Rollback::raised`]). Unless a bump since the switch was counted from 0 (the counter
+    /// was above the clock: not one clock): then the switch stays unproven.
+    pub fn raise(&mut self, entry: &str, value: u64, events: &mut [ServerEvent]) {
+        self.counters.insert(entry.to_string(), value);
+        if let Some(pending) = self.pending.remove(entry) {
+            self.bumps.remove(entry);
+            if let ServerEvent::Rollback(r) = &mut events[pending.rollback] {
+                r.raised = pending.events.is_empty();
             }
         }
     }

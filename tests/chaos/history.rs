@@ -144,6 +144,10 @@ pub struct Rollback {
     /// earlier tokens are no evidence for its later ones.
     pub to: Option<u64>,
     pub reseeded: bool,
+    /// The new master's first bump set its counter to its clock, above counter + 1
+    /// (`bump_fence`): `to` is not known, but every token from there on must be above every
+    /// token and write the old master handed out or accepted.
+    pub raised: bool,
     /// The old master's counter at the switch, as replayed (`None`: not known).
     pub from: Option<u64>,
     /// The bumps above `to` that the old master made: (counter, what bumped it).

@@ -397,17 +397,23 @@ fn replay_script(
         };
         match (cmd.to_ascii_uppercase().as_slice(), part) {
             (b"SET", KeyKind::Fence) => {
-                // A counter that INCR just created (1) is seeded from the clock right after,
-                // in the same script: the seed is the number that bump handed out.
-                let seed = rest
+                // Right after the INCR, in the same script, the bump sets the counter to the
+                // clock: with `KEEPTTL` when the clock was above counter + 1 (a raise), else a
+                // counter that INCR just created (1) is seeded. Either way the value set is the
+                // number that bump handed out.
+                let value = rest
                     .first()
                     .and_then(|v| std::str::from_utf8(v).ok())
                     .and_then(|v| v.parse().ok())
-                    .expect("a numeric fence seed");
+                    .expect("a numeric fence value");
                 if bumped.as_ref().is_some_and(|(k, _)| *k == entry) {
-                    bumped = Some((entry.clone(), seed));
+                    bumped = Some((entry.clone(), value));
                 }
-                counters.seed(&entry, seed, events);
+                if rest.iter().any(|a| a.eq_ignore_ascii_case(b"KEEPTTL")) {
+                    counters.raise(&entry, value, events);
+                } else {
+                    counters.seed(&entry, value, events);
+                }
             }
             (b"INCR", KeyKind::Fence) => {
                 let n = counters.incr(&entry);
@@ -868,8 +874,9 @@ fn monitor_replay_reads_the_clock_and_the_raised_epochs() {
 /// a token the replay counts from 0 until node 1 accepts a computed write with fence 101: the
 /// counter was 100 at the switch, so node 0's 101 was lost, and node 1's acquisition is patched
 /// to 101. A migration to node 2 carries the counter (no switch); a switch with no write after
-/// it stays unproven, one whose counter was gone is reseeded, and one the controller's probe
-/// reads the counter of after it is proven by the probe.
+/// it stays unproven, one whose counter was gone is reseeded, one the controller's probe
+/// reads the counter of after it is proven by the probe, and one whose first bump set the
+/// counter to the clock (`SET ... KEEPTTL`) is raised.
 fn monitor_replay_follows_the_counters_across_a_clusters_nodes() {
     let acquire = |at: &str, seed: Option<&str>| {
         let mut lines = vec![
@@ -914,6 +921,14 @@ fn monitor_replay_follows_the_counters_across_a_clusters_nodes() {
         r#"9.0 [0 lua] "GET" "chaos:{k0}_fence""#.into(),
         r#"9.1 [0 lua] "ECHO" "probe chaos:{k0}_fence 901""#.into(),
     ]);
+    // A failover to node 6, whose first bump sets the counter to its clock (950, above 901 +
+    // 1): raised, its start unknown; a later bump in the same µs is counted from the clock.
+    lines.extend(["C".into(), "N 6".into()]);
+    lines.extend(acquire("10.0", None));
+    lines.push(r#"10.0 [0 lua] "TIME""#.into());
+    lines.push(r#"10.0 [0 lua] "SET" "chaos:{k0}_fence" "950" "KEEPTTL""#.into());
+    lines.extend(["C".into(), "N 6".into()]);
+    lines.extend(acquire("11.0", None));
     let (events, _) = replay(NAMESPACE, 0, &lines);
     let acquired = |token| ServerEvent::Acquire {
         key: "k0".into(),
@@ -925,6 +940,7 @@ fn monitor_replay_follows_the_counters_across_a_clusters_nodes() {
             at_us,
             to,
             reseeded,
+            raised: false,
             from,
             lost,
             survivor,
@@ -964,6 +980,18 @@ fn monitor_replay_follows_the_counters_across_a_clusters_nodes() {
                 Some((Some(900), "acquisition"))
             ),
             acquired(901),
+            ServerEvent::Rollback(Rollback {
+                key: "k0".into(),
+                at_us: 10_000_000,
+                to: None,
+                reseeded: false,
+                raised: true,
+                from: Some(901),
+                lost: vec![],
+                survivor: None,
+            }),
+            acquired(950),
+            acquired(951),
         ]
     );
 }

@@ -56,10 +56,16 @@ pub(crate) use write_fenced::WriteFencedCall;
 /// `keep_at_least` never shortens a key's life: the fencing counter must live at least as long
 /// as every value and lock it guards (the fencing guarantee, `FENCE_RETENTION_LEASES`).
 ///
-/// `bump_fence` bumps the fencing counter. A counter that did not exist (INCR made it 1) is
-/// seeded from the server clock in microseconds (`seconds .. zero-padded micros`, built as a
-/// string because Lua's number formatting would round it), so that tokens keep rising even
-/// after the counter was lost.
+/// `bump_fence` hands out max(counter + 1, the server clock in microseconds) and stores it as the
+/// counter (`SET ... KEEPTTL`: the counter keeps its life, then `keep_at_least` as for any
+/// bump). The clock is `seconds .. zero-padded micros`, built as a string because Lua's number
+/// formatting would round it, and compared with `tonumber` (exact: µs tokens are far below
+/// 2^53). A counter that did not exist (INCR made it 1) is the clock, with the retention as its
+/// life. The clock is why a failover cannot hand a token out twice: replication is
+/// asynchronous, so the new master may lack the old one's last bumps, but every token the old
+/// master handed out was at most its clock then, and a failover takes longer than the nodes'
+/// clocks disagree (NTP), so the new master's next token is above them all. Within one µs the
+/// counter + 1 keeps tokens strictly increasing.
 ///
 /// `write_value` carries out an accepted fenced write: `'set'` for `ms`, `'keep'` (the
 /// fail-safe's throttled copy: new bytes, a life never shortened and at least `ms`), or a delete.
@@ -124,11 +130,15 @@ local function announce(channel, fence, key)
 end
 local function bump_fence(fence, retention_ms)
   local n = redis.call('INCR', fence)
+  local t = redis.call('TIME')
+  local now = t[1] .. string.format('%06d', tonumber(t[2]))
   if n == 1 then
-    local t = redis.call('TIME')
-    local seeded = t[1] .. string.format('%06d', tonumber(t[2]))
-    set_expiring(fence, seeded, retention_ms)
-    return tonumber(seeded)
+    set_expiring(fence, now, retention_ms)
+    return tonumber(now)
+  end
+  if tonumber(now) > n then
+    redis.call('SET', fence, now, 'KEEPTTL')
+    n = tonumber(now)
   end
   keep_at_least(fence, retention_ms)
   return n
