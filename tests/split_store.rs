@@ -120,9 +120,10 @@ fn a_lock_granted_after_the_value_landed_is_not_computed_again() {
             (a.as_str(), b.as_str()),
             ("report for 2019-05", "report for 2019-05")
         );
-        assert_eq!(
-            fence(),
-            fence_after_a + 1,
+        // A bump hands out at least the server's clock in µs, so the counter moved on, by one
+        // or more: B's held request was granted the lock after A's value landed.
+        assert!(
+            fence() > fence_after_a,
             "B's held request was granted the lock (the case this test is about)"
         );
         assert_eq!(computes.load(Ordering::SeqCst), 1, "computed twice");
