@@ -36,7 +36,7 @@ use crate::checker::{check, documented, documented_kinds};
 use crate::history::{Call, Ending, FailoverWindow, History, Outcome, Rollback, ServerEvent};
 use crate::support::cluster::{NodeView, RedisCluster};
 use crate::support::{now_us, signal, RedisServer};
-use crate::{read_worker_log, replay, Controller, MonitorLog, Slot, CALL_BOUND, LEASE};
+use crate::{read_worker_log, replay, Controller, MonitorLog, CALL_BOUND, LEASE};
 use crate::{NAMESPACE, WORKERS};
 
 /// The node timeout: a failed or paused master's replica is promoted about this long after.
@@ -626,16 +626,7 @@ impl Controller {
             proxy_urls: [seeds.clone(), seeds],
             sink_url,
             seed,
-            slots: (0..WORKERS)
-                .map(|_| Slot {
-                    worker: None,
-                    instance: String::new(),
-                    generation: 0,
-                    paused_since: None,
-                    resume_at: None,
-                    respawn_at: None,
-                })
-                .collect(),
+            slots: crate::new_slots(WORKERS),
             faults: BTreeMap::new(),
             pauses: Vec::new(),
             endings: Vec::new(),
@@ -698,31 +689,6 @@ impl Controller {
         slot.resume_at = Some(now + span);
         *self.faults.entry("stop").or_default() += 1;
         format!("{} for {span:?}", slot.instance)
-    }
-
-    /// Asks every worker to stop, and records how each ended.
-    fn stop_workers(&mut self) {
-        for i in 0..WORKERS {
-            self.resume(i);
-        }
-        File::create(self.dir.join("stop")).expect("the stop file");
-        for i in 0..WORKERS {
-            let Some(mut w) = self.slots[i].worker.take() else {
-                continue;
-            };
-            let exited = crate::support::eventually(Duration::from_secs(60), || !w.is_alive());
-            let clean_exit = exited && w.wait_success();
-            if !exited {
-                signal(w.pid(), "KILL");
-                let _ = w.child.wait();
-            }
-            self.endings.push(Ending {
-                instance: self.slots[i].instance.clone(),
-                killed: false,
-                clean_exit,
-                in_flight: None,
-            });
-        }
     }
 }
 

@@ -557,22 +557,81 @@ impl Controller {
     }
 
     fn resume(&mut self, i: usize) {
-        let slot = &mut self.slots[i];
-        if let (Some((from_us, _)), Some(w)) = (slot.paused_since.take(), slot.worker.as_ref()) {
-            signal(w.pid(), "CONT");
-            self.pauses.push(Pause {
-                instance: slot.instance.clone(),
-                from_us,
-                to_us: now_us(),
-            });
-        }
-        slot.resume_at = None;
+        resume_slot(&mut self.slots[i], &mut self.pauses);
     }
 
     fn running(&self) -> Vec<usize> {
-        (0..self.slots.len())
-            .filter(|i| self.slots[*i].worker.is_some() && self.slots[*i].paused_since.is_none())
-            .collect()
+        running_slots(&self.slots)
+    }
+
+    /// Asks every worker to stop, and records how each ended.
+    fn stop_workers(&mut self) {
+        stop_slots(
+            &self.dir,
+            &mut self.slots,
+            &mut self.pauses,
+            &mut self.endings,
+        );
+    }
+}
+
+/// `count` empty worker slots (each schedule's controller starts its workers in them).
+fn new_slots(count: usize) -> Vec<Slot> {
+    (0..count)
+        .map(|_| Slot {
+            worker: None,
+            instance: String::new(),
+            generation: 0,
+            paused_since: None,
+            resume_at: None,
+            respawn_at: None,
+        })
+        .collect()
+}
+
+/// Resumes `slot`'s worker if it was stopped (SIGCONT), recording the pause.
+fn resume_slot(slot: &mut Slot, pauses: &mut Vec<Pause>) {
+    if let (Some((from_us, _)), Some(w)) = (slot.paused_since.take(), slot.worker.as_ref()) {
+        signal(w.pid(), "CONT");
+        pauses.push(Pause {
+            instance: slot.instance.clone(),
+            from_us,
+            to_us: now_us(),
+        });
+    }
+    slot.resume_at = None;
+}
+
+/// The slots whose worker runs (started, not stopped).
+fn running_slots(slots: &[Slot]) -> Vec<usize> {
+    (0..slots.len())
+        .filter(|i| slots[*i].worker.is_some() && slots[*i].paused_since.is_none())
+        .collect()
+}
+
+/// Resumes every worker, asks them all to stop (the stop file in `dir`), and records how each
+/// ended (killed after 60 s if it did not exit).
+fn stop_slots(dir: &Path, slots: &mut [Slot], pauses: &mut Vec<Pause>, endings: &mut Vec<Ending>) {
+    for slot in slots.iter_mut() {
+        resume_slot(slot, pauses);
+    }
+    File::create(dir.join("stop")).expect("the stop file");
+    for slot in slots.iter_mut() {
+        let Some(mut w) = slot.worker.take() else {
+            continue;
+        };
+        let exited = support::eventually(Duration::from_secs(60), || !w.is_alive());
+        let clean_exit = exited && w.wait_success();
+        if !exited {
+            signal(w.pid(), "KILL");
+            let _ = w.child.wait();
+        }
+        endings.push(Ending {
+            instance: slot.instance.clone(),
+            killed: false,
+            clean_exit,
+            in_flight: None,
+        });
     }
 }
 
@@ -618,16 +677,7 @@ fn chaos_run() {
         proxy_urls: [proxies.0[0].url(), proxies.0[1].url()],
         sink_url: sink.url(),
         seed,
-        slots: (0..WORKERS)
-            .map(|_| Slot {
-                worker: None,
-                instance: String::new(),
-                generation: 0,
-                paused_since: None,
-                resume_at: None,
-                respawn_at: None,
-            })
-            .collect(),
+        slots: new_slots(WORKERS),
         faults: BTreeMap::new(),
         pauses: Vec::new(),
         endings: Vec::new(),
@@ -829,27 +879,7 @@ fn chaos_run() {
     freeze.thaw(&server);
     pressure.stop(&server);
     proxies.set_mode(Side::Both, Mode::Pass);
-    for i in 0..WORKERS {
-        c.resume(i);
-    }
-    File::create(dir.join("stop")).expect("the stop file");
-    for i in 0..WORKERS {
-        let Some(mut w) = c.slots[i].worker.take() else {
-            continue;
-        };
-        let exited = support::eventually(Duration::from_secs(60), || !w.is_alive());
-        let clean_exit = exited && w.wait_success();
-        if !exited {
-            signal(w.pid(), "KILL");
-            let _ = w.child.wait();
-        }
-        c.endings.push(Ending {
-            instance: c.slots[i].instance.clone(),
-            killed: false,
-            clean_exit,
-            in_flight: None,
-        });
-    }
+    c.stop_workers();
     // Nothing stranded in the server: lock keys now, and one lease later.
     let mut conn = server.conn();
     let lock_keys = |conn: &mut redis::Connection| -> Vec<String> {

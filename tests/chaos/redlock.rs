@@ -20,7 +20,7 @@
 //! --release --test chaos chaos_run` a long one without delay (seed: `STAMPEDE_CHAOS_SEED`).
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,7 +33,7 @@ use stampede_guard::{CallOptions, Error, Lock, Redlock};
 use crate::history::{Ending, History, Pause};
 use crate::redlock_checker::{check, Granted, NodeRestart, RedlockHistory, SinkWrite, Verdict};
 use crate::support::{now_us, runtime, signal, RedisServer, Worker};
-use crate::{read_worker_log, Log, Slot, NAMESPACE, SINK};
+use crate::{read_worker_log, resume_slot, running_slots, stop_slots, Log, Slot, NAMESPACE, SINK};
 
 /// The worker role of this schedule.
 pub const ROLE: &str = "chaos-redlock-worker";
@@ -249,22 +249,11 @@ impl Workers {
     }
 
     fn resume(&mut self, i: usize) {
-        let slot = &mut self.slots[i];
-        if let (Some((from_us, _)), Some(w)) = (slot.paused_since.take(), slot.worker.as_ref()) {
-            signal(w.pid(), "CONT");
-            self.pauses.push(Pause {
-                instance: slot.instance.clone(),
-                from_us,
-                to_us: now_us(),
-            });
-        }
-        slot.resume_at = None;
+        resume_slot(&mut self.slots[i], &mut self.pauses);
     }
 
     fn running(&self) -> Vec<usize> {
-        (0..WORKERS)
-            .filter(|i| self.slots[*i].worker.is_some() && self.slots[*i].paused_since.is_none())
-            .collect()
+        running_slots(&self.slots)
     }
 
     /// Resumes and respawns what is due.
@@ -310,27 +299,12 @@ impl Workers {
 
     /// Asks every worker to stop and records how each ended.
     fn stop_all(&mut self) {
-        for i in 0..WORKERS {
-            self.resume(i);
-        }
-        File::create(self.dir.join("stop")).expect("the stop file");
-        for i in 0..WORKERS {
-            let Some(mut w) = self.slots[i].worker.take() else {
-                continue;
-            };
-            let exited = crate::support::eventually(Duration::from_secs(60), || !w.is_alive());
-            let clean_exit = exited && w.wait_success();
-            if !exited {
-                signal(w.pid(), "KILL");
-                let _ = w.child.wait();
-            }
-            self.endings.push(Ending {
-                instance: self.slots[i].instance.clone(),
-                killed: false,
-                clean_exit,
-                in_flight: None,
-            });
-        }
+        stop_slots(
+            &self.dir,
+            &mut self.slots,
+            &mut self.pauses,
+            &mut self.endings,
+        );
     }
 }
 
@@ -352,16 +326,7 @@ fn run(rounds: u64, seed: u64, delay: Duration) -> Outcome {
             .join(","),
         sink_url: sink.url(),
         seed,
-        slots: (0..WORKERS)
-            .map(|_| Slot {
-                worker: None,
-                instance: String::new(),
-                generation: 0,
-                paused_since: None,
-                resume_at: None,
-                respawn_at: None,
-            })
-            .collect(),
+        slots: crate::new_slots(WORKERS),
         pauses: Vec::new(),
         endings: Vec::new(),
         instances: Vec::new(),
