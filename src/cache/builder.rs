@@ -2,6 +2,7 @@
 //!
 //! Explained in the guide: `docs/configuration.md` (every setting, its default and bounds).
 
+use crate::cache::engine::{Engine, Parts};
 use crate::cache::near::{NearCacheOptions, NearTier};
 use crate::cache::recovery::{Recovery, RecoveryOptions};
 use crate::cache::Cache;
@@ -368,14 +369,14 @@ impl<C: Codec> CacheBuilder<C> {
         let recovery = self
             .recovery
             .map(|options| Recovery::start(options, Arc::clone(&store), Arc::clone(&counters)));
-        Ok(Cache::with_near(
+        Ok(Cache::from_engine(Engine::new(Parts {
             store,
-            self.codec,
-            self.namespace,
-            self.options,
-            tier,
+            codec: self.codec,
+            namespace: self.namespace,
+            options: self.options,
+            near: tier,
             counters,
             recovery,
-        ))
+        })))
     }
 }

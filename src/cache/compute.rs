@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::cache::bounds::ComputeFailure;
+use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
 use crate::lock::lease::HeldLock;
 use crate::stats::{Event, NotStoredReason};
@@ -21,7 +22,7 @@ use crate::store::{Stored, Write};
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
 /// What a computation that fails does with the lock and the value it was to replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,7 +69,7 @@ impl<R> Drop for Detachable<R> {
     }
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Computes under `held`, as the caller that took the lock, and answers with the value or,
     /// with the fail-safe, the fallback `kept` when the computation fails or hits its hard
     /// timeout. With a fallback and a soft timeout, the computation runs in a task of its own:
@@ -129,7 +130,7 @@ impl<C: Codec> Cache<C> {
             },
             () = tokio::time::sleep_until(soft) => {
                 task.detach();
-                self.inner.counters.record(Event::SoftTimeout);
+                self.core.counters.record(Event::SoftTimeout);
                 tracing::debug!(key = %keys.user,
                     "soft timeout: serving the fail-safe value while the computation goes on");
                 Ok(self.serve_fallback(kept.value))
@@ -159,7 +160,7 @@ impl<C: Codec> Cache<C> {
         // returned before now is older than the value (see `cache/tags.rs`).
         let born = self.born_now().await;
         let computing = Instant::now();
-        self.inner.counters.record(Event::Compute);
+        self.core.counters.record(Event::Compute);
         let run = f(held.lease());
         let ran = match self.options.max_hold {
             Some(hold) => tokio::time::timeout_at(later_by(computing, hold), run)
@@ -176,7 +177,7 @@ impl<C: Codec> Cache<C> {
             }
             None => {
                 let after = computing.elapsed();
-                self.inner.counters.record(Event::HardTimeout);
+                self.core.counters.record(Event::HardTimeout);
                 tracing::warn!(key = %keys.user, ?after,
                     "hard timeout: the computation is cancelled and its lock freed");
                 self.after_failure::<T, E>(held, keys, on_failure, None, born)
@@ -224,20 +225,17 @@ impl<C: Codec> Cache<C> {
             bytes,
             ttl: self.options.stored_for(ttl),
         };
-        match held
-            .store_and_unlock(self.inner.store.as_ref(), write)
-            .await
-        {
+        match held.store_and_unlock(self.core.store.as_ref(), write).await {
             Ok(Stored { written: true, .. }) => {}
             // Counted and logged once a minute per reason, not per call: a full Redis would
             // otherwise log on every miss.
-            Ok(Stored { written: false, .. }) => self.inner.counters.not_stored(
+            Ok(Stored { written: false, .. }) => self.core.counters.not_stored(
                 NotStoredReason::FenceLost,
                 &keys.user,
                 &"the fencing token is no longer current",
             ),
             Err(e) => self
-                .inner
+                .core
                 .counters
                 .not_stored(NotStoredReason::of(e.kind()), &keys.user, &e),
         }
@@ -255,7 +253,7 @@ impl<C: Codec> Cache<C> {
         error: Option<&E>,
         born: u64,
     ) {
-        let store = self.inner.store.as_ref();
+        let store = self.core.store.as_ref();
         let released = match (on_failure, self.options.negative_ttl, error) {
             // The fail-safe: the kept value stays, as a throttled copy (this wins over negative
             // caching, which would replace the fallback with the error).

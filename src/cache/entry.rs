@@ -13,12 +13,13 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::cache::engine::Engine;
 use crate::store::Write;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
 use crate::wire::shape;
-use crate::{Cache, Error, MAX_VALUE_BYTES};
+use crate::{Error, MAX_VALUE_BYTES};
 
 /// A stored entry, decoded: a value, or a remembered failure's message.
 pub(crate) struct StoredEntry<T> {
@@ -38,11 +39,11 @@ pub(crate) struct StoredEntry<T> {
     pub tags: Vec<String>,
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
     /// (once per cache; after that, an atomic load).
     pub(crate) async fn clock_ready(&self) {
-        let store = &self.inner.store;
+        let store = &self.core.store;
         if !store.clock_synced() {
             store.sync_clock().await;
         }
@@ -56,7 +57,7 @@ impl<C: Codec> Cache<C> {
         keys: &EntryKeys,
         bytes: &[u8],
     ) -> Option<StoredEntry<T>> {
-        let codec = &self.inner.codec;
+        let codec = &self.core.codec;
         let envelope = match Envelope::decode(bytes, codec.id()) {
             Ok(envelope) => envelope,
             Err(foreign) => {
@@ -102,7 +103,7 @@ impl<C: Codec> Cache<C> {
         fence: u64,
         (born, tags): (u64, &[String]),
     ) -> Result<Vec<u8>, Error> {
-        let codec = &self.inner.codec;
+        let codec = &self.core.codec;
         let payload = codec
             .encode(value)
             .map_err(|e| Error::Encode(Arc::from(e)))?;
@@ -139,7 +140,7 @@ impl<C: Codec> Cache<C> {
     ) -> Vec<u8> {
         let message = error.to_string();
         Envelope {
-            codec: self.inner.codec.id(),
+            codec: self.core.codec.id(),
             negative: true,
             fallback: false,
             fresh_until_ms: self.fresh_until(ttl),
@@ -158,7 +159,7 @@ impl<C: Codec> Cache<C> {
     /// served as the fallback until the throttle ends and kept at least that long. `None` if the
     /// bytes are no longer ours to read (they were, when kept).
     pub(crate) fn throttled_copy(&self, kept: &[u8], fence: u64) -> Option<Write> {
-        let envelope = Envelope::decode(kept, self.inner.codec.id()).ok()?;
+        let envelope = Envelope::decode(kept, self.core.codec.id()).ok()?;
         let throttle = self.options.fail_safe_throttle;
         let bytes = Envelope {
             fallback: true,
@@ -177,6 +178,6 @@ impl<C: Codec> Cache<C> {
     /// every process shares, so all judge freshness alike); saturated, as `ttl` may be huge.
     fn fresh_until(&self, ttl: Duration) -> u64 {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        self.inner.store.now_ms().saturating_add(ttl_ms)
+        self.core.store.now_ms().saturating_add(ttl_ms)
     }
 }

@@ -14,12 +14,13 @@
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{standing, Standing};
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Error, Fetched, Source};
+use crate::{Error, Fetched, Source};
 
 /// A value past its stale window, kept as the fallback of the computation that replaces it.
 #[derive(Debug, Clone)]
@@ -48,12 +49,12 @@ pub(crate) fn falls_back(error: &Error) -> bool {
     )
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Where `entry` stands for this handle's options, by the store's clock now.
     pub(crate) fn standing_of<T>(&self, entry: &StoredEntry<T>) -> Standing {
         let stale_ms = u64::try_from(self.options.stale_for.as_millis()).unwrap_or(u64::MAX);
         standing(
-            self.inner.store.now_ms(),
+            self.core.store.now_ms(),
             entry.fresh_until_ms,
             entry.throttled,
             stale_ms,
@@ -143,11 +144,13 @@ mod tests {
 
     use super::*;
     use crate::store::Write;
+    use crate::wire::codec::Bincode;
+    use crate::Cache;
     use crate::CallOptions;
 
     /// A memory cache whose calls use `options`.
-    fn cache(options: CallOptions) -> Cache {
-        Cache::in_memory().with_options(options)
+    fn cache(options: CallOptions) -> Engine<Bincode> {
+        Cache::in_memory().with_options(options).engine
     }
 
     /// The fail-safe on (an hour), with a stale window of ten seconds.
@@ -171,14 +174,14 @@ mod tests {
     }
 
     /// Whether `cache` sorts `entry` for serving.
-    fn served(cache: &Cache, entry: StoredEntry<u64>) -> bool {
+    fn served(cache: &Engine<Bincode>, entry: StoredEntry<u64>) -> bool {
         matches!(cache.sort(entry), Sorted::Serve(_))
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_value_is_served_through_its_stale_window_and_replaced_after() {
         let cache = cache(fail_safe());
-        let now = cache.inner.store.now_ms();
+        let now = cache.core.store.now_ms();
         assert!(served(&cache, entry(now + 1, false)), "fresh");
         assert!(
             served(&cache, entry(now - 9_000, false)),
@@ -193,7 +196,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_throttled_copy_is_served_until_its_throttle_ends() {
         let cache = cache(fail_safe());
-        let now = cache.inner.store.now_ms();
+        let now = cache.core.store.now_ms();
         assert!(served(&cache, entry(now + 1, true)), "within its throttle");
         assert!(
             !served(&cache, entry(now - 1, true)),
@@ -232,7 +235,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_fallback_answers_a_failure_or_a_time_out_but_not_a_caller_bug() {
         let cache = cache(fail_safe());
-        let keys = EntryKeys::new(cache.namespace(), "k").unwrap();
+        let keys = EntryKeys::new(&cache.core.namespace, "k").unwrap();
         let kept = || {
             Some(Kept {
                 value: 5u64,
@@ -261,7 +264,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_throttled_copy_is_the_kept_value_fenced_and_fresh_for_the_throttle() {
         let cache = cache(fail_safe().fail_safe_throttle(Duration::from_secs(5)));
-        let keys = EntryKeys::new(cache.namespace(), "k").unwrap();
+        let keys = EntryKeys::new(&cache.core.namespace, "k").unwrap();
         let kept = cache
             .encode_value(&5u64, Duration::from_secs(1), Duration::ZERO, 3, (1, &[]))
             .unwrap();
@@ -271,6 +274,6 @@ mod tests {
         assert_eq!(at_least, Duration::from_secs(5));
         let copy = cache.read_stored::<u64>(&keys, &bytes).unwrap();
         assert_eq!((copy.value, copy.fence, copy.throttled), (Ok(5), 9, true));
-        assert_eq!(copy.fresh_until_ms, cache.inner.store.now_ms() + 5_000);
+        assert_eq!(copy.fresh_until_ms, cache.core.store.now_ms() + 5_000);
     }
 }

@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::claim::{Claim, Start};
+use crate::cache::engine::Engine;
 use crate::cache::failsafe::Sorted;
 use crate::cache::tags::Epochs;
 use crate::stats::Event;
@@ -22,9 +23,9 @@ use crate::time::{later_by, saturate};
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
     pub(crate) async fn fetch_beyond_quick_hit<T, E, F, Fut>(
         &self,
@@ -72,7 +73,7 @@ impl<C: Codec> Cache<C> {
         result: &Result<Fetched<T>, Error>,
         started: tokio::time::Instant,
     ) -> &'static str {
-        let counters = &self.inner.counters;
+        let counters = &self.core.counters;
         let miss = || counters.record(Event::Miss);
         match result {
             Ok(fetched) => match fetched.source {
@@ -147,17 +148,17 @@ impl<C: Codec> Cache<C> {
         // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
         if self.options.early_refresh_beta > 0.0 {
             if let Some(entry) = self.near_copy::<T>(key) {
-                let keys = EntryKeys::new(&self.inner.namespace, key)?;
+                let keys = EntryKeys::new(&self.core.namespace, key)?;
                 return self.serve(entry, keys, ttl, f, Source::Hit);
             }
         }
 
-        let keys = EntryKeys::new(&self.inner.namespace, key)?;
+        let keys = EntryKeys::new(&self.core.namespace, key)?;
         self.clock_ready().await;
 
         // Otherwise a ticket is taken before the read, for its answer to go into the near tier.
         let ticket = self
-            .inner
+            .core
             .near
             .as_ref()
             .and_then(|near| near.ticket(&keys.user));
@@ -216,7 +217,7 @@ impl<C: Codec> Cache<C> {
         let started = Instant::now();
         let leader = loop {
             match self
-                .inner
+                .core
                 .flights
                 .join::<Fetched<T>, E>(&keys.value, self.epoch_mark())
             {
@@ -271,7 +272,7 @@ impl<C: Codec> Cache<C> {
                 return self.shared(outcome, keys, mark).await;
             }
             if let Some(Err(kept)) = self.look_again::<T>(keys).await {
-                self.inner.counters.record(Event::SoftTimeout);
+                self.core.counters.record(Event::SoftTimeout);
                 return Some(Ok(self.serve_fallback(kept.value)));
             }
         }

@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use crate::cache::engine::Engine;
 use crate::stats::{BreakerState, TrackingState};
 use crate::wire::codec::Codec;
-use crate::Cache;
 
 /// How long [`Cache::health`] waits for the backend's answer: a readiness probe must not hang
 /// on a black-holed connection for the whole response time-out.
@@ -85,10 +85,10 @@ impl serde::Serialize for Health {
     }
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// The health report behind [`Cache::health`].
     pub(crate) async fn health_report(&self) -> Health {
-        let store = &self.inner.store;
+        let store = &self.core.store;
         let reachable = matches!(
             tokio::time::timeout(HEALTH_PING_TIMEOUT, store.ping()).await,
             Ok(Ok(()))
@@ -98,9 +98,9 @@ impl<C: Codec> Cache<C> {
             reachable,
             breaker: breaker.map_or(BreakerState::Closed, |b| b.state()),
             failing_for: breaker.and_then(|b| b.failing_for()),
-            near_feed_proven: self.inner.near.as_ref().map(|near| near.proven()),
-            near_tracking: self.inner.near.as_ref().map(|near| near.tracking()),
-            recovery_queued: self.inner.recovery.as_ref().map_or(0, |r| r.len()),
+            near_feed_proven: self.core.near.as_ref().map(|near| near.proven()),
+            near_tracking: self.core.near.as_ref().map(|near| near.tracking()),
+            recovery_queued: self.core.recovery.as_ref().map_or(0, |r| r.len()),
         }
     }
 }

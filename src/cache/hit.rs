@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::near::Ticket;
 use crate::cache::tags::Epochs;
@@ -11,9 +12,9 @@ use crate::stats::Event;
 use crate::store::{Blob, Store, StoreError};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Fetched, Source};
+use crate::{Fetched, Source};
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// A near hit, or a hit of a value the embedded store holds decoded, counted: it needs no
     /// span, no timing and none of the machinery of [`fetch_beyond_quick_hit`].
     ///
@@ -24,7 +25,7 @@ impl<C: Codec> Cache<C> {
             return Some(value);
         }
         let value = self.memory_hit::<T>(key)?;
-        self.inner.counters.record(Event::Hit);
+        self.core.counters.record(Event::Hit);
         Some(value)
     }
 
@@ -43,7 +44,7 @@ impl<C: Codec> Cache<C> {
         ) {
             return None;
         }
-        let near = self.inner.near.as_ref()?;
+        let near = self.core.near.as_ref()?;
         let value = near.held::<T>(key, self.options.fail_safe_for)?;
         Some(Fetched {
             value,
@@ -54,7 +55,7 @@ impl<C: Codec> Cache<C> {
     /// A read of `keys` reached the backend: what the near tier held for it from before an
     /// outage goes (see `NearTier::reached`).
     pub(crate) fn reached_backend(&self, keys: &EntryKeys) {
-        if let Some(near) = &self.inner.near {
+        if let Some(near) = &self.core.near {
             near.reached(&keys.user);
         }
     }
@@ -62,7 +63,7 @@ impl<C: Codec> Cache<C> {
     /// This instance changed the entry: its own near copy goes now, without waiting for the
     /// announcement to come back (read-your-writes within the instance).
     pub(crate) fn forget_near(&self, keys: &EntryKeys) {
-        if let Some(near) = &self.inner.near {
+        if let Some(near) = &self.core.near {
             near.forget(&keys.user);
         }
     }
@@ -80,7 +81,7 @@ impl<C: Codec> Cache<C> {
         epochs: &Epochs,
     ) {
         if let (Some(near), Some(ticket), Ok(value), false) =
-            (&self.inner.near, ticket, &entry.value, entry.throttled)
+            (&self.core.near, ticket, &entry.value, entry.throttled)
         {
             let Some(tag_epochs) = self.tag_epoch_names(&entry.tags) else {
                 return;
@@ -94,7 +95,7 @@ impl<C: Codec> Cache<C> {
                 entry.fresh_until_ms,
                 entry.compute_ms,
                 len,
-                self.inner.store.now_ms(),
+                self.core.store.now_ms(),
                 (entry.born, tag_epochs.into()),
             );
         }
@@ -103,8 +104,8 @@ impl<C: Codec> Cache<C> {
     /// A fresh near copy of `key` as a `T`, if there is a near tier and it may serve. Its clock
     /// is calibrated before any copy goes in, so an uncalibrated one means no copy.
     pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
-        let near = self.inner.near.as_ref()?;
-        let store = &self.inner.store;
+        let near = self.core.near.as_ref()?;
+        let store = &self.core.store;
         if !store.clock_synced() {
             return None;
         }
@@ -119,7 +120,7 @@ impl<C: Codec> Cache<C> {
             return None;
         }
         // No clock check: the tier holds no copy before the store's clock is calibrated.
-        self.inner.near.as_ref()?.value::<T>(key)
+        self.core.near.as_ref()?.value::<T>(key)
     }
 
     /// The value of `key` if the embedded store holds it fresh and decoded as a `T`, when a hit
@@ -128,8 +129,8 @@ impl<C: Codec> Cache<C> {
         if self.options.early_refresh_beta > 0.0 {
             return None;
         }
-        let memory = self.inner.store.as_memory()?;
-        memory.fresh::<T>(&self.inner.namespace, key)
+        let memory = self.core.store.as_memory()?;
+        memory.fresh::<T>(&self.core.namespace, key)
     }
 
     /// The embedded store keeps a fresh value it handed out decoded, for [`memory_hit`]
@@ -143,7 +144,7 @@ impl<C: Codec> Cache<C> {
         entry: &StoredEntry<T>,
     ) {
         let (Some(memory), Blob::Shared(shared), Ok(value)) =
-            (self.inner.store.as_memory(), bytes, &entry.value)
+            (self.core.store.as_memory(), bytes, &entry.value)
         else {
             return;
         };

@@ -18,12 +18,13 @@ use tokio::sync::Notify;
 use queue::Queue;
 pub(crate) use queue::{Intent, Queued};
 
+use crate::cache::engine::Engine;
 use crate::error::BackendErrorKind;
 use crate::stats::{Counters, Event};
 use crate::store::{Store, StoreError, StoreResult};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Error};
+use crate::Error;
 
 /// The bounds of the auto-recovery queue ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)).
 ///
@@ -292,13 +293,13 @@ fn queues(error: &StoreError) -> bool {
     )
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Before reading `entries` from the backend: replays the writes queued for them, so that
     /// this instance never serves a key from Redis before its own newer write (a set or an
     /// invalidation that could not be applied) has reached it. A replay that fails is the
     /// read's failure: the caller's fallback for a failed read applies.
     pub(crate) async fn replay_queued(&self, entries: &[&EntryKeys]) -> StoreResult<()> {
-        let Some(recovery) = &self.inner.recovery else {
+        let Some(recovery) = &self.core.recovery else {
             return Ok(());
         };
         for keys in entries {
@@ -309,7 +310,7 @@ impl<C: Codec> Cache<C> {
 
     /// A write reached the backend: nothing queued for its keys may be replayed over it.
     pub(crate) fn written(&self, entries: &[EntryKeys]) -> Written {
-        if let Some(recovery) = &self.inner.recovery {
+        if let Some(recovery) = &self.core.recovery {
             recovery.forget(entries);
         }
         Written::Applied
@@ -324,13 +325,13 @@ impl<C: Codec> Cache<C> {
         batch: Vec<Queued>,
         error: &StoreError,
     ) -> Option<Result<Written, Error>> {
-        let recovery = self.inner.recovery.as_ref()?;
+        let recovery = self.core.recovery.as_ref()?;
         if !queues(error) {
             return None;
         }
         // Not a log line per call: the replay logs once when it starts failing and once when
         // it drains. Counted as a backend error, as the failed write is.
-        self.inner.counters.record(Event::BackendError);
+        self.core.counters.record(Event::BackendError);
         tracing::debug!(op, keys = batch.len(), kind = %error.kind(), error = %error,
             "backend unavailable; write queued for auto-recovery");
         Some(recovery.queue(batch))

@@ -18,12 +18,13 @@ use tokio::time::Instant;
 
 use crate::cache::bounds::ComputeFailure;
 use crate::cache::compute::OnFailure;
+use crate::cache::engine::Engine;
 use crate::store::ReadOrLock;
 use crate::sync::lock;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Lease};
+use crate::{Computed, Lease};
 
 /// The longest a process refrains from trying to refresh after finding the lock held.
 const HOLD_OFF_MAX: Duration = Duration::from_secs(1);
@@ -81,7 +82,7 @@ impl Drop for Claim {
     }
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Starts refreshing `keys` in a spawned task if no refresh of it runs in this process and
     /// its lock is free; returns at once either way. `seen_fence` is the fencing token of the
     /// value that prompted the refresh: if the value was rewritten since, there is nothing to do.
@@ -97,13 +98,13 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        let Some(mut claim) = self.inner.refreshes.claim(&keys.value) else {
+        let Some(mut claim) = self.core.refreshes.claim(&keys.value) else {
             return;
         };
         let cache = self.clone();
         tokio::spawn(async move {
             let keys = Arc::new(keys);
-            let store = &cache.inner.store;
+            let store = &cache.core.store;
             let options = &cache.options;
             let mut acquiring = cache.acquiring(&keys);
             let token = acquiring.token();
@@ -156,8 +157,8 @@ impl<C: Codec> Cache<C> {
 
     /// Whether the stored value is no longer the one written with `seen_fence`.
     async fn replaced_since(&self, keys: &EntryKeys, seen_fence: u64) -> bool {
-        match self.inner.store.get(keys).await {
-            Ok(Some(bytes)) => Envelope::decode(&bytes, self.inner.codec.id())
+        match self.core.store.get(keys).await {
+            Ok(Some(bytes)) => Envelope::decode(&bytes, self.core.codec.id())
                 .is_ok_and(|envelope| envelope.fence != seen_fence),
             // Gone (invalidated) or unreadable: computing afresh is right.
             Ok(None) | Err(_) => false,

@@ -8,11 +8,12 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::cache::bounds::ComputeFailure;
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
 /// How a stored entry is served ([`Cache::judge_entry`]).
 pub(crate) enum Judged<T> {
@@ -22,7 +23,7 @@ pub(crate) enum Judged<T> {
     Refresh(Fetched<T>, u64),
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Serves a stored entry: a remembered failure as its error; a throttled fail-safe copy as
     /// the fallback; a value, starting a background refresh when it is stale or XFetch says so.
     pub(crate) fn serve<T, E, F, Fut>(
@@ -75,7 +76,7 @@ impl<C: Codec> Cache<C> {
         // Draw only when XFetch is on: the hit path stays free of the random number generator.
         let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
         let verdict = judge(
-            self.inner.store.now_ms(),
+            self.core.store.now_ms(),
             entry.fresh_until_ms,
             entry.compute_ms,
             beta,

@@ -29,12 +29,13 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::options::CallOptions;
 use crate::store::{Blob, StoreResult};
 use crate::wire::codec::Codec;
 use crate::wire::key::{self, EntryKeys, MAX_TAGS};
-use crate::{Cache, Error};
+use crate::Error;
 
 /// The epochs a handle reads with every value, from its namespace and its
 /// [`CallOptions::tags`].
@@ -174,15 +175,15 @@ impl Epochs {
     }
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// The highest epoch this process has read or raised (see `wait/flight.rs`).
     pub(crate) fn epoch_mark(&self) -> u64 {
-        self.inner.epoch_mark.load(Ordering::Acquire)
+        self.core.epoch_mark.load(Ordering::Acquire)
     }
 
     /// Raises the process's epoch mark to what a read found.
     pub(crate) fn note_epochs(&self, epochs: &Epochs) {
-        self.inner
+        self.core
             .epoch_mark
             .fetch_max(epochs.highest(), Ordering::AcqRel);
     }
@@ -196,10 +197,10 @@ impl<C: Codec> Cache<C> {
     /// namespace's epoch included, raised the mark it joined with). The epochs unreadable: no,
     /// as a read that cannot judge a value does not serve it.
     pub(crate) async fn outlives_invalidations_since(&self, keys: &EntryKeys, mark: u64) -> bool {
-        let Some(names) = self.inner.seen_tags.get(&keys.value) else {
+        let Some(names) = self.core.seen_tags.get(&keys.value) else {
             return true;
         };
-        match self.inner.store.epochs(&names).await {
+        match self.core.store.epochs(&names).await {
             Ok(values) => {
                 let epochs = Epochs::of(&names, values);
                 self.note_epochs(&epochs);
@@ -221,7 +222,7 @@ impl<C: Codec> Cache<C> {
     /// hit allocates nothing for it), then one per tag; `None` for a tag that is no longer
     /// valid (written by another version), which makes the value unreadable.
     pub(crate) fn epoch_names<'s>(&'s self, tags: &[String]) -> Option<Vec<Cow<'s, str>>> {
-        let namespace = &self.inner.namespace;
+        let namespace = &self.core.namespace;
         std::iter::once(Ok(Cow::Borrowed(self.tagging.names[0].as_str())))
             .chain(
                 tags.iter()
@@ -234,7 +235,7 @@ impl<C: Codec> Cache<C> {
     /// The epoch names of `tags` alone (no clear key), or `None` if one is no longer valid.
     pub(crate) fn tag_epoch_names(&self, tags: &[String]) -> Option<Vec<String>> {
         tags.iter()
-            .map(|tag| key::tag_key(&self.inner.namespace, tag))
+            .map(|tag| key::tag_key(&self.core.namespace, tag))
             .collect::<Result<_, _>>()
             .ok()
     }
@@ -244,7 +245,7 @@ impl<C: Codec> Cache<C> {
     pub(crate) fn read_names(&self, keys: &[&EntryKeys]) -> Arc<[String]> {
         let mut names: Option<Vec<String>> = None;
         for keys in keys {
-            let Some(seen) = self.inner.seen_tags.get(&keys.value) else {
+            let Some(seen) = self.core.seen_tags.get(&keys.value) else {
                 continue;
             };
             let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
@@ -271,7 +272,7 @@ impl<C: Codec> Cache<C> {
             return;
         }
         let names = self.tag_epoch_names(tags).unwrap_or_default();
-        self.inner.seen_tags.remember(&keys.value, names);
+        self.core.seen_tags.remember(&keys.value, names);
     }
 
     /// Reads the value of `keys` with the epochs [`read_names`](Self::read_names) gives, in one
@@ -281,7 +282,7 @@ impl<C: Codec> Cache<C> {
         keys: &EntryKeys,
     ) -> StoreResult<(Option<Blob>, Epochs)> {
         let names = self.read_names(&[keys]);
-        let (bytes, values) = self.inner.store.get_with_epochs(keys, &names).await?;
+        let (bytes, values) = self.core.store.get_with_epochs(keys, &names).await?;
         let epochs = Epochs::of(&names, values);
         self.note_epochs(&epochs);
         Ok((bytes, epochs))
@@ -303,7 +304,7 @@ impl<C: Codec> Cache<C> {
             }
         }
         if !missing.is_empty() {
-            let values = self.inner.store.epochs(&missing).await?;
+            let values = self.core.store.epochs(&missing).await?;
             epochs.add(missing, values);
             self.note_epochs(epochs);
         }
@@ -368,7 +369,7 @@ impl<C: Codec> Cache<C> {
     /// format-2 value, written before births were recorded, reads as born at 0 too).
     pub(crate) async fn born_now(&self) -> u64 {
         let clock = &self.tagging.names[0];
-        match self.inner.store.born(clock).await {
+        match self.core.store.born(clock).await {
             Ok(born) => born,
             Err(e) => {
                 tracing::debug!(error = %e, "could not read the namespace's clock; the value is born at 0");
@@ -383,7 +384,7 @@ impl<C: Codec> Cache<C> {
         let mut seen = std::collections::HashSet::new();
         for tag in self.options.get_tags().iter().chain(computed) {
             if seen.insert(tag.as_str()) {
-                key::tag_key(&self.inner.namespace, tag)?;
+                key::tag_key(&self.core.namespace, tag)?;
                 tags.push(tag.clone());
             }
         }
@@ -400,12 +401,12 @@ impl<C: Codec> Cache<C> {
     /// Raises the epochs `names` to the namespace's clock now: what `invalidate_tag` and
     /// `clear` send (two requests, whatever the number of values).
     pub(crate) async fn raise(&self, names: &[String]) -> StoreResult<()> {
-        let floor = self.inner.store.born(&self.tagging.names[0]).await?;
+        let floor = self.core.store.born(&self.tagging.names[0]).await?;
         // Flights led before this raise are not shared with calls that start after it.
-        self.inner.epoch_mark.fetch_max(floor, Ordering::AcqRel);
-        let raised = self.inner.store.raise_epochs(names, floor).await;
+        self.core.epoch_mark.fetch_max(floor, Ordering::AcqRel);
+        let raised = self.core.store.raise_epochs(names, floor).await;
         // Also after a failure: the raise may have been applied. Read-your-writes here.
-        if let Some(near) = &self.inner.near {
+        if let Some(near) = &self.core.near {
             for name in names {
                 near.epoch_changed(name);
             }

@@ -6,13 +6,14 @@
 use std::future::Future;
 
 use crate::cache::bounds::ComputeFailure;
+use crate::cache::engine::Engine;
 use crate::stats::{Event, NotStoredReason};
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
     /// with [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached), logged and answered
     /// as what a cache may always do (`instead`: forget a value, or never have had it).
@@ -23,7 +24,7 @@ impl<C: Codec> Cache<C> {
         error: StoreError,
         instead: &'static str,
     ) -> Result<(), Error> {
-        self.inner.counters.record(Event::BackendError);
+        self.core.counters.record(Event::BackendError);
         if !error.falls_back(self.options.on_backend_error) {
             return Err(Error::backend(op, error));
         }
@@ -37,7 +38,7 @@ impl<C: Codec> Cache<C> {
     /// A value computed without the cache because the backend failed with `error`: counted and
     /// logged (at most once a minute per reason) as not stored, by the failure's reason.
     pub(crate) fn not_stored_uncached(&self, key: &str, error: &StoreError) {
-        self.inner
+        self.core
             .counters
             .not_stored(NotStoredReason::of(error.kind()), key, error);
     }

@@ -34,7 +34,7 @@ where
         let missing: Vec<usize> = (0..distinct.len())
             .filter(|&slot| outcomes[slot].is_none())
             .collect();
-        let roles = self.cache.inner.flights.join_many::<Fetched<T>, E>(
+        let roles = self.cache.core.flights.join_many::<Fetched<T>, E>(
             missing.iter().map(|&slot| distinct[slot].value.as_str()),
             self.cache.epoch_mark(),
         );
@@ -74,7 +74,7 @@ where
             }
             // The leader was cancelled or panicked: try to lead.
             let mark = cache.epoch_mark();
-            let leader = match cache.inner.flights.join::<Fetched<T>, E>(&keys.value, mark) {
+            let leader = match cache.core.flights.join::<Fetched<T>, E>(&keys.value, mark) {
                 Role::Follow(next) => {
                     follower = next;
                     continue;

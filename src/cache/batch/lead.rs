@@ -129,7 +129,7 @@ where
                 .map(|(l, token)| (&*l.keys, &**token, !l.replace))
                 .collect();
             cache
-                .inner
+                .core
                 .store
                 .read_or_lock_many(&requests, cache.options.lease)
                 .await
@@ -234,7 +234,7 @@ where
         // A failed read finds nothing: the keys are computed, without a fallback it cannot vouch for.
         let names = &cache.read_names(&entries);
         let (found, epochs): (Vec<Option<Blob>>, Vec<u64>) = cache
-            .inner
+            .core
             .store
             .get_many_with_epochs(&entries, names)
             .await

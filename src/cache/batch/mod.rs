@@ -53,13 +53,14 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::serve::Judged;
 use crate::join::join_all;
 use crate::store::BoxFuture;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
 use plan::Plan;
 
@@ -96,13 +97,13 @@ type Step<'s, T> = Pin<Box<dyn Future<Output = Settled<T>> + Send + 's>>;
 
 /// One batch call: the cache, the call's TTL and start, and its computation.
 struct Batch<'a, C, T, E> {
-    cache: &'a Cache<C>,
+    cache: &'a Engine<C>,
     ttl: Duration,
     started: Instant,
     f: BatchFn<T, E>,
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// The distinct keys of `asked` fetched as one batch; one outcome per asked key, in order
     /// (a key asked twice gets the same outcome twice). `ttl` is saturated by the caller.
     pub(crate) async fn fetch_many_entries<T, E>(
@@ -132,7 +133,7 @@ impl<C: Codec> Cache<C> {
             started: Instant::now(),
             f,
         };
-        let plan = Plan::new(&self.inner.namespace, &asked);
+        let plan = Plan::new(&self.core.namespace, &asked);
         let settled = batch.run(&plan.distinct).await;
         for outcome in &settled {
             self.count(outcome, batch.started);

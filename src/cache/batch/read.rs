@@ -80,7 +80,7 @@ where
         let tickets: Vec<_> = remote
             .iter()
             .map(|&slot| {
-                let near = cache.inner.near.as_ref()?;
+                let near = cache.core.near.as_ref()?;
                 near.ticket(&distinct[slot].user)
             })
             .collect();
@@ -89,13 +89,7 @@ where
         // The epochs of the namespace and the handle's tags go in the same round trip.
         let names = &cache.read_names(&entries);
         let read = match cache.replay_queued(&entries).await {
-            Ok(()) => {
-                cache
-                    .inner
-                    .store
-                    .get_many_with_epochs(&entries, names)
-                    .await
-            }
+            Ok(()) => cache.core.store.get_many_with_epochs(&entries, names).await,
             Err(e) => Err(e),
         };
         match read {

@@ -1,0 +1,130 @@
+//! The engine behind the [`Cache`](crate::Cache) handle: what every call of a cache shares
+//! ([`Core`]: the store, the codec, the in-process flights and refreshes, the tiers, the
+//! counters, the recovery queue) and a handle's own options and tags ([`Engine`]). The handle
+//! holds an `Engine` and nothing else; the machinery is written against this type.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use crate::cache::near::NearTier;
+use crate::cache::recovery::Recovery;
+use crate::cache::refresh::Refreshes;
+use crate::cache::tags::{SeenTags, Tagging};
+use crate::stats::Counters;
+use crate::store::Store;
+use crate::wait::flight::Flights;
+use crate::CallOptions;
+
+/// One handle's view of the engine: the shared [`Core`], and the options and tags its calls use
+/// (per handle, so that `Cache::with_options` is free and does not touch other handles).
+pub(crate) struct Engine<C> {
+    pub(crate) core: Arc<Core<C>>,
+    pub(crate) options: CallOptions,
+    /// The epochs this handle's reads ask for, from its namespace and its options' tags.
+    pub(crate) tagging: Tagging,
+}
+
+/// What every handle of one cache shares.
+pub(crate) struct Core<C> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) codec: C,
+    pub(crate) namespace: String,
+    /// In-process single flight of computations.
+    pub(crate) flights: Flights,
+    /// Background refreshes running in this process, so a key is refreshed once at a time.
+    pub(crate) refreshes: Arc<Refreshes>,
+    /// The tags of values read before, asked for with the next read of their keys.
+    pub(crate) seen_tags: SeenTags,
+    /// The highest epoch this process has read or raised: an in-process flight is shared only
+    /// by callers that know no newer one than its leader (see `wait/flight.rs`).
+    pub(crate) epoch_mark: AtomicU64,
+    /// What the cache did, for `Cache::stats` and the `metrics` facade.
+    pub(crate) counters: Arc<Counters>,
+    /// The near tier, if the builder was given one. Its feed task holds it weakly, so
+    /// dropping the last handle stops the feed.
+    pub(crate) near: Option<Arc<NearTier>>,
+    /// The auto-recovery queue, if the builder was given one. It is the drop guard of its
+    /// background task: dropping the last handle stops it.
+    pub(crate) recovery: Option<Recovery>,
+}
+
+/// The parts the builder chose, from which an engine is made.
+pub(crate) struct Parts<C> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) codec: C,
+    pub(crate) namespace: String,
+    pub(crate) options: CallOptions,
+    pub(crate) near: Option<Arc<NearTier>>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) recovery: Option<Recovery>,
+}
+
+impl<C> Clone for Engine<C> {
+    fn clone(&self) -> Self {
+        Engine {
+            core: Arc::clone(&self.core),
+            options: self.options.clone(),
+            tagging: self.tagging.clone(),
+        }
+    }
+}
+
+impl<C> Engine<C> {
+    pub(crate) fn new(parts: Parts<C>) -> Self {
+        let Parts {
+            store,
+            codec,
+            namespace,
+            options,
+            near,
+            counters,
+            recovery,
+        } = parts;
+        Engine {
+            tagging: Tagging::new(&namespace, &options),
+            core: Arc::new(Core {
+                store,
+                codec,
+                namespace,
+                flights: Flights::default(),
+                refreshes: Arc::default(),
+                seen_tags: SeenTags::default(),
+                epoch_mark: AtomicU64::new(0),
+                counters,
+                near,
+                recovery,
+            }),
+            options,
+        }
+    }
+
+    /// The same engine, for calls that use `options`.
+    pub(crate) fn with_options(&self, options: CallOptions) -> Self {
+        Engine {
+            tagging: Tagging::new(&self.core.namespace, &options),
+            core: Arc::clone(&self.core),
+            options,
+        }
+    }
+}
+
+impl<C: crate::wire::codec::Codec> Engine<C> {
+    /// What the cache has done, with the near tier's tracking mode.
+    pub(crate) fn stats(&self) -> crate::Stats {
+        let mut stats = self.core.counters.snapshot();
+        if let Some(near) = &self.core.near {
+            stats.near_tracking = near.tracking();
+        }
+        stats
+    }
+
+    /// The distributed lock `name` of this namespace, on the cache's store and options.
+    pub(crate) fn lock(&self, name: &str) -> Result<crate::Lock, crate::Error> {
+        let keys = crate::wire::key::EntryKeys::new(&self.core.namespace, name)?;
+        Ok(crate::Lock::from_parts(
+            Arc::clone(&self.core.store) as Arc<dyn crate::store::LockStore>,
+            keys,
+            self.options.clone(),
+        ))
+    }
+}
