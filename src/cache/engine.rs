@@ -6,11 +6,12 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::cache::near::NearTier;
 use crate::cache::recovery::Recovery;
 use crate::cache::refresh::Refreshes;
 use crate::cache::tags::{SeenTags, Tagging};
+use crate::cache::tiers::Tiers;
 use crate::stats::Counters;
+use crate::store::breaker::Breaker;
 use crate::store::Store;
 use crate::wait::flight::Flights;
 use crate::CallOptions;
@@ -40,9 +41,11 @@ pub(crate) struct Core<C> {
     pub(crate) epoch_mark: AtomicU64,
     /// What the cache did, for `Cache::stats` and the `metrics` facade.
     pub(crate) counters: Arc<Counters>,
-    /// The near tier, if the builder was given one. Its feed task holds it weakly, so
-    /// dropping the last handle stops the feed.
-    pub(crate) near: Option<Arc<NearTier>>,
+    /// The near tier and the embedded store, as the builder made them. The near tier's feed
+    /// task holds it weakly, so dropping the last handle stops the feed.
+    pub(crate) tiers: Tiers,
+    /// The circuit breaker the builder put in front of Redis, for the health report.
+    pub(crate) breaker: Option<Arc<Breaker>>,
     /// The auto-recovery queue, if the builder was given one. It is the drop guard of its
     /// background task: dropping the last handle stops it.
     pub(crate) recovery: Option<Recovery>,
@@ -54,7 +57,8 @@ pub(crate) struct Parts<C> {
     pub(crate) codec: C,
     pub(crate) namespace: String,
     pub(crate) options: CallOptions,
-    pub(crate) near: Option<Arc<NearTier>>,
+    pub(crate) tiers: Tiers,
+    pub(crate) breaker: Option<Arc<Breaker>>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) recovery: Option<Recovery>,
 }
@@ -76,7 +80,8 @@ impl<C> Engine<C> {
             codec,
             namespace,
             options,
-            near,
+            tiers,
+            breaker,
             counters,
             recovery,
         } = parts;
@@ -91,7 +96,8 @@ impl<C> Engine<C> {
                 seen_tags: SeenTags::default(),
                 epoch_mark: AtomicU64::new(0),
                 counters,
-                near,
+                tiers,
+                breaker,
                 recovery,
             }),
             options,
@@ -112,7 +118,7 @@ impl<C: crate::wire::codec::Codec> Engine<C> {
     /// What the cache has done, with the near tier's tracking mode.
     pub(crate) fn stats(&self) -> crate::Stats {
         let mut stats = self.core.counters.snapshot();
-        if let Some(near) = &self.core.near {
+        if let Some(near) = self.core.tiers.near() {
             stats.near_tracking = near.tracking();
         }
         stats
@@ -126,5 +132,60 @@ impl<C: crate::wire::codec::Codec> Engine<C> {
             keys,
             self.options.clone(),
         ))
+    }
+}
+
+/// The tiers, as a call of this handle uses them: with its XFetch setting, its fail-safe
+/// window and its tags, and the store's clock.
+impl<C: crate::wire::codec::Codec> Engine<C> {
+    /// A near hit or an embedded store's decoded hit, counted, when a hit needs nothing more
+    /// than the value: no XFetch draw.
+    pub(crate) fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        let core = &self.core;
+        core.tiers.quick_hit(&core.namespace, key, &core.counters)
+    }
+
+    /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
+    pub(crate) fn near_copy<T: Clone + 'static>(
+        &self,
+        key: &str,
+    ) -> Option<crate::cache::entry::StoredEntry<T>> {
+        let synced = self.core.store.clock_synced();
+        self.core.tiers.near_copy(key, synced)
+    }
+
+    /// A near copy held while the backend is down, for a read that failed with `error`.
+    pub(crate) fn held_copy<T: Clone + 'static>(
+        &self,
+        key: &str,
+        error: &crate::store::StoreError,
+    ) -> Option<crate::Fetched<T>> {
+        (self.core.tiers).held_copy(key, error, self.options.fail_safe_for)
+    }
+
+    /// What a read found goes into the near tier, with the epochs of its tags.
+    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(
+        &self,
+        read: crate::cache::tiers::Read<'_, T>,
+    ) {
+        let tags = &read.entry.tags;
+        let now_ms = self.core.store.now_ms();
+        (self.core.tiers).remember(read, || self.tag_epoch_names(tags), now_ms);
+    }
+
+    /// The embedded store keeps a value it handed out decoded, for this handle's quick hits
+    /// (only without XFetch, which never takes them).
+    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
+        &self,
+        keys: &crate::wire::key::EntryKeys,
+        bytes: &crate::store::Blob,
+        entry: &crate::cache::entry::StoredEntry<T>,
+    ) {
+        if self.options.early_refresh_beta == 0.0 {
+            (self.core.tiers).keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
+        }
     }
 }

@@ -17,6 +17,7 @@ use crate::cache::claim::{Claim, Start};
 use crate::cache::engine::Engine;
 use crate::cache::failsafe::Sorted;
 use crate::cache::tags::Epochs;
+use crate::cache::tiers::Read;
 use crate::stats::Event;
 use crate::store::{Blob, StoreResult};
 use crate::time::{later_by, saturate};
@@ -157,11 +158,7 @@ impl<C: Codec> Engine<C> {
         self.clock_ready().await;
 
         // Otherwise a ticket is taken before the read, for its answer to go into the near tier.
-        let ticket = self
-            .core
-            .near
-            .as_ref()
-            .and_then(|near| near.ticket(&keys.user));
+        let ticket = self.core.tiers.ticket(&keys);
 
         // The hit path: one MGET (the value and its epochs), no script, no in-process
         // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
@@ -172,7 +169,13 @@ impl<C: Codec> Engine<C> {
                 match self.read_live::<T>(&keys, &bytes, &mut epochs).await {
                     Some(entry) => match self.sort(entry) {
                         Sorted::Serve(entry) => {
-                            self.remember_near(ticket, &keys, &entry, bytes.len(), &epochs);
+                            self.remember_near(Read {
+                                ticket,
+                                keys: &keys,
+                                entry: &entry,
+                                len: bytes.len(),
+                                epochs: &epochs,
+                            });
                             self.keep_decoded(&keys, &bytes, &entry);
                             return self.serve(entry, keys, ttl, f, Source::Hit);
                         }
@@ -185,7 +188,7 @@ impl<C: Codec> Engine<C> {
             }
             Ok((None, _)) => {}
             Err(e) => {
-                if let Some(held) = self.held::<T>(key, &e) {
+                if let Some(held) = self.held_copy::<T>(key, &e) {
                     return Ok(held);
                 }
                 if !e.falls_back(self.options.on_backend_error) {
@@ -246,7 +249,7 @@ impl<C: Codec> Engine<C> {
         self.replay_queued(&[keys]).await?;
         let read = self.read_with_epochs(keys).await;
         if read.is_ok() {
-            self.reached_backend(keys);
+            self.core.tiers.reached(keys);
         }
         read
     }

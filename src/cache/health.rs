@@ -93,13 +93,13 @@ impl<C: Codec> Engine<C> {
             tokio::time::timeout(HEALTH_PING_TIMEOUT, store.ping()).await,
             Ok(Ok(()))
         );
-        let breaker = store.breaker();
+        let breaker = self.core.breaker.as_deref();
         Health {
             reachable,
             breaker: breaker.map_or(BreakerState::Closed, |b| b.state()),
             failing_for: breaker.and_then(|b| b.failing_for()),
-            near_feed_proven: self.core.near.as_ref().map(|near| near.proven()),
-            near_tracking: self.core.near.as_ref().map(|near| near.tracking()),
+            near_feed_proven: self.core.tiers.near().map(|near| near.proven()),
+            near_tracking: self.core.tiers.near().map(|near| near.tracking()),
             recovery_queued: self.core.recovery.as_ref().map_or(0, |r| r.len()),
         }
     }

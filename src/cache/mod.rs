@@ -22,13 +22,13 @@ pub(crate) mod failsafe;
 mod fetch;
 pub(crate) mod freshness;
 pub(crate) mod health;
-mod hit;
 pub(crate) mod near;
 mod plain;
 pub(crate) mod recovery;
 mod refresh;
 pub(crate) mod serve;
 pub(crate) mod tags;
+mod tiers;
 mod uncached;
 
 use std::collections::HashMap;
@@ -41,9 +41,10 @@ use tracing::Instrument;
 
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::engine::{Engine, Parts};
+use crate::cache::tiers::Tiers;
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
-use crate::store::{MemoryStore, Store};
+use crate::store::MemoryStore;
 use crate::time::saturate;
 use crate::wire::codec::{Bincode, Codec};
 use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats, Written};
@@ -148,12 +149,17 @@ impl Cache {
     /// assert_eq!(cache.namespace(), "stampede");
     /// ```
     pub fn in_memory() -> Self {
-        Cache::from_parts(
-            Arc::new(MemoryStore::default()),
-            Bincode,
-            DEFAULT_NAMESPACE.to_owned(),
-            CallOptions::default(),
-        )
+        let memory = Arc::new(MemoryStore::default());
+        Cache::from_engine(Engine::new(Parts {
+            store: memory.clone(),
+            codec: Bincode,
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            options: CallOptions::default(),
+            tiers: Tiers::new(None, Some(memory)),
+            breaker: None,
+            counters: Arc::default(),
+            recovery: None,
+        }))
     }
 
     /// A builder, to choose the backend, namespace, options and codec.
@@ -178,23 +184,6 @@ impl Cache {
 }
 
 impl<C: Codec> Cache<C> {
-    pub(crate) fn from_parts(
-        store: Arc<dyn Store>,
-        codec: C,
-        namespace: String,
-        options: CallOptions,
-    ) -> Self {
-        Cache::from_engine(Engine::new(Parts {
-            store,
-            codec,
-            namespace,
-            options,
-            near: None,
-            counters: Arc::default(),
-            recovery: None,
-        }))
-    }
-
     pub(crate) fn from_engine(engine: Engine<C>) -> Self {
         Cache { engine }
     }

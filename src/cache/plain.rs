@@ -25,6 +25,11 @@ impl<C: Codec> Engine<C> {
     ) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.core.namespace, key)?;
         self.check_tags()?;
+        // The near tier first, as for every read: a copy it serves is fresh, and judged by the
+        // epochs of its namespace and tags.
+        if let Some(value) = self.core.tiers.near_read::<T>(key) {
+            return Ok(Some(value));
+        }
         // A write of this key still queued goes first: Redis may hold what it replaced.
         let (bytes, mut epochs) = match self.first_read(&keys).await {
             Ok(read) => read,
@@ -67,7 +72,7 @@ impl<C: Codec> Engine<C> {
             .set(&keys, bytes, stored_for, self.options.lease)
             .await;
         // Also after a failure: the write may have been applied.
-        self.forget_near(&keys);
+        self.core.tiers.forget(&keys);
         let error = match written {
             Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
             Err(e) => e,
@@ -88,7 +93,7 @@ impl<C: Codec> Engine<C> {
         let keys = EntryKeys::new(&self.core.namespace, key)?;
         let done = self.core.store.invalidate(&keys, self.options.lease).await;
         // Also after a failure: the invalidation may have been applied.
-        self.forget_near(&keys);
+        self.core.tiers.forget(&keys);
         let error = match done {
             Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
             Err(e) => e,
@@ -125,7 +130,7 @@ impl<C: Codec> Engine<C> {
             .await;
         // Also after a failure: some invalidations may have been applied.
         for keys in &entries {
-            self.forget_near(keys);
+            self.core.tiers.forget(keys);
         }
         let error = match done {
             Ok(()) => return Ok(self.written(&entries)),

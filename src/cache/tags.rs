@@ -406,7 +406,7 @@ impl<C: Codec> Engine<C> {
         self.core.epoch_mark.fetch_max(floor, Ordering::AcqRel);
         let raised = self.core.store.raise_epochs(names, floor).await;
         // Also after a failure: the raise may have been applied. Read-your-writes here.
-        if let Some(near) = &self.core.near {
+        if let Some(near) = self.core.tiers.near() {
             for name in names {
                 near.epoch_changed(name);
             }

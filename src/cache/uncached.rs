@@ -58,7 +58,7 @@ impl<C: Codec> Engine<C> {
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Result<Computed<T>, E>>,
     {
-        if let Some(held) = self.held::<T>(&keys.user, &error) {
+        if let Some(held) = self.held_copy::<T>(&keys.user, &error) {
             return Ok(held);
         }
         if !error.falls_back(self.options.on_backend_error) {

@@ -11,6 +11,7 @@ use super::{Batch, Outcome};
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::Sorted;
 use crate::cache::tags::Epochs;
+use crate::cache::tiers::Read;
 use crate::store::Blob;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
@@ -49,7 +50,7 @@ where
             .zip(remote)
             .map(|(bytes, &slot)| {
                 let keys = &distinct[slot];
-                cache.reached_backend(keys);
+                cache.core.tiers.reached(keys);
                 let entry = bytes.as_ref().and_then(|b| cache.read_stored::<T>(keys, b));
                 if let Some(entry) = &entry {
                     cache.saw_tags(keys, &entry.tags);
@@ -79,10 +80,7 @@ where
         cache.clock_ready().await;
         let tickets: Vec<_> = remote
             .iter()
-            .map(|&slot| {
-                let near = cache.core.near.as_ref()?;
-                near.ticket(&distinct[slot].user)
-            })
+            .map(|&slot| cache.core.tiers.ticket(&distinct[slot]))
             .collect();
         let entries: Vec<&EntryKeys> = remote.iter().map(|&slot| &*distinct[slot]).collect();
         // Writes of these keys still queued go first (auto-recovery); failing, they fail the read.
@@ -107,7 +105,13 @@ where
                     let entry = entry.filter(|entry| cache.alive_by(entry, &epochs));
                     match entry.map(|entry| cache.sort(entry)) {
                         Some(Sorted::Serve(entry)) => {
-                            cache.remember_near(ticket, keys, &entry, bytes.len(), &epochs);
+                            cache.remember_near(Read {
+                                ticket,
+                                keys,
+                                entry: &entry,
+                                len: bytes.len(),
+                                epochs: &epochs,
+                            });
                             outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
                         }
                         // Past its stale window, unreadable bytes, or invalidated by a tag or a
@@ -121,7 +125,7 @@ where
                 // or take the fallback when locking, under the single flight, as for one key.
                 let falls_back = e.falls_back(cache.options.on_backend_error);
                 for &slot in &remote {
-                    if let Some(held) = cache.held::<T>(&distinct[slot].user, &e) {
+                    if let Some(held) = cache.held_copy::<T>(&distinct[slot].user, &e) {
                         outcomes[slot] = Some(Ok(held));
                     } else if !falls_back {
                         outcomes[slot] = Some(Err(Error::backend("get", e.clone())));
