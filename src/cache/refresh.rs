@@ -17,7 +17,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use crate::cache::bounds::ComputeFailure;
-use crate::cache::compute::OnFailure;
+use crate::cache::compute::{Computation, OnFailure};
 use crate::cache::engine::Engine;
 use crate::store::ReadOrLock;
 use crate::sync::lock;
@@ -88,7 +88,7 @@ impl<C: Codec> Engine<C> {
     /// value that prompted the refresh: if the value was rewritten since, there is nothing to do.
     pub(crate) fn refresh_in_background<T, E, F, Fut>(
         &self,
-        keys: EntryKeys,
+        keys: Arc<EntryKeys>,
         ttl: Duration,
         f: F,
         seen_fence: u64,
@@ -103,7 +103,6 @@ impl<C: Codec> Engine<C> {
         };
         let cache = self.clone();
         tokio::spawn(async move {
-            let keys = Arc::new(keys);
             let store = &cache.core.store;
             let options = &cache.options;
             let mut acquiring = cache.acquiring(&keys);
@@ -135,10 +134,13 @@ impl<C: Codec> Engine<C> {
                     } else {
                         OnFailure::Delete
                     };
-                    if let Err(e) = cache
-                        .compute_and_store(held, &keys, ttl, f, on_failure)
-                        .await
-                    {
+                    let computation = Computation {
+                        engine: cache.clone(),
+                        keys: Arc::clone(&keys),
+                        ttl,
+                        f,
+                    };
+                    if let Err(e) = computation.compute_and_store(held, on_failure).await {
                         tracing::warn!(key = %keys.user, error = %e.chain(), "background refresh failed");
                     }
                 }

@@ -5,8 +5,9 @@
 
 use std::future::Future;
 
-use crate::cache::bounds::ComputeFailure;
+use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::engine::Engine;
+use crate::cache::fetch::KeyCall;
 use crate::stats::{Event, NotStoredReason};
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
@@ -42,35 +43,37 @@ impl<C: Codec> Engine<C> {
             .counters
             .not_stored(NotStoredReason::of(error.kind()), key, error);
     }
+}
 
+impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+where
+    C: Codec,
+    T: CacheValue,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+{
     /// The backend failed during `op`: fail, or compute without the cache, as configured and
     /// as the failure's kind allows (a refusal is surfaced whatever the fallback).
-    pub(crate) async fn without_cache<T, E, F, Fut>(
-        &self,
+    pub(crate) async fn without_cache(
+        self,
         op: &'static str,
         error: StoreError,
-        keys: &EntryKeys,
-        f: F,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Clone + 'static,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<Computed<T>, E>>,
-    {
-        if let Some(held) = self.held_copy::<T>(&keys.user, &error) {
+    ) -> Result<Fetched<T>, Error> {
+        let (engine, keys) = (self.engine, &self.keys);
+        if let Some(held) = engine.held_copy::<T>(&keys.user, &error) {
             return Ok(held);
         }
-        if !error.falls_back(self.options.on_backend_error) {
+        if !error.falls_back(engine.options.on_backend_error) {
             return Err(Error::backend(op, error));
         }
         // Not a warning per call: a value computed here is counted and logged as not stored,
         // at most once a minute per reason (a full or unreachable Redis would log every miss).
         tracing::debug!(key = %keys.user, op, kind = %error.kind(), error = %error,
             "backend unavailable; computing without the cache");
-        match f(Lease::unlocked()).await {
+        match (self.f)(Lease::unlocked()).await {
             Ok(computed) => {
-                self.not_stored_uncached(&keys.user, &error);
+                engine.not_stored_uncached(&keys.user, &error);
                 Ok(Fetched {
                     value: computed.value,
                     source: Source::Uncached,

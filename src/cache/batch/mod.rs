@@ -183,7 +183,7 @@ where
             values.remove(&key).ok_or(Refresh::Missing)
         };
         self.cache
-            .refresh_in_background(keys.clone(), self.ttl, refresh, fence);
+            .refresh_in_background(Arc::new(keys.clone()), self.ttl, refresh, fence);
         Ok(served)
     }
 }
