@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::cache::recovery::Recovery;
-use crate::cache::refresh::Refreshes;
+use crate::cache::refreshes::Refreshes;
 use crate::cache::tags::{SeenTags, Tagging};
 use crate::cache::tiers::Tiers;
 use crate::stats::Counters;

@@ -7,10 +7,8 @@
 //!
 //! Explained in the guide: `docs/freshness.md`.
 
-use std::collections::HashMap;
-use std::fmt::Debug;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
@@ -20,7 +18,6 @@ use crate::cache::bounds::ComputeFailure;
 use crate::cache::compute::{Computation, OnFailure};
 use crate::cache::engine::Engine;
 use crate::store::ReadOrLock;
-use crate::sync::lock;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
@@ -28,59 +25,6 @@ use crate::{Computed, Lease};
 
 /// The longest a process refrains from trying to refresh after finding the lock held.
 const HOLD_OFF_MAX: Duration = Duration::from_secs(1);
-
-/// Key → refresh state in this process.
-#[derive(Debug, Default)]
-pub(crate) struct Refreshes {
-    /// `None`: a refresh runs here. `Some(t)`: another process holds the lock; try again after
-    /// `t`. The `std` mutex is never held across an `.await`.
-    map: Mutex<HashMap<String, Option<Instant>>>,
-}
-
-impl Refreshes {
-    /// Claims the key's refresh for this process, unless one runs or is held off.
-    fn claim(self: &Arc<Self>, key: &str) -> Option<Claim> {
-        let mut map = lock(&self.map);
-        let now = Instant::now();
-        if let Some(state) = map.get(key) {
-            match state {
-                None => return None,
-                Some(until) if *until > now => return None,
-                Some(_) => {}
-            }
-        }
-        map.insert(key.to_owned(), None);
-        Some(Claim {
-            refreshes: Arc::clone(self),
-            key: key.to_owned(),
-            hold_off: None,
-        })
-    }
-}
-
-/// A claimed refresh; releases the claim when dropped (finished, failed, panicked or cancelled).
-struct Claim {
-    refreshes: Arc<Refreshes>,
-    key: String,
-    hold_off: Option<Instant>,
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        let mut map = lock(&self.refreshes.map);
-        match self.hold_off {
-            Some(until) => {
-                map.insert(std::mem::take(&mut self.key), Some(until));
-            }
-            None => {
-                map.remove(&self.key);
-            }
-        }
-        // Forget hold-offs that have passed, so the map stays as small as the keys in play.
-        let now = Instant::now();
-        map.retain(|_, state| state.is_none_or(|until| until > now));
-    }
-}
 
 impl<C: Codec> Engine<C> {
     /// Starts refreshing `keys` in a spawned task if no refresh of it runs in this process and
