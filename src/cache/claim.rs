@@ -27,7 +27,7 @@ use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Error, Source};
 
-/// Where the wait-or-lock loop of a key starts ([`Cache::claim`]).
+/// Where the wait-or-lock loop of a key starts (`Engine::claim`).
 pub(crate) enum Start {
     /// Nothing read says otherwise: read the value or take the lock.
     Read,

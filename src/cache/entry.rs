@@ -1,11 +1,5 @@
-//! The stored entry: what a key's bytes decode to ([`StoredEntry`]), and the bytes the cache
-//! writes (a value, a remembered failure, a fail-safe's throttled copy), each stamped with its
-//! fresh-until by the store's clock.
-//!
-//! Every path that reads or writes a key (the single-key path, the batch, the plain `get` and
-//! `set`, the fail-safe) goes through these few functions, so the envelope's rules are applied
-//! in one place: bytes that are not ours, or that were written for another shape of `T`, are a
-//! miss, never a value.
+//! The stored entry: what a key's bytes decode to ([`StoredEntry`]). The bytes are read and
+//! written by `encoding.rs`.
 
 /// A stored entry, decoded: a value, or a remembered failure's message.
 pub(crate) struct StoredEntry<T> {

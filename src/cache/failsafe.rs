@@ -1,11 +1,11 @@
 //! The fail-safe's decisions, one small function each, so that every path that reads, waits or
 //! computes (the single-key path here, the batch path per key) takes them the same way:
 //!
-//! - where a stored entry stands for this caller ([`Cache::standing_of`]): live, a throttled
+//! - where a stored entry stands for this caller (`Engine::standing_of`): live, a throttled
 //!   fallback, or past its stale window (then kept as a [`Kept`] fallback);
-//! - when a caller's soft timeout falls ([`Cache::soft_deadline`]);
+//! - when a caller's soft timeout falls (`Engine::soft_deadline`);
 //! - which errors the fallback answers ([`falls_back`]) and how it is served
-//!   ([`Cache::serve_fallback`]).
+//!   (`Engine::serve_fallback`).
 //!
 //! Invariants: a kept value is served only as [`Source::FailSafe`], never as a hit, and never
 //! enters the near tier; a throttled copy is written only under the computing caller's lock and
@@ -30,11 +30,11 @@ pub(crate) struct Kept<T> {
     pub bytes: Vec<u8>,
 }
 
-/// A stored entry, sorted by [`Cache::sort`].
+/// A stored entry, sorted by `Engine::sort`.
 pub(crate) enum Sorted<T> {
-    /// Serve it ([`Cache::serve`](crate::Cache) decides fresh, stale or throttled fallback).
+    /// Serve it (`KeyCall::serve` decides fresh, stale or throttled fallback).
     Serve(StoredEntry<T>),
-    /// Past its stale window: take the lock over it and compute ([`Cache::keep`] makes it the
+    /// Past its stale window: take the lock over it and compute (`Engine::keep` makes it the
     /// fallback, once the lock is taken).
     Past(StoredEntry<T>),
 }

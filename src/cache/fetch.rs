@@ -1,6 +1,6 @@
 //! The single-key path of the `get_or_compute` family below its quick hits: the first read, the
 //! in-process single flight (lead, or follow this process's leader), and the distributed part
-//! ([`Cache::claim`], then compute or serve).
+//! (`Engine::claim`, then compute or serve).
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
 
@@ -27,7 +27,8 @@ use crate::wire::key::EntryKeys;
 use crate::{Computed, Error, Fetched, Lease, Source};
 
 impl<C: Codec> Engine<C> {
-    /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
+    /// `Cache::fetch` once [`quick_hit`](Self::quick_hit) found nothing: the call's span and
+    /// its outcome counted.
     pub(crate) async fn fetch_beyond_quick_hit<T, E, F, Fut>(
         &self,
         key: &str,
@@ -58,7 +59,7 @@ impl<C: Codec> Engine<C> {
         } else {
             self.fetch_entry(key, ttl, f).instrument(span.clone()).await
         };
-        let outcome = self.count(&result, started);
+        let outcome = self.count_outcome(&result, started);
         if !span.is_disabled() {
             span.record("outcome", outcome);
             if outcome == "waited" {
@@ -69,7 +70,7 @@ impl<C: Codec> Engine<C> {
     }
 
     /// Counts a call's outcome (a call that `started` then) and names it for the span.
-    pub(crate) fn count<T>(
+    pub(crate) fn count_outcome<T>(
         &self,
         result: &Result<Fetched<T>, Error>,
         started: tokio::time::Instant,

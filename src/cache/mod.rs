@@ -1,12 +1,21 @@
-//! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
-//! The machinery behind the family, one concept per file: `fetch.rs` (the single-key path),
-//! `hit.rs` (the near tier's and the embedded store's hits), `entry.rs` (the stored entry: read,
-//! encode, fresh-until), `claim.rs` (the wait-or-lock loop), `compute.rs` (computing under the
-//! lock), `serve.rs` (serving a stored entry), `uncached.rs` (the backend-down fallback),
-//! `batch.rs` (many keys in one call), `refresh.rs` (background refreshes) and `recovery.rs`
-//! (writes queued while the backend is unreachable, replayed when it answers); `failsafe.rs`
-//! decides what a caller gets when the computation fails or runs long, `freshness.rs` judges
-//! stored values, `builder.rs` builds the handle.
+//! The user's handle: [`Cache`], every public call with its documentation, each handing the
+//! work to the engine in a few lines. The handle holds an `Engine` and nothing else.
+//!
+//! The machinery, one job per file:
+//! - `engine.rs`: the engine (`Engine`: the shared `Core` and a handle's options and tags),
+//!   and how a call uses the tiers (quick hits, fills);
+//! - `fetch.rs`: the single-key path, as a per-call object (`KeyCall`: first read, in-process
+//!   flight, the distributed part); `serve.rs` serves a stored entry, `compute.rs` computes under
+//!   the lock (`Computation`), `uncached.rs` computes without the cache when the backend fails;
+//! - `claim.rs`: the wait-or-lock loop (`WaitOrLock`); `failsafe.rs`: the fail-safe's decisions;
+//!   `freshness.rs`: how fresh a stored value is;
+//! - `refresh.rs`: background refreshes, `refreshes.rs`: those running in this process;
+//! - `tiers.rs`: the near tier (`near.rs`) and the embedded store's decoded values, as one type;
+//! - `tags.rs`: the rule of tags and clear and its data; `epochs.rs`: reading and raising epochs;
+//! - `entry.rs`: the stored entry; `encoding.rs`: entries through the codec;
+//! - `plain.rs`: `get`, `set` and the invalidations; `batch/`: many keys in one call;
+//! - `recovery.rs` (and `recovery/gate.rs`): writes queued while the backend is unreachable;
+//! - `health.rs`: the health report; `builder.rs` builds the handle; `bounds.rs` names the bounds.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol), `docs/guarantees.md` (what each
 //! call promises) and `docs/batch.md` (many keys at once).

@@ -519,7 +519,7 @@ impl NearTier {
 
     /// The proof lapsed or the connection changed: every copy stops being served. Without
     /// `serve_while_down` they are dropped; with it a new era begins, and the copies of the
-    /// one that ends are held (for [`held`](Self::held)) for at most `serve_while_down` past
+    /// one that ends are held (for [`held_copy`](Self::held_copy)) for at most `serve_while_down` past
     /// the last proof, never served as hits again. Either way tickets taken before cannot
     /// insert.
     fn let_go(&self) {
@@ -568,7 +568,11 @@ impl NearTier {
     /// calls again, which the feed's new connection may beat by a cool-down), and past the copy's
     /// fresh-until for at most `past_fresh` (the call's fail-safe window). Counted as held.
     /// The caller has seen the backend fail; this tier does not judge that.
-    pub(crate) fn held<T: Clone + 'static>(&self, key: &str, past_fresh: Duration) -> Option<T> {
+    pub(crate) fn held_copy<T: Clone + 'static>(
+        &self,
+        key: &str,
+        past_fresh: Duration,
+    ) -> Option<T> {
         if !self.holds() {
             return None;
         }
@@ -1064,7 +1068,7 @@ mod tests {
         let (tier, counters) = live_tier(&config);
         put(&tier, KEY, "v", 1);
         put(&tier, "other", "o", 2);
-        let held = |tier: &NearTier, key: &str| tier.held::<String>(key, Duration::ZERO);
+        let held = |tier: &NearTier, key: &str| tier.held_copy::<String>(key, Duration::ZERO);
         assert_eq!(
             held(&tier, KEY),
             Some("v".to_owned()),
@@ -1130,7 +1134,7 @@ mod tests {
         let config = NearCacheOptions::new(100)
             .max_staleness(Duration::from_millis(400))
             .serve_while_down(Duration::from_secs(1));
-        let held = |tier: &NearTier, key: &str| tier.held::<String>(key, Duration::ZERO);
+        let held = |tier: &NearTier, key: &str| tier.held_copy::<String>(key, Duration::ZERO);
         let lapse = || tokio::time::advance(Duration::from_millis(500));
 
         // Untouched epochs: held past the lapse, judged by the epochs known when it came.
@@ -1198,7 +1202,7 @@ mod tests {
             "one bound for all the attempts"
         );
         assert_eq!(
-            tier.held::<String>(KEY, Duration::ZERO).as_deref(),
+            tier.held_copy::<String>(KEY, Duration::ZERO).as_deref(),
             Some("v")
         );
     }

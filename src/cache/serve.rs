@@ -12,7 +12,7 @@ use crate::cache::freshness::{judge, unit_draw, Verdict};
 use crate::wire::codec::Codec;
 use crate::{Computed, Error, Fetched, Lease, Source};
 
-/// How a stored entry is served ([`Cache::judge_entry`]).
+/// How a stored entry is served (`Engine::judge_entry`).
 pub(crate) enum Judged<T> {
     /// As it is.
     Served(Result<Fetched<T>, Error>),

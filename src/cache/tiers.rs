@@ -91,7 +91,7 @@ impl Tiers {
         ) {
             return None;
         }
-        let value = self.near.as_ref()?.held::<T>(key, past_fresh)?;
+        let value = self.near.as_ref()?.held_copy::<T>(key, past_fresh)?;
         Some(Fetched {
             value,
             source: Source::Held,

@@ -14,7 +14,7 @@
 //!    locked, whatever the chunks, and each of its values is stored
 //!    by the same fenced write as a single key's;
 //! 5. keys whose lock another process holds go through the single-key path's own wait-or-lock
-//!    loop ([`Cache::claim`]: wake-ups, backoff, the wait bound, the fail-safe's budgets); if the
+//!    loop (`Engine::claim`: wake-ups, backoff, the wait bound, the fail-safe's budgets); if the
 //!    holder goes away without a value, this call takes the lock and computes that key itself,
 //!    with a call of `f` for it alone.
 //!
@@ -136,7 +136,7 @@ impl<C: Codec> Engine<C> {
         let plan = Plan::new(&self.core.namespace, &asked);
         let settled = batch.run(&plan.distinct).await;
         for outcome in &settled {
-            self.count(outcome, batch.started);
+            self.count_outcome(outcome, batch.started);
         }
         plan.hand_out(settled)
     }
