@@ -7,6 +7,12 @@
 //! in one place: bytes that are not ours, or that were written for another shape of `T`, are a
 //! miss, never a value.
 
+use std::fmt::Display;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
+
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::store::Write;
@@ -15,10 +21,6 @@ use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
 use crate::wire::shape;
 use crate::{Error, MAX_VALUE_BYTES};
-use serde::{de::DeserializeOwned, Serialize};
-use std::fmt::Display;
-use std::sync::Arc;
-use std::time::Duration;
 
 impl<C: Codec> Engine<C> {
     /// Freshness is stamped and judged by the store's clock: calibrate it before the first use

@@ -3,12 +3,11 @@
 //! counters, the recovery queue) and a handle's own options and tags ([`Engine`]). The handle
 //! holds an `Engine` and nothing else; the machinery is written against this type.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::cache::recovery::Recovery;
 use crate::cache::refreshes::Refreshes;
-use crate::cache::tags::{SeenTags, Tagging};
+use crate::cache::tags::{TagMemory, Tagging};
 use crate::cache::tiers::Tiers;
 use crate::stats::Counters;
 use crate::store::breaker::Breaker;
@@ -34,11 +33,9 @@ pub(crate) struct Core<C> {
     pub(crate) flights: Flights,
     /// Background refreshes running in this process, so a key is refreshed once at a time.
     pub(crate) refreshes: Arc<Refreshes>,
-    /// The tags of values read before, asked for with the next read of their keys.
-    pub(crate) seen_tags: SeenTags,
-    /// The highest epoch this process has read or raised: an in-process flight is shared only
-    /// by callers that know no newer one than its leader (see `wait/flight.rs`).
-    pub(crate) epoch_mark: AtomicU64,
+    /// The tags of values read before (asked for with the next read of their keys), and the
+    /// highest epoch this process has read or raised.
+    pub(crate) tags: TagMemory,
     /// What the cache did, for `Cache::stats` and the `metrics` facade.
     pub(crate) counters: Arc<Counters>,
     /// The near tier and the embedded store, as the builder made them. The near tier's feed
@@ -93,8 +90,7 @@ impl<C> Engine<C> {
                 namespace,
                 flights: Flights::default(),
                 refreshes: Arc::default(),
-                seen_tags: SeenTags::default(),
-                epoch_mark: AtomicU64::new(0),
+                tags: TagMemory::default(),
                 counters,
                 tiers,
                 breaker,

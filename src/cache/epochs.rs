@@ -2,6 +2,11 @@
 //! and remembers, an entry judged by them, a value's birth and tags, and the raise of an
 //! epoch by `invalidate_tag` and `clear`.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
@@ -9,24 +14,8 @@ use crate::store::{Blob, StoreResult};
 use crate::wire::codec::Codec;
 use crate::wire::key::{self, EntryKeys, MAX_TAGS};
 use crate::Error;
-use serde::de::DeserializeOwned;
-use std::borrow::Cow;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 impl<C: Codec> Engine<C> {
-    /// The highest epoch this process has read or raised (see `wait/flight.rs`).
-    pub(crate) fn epoch_mark(&self) -> u64 {
-        self.core.epoch_mark.load(Ordering::Acquire)
-    }
-
-    /// Raises the process's epoch mark to what a read found.
-    pub(crate) fn note_epochs(&self, epochs: &Epochs) {
-        self.core
-            .epoch_mark
-            .fetch_max(epochs.highest(), Ordering::AcqRel);
-    }
-
     /// For a follower of this process's flight of `keys`, whose leader started knowing the
     /// epoch mark `mark` and computed or read a value: whether none of that value's tags
     /// (remembered when it was written or read) was invalidated after the leader started. The
@@ -36,13 +25,13 @@ impl<C: Codec> Engine<C> {
     /// namespace's epoch included, raised the mark it joined with). The epochs unreadable: no,
     /// as a read that cannot judge a value does not serve it.
     pub(crate) async fn outlives_invalidations_since(&self, keys: &EntryKeys, mark: u64) -> bool {
-        let Some(names) = self.core.seen_tags.get(&keys.value) else {
+        let Some(names) = self.core.tags.seen(&keys.value) else {
             return true;
         };
         match self.core.store.epochs(&names).await {
             Ok(values) => {
                 let epochs = Epochs::of(&names, values);
-                self.note_epochs(&epochs);
+                self.core.tags.note(&epochs);
                 epochs.highest() <= mark
             }
             Err(_) => false,
@@ -84,7 +73,7 @@ impl<C: Codec> Engine<C> {
     pub(crate) fn read_names(&self, keys: &[&EntryKeys]) -> Arc<[String]> {
         let mut names: Option<Vec<String>> = None;
         for keys in keys {
-            let Some(seen) = self.core.seen_tags.get(&keys.value) else {
+            let Some(seen) = self.core.tags.seen(&keys.value) else {
                 continue;
             };
             let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
@@ -111,7 +100,7 @@ impl<C: Codec> Engine<C> {
             return;
         }
         let names = self.tag_epoch_names(tags).unwrap_or_default();
-        self.core.seen_tags.remember(&keys.value, names);
+        self.core.tags.remember(&keys.value, names);
     }
 
     /// Reads the value of `keys` with the epochs [`read_names`](Self::read_names) gives, in one
@@ -123,7 +112,7 @@ impl<C: Codec> Engine<C> {
         let names = self.read_names(&[keys]);
         let (bytes, values) = self.core.store.get_with_epochs(keys, &names).await?;
         let epochs = Epochs::of(&names, values);
-        self.note_epochs(&epochs);
+        self.core.tags.note(&epochs);
         Ok((bytes, epochs))
     }
 
@@ -145,7 +134,7 @@ impl<C: Codec> Engine<C> {
         if !missing.is_empty() {
             let values = self.core.store.epochs(&missing).await?;
             epochs.add(missing, values);
-            self.note_epochs(epochs);
+            self.core.tags.note(epochs);
         }
         Ok(())
     }
@@ -242,7 +231,7 @@ impl<C: Codec> Engine<C> {
     pub(crate) async fn raise(&self, names: &[String]) -> StoreResult<()> {
         let floor = self.core.store.born(&self.tagging.names[0]).await?;
         // Flights led before this raise are not shared with calls that start after it.
-        self.core.epoch_mark.fetch_max(floor, Ordering::AcqRel);
+        self.core.tags.raise_mark(floor);
         let raised = self.core.store.raise_epochs(names, floor).await;
         // Also after a failure: the raise may have been applied. Read-your-writes here.
         if let Some(near) = self.core.tiers.near() {

@@ -323,7 +323,7 @@ where
             match engine
                 .core
                 .flights
-                .join::<Fetched<T>, E>(&self.keys.value, engine.epoch_mark())
+                .join::<Fetched<T>, E>(&self.keys.value, engine.core.tags.mark())
             {
                 Role::Lead(leader) => break Some(leader),
                 Role::Alone => break None,

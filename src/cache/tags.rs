@@ -23,7 +23,7 @@
 //! Clear is its own epoch, checked on every read, not a special tag some path may forget
 //! (FusionCache #600).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::options::CallOptions;
@@ -81,7 +81,7 @@ pub(crate) const SEEN_PER_BATCH: usize = 64;
 /// so the next read asks for them with the value, in the same round trip: a value tagged by
 /// its computation ([`Computed::tags`](crate::Computed::tags)) then costs a hit no more than
 /// one tagged by the handle. Bounded; a key it forgot costs one more round trip, once.
-pub(crate) struct SeenTags {
+struct SeenTags {
     names: moka::sync::Cache<String, Arc<[String]>>,
     /// Whether any tagged value was seen: until then a read does not look the key up (the
     /// tagless hit, by far the most common, hashes nothing here).
@@ -99,7 +99,7 @@ impl Default for SeenTags {
 
 impl SeenTags {
     /// The epoch names of the tags the value of `key` carried when last seen.
-    pub(crate) fn get(&self, key: &str) -> Option<Arc<[String]>> {
+    fn get(&self, key: &str) -> Option<Arc<[String]>> {
         if !self.any.load(Ordering::Acquire) {
             return None;
         }
@@ -107,11 +107,48 @@ impl SeenTags {
     }
 
     /// Remembers `names` for `key` (a change only: an unchanged entry is not written again).
-    pub(crate) fn remember(&self, key: &str, names: Vec<String>) {
+    fn remember(&self, key: &str, names: Vec<String>) {
         self.any.store(true, Ordering::Release);
         if self.names.get(key).is_none_or(|held| *held != *names) {
             self.names.insert(key.to_owned(), names.into());
         }
+    }
+}
+
+/// What this process remembers of tags, shared by every handle of a cache: the tags each
+/// key's value carried when last seen, and the highest epoch read or raised (the epoch mark:
+/// an in-process flight is shared only by callers that know no newer one than its leader, see
+/// `wait/flight.rs`).
+#[derive(Default)]
+pub(crate) struct TagMemory {
+    seen: SeenTags,
+    mark: AtomicU64,
+}
+
+impl TagMemory {
+    /// The highest epoch this process has read or raised.
+    pub(crate) fn mark(&self) -> u64 {
+        self.mark.load(Ordering::Acquire)
+    }
+
+    /// Raises the mark to what a read found.
+    pub(crate) fn note(&self, epochs: &Epochs) {
+        self.raise_mark(epochs.highest());
+    }
+
+    /// Raises the mark to `floor` (an epoch this process raised).
+    pub(crate) fn raise_mark(&self, floor: u64) {
+        self.mark.fetch_max(floor, Ordering::AcqRel);
+    }
+
+    /// The epoch names of the tags the value of `key` carried when last seen.
+    pub(crate) fn seen(&self, key: &str) -> Option<Arc<[String]>> {
+        self.seen.get(key)
+    }
+
+    /// Remembers the epoch names of the tags of `key`'s value.
+    pub(crate) fn remember(&self, key: &str, names: Vec<String>) {
+        self.seen.remember(key, names);
     }
 }
 

@@ -240,7 +240,7 @@ where
             .await
             .unwrap_or_default();
         let mut epochs = Epochs::of(names, epochs);
-        cache.note_epochs(&epochs);
+        cache.core.tags.note(&epochs);
         let decoded: Vec<_> = found
             .into_iter()
             .zip(&taken_over)

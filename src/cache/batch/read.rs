@@ -93,7 +93,7 @@ where
         match read {
             Ok((values, epochs)) => {
                 let mut epochs = Epochs::of(names, epochs);
-                cache.note_epochs(&epochs);
+                cache.core.tags.note(&epochs);
                 let read = self.decoded(distinct, &remote, values);
                 // Other tags' epochs, for every key at once: one more round trip at most. If
                 // they cannot be read, those values are replaced (as for one key).

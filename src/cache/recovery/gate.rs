@@ -2,13 +2,14 @@
 //! first, a write that reached the backend drops what is queued for its keys, and a write that
 //! could not is queued.
 
-use super::{queues, Queued, Written};
 use crate::cache::engine::Engine;
 use crate::stats::Event;
 use crate::store::{StoreError, StoreResult};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::Error;
+
+use super::{queues, Queued, Written};
 
 impl<C: Codec> Engine<C> {
     /// Before reading `entries` from the backend: replays the writes queued for them, so that
