@@ -13,8 +13,8 @@ use crate::wire::codec::Codec;
 /// on a black-holed connection for the whole response time-out.
 pub(crate) const HEALTH_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// What [`Cache::health`] found. Serialized (for a status page) under its field names, with
-/// `failing_for` as `failing_for_seconds` (a number, or null).
+/// What [`Cache::health`](crate::Cache::health) found. Serialized (for a status page) under its
+/// field names, with `failing_for` as `failing_for_seconds` (a number, or null).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

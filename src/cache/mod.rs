@@ -306,6 +306,11 @@ impl<C: Codec> Cache<C> {
     /// a value of this cache (corrupt, another codec, another type) are logged and read as `None`,
     /// and so is a remembered failure.
     ///
+    /// With a [near tier](CacheBuilder::near_cache), a fresh copy held there answers without a
+    /// request, as for [`get_or_compute`](Self::get_or_compute) (counted in
+    /// [`Stats::near_hits`](crate::Stats::near_hits)); copies go in when the `get_or_compute`
+    /// family reads or computes a value.
+    ///
     /// When the backend fails: [`Error::Backend`], or with
     /// [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached) a miss (`None`), logged and
     /// counted in [`Stats::backend_errors`](crate::Stats::backend_errors).

@@ -101,7 +101,9 @@ impl RecoveryOptions {
     }
 }
 
-/// What became of a write ([`Cache::set`], [`Cache::invalidate`], [`Cache::invalidate_many`]).
+/// What became of a write ([`Cache::set`](crate::Cache::set),
+/// [`Cache::invalidate`](crate::Cache::invalidate),
+/// [`Cache::invalidate_many`](crate::Cache::invalidate_many)).
 ///
 /// A caller after a database commit needs to know: `Applied`, the cache holds the change now;
 /// `Queued`, Redis could not be reached and the change waits in this process's

@@ -64,8 +64,10 @@ use crate::{Computed, Error, Fetched, Lease, Source};
 
 use plan::Plan;
 
-/// The most keys one many-key call takes ([`Cache::get_or_compute_many`],
-/// [`Cache::fetch_many`], [`Cache::invalidate_many`]): a call given more is refused with
+/// The most keys one many-key call takes
+/// ([`Cache::get_or_compute_many`](crate::Cache::get_or_compute_many),
+/// [`Cache::fetch_many`](crate::Cache::fetch_many),
+/// [`Cache::invalidate_many`](crate::Cache::invalidate_many)): a call given more is refused with
 /// [`Error::TooManyKeys`] before anything is sent, on every store, never cut short. Redis is not
 /// what needs it (each request carries a bounded chunk of keys, so other clients run between
 /// them); the call itself is: every key holds a lock, a lease and its heartbeat for the length of
