@@ -1,7 +1,7 @@
 //! The fail-safe's decisions, one small function each, so that every path that reads, waits or
 //! computes (the single-key path here, the batch path per key) takes them the same way:
 //!
-//! - where a stored entry stands for this caller (`Engine::standing_of`): live, a throttled
+//! - where a stored entry stands for this caller (`Engine::worth_of`): live, a throttled
 //!   fallback, or past its stale window (then kept as a [`Kept`] fallback);
 //! - when a caller's soft timeout falls (`Engine::soft_deadline`);
 //! - which errors the fallback answers ([`falls_back`]) and how it is served
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::freshness::{standing, Standing};
+use crate::cache::freshness::{worth, Worth};
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
@@ -51,9 +51,9 @@ pub(crate) fn falls_back(error: &Error) -> bool {
 
 impl<C: Codec> Engine<C> {
     /// Where `entry` stands for this handle's options, by the store's clock now.
-    pub(crate) fn standing_of<T>(&self, entry: &StoredEntry<T>) -> Standing {
+    pub(crate) fn worth_of<T>(&self, entry: &StoredEntry<T>) -> Worth {
         let stale_ms = u64::try_from(self.options.stale_for.as_millis()).unwrap_or(u64::MAX);
-        standing(
+        worth(
             self.core.store.now_ms(),
             entry.fresh_until_ms,
             entry.throttled,
@@ -113,9 +113,10 @@ impl<C: Codec> Engine<C> {
     /// Sorts a stored entry for this caller: serve it (live, or a throttled fallback), or it is
     /// past its stale window: compute.
     pub(crate) fn sort<T>(&self, entry: StoredEntry<T>) -> Sorted<T> {
-        match self.standing_of(&entry) {
-            Standing::Live | Standing::Throttled => Sorted::Serve(entry),
-            Standing::Expired => Sorted::Past(entry),
+        if self.worth_of(&entry).served() {
+            Sorted::Serve(entry)
+        } else {
+            Sorted::Past(entry)
         }
     }
 

@@ -8,7 +8,6 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::cache::batch::MAX_BATCH_KEYS;
 use crate::cache::engine::Engine;
-use crate::cache::freshness::Standing;
 use crate::cache::recovery::{Intent, Queued};
 use crate::stats::Event;
 use crate::time::saturate;
@@ -45,7 +44,7 @@ impl<C: Codec> Engine<C> {
         Ok(self
             .read_live::<T>(&keys, &bytes, &mut epochs)
             .await
-            .filter(|stored| self.standing_of(stored) == Standing::Live)
+            .filter(|stored| self.worth_of(stored).live())
             .and_then(|stored| stored.value.ok()))
     }
 

@@ -8,7 +8,7 @@ use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::fetch::KeyCall;
-use crate::cache::freshness::{judge, unit_draw, Verdict};
+use crate::cache::freshness::{judge, unit_draw, Worth};
 use crate::wire::codec::Codec;
 use crate::{Computed, Error, Fetched, Lease, Source};
 
@@ -69,7 +69,7 @@ impl<C: Codec> Engine<C> {
         let beta = self.options.early_refresh_beta;
         // Draw only when XFetch is on: the hit path stays free of the random number generator.
         let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
-        let verdict = judge(
+        let worth = judge(
             self.core.store.now_ms(),
             entry.fresh_until_ms,
             entry.compute_ms,
@@ -77,10 +77,11 @@ impl<C: Codec> Engine<C> {
             draw,
         );
         let served = |source| Fetched { value, source };
-        match verdict {
-            Verdict::Fresh => Judged::Served(Ok(served(fresh))),
-            Verdict::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
-            Verdict::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+        match worth {
+            Worth::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
+            Worth::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+            // `judge` says fresh, refreshed early or stale of a served value.
+            Worth::Fresh | Worth::Kept | Worth::Dead => Judged::Served(Ok(served(fresh))),
         }
     }
 }
