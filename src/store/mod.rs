@@ -158,20 +158,22 @@ impl Error {
                 op,
                 kind,
                 key,
-                source,
+                source: crate::error::BackendError::new(source),
             },
             StoreError::NoQuorum { reached, needed } => Error::NoQuorum {
                 op,
                 reached,
                 needed,
             },
-            // Unreachable, and said so in the source's message.
+            // Unreachable, and said so in the source's message: the breaker's own error, since
+            // the client never saw the request.
             breaker @ StoreError::BreakerOpen { .. } => Error::Backend {
                 op,
                 kind: BackendErrorKind::Unreachable,
                 key: None,
-                source: std::io::Error::new(std::io::ErrorKind::NotConnected, breaker.to_string())
-                    .into(),
+                source: crate::error::BackendError::new(crate::error::BreakerOpen::new(
+                    breaker.to_string(),
+                )),
             },
         }
     }
