@@ -14,7 +14,7 @@ use super::cluster::LazyCluster;
 use super::coalesce::{self, Coalescer, Read};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
-use super::mget;
+use super::mget::{self, parse_epoch};
 use super::pubsub::PubSub;
 use super::replicas::{Acks, ReplicaWait};
 use super::scripts::{
@@ -799,21 +799,6 @@ where
 
     fn sync_clock(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.clock.sync(&self.conn))
-    }
-}
-
-/// An epoch as `MGET` read it (see [`RedisStore::mget`]).
-pub(super) fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
-    let Some(bytes) = bytes else { return 0 };
-    match std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|text| text.parse().ok())
-    {
-        Some(epoch) => epoch,
-        None => {
-            tracing::warn!(epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
-            u64::MAX
-        }
     }
 }
 
