@@ -219,7 +219,7 @@ impl MemoryStore {
         self.epoch_ms.saturating_mul(1000).saturating_add(elapsed)
     }
 
-    /// [`Store::now_ms`] at `now`.
+    /// [`StoreExt::now_ms`] at `now`.
     fn ms_at(&self, now: Instant) -> u64 {
         let elapsed = u64::try_from(now.saturating_duration_since(self.epoch).as_millis())
             .unwrap_or(u64::MAX);
@@ -310,7 +310,7 @@ impl MemoryStore {
         decoded.value.downcast_ref::<T>().cloned()
     }
 
-    /// Keeps `value`, decoded from `bytes` (as [`Store::get`] handed them out), next to them,
+    /// Keeps `value`, decoded from `bytes` (as [`StoreExt::get`] handed them out), next to them,
     /// if they are still the value of `keys`: a write since the read replaced them, and then
     /// the decoded value would be of an older value.
     pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(

@@ -5,7 +5,7 @@
 //!   | born u64 | tag count u8 | (tag length u16 | tag bytes)* | payload
 //! ```
 //! All integers are big-endian. `fresh_until` is wall-clock milliseconds since the Unix epoch
-//! (the store's clock: see `Store::now_ms`); after it the value is stale until Redis expires it.
+//! (the store's clock: see `store::Clock`); after it the value is stale until Redis expires it.
 //! Flag bit 0 marks a remembered failure, whose payload is the error's message in UTF-8.
 //! Flag bit 1 marks a fail-safe copy: a kept value rewritten after a failed (or timed-out)
 //! computation, whose `fresh_until` is the end of its throttle; it is served only as a fallback,
