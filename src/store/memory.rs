@@ -524,8 +524,9 @@ impl MemoryStore {
     }
 }
 
-/// Every operation is carried out when it is sent, before its future is polled: it takes no
-/// `.await`, and a caller that drops the future has still done it, as with a sent request.
+/// Every operation of one entry is carried out when it is sent, before its future is polled: it
+/// takes no `.await`, and a caller that drops the future has still done it, as with a sent
+/// request. A batch is asked one entry after another as its future is polled.
 impl LockStore for MemoryStore {
     fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         let reply = match op {
