@@ -180,3 +180,113 @@ fn failure(outcome: &StoreResult<Reply>) -> Option<&StoreError> {
         Err(e) => Some(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::error::BackendErrorKind;
+    use crate::stats::{BreakerState, Counters};
+    use crate::store::recording::Recording;
+    use crate::store::{BreakerOptions, LockStoreExt, ReadOrLock};
+
+    fn unreachable() -> StoreError {
+        StoreError::Redis {
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
+            kind: BackendErrorKind::Unreachable,
+            key: None,
+        }
+    }
+
+    /// A backend that fails every operation, unreachable, except a batch lock, of which it
+    /// answers the first entry (held) and fails the others.
+    struct HalfDown;
+
+    impl LockStore for HalfDown {
+        fn lock<'a>(&'a self, _: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+            Box::pin(std::future::ready(Err(unreachable())))
+        }
+
+        fn listen<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+            Box::pin(std::future::ready(Err(unreachable())))
+        }
+    }
+
+    impl Store for HalfDown {
+        fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+            let Op::ReadOrLockMany { entries, .. } = op else {
+                return Box::pin(std::future::ready(Err(unreachable())));
+            };
+            let held = Ok(ReadOrLock::Held { expires_in: None });
+            let answers = (0..entries.len())
+                .map(|i| {
+                    if i == 0 {
+                        held.clone()
+                    } else {
+                        Err(unreachable())
+                    }
+                })
+                .collect();
+            Box::pin(std::future::ready(Ok(Reply::PerEntry(answers))))
+        }
+
+        fn clock(&self) -> &dyn Clock {
+            self
+        }
+    }
+
+    impl Clock for HalfDown {
+        fn now_ms(&self) -> u64 {
+            0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_refuses_by_the_class_of_each_operation() {
+        let backend = Arc::new(Recording::new(Arc::new(HalfDown)));
+        let options = BreakerOptions::default()
+            .failures(3)
+            .cool_down(Duration::from_secs(60))
+            .stall(Duration::from_millis(500));
+        let breaker = Arc::new(Breaker::new(options, Arc::new(Counters::default())));
+        let inner = Arc::clone(&backend) as Arc<dyn Store>;
+        let store = GuardedStore::new(inner, Arc::clone(&breaker), false);
+        let (a, b) = (
+            EntryKeys::new("t", "a").unwrap(),
+            EntryKeys::new("t", "b").unwrap(),
+        );
+        let batch = [(&a, "A", true), (&b, "B", true)];
+
+        // One answer of a batch is enough to know the backend answers.
+        for _ in 0..5 {
+            let answers = store
+                .read_or_lock_many(&batch, Duration::from_secs(1))
+                .await;
+            assert!(answers[0].is_ok() && answers[1].is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        for _ in 0..3 {
+            assert!(store.get(&a).await.is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        let sent = backend.log().len();
+
+        // Open: a read and a batch fail at once, unsent...
+        let refused = store.get(&a).await;
+        assert!(matches!(refused, Err(StoreError::BreakerOpen { .. })));
+        let answers = store
+            .read_or_lock_many(&batch, Duration::from_secs(1))
+            .await;
+        assert!(answers
+            .iter()
+            .all(|a| matches!(a, Err(StoreError::BreakerOpen { .. }))));
+        assert_eq!(backend.log().len(), sent, "nothing reached the backend");
+        // ...but freeing a lock is clean-up: sent, and answered by the backend itself.
+        let freed = store.unlock(&a, "A").await;
+        assert!(matches!(freed, Err(StoreError::Redis { .. })));
+        let log = backend.log();
+        assert_eq!(log.len(), sent + 1);
+        assert_eq!(log[sent].op, "unlock");
+    }
+}
