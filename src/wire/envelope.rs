@@ -17,7 +17,7 @@
 //! is not ours: the reader treats it as a miss.
 //!
 //! `born` is when the computation that produced the value started (or the `set` was made), by
-//! the namespace's clock (see `Store::born`); the tags are the user's strings, UTF-8. A value is
+//! the namespace's clock (see `Op::Born`); the tags are the user's strings, UTF-8. A value is
 //! gone once its namespace was cleared, or one of its tags invalidated, at or after `born`
 //! (see `cache/tags.rs`).
 //!
