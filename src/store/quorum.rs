@@ -95,7 +95,7 @@ impl QuorumStore {
         }
     }
 
-    async fn try_lock(
+    async fn try_lock_on_majority(
         &self,
         keys: &EntryKeys,
         token: &str,
@@ -162,14 +162,19 @@ impl QuorumStore {
 
     /// The maximum of the bumped counters of a majority, raised on that majority: above every
     /// token any majority handed out before.
-    async fn next_fence(&self, keys: &EntryKeys, lease: Duration) -> StoreResult<u64> {
+    async fn next_fence_on_majority(&self, keys: &EntryKeys, lease: Duration) -> StoreResult<u64> {
         let answers = self.on_all(LockOp::NextFence { keys, lease }).await;
         let fence = self.majority(answers)?.into_iter().max().unwrap_or(0);
-        self.raise_fence(keys, fence, lease).await?;
+        self.raise_fence_on_majority(keys, fence, lease).await?;
         Ok(fence)
     }
 
-    async fn raise_fence(&self, keys: &EntryKeys, floor: u64, lease: Duration) -> StoreResult<()> {
+    async fn raise_fence_on_majority(
+        &self,
+        keys: &EntryKeys,
+        floor: u64,
+        lease: Duration,
+    ) -> StoreResult<()> {
         let raise = LockOp::RaiseFence { keys, floor, lease };
         let answers: Vec<Option<()>> = self.on_all(raise).await;
         self.majority(answers).map(drop)
@@ -185,16 +190,16 @@ impl LockStore for QuorumStore {
         Box::pin(async move {
             Ok(match op {
                 LockOp::TryLock { keys, token, lease } => {
-                    Reply::Acquire(self.try_lock(keys, token, lease).await?)
+                    Reply::Acquire(self.try_lock_on_majority(keys, token, lease).await?)
                 }
                 LockOp::Extend { .. } | LockOp::Unlock { .. } => {
                     Reply::Flag(self.on_majority(op).await?)
                 }
                 LockOp::NextFence { keys, lease } => {
-                    Reply::Number(self.next_fence(keys, lease).await?)
+                    Reply::Number(self.next_fence_on_majority(keys, lease).await?)
                 }
                 LockOp::RaiseFence { keys, floor, lease } => {
-                    self.raise_fence(keys, floor, lease).await?;
+                    self.raise_fence_on_majority(keys, floor, lease).await?;
                     Reply::Done
                 }
                 LockOp::RecordRun { .. } => {
