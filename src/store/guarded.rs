@@ -186,16 +186,15 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::error::BackendErrorKind;
     use crate::stats::{BreakerState, Counters};
     use crate::store::recording::Recording;
     use crate::store::{BreakerOptions, LockStoreExt, ReadOrLock};
 
+    /// A backend that does not answer (too few nodes: unreachable, as a refused connection).
     fn unreachable() -> StoreError {
-        StoreError::Redis {
-            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into(),
-            kind: BackendErrorKind::Unreachable,
-            key: None,
+        StoreError::NoQuorum {
+            reached: 0,
+            needed: 1,
         }
     }
 
@@ -284,7 +283,7 @@ mod tests {
         assert_eq!(backend.log().len(), sent, "nothing reached the backend");
         // ...but freeing a lock is clean-up: sent, and answered by the backend itself.
         let freed = store.unlock(&a, "A").await;
-        assert!(matches!(freed, Err(StoreError::Redis { .. })));
+        assert!(matches!(freed, Err(StoreError::NoQuorum { .. })));
         let log = backend.log();
         assert_eq!(log.len(), sent + 1);
         assert_eq!(log[sent].op, "unlock");
