@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::store::StoreExt;
 use crate::store::Write;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{standing, Standing};
+use crate::store::StoreExt;
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::stats::{BreakerState, TrackingState};
+use crate::store::StoreExt;
 use crate::wire::codec::Codec;
 use crate::Cache;
 

@@ -47,6 +47,7 @@ use crate::cache::tags::{SeenTags, Tagging};
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
 use crate::stats::{Counters, Event};
+use crate::store::StoreExt;
 use crate::store::{MemoryStore, Store};
 use crate::time::saturate;
 use crate::wait::flight::Flights;

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::cache::bounds::ComputeFailure;
 use crate::cache::compute::OnFailure;
 use crate::store::ReadOrLock;
+use crate::store::StoreExt;
 use crate::sync::lock;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;

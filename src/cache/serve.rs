@@ -10,6 +10,7 @@ use serde::{de::DeserializeOwned, Serialize};
 use crate::cache::bounds::ComputeFailure;
 use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{judge, unit_draw, Verdict};
+use crate::store::StoreExt;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Cache, Computed, Error, Fetched, Lease, Source};

@@ -31,6 +31,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cache::entry::StoredEntry;
 use crate::options::CallOptions;
+use crate::store::StoreExt;
 use crate::store::{Blob, StoreResult};
 use crate::wire::codec::Codec;
 use crate::wire::key::{self, EntryKeys, MAX_TAGS};
