@@ -171,6 +171,10 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+/// Only [`StoreError::WrongReply`] reaches a caller as itself (the source of its
+/// [`Error::Backend`]); the others are unpacked in [`Error::backend`].
+impl std::error::Error for StoreError {}
+
 /// A store's failure becomes the caller's error here, in the store layer, so that `error.rs`
 /// need not know the stores (it is a leaf every layer imports).
 impl Error {
@@ -202,7 +206,8 @@ impl Error {
                 op,
                 kind: BackendErrorKind::Other,
                 key: None,
-                source: std::io::Error::other(wrong.to_string()).into(),
+                // A bug of this crate, not the client's: the store's own error is the source.
+                source: crate::error::BackendError::new(wrong),
             },
         }
     }
