@@ -7,6 +7,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod backend;
+
+pub use backend::BackendError;
+pub(crate) use backend::BreakerOpen;
+
 /// Everything that can go wrong in a call of this crate.
 ///
 /// One type for every call (`get`, `set`, `invalidate`, `lock`, the `get_or_compute` family,
@@ -63,8 +68,10 @@ pub enum Error {
         /// The Redis key the refused or failed command was about, when one was (e.g.
         /// `reports:{2019-05}`): the message names it and the key pattern of its namespace.
         key: Option<String>,
-        /// What the Redis client reported.
-        source: redis::RedisError,
+        /// What the backend's client reported (a `redis::RedisError`, which
+        /// [`source`](std::error::Error::source) gives back for a downcast), or why the request was
+        /// not sent (the circuit breaker was open).
+        source: BackendError,
     },
     /// Another caller held the key's lock for longer than the call's wait bound
     /// ([`CallOptions::wait_timeout`](crate::CallOptions::wait_timeout)).
@@ -457,7 +464,8 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Compute(e) => Some(e),
-            Error::Backend { source, .. } => Some(source),
+            // The client's own error, not its wrapper, so that it downcasts as it did.
+            Error::Backend { source, .. } => Some(source.get_ref()),
             Error::Encode(e) => Some(&**e),
             _ => None,
         }
@@ -822,7 +830,7 @@ fn explain_backend(
     op: &str,
     kind: BackendErrorKind,
     key: Option<&str>,
-    source: &redis::RedisError,
+    source: &BackendError,
 ) -> fmt::Result {
     let code = source.code().unwrap_or("");
     let what = match key {

@@ -188,6 +188,7 @@ pub use cache::health::Health;
 pub use cache::near::NearCacheOptions;
 pub use cache::recovery::{RecoveryOptions, Written};
 pub use cache::Cache;
+pub use error::BackendError;
 pub use error::{BackendErrorKind, ComputeError, Error, RecoveryLimit, SourceUnavailable};
 pub use lock::leader;
 pub use lock::lease::Lease;

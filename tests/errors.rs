@@ -5,7 +5,7 @@
 use std::error::Error as _;
 use std::time::Duration;
 
-use stampede_guard::{Cache, ComputeError, Error};
+use stampede_guard::{BackendError, BackendErrorKind, Cache, ComputeError, Error};
 
 const TTL: Duration = Duration::from_secs(60);
 
@@ -165,4 +165,26 @@ fn the_error_is_send_sync_static_and_clone() {
     fn check<T: std::error::Error + Send + Sync + Clone + 'static>() {}
     check::<Error>();
     check::<ComputeError>();
+    check::<BackendError>();
+}
+
+/// A backend failure names no type of the Redis client, yet a caller that wants the client's
+/// error downcasts the source to it, as before.
+#[test]
+fn a_backend_failures_source_is_the_clients_own_error() {
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    let error = Error::Backend {
+        op: "get",
+        kind: BackendErrorKind::Unreachable,
+        key: None,
+        source: BackendError::new(redis::RedisError::from(refused)),
+    };
+    let client = error
+        .source()
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+        .expect("the client's error");
+    assert!(client.is_connection_refusal());
+    assert!(error.is_unreachable() && error.is_backend());
+    let shared = error.clone();
+    assert_eq!(shared.to_string(), error.to_string());
 }

@@ -81,9 +81,27 @@ async fn refused_connections_open_the_breaker_then_calls_fail_fast_and_it_closes
     assert!(
         cause
             .as_deref()
-            .is_some_and(|c| c.contains("circuit breaker open")),
+            .is_some_and(|c| c.starts_with("circuit breaker open: ")),
         "{error}: {cause:?}"
     );
+    // The breaker's own error, not the client's: the request was never sent.
+    let source = std::error::Error::source(&error).expect("a source");
+    assert!(
+        source.downcast_ref::<redis::RedisError>().is_none(),
+        "{source:?}"
+    );
+    assert!(
+        source.downcast_ref::<std::io::Error>().is_none(),
+        "{source:?}"
+    );
+    assert!(
+        format!("{source:?}").starts_with("BreakerOpen"),
+        "{source:?}"
+    );
+    let Error::Backend { source, .. } = &error else {
+        panic!("not a backend error: {error:?}");
+    };
+    assert_eq!(source.code(), None);
     assert!(
         cache.stats().fast_failures > before,
         "failed without trying"

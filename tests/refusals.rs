@@ -49,6 +49,20 @@ fn everything_about(e: &Error) -> String {
     all
 }
 
+/// The public error names no type of the Redis client, yet its source is the client's own error,
+/// for a caller that wants it, and the server's error code is read without it.
+fn the_clients_error_is_the_source(e: &Error, code: &str) {
+    let client = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+        .unwrap_or_else(|| panic!("the source is not the client's error: {e:?}"));
+    assert_eq!(client.code(), Some(code), "{e:?}");
+    let Error::Backend { source, .. } = e else {
+        panic!("not a backend error: {e:?}");
+    };
+    assert_eq!(source.code(), Some(code), "{e:?}");
+    assert_eq!(source.to_string(), client.to_string());
+}
+
 /// Waits until `server` answers `INFO <section>` with `line` as one of its lines.
 fn wait_for_info(server: &RedisServer, section: &str, line: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -108,6 +122,7 @@ async fn an_acl_user_outside_its_namespace_is_refused_by_permission_and_told_the
             assert!(message.contains(part), "{part:?} missing from: {message}");
         }
         assert!(!everything_about(&e).contains(PASSWORD), "{e:?}");
+        the_clients_error_is_the_source(&e, "NOPERM");
         // `get` is not answered as a miss either: a refusal is not an outage.
         let e = outside.get::<u32>("2019-05").await.unwrap_err();
         assert!(e.is_refused(), "{e:?}");

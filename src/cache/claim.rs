@@ -21,6 +21,7 @@ use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::tags::Epochs;
 use crate::lock::lease::{Acquiring, HeldLock, Renewal};
 use crate::stats::Event;
+use crate::store::StoreExt;
 use crate::store::{LockStore, ReadOrLock, StoreError};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;

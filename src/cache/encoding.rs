@@ -15,6 +15,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
+use crate::store::StoreExt;
 use crate::store::Write;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;

@@ -12,6 +12,7 @@ use crate::cache::tiers::Tiers;
 use crate::stats::Counters;
 use crate::store::breaker::Breaker;
 use crate::store::Store;
+use crate::store::StoreExt;
 use crate::wait::flight::Flights;
 use crate::CallOptions;
 

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
+use crate::store::StoreExt;
 use crate::store::{Blob, StoreResult};
 use crate::wire::codec::Codec;
 use crate::wire::key::{self, EntryKeys, MAX_TAGS};

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::freshness::{worth, Worth};
+use crate::store::StoreExt;
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::cache::engine::Engine;
 use crate::stats::{BreakerState, TrackingState};
+use crate::store::StoreExt;
 use crate::wire::codec::Codec;
 
 /// How long [`Cache::health`] waits for the backend's answer: a readiness probe must not hang

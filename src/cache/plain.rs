@@ -10,6 +10,7 @@ use crate::cache::batch::MAX_BATCH_KEYS;
 use crate::cache::engine::Engine;
 use crate::cache::recovery::{Intent, Queued};
 use crate::stats::Event;
+use crate::store::StoreExt;
 use crate::time::saturate;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;

@@ -18,6 +18,7 @@ use crate::cache::bounds::ComputeFailure;
 use crate::cache::compute::{Computation, OnFailure};
 use crate::cache::engine::Engine;
 use crate::store::ReadOrLock;
+use crate::store::StoreExt;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;

@@ -9,6 +9,7 @@ use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::fetch::KeyCall;
 use crate::cache::freshness::{judge, unit_draw, Worth};
+use crate::store::StoreExt;
 use crate::wire::codec::Codec;
 use crate::{Computed, Error, Fetched, Lease, Source};
 

@@ -14,7 +14,8 @@ use crate::cache::near::{Fill, NearTier, Ticket};
 use crate::cache::tags::Epochs;
 use crate::error::BackendErrorKind;
 use crate::stats::{Counters, Event};
-use crate::store::{Blob, MemoryStore, Store, StoreError};
+use crate::store::StoreExt;
+use crate::store::{Blob, MemoryStore, StoreError};
 use crate::wire::key::EntryKeys;
 use crate::{Fetched, Source};
 

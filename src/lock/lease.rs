@@ -21,6 +21,8 @@ use tokio::time::Instant;
 
 use crate::options::CallOptions;
 use crate::stats::{Counters, Event, LogThrottle};
+use crate::store::LockStoreExt;
+use crate::store::StoreExt;
 use crate::store::{LockStore, Store, StoreError, StoreResult, Stored, Write};
 use crate::time::later_by;
 use crate::wire::key::EntryKeys;
@@ -559,7 +561,7 @@ mod tests {
 
     use super::*;
     use crate::store::wakeup::Listener;
-    use crate::store::{Acquire, BoxFuture, MemoryStore};
+    use crate::store::{Acquire, BoxFuture, LockOp, MemoryStore, Reply};
 
     /// Short, so a few leases pass in a test; renewed every second.
     const LEASE: Duration = Duration::from_secs(3);
@@ -574,71 +576,18 @@ mod tests {
     }
 
     impl LockStore for Flaky {
-        fn try_lock<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            token: &'a str,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<Acquire>> {
-            self.inner.try_lock(keys, token, lease)
-        }
-
-        fn extend<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            token: &'a str,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.extends.fetch_add(1, Ordering::SeqCst);
-            if self.down.load(Ordering::SeqCst) {
-                let down = StoreError::NoQuorum {
-                    reached: 0,
-                    needed: 1,
-                };
-                return Box::pin(std::future::ready(Err(down)));
+        fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+            if let LockOp::Extend { .. } = op {
+                self.extends.fetch_add(1, Ordering::SeqCst);
+                if self.down.load(Ordering::SeqCst) {
+                    let down = StoreError::NoQuorum {
+                        reached: 0,
+                        needed: 1,
+                    };
+                    return Box::pin(std::future::ready(Err(down)));
+                }
             }
-            self.inner.extend(keys, token, lease)
-        }
-
-        fn unlock<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            token: &'a str,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.inner.unlock(keys, token)
-        }
-
-        fn next_fence<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<u64>> {
-            self.inner.next_fence(keys, lease)
-        }
-
-        fn raise_fence<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            floor: u64,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<()>> {
-            self.inner.raise_fence(keys, floor, lease)
-        }
-
-        fn record_run<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            fence: u64,
-            keep: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.inner.record_run(keys, fence, keep)
-        }
-
-        fn since_last_run<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-        ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
-            self.inner.since_last_run(keys)
+            self.inner.lock(op)
         }
 
         fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {

@@ -24,6 +24,7 @@ use crate::lock::lease::{Acquiring, HeldLock, Lease, Renewal};
 use crate::store::{Backend, ConnectionOptions};
 use crate::wire::key::{validate_namespace, EntryKeys};
 
+use crate::store::LockStoreExt;
 use crate::store::{Acquire, LockStore};
 use crate::wait::waiting::Waiter;
 use crate::{CallOptions, Error};

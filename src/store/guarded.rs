@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::breaker::{watch_period, Admit, Breaker, InFlight};
+use super::breaker::{watch_period, Admit, Breaker};
 use super::wakeup::Listener;
 use super::{
-    Acquire, Blob, BoxFuture, LockStore, ManyWithEpochs, MemoryStore, ReadOrLock, Store,
-    StoreError, StoreResult, Stored, Write,
+    BoxFuture, Class, Clock, LockOp, LockStore, MemoryStore, Op, Reply, Store, StoreError,
+    StoreExt, StoreResult,
 };
 use crate::wire::key::EntryKeys;
 
@@ -56,55 +56,41 @@ impl GuardedStore {
         }
     }
 
-    /// `op` if the breaker lets it through, with its outcome recorded; otherwise the
-    /// breaker's refusal at once (`op` is dropped unpolled: nothing was sent). A request still
-    /// waiting when the breaker opens fails at once (dropped: the connection discards its
-    /// answer).
+    /// `request` (an operation of `class`, already built) if the breaker lets it through, with
+    /// its outcome recorded: `failure` picks the failure out of it, if any. Otherwise the
+    /// breaker's refusal at once (`request` is dropped unpolled: nothing was sent). A request
+    /// still waiting when the breaker opens fails at once (dropped: the connection discards
+    /// its answer). Clean-up is sent whatever the breaker says, and not counted.
     fn through<'a, T: Send + 'a>(
         &'a self,
-        op: BoxFuture<'a, StoreResult<T>>,
+        class: Class,
+        request: BoxFuture<'a, StoreResult<T>>,
+        failure: fn(&StoreResult<T>) -> Option<&StoreError>,
     ) -> BoxFuture<'a, StoreResult<T>> {
-        self.through_as(op, false)
-    }
-
-    /// As [`through`](Self::through), for a lock write: when it waits for replicas, it waits
-    /// unwatched by the stall watchdog (see [`Breaker::sending_slow`]).
-    fn lock_write<'a, T: Send + 'a>(
-        &'a self,
-        op: BoxFuture<'a, StoreResult<T>>,
-    ) -> BoxFuture<'a, StoreResult<T>> {
-        self.through_as(op, self.slow_locks)
-    }
-
-    /// The request's place in the breaker's count: `slow`, out of the watchdog's.
-    fn in_flight(&self, slow: bool) -> InFlight<'_> {
-        if slow {
+        // A lock write that waits for replicas waits unwatched by the stall watchdog (see
+        // [`Breaker::sending_slow`]).
+        let slow = match class {
+            Class::CleanUp => return request,
+            Class::LockWrite => self.slow_locks,
+            Class::Plain => false,
+        };
+        if let Err(refused) = self.admit() {
+            return Box::pin(std::future::ready(Err(refused)));
+        }
+        let mut waiting = if slow {
             self.breaker.sending_slow()
         } else {
             self.breaker.sending()
-        }
-    }
-
-    fn through_as<'a, T: Send + 'a>(
-        &'a self,
-        op: BoxFuture<'a, StoreResult<T>>,
-        slow: bool,
-    ) -> BoxFuture<'a, StoreResult<T>> {
-        match self.admit() {
-            Ok(()) => {
-                let mut waiting = self.in_flight(slow);
-                Box::pin(async move {
-                    let outcome = tokio::select! {
-                        biased;
-                        outcome = op => outcome,
-                        _ = waiting.opened.changed() => Err(self.breaker.aborted()),
-                    };
-                    waiting.ended(outcome.as_ref().err());
-                    outcome
-                })
-            }
-            Err(refused) => Box::pin(std::future::ready(Err(refused))),
-        }
+        };
+        Box::pin(async move {
+            let outcome = tokio::select! {
+                biased;
+                outcome = request => outcome,
+                _ = waiting.opened.changed() => Err(self.breaker.aborted()),
+            };
+            waiting.ended(failure(&outcome));
+            outcome
+        })
     }
 
     fn admit(&self) -> StoreResult<()> {
@@ -145,72 +131,19 @@ impl GuardedStore {
     }
 }
 
+/// Not refused by an open breaker: freeing a lock ([`Class::CleanUp`]) is clean-up, mostly of a
+/// lock request that the breaker itself cut off (it may have been granted). Refused, the lock
+/// would block its key for a whole lease once the backend answers; sent, it frees it then (a
+/// frozen server runs it when it thaws). Nobody waits on it but its own task.
 impl LockStore for GuardedStore {
-    fn try_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquire>> {
-        self.lock_write(self.inner.try_lock(keys, token, lease))
-    }
-
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.lock_write(self.inner.extend(keys, token, lease))
-    }
-
-    /// Not refused by an open breaker: freeing a lock is clean-up, mostly of a lock request
-    /// that the breaker itself cut off (it may have been granted). Refused, the lock would
-    /// block its key for a whole lease once the backend answers; sent, it frees it then (a
-    /// frozen server runs it when it thaws). Nobody waits on it but its own task.
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.inner.unlock(keys, token)
-    }
-
-    fn next_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<u64>> {
-        self.lock_write(self.inner.next_fence(keys, lease))
-    }
-
-    fn raise_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        floor: u64,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        self.lock_write(self.inner.raise_fence(keys, floor, lease))
-    }
-
-    fn record_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        keep: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.through(self.inner.record_run(keys, fence, keep))
-    }
-
-    fn since_last_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
-        self.through(self.inner.since_last_run(keys))
+    fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        self.through(op.class(), self.inner.lock(op), failure)
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
-        self.through(self.inner.listen(keys))
+        self.through(Class::Plain, self.inner.listen(keys), |outcome| {
+            outcome.as_ref().err()
+        })
     }
 
     fn clock_drift(&self, lease: Duration) -> Duration {
@@ -219,146 +152,12 @@ impl LockStore for GuardedStore {
 }
 
 impl Store for GuardedStore {
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
-        self.through(self.inner.get(keys))
+    fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        self.through(op.class(), self.inner.run(op), failure)
     }
 
-    fn read_or_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-        read_value: bool,
-    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        self.lock_write(self.inner.read_or_lock(keys, token, lease, read_value))
-    }
-
-    fn store_and_unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        fence: u64,
-        write: Write,
-    ) -> BoxFuture<'a, StoreResult<Stored>> {
-        self.through(self.inner.store_and_unlock(keys, token, fence, write))
-    }
-
-    fn write_fenced<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        write: Write,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.through(self.inner.write_fenced(keys, fence, write, lease))
-    }
-
-    fn set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        self.through(self.inner.set(keys, value, ttl, lease))
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        self.through(self.inner.invalidate(keys, lease))
-    }
-
-    fn get_many<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
-        self.through(self.inner.get_many(entries))
-    }
-
-    fn read_or_lock_many<'a>(
-        &'a self,
-        entries: &'a [(&'a EntryKeys, &'a str, bool)],
-        lease: Duration,
-    ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
-        if let Err(refused) = self.admit() {
-            let answers = entries.iter().map(|_| Err(refused.clone())).collect();
-            return Box::pin(std::future::ready(answers));
-        }
-        let mut waiting = self.in_flight(self.slow_locks);
-        Box::pin(async move {
-            let answers = tokio::select! {
-                biased;
-                answers = self.inner.read_or_lock_many(entries, lease) => answers,
-                _ = waiting.opened.changed() => {
-                    let aborted = self.breaker.aborted();
-                    entries.iter().map(|_| Err(aborted.clone())).collect()
-                }
-            };
-            // One answer is enough to know the backend answers; otherwise the first failure.
-            let answered = answers.iter().any(Result::is_ok);
-            let failure = answers.iter().find_map(|a| a.as_ref().err());
-            waiting.ended(if answered { None } else { failure });
-            answers
-        })
-    }
-
-    fn invalidate_many<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        self.through(self.inner.invalidate_many(entries, lease))
-    }
-
-    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
-        self.through(self.inner.wake(keys))
-    }
-
-    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
-        self.through(self.inner.born(clock))
-    }
-
-    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
-        self.through(self.inner.epochs(names))
-    }
-
-    fn raise_epochs<'a>(
-        &'a self,
-        names: &'a [String],
-        floor: u64,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        self.through(self.inner.raise_epochs(names, floor))
-    }
-
-    fn get_with_epochs<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        names: &'a Arc<[String]>,
-    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
-        self.through(self.inner.get_with_epochs(keys, names))
-    }
-
-    fn get_many_with_epochs<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-        names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
-        self.through(self.inner.get_many_with_epochs(entries, names))
-    }
-
-    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
-        self.through(self.inner.ping())
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.inner.now_ms()
-    }
-
-    fn clock_synced(&self) -> bool {
-        self.inner.clock_synced()
+    fn clock(&self) -> &dyn Clock {
+        self.inner.clock()
     }
 
     fn breaker(&self) -> Option<&Breaker> {
@@ -368,8 +167,125 @@ impl Store for GuardedStore {
     fn as_memory(&self) -> Option<&MemoryStore> {
         self.inner.as_memory()
     }
+}
 
-    fn sync_clock(&self) -> BoxFuture<'_, ()> {
-        self.inner.sync_clock()
+/// What the breaker counts of a reply: its failure. Of a batch's answers per entry, one answer
+/// is enough to know the backend answers; otherwise the first failure.
+fn failure(outcome: &StoreResult<Reply>) -> Option<&StoreError> {
+    match outcome {
+        Ok(Reply::PerEntry(answers)) if !answers.iter().any(Result::is_ok) => {
+            answers.iter().find_map(|a| a.as_ref().err())
+        }
+        Ok(_) => None,
+        Err(e) => Some(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::stats::{BreakerState, Counters};
+    use crate::store::recording::Recording;
+    use crate::store::{BreakerOptions, LockStoreExt, ReadOrLock};
+
+    /// A backend that does not answer (too few nodes: unreachable, as a refused connection).
+    fn unreachable() -> StoreError {
+        StoreError::NoQuorum {
+            reached: 0,
+            needed: 1,
+        }
+    }
+
+    /// A backend that fails every operation, unreachable, except a batch lock, of which it
+    /// answers the first entry (held) and fails the others.
+    struct HalfDown;
+
+    impl LockStore for HalfDown {
+        fn lock<'a>(&'a self, _: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+            Box::pin(std::future::ready(Err(unreachable())))
+        }
+
+        fn listen<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+            Box::pin(std::future::ready(Err(unreachable())))
+        }
+    }
+
+    impl Store for HalfDown {
+        fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+            let Op::ReadOrLockMany { entries, .. } = op else {
+                return Box::pin(std::future::ready(Err(unreachable())));
+            };
+            let held = Ok(ReadOrLock::Held { expires_in: None });
+            let answers = (0..entries.len())
+                .map(|i| {
+                    if i == 0 {
+                        held.clone()
+                    } else {
+                        Err(unreachable())
+                    }
+                })
+                .collect();
+            Box::pin(std::future::ready(Ok(Reply::PerEntry(answers))))
+        }
+
+        fn clock(&self) -> &dyn Clock {
+            self
+        }
+    }
+
+    impl Clock for HalfDown {
+        fn now_ms(&self) -> u64 {
+            0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_refuses_by_the_class_of_each_operation() {
+        let backend = Arc::new(Recording::new(Arc::new(HalfDown)));
+        let options = BreakerOptions::default()
+            .failures(3)
+            .cool_down(Duration::from_secs(60))
+            .stall(Duration::from_millis(500));
+        let breaker = Arc::new(Breaker::new(options, Arc::new(Counters::default())));
+        let inner = Arc::clone(&backend) as Arc<dyn Store>;
+        let store = GuardedStore::new(inner, Arc::clone(&breaker), false);
+        let (a, b) = (
+            EntryKeys::new("t", "a").unwrap(),
+            EntryKeys::new("t", "b").unwrap(),
+        );
+        let batch = [(&a, "A", true), (&b, "B", true)];
+
+        // One answer of a batch is enough to know the backend answers.
+        for _ in 0..5 {
+            let answers = store
+                .read_or_lock_many(&batch, Duration::from_secs(1))
+                .await;
+            assert!(answers[0].is_ok() && answers[1].is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Closed);
+        for _ in 0..3 {
+            assert!(store.get(&a).await.is_err());
+        }
+        assert_eq!(breaker.state(), BreakerState::Open);
+        let sent = backend.log().len();
+
+        // Open: a read and a batch fail at once, unsent...
+        let refused = store.get(&a).await;
+        assert!(matches!(refused, Err(StoreError::BreakerOpen { .. })));
+        let answers = store
+            .read_or_lock_many(&batch, Duration::from_secs(1))
+            .await;
+        assert!(answers
+            .iter()
+            .all(|a| matches!(a, Err(StoreError::BreakerOpen { .. }))));
+        assert_eq!(backend.log().len(), sent, "nothing reached the backend");
+        // ...but freeing a lock is clean-up: sent, and answered by the backend itself.
+        let freed = store.unlock(&a, "A").await;
+        assert!(matches!(freed, Err(StoreError::NoQuorum { .. })));
+        let log = backend.log();
+        assert_eq!(log.len(), sent + 1);
+        assert_eq!(log[sent].op, "unlock");
     }
 }

@@ -37,8 +37,10 @@ use tokio::time::Instant;
 
 use self::entry::{deadline, Decoded, Entry, Expiring};
 use self::shard::{Shard, Step, Totals};
+use super::calls::one_by_one;
 use super::{
-    retention, Acquire, Blob, BoxFuture, LockStore, ReadOrLock, Store, StoreResult, Stored, Write,
+    retention, Blob, BoxFuture, LockOp, LockStore, Op, ReadOrLock, Reply, Store, StoreExt,
+    StoreResult, Stored, Write,
 };
 use crate::store::wakeup::{Listener, Wakeups};
 use crate::sync::lock;
@@ -217,7 +219,7 @@ impl MemoryStore {
         self.epoch_ms.saturating_mul(1000).saturating_add(elapsed)
     }
 
-    /// [`Store::now_ms`] at `now`.
+    /// [`StoreExt::now_ms`] at `now`.
     fn ms_at(&self, now: Instant) -> u64 {
         let elapsed = u64::try_from(now.saturating_duration_since(self.epoch).as_millis())
             .unwrap_or(u64::MAX);
@@ -308,7 +310,7 @@ impl MemoryStore {
         decoded.value.downcast_ref::<T>().cloned()
     }
 
-    /// Keeps `value`, decoded from `bytes` (as [`Store::get`] handed them out), next to them,
+    /// Keeps `value`, decoded from `bytes` (as [`StoreExt::get`] handed them out), next to them,
     /// if they are still the value of `keys`: a write since the read replaced them, and then
     /// the decoded value would be of an older value.
     pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
@@ -338,23 +340,10 @@ impl MemoryStore {
     }
 }
 
-impl LockStore for MemoryStore {
-    fn try_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquire>> {
-        Box::pin(async move { Ok(self.read_or_lock(keys, token, lease, false).await?.into()) })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        let extended = self.update(keys, |e, now| {
+/// The lock operations, each one critical section of the entry's shard.
+impl MemoryStore {
+    fn extend_now(&self, keys: &EntryKeys, token: &str, lease: Duration) -> bool {
+        self.update(keys, |e, now| {
             let ours = e.locked_by(token, now);
             if ours {
                 if let Some(l) = e.lock.as_mut() {
@@ -363,15 +352,10 @@ impl LockStore for MemoryStore {
                 e.lease_fence(retention(lease), now);
             }
             ours
-        });
-        Box::pin(std::future::ready(Ok(extended)))
+        })
     }
 
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
+    fn unlock_now(&self, keys: &EntryKeys, token: &str) -> bool {
         let released = self.update(keys, |e, now| {
             let ours = e.locked_by(token, now);
             if ours {
@@ -382,21 +366,12 @@ impl LockStore for MemoryStore {
         if released {
             self.wakeups.notify(keys.channel());
         }
-        Box::pin(std::future::ready(Ok(released)))
+        released
     }
 
-    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
-        Box::pin(std::future::ready(Ok(self.wakeups.listen(keys.channel()))))
-    }
-
-    fn record_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        keep: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
+    fn record_run_now(&self, keys: &EntryKeys, fence: u64, keep: Duration) -> bool {
         let at = self.now_ms();
-        let recorded = self.update(keys, |e, now| {
+        self.update(keys, |e, now| {
             if e.run(now).is_some_and(|(newer, _)| newer > fence) {
                 return false;
             }
@@ -405,54 +380,43 @@ impl LockStore for MemoryStore {
                 until: deadline(now, keep),
             });
             true
-        });
-        Box::pin(std::future::ready(Ok(recorded)))
+        })
     }
 
-    fn since_last_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+    fn since_last_run_now(&self, keys: &EntryKeys) -> Option<Duration> {
         let now_ms = self.now_ms();
-        let since = self.read(keys, |e, now| {
+        self.read(keys, |e, now| {
             e?.run(now)
                 .map(|(_, at)| Duration::from_millis(now_ms.saturating_sub(at)))
-        });
-        Box::pin(std::future::ready(Ok(since)))
+        })
     }
 
-    fn next_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<u64>> {
-        let fence = self.update(keys, |e, now| {
-            e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water)
-        });
-        Box::pin(std::future::ready(Ok(fence)))
+    /// Bumps the fencing counter of `keys`: the new token.
+    fn next_fence_now(&self, keys: &EntryKeys, lease: Duration) -> u64 {
+        self.update(keys, |e, now| self.bump(e, lease, now))
     }
 
-    fn raise_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        floor: u64,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
+    fn bump(&self, e: &mut Entry, lease: Duration, now: Instant) -> u64 {
+        e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water)
+    }
+
+    fn raise_fence_now(&self, keys: &EntryKeys, floor: u64, lease: Duration) {
         self.update(keys, |e, now| {
             e.raise_fence(floor, retention(lease), now, &self.high_water);
         });
-        Box::pin(std::future::ready(Ok(())))
     }
 }
 
-impl Store for MemoryStore {
-    fn write_fenced<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
+/// The value operations, each one critical section of the entry's shard (the epochs: of their
+/// map); the waiters are woken after it.
+impl MemoryStore {
+    fn write_fenced_now(
+        &self,
+        keys: &EntryKeys,
         fence: u64,
         write: Write,
         lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
+    ) -> bool {
         let written = self.update(keys, |e, now| {
             if e.fence(now).unwrap_or(0) > fence {
                 return false;
@@ -462,24 +426,23 @@ impl Store for MemoryStore {
             true
         });
         self.wakeups.notify(keys.channel());
-        Box::pin(std::future::ready(Ok(written)))
+        written
     }
 
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
-        let value = self.read(keys, |e, now| {
+    fn get_now(&self, keys: &EntryKeys) -> Option<Blob> {
+        self.read(keys, |e, now| {
             e?.value(now).map(|v| Blob::Shared(Arc::clone(&v.bytes)))
-        });
-        Box::pin(std::future::ready(Ok(value)))
+        })
     }
 
-    fn read_or_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
+    fn read_or_lock_now(
+        &self,
+        keys: &EntryKeys,
+        token: &str,
         lease: Duration,
         read_value: bool,
-    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        let answer = self.update(keys, |e, now| {
+    ) -> ReadOrLock {
+        self.update(keys, |e, now| {
             if read_value {
                 if let Some(v) = e.value(now) {
                     return ReadOrLock::Value(v.bytes.to_vec());
@@ -494,19 +457,18 @@ impl Store for MemoryStore {
                 item: token.to_owned(),
                 until: deadline(now, lease),
             });
-            let fence = e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
+            let fence = self.bump(e, lease, now);
             ReadOrLock::Acquired { fence }
-        });
-        Box::pin(std::future::ready(Ok(answer)))
+        })
     }
 
-    fn store_and_unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
+    fn store_and_unlock_now(
+        &self,
+        keys: &EntryKeys,
+        token: &str,
         fence: u64,
         write: Write,
-    ) -> BoxFuture<'a, StoreResult<Stored>> {
+    ) -> Stored {
         let stored = self.update(keys, |e, now| {
             let written = e.fence(now) == Some(fence);
             if written {
@@ -519,76 +481,137 @@ impl Store for MemoryStore {
             Stored { written, released }
         });
         self.wakeups.notify(keys.channel());
-        Box::pin(std::future::ready(Ok(stored)))
+        stored
     }
 
-    fn set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
+    fn set_now(&self, keys: &EntryKeys, value: Vec<u8>, ttl: Duration, lease: Duration) {
         self.update(keys, |e, now| {
-            e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
+            self.bump(e, lease, now);
             e.put_value(value, ttl, now);
         });
         self.wakeups.notify(keys.channel());
-        Box::pin(std::future::ready(Ok(())))
     }
 
-    fn invalidate<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
+    fn invalidate_now(&self, keys: &EntryKeys, lease: Duration) {
         self.update(keys, |e, now| {
-            e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
+            self.bump(e, lease, now);
             e.value = None;
         });
         self.wakeups.notify(keys.channel());
-        Box::pin(std::future::ready(Ok(())))
     }
 
-    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
-        self.wakeups.notify(keys.channel());
-        Box::pin(std::future::ready(Ok(())))
+    fn born_now(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    fn born<'a>(&'a self, _clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
-        let born = self.clock.fetch_add(1, Ordering::AcqRel) + 1;
-        Box::pin(std::future::ready(Ok(born)))
-    }
-
-    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
+    fn epochs_now(&self, names: &[String]) -> Vec<u64> {
         let epochs = self.epochs.read().unwrap_or_else(PoisonError::into_inner);
-        let found = names
+        names
             .iter()
             .map(|name| epochs.get(name).copied().unwrap_or(0))
-            .collect();
-        Box::pin(std::future::ready(Ok(found)))
+            .collect()
     }
 
-    fn raise_epochs<'a>(
-        &'a self,
-        names: &'a [String],
-        floor: u64,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        {
-            let mut epochs = self.epochs.write().unwrap_or_else(PoisonError::into_inner);
-            for name in names {
-                let epoch = epochs.entry(name.clone()).or_insert(0);
-                *epoch = floor.max(epoch.saturating_add(1));
-                // Births from now on come after it.
-                self.clock.fetch_max(*epoch, Ordering::AcqRel);
-            }
-            self.raised.store(true, Ordering::Release);
+    fn raise_epochs_now(&self, names: &[String], floor: u64) {
+        let mut epochs = self.epochs.write().unwrap_or_else(PoisonError::into_inner);
+        for name in names {
+            let epoch = epochs.entry(name.clone()).or_insert(0);
+            *epoch = floor.max(epoch.saturating_add(1));
+            // Births from now on come after it.
+            self.clock.fetch_max(*epoch, Ordering::AcqRel);
         }
-        Box::pin(std::future::ready(Ok(())))
+        self.raised.store(true, Ordering::Release);
+    }
+}
+
+/// Every operation of one entry is carried out when it is sent, before its future is polled: it
+/// takes no `.await`, and a caller that drops the future has still done it, as with a sent
+/// request. A batch is asked one entry after another as its future is polled.
+impl LockStore for MemoryStore {
+    fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        let reply = match op {
+            LockOp::TryLock { keys, token, lease } => {
+                Reply::Acquire(self.read_or_lock_now(keys, token, lease, false).into())
+            }
+            LockOp::Extend { keys, token, lease } => {
+                Reply::Flag(self.extend_now(keys, token, lease))
+            }
+            LockOp::Unlock { keys, token } => Reply::Flag(self.unlock_now(keys, token)),
+            LockOp::NextFence { keys, lease } => Reply::Number(self.next_fence_now(keys, lease)),
+            LockOp::RaiseFence { keys, floor, lease } => {
+                self.raise_fence_now(keys, floor, lease);
+                Reply::Done
+            }
+            LockOp::RecordRun { keys, fence, keep } => {
+                Reply::Flag(self.record_run_now(keys, fence, keep))
+            }
+            LockOp::SinceLastRun { keys } => Reply::Since(self.since_last_run_now(keys)),
+        };
+        Box::pin(std::future::ready(Ok(reply)))
     }
 
-    fn now_ms(&self) -> u64 {
-        self.ms_at(Instant::now())
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        Box::pin(std::future::ready(Ok(self.wakeups.listen(keys.channel()))))
+    }
+}
+
+impl Store for MemoryStore {
+    fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        let reply = match op {
+            Op::Get { keys } => Reply::Value(self.get_now(keys)),
+            Op::ReadOrLock {
+                keys,
+                token,
+                lease,
+                read_value,
+            } => Reply::ReadOrLock(self.read_or_lock_now(keys, token, lease, read_value)),
+            Op::StoreAndUnlock {
+                keys,
+                token,
+                fence,
+                write,
+            } => Reply::Stored(self.store_and_unlock_now(keys, token, fence, write)),
+            Op::WriteFenced {
+                keys,
+                fence,
+                write,
+                lease,
+            } => Reply::Flag(self.write_fenced_now(keys, fence, write, lease)),
+            Op::Set {
+                keys,
+                value,
+                ttl,
+                lease,
+            } => {
+                self.set_now(keys, value, ttl, lease);
+                Reply::Done
+            }
+            Op::Invalidate { keys, lease } => {
+                self.invalidate_now(keys, lease);
+                Reply::Done
+            }
+            Op::Wake { keys } => {
+                self.wakeups.notify(keys.channel());
+                Reply::Done
+            }
+            Op::Born { .. } => Reply::Number(self.born_now()),
+            Op::Epochs { names } => Reply::Epochs(self.epochs_now(names)),
+            Op::RaiseEpochs { names, floor } => {
+                self.raise_epochs_now(names, floor);
+                Reply::Done
+            }
+            Op::Ping => Reply::Done,
+            batch @ (Op::GetMany { .. }
+            | Op::ReadOrLockMany { .. }
+            | Op::InvalidateMany { .. }
+            | Op::GetWithEpochs { .. }
+            | Op::GetManyWithEpochs { .. }) => return one_by_one(self, batch),
+        };
+        Box::pin(std::future::ready(Ok(reply)))
+    }
+
+    fn clock(&self) -> &dyn super::Clock {
+        self
     }
 
     fn as_memory(&self) -> Option<&MemoryStore> {
@@ -596,9 +619,17 @@ impl Store for MemoryStore {
     }
 }
 
+/// The store's wall clock moves with `tokio::time` (see [`MemoryStore::ms_at`]).
+impl super::Clock for MemoryStore {
+    fn now_ms(&self) -> u64 {
+        self.ms_at(Instant::now())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::LockStoreExt;
 
     fn keys(k: &str) -> EntryKeys {
         EntryKeys::new("t", k).unwrap()

@@ -17,13 +17,15 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
+use crate::store::op::{answer, FromReply};
 use crate::store::Write;
 
 const KEYS: [&str; 2] = ["a", "b"];
 const TOKENS: [&str; 3] = ["A", "B", "C"];
 
+/// A step the model knows: a pause, or an operation of the store (built by [`command`]).
 #[derive(Debug, Clone)]
-enum Op {
+enum Action {
     Advance(u64),
     Get(usize),
     ReadOrLock {
@@ -78,7 +80,7 @@ fn until(now: u64, ms: u64) -> u64 {
     now.saturating_add(ms)
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn action() -> impl Strategy<Value = Action> {
     ops_with(
         (0u64..300).boxed(),
         prop_oneof![9 => 1u64..400, 1 => Just(FOREVER_MS)].boxed(),
@@ -86,26 +88,26 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// Operations whose pauses are `advance` and whose durations are `ms`.
-fn ops_with(advance: BoxedStrategy<u64>, ms: BoxedStrategy<u64>) -> impl Strategy<Value = Op> {
+fn ops_with(advance: BoxedStrategy<u64>, ms: BoxedStrategy<u64>) -> impl Strategy<Value = Action> {
     let key = 0..KEYS.len();
     let token = 0..TOKENS.len();
     let value = prop_oneof![9 => any::<u8>().prop_map(Some), 1 => Just(None)];
     prop_oneof![
-        3 => advance.prop_map(Op::Advance),
-        2 => key.clone().prop_map(Op::Get),
+        3 => advance.prop_map(Action::Advance),
+        2 => key.clone().prop_map(Action::Get),
         4 => (key.clone(), token.clone(), ms.clone(), any::<bool>()).prop_map(
-            |(key, token, lease, read_value)| Op::ReadOrLock { key, token, lease, read_value }
+            |(key, token, lease, read_value)| Action::ReadOrLock { key, token, lease, read_value }
         ),
         3 => (key.clone(), token.clone(), prop::bool::weighted(0.8), value, ms.clone())
-            .prop_map(|(key, token, own_fence, value, ttl)| Op::StoreAndUnlock {
+            .prop_map(|(key, token, own_fence, value, ttl)| Action::StoreAndUnlock {
                 key, token, own_fence, value, ttl
             }),
         2 => (key.clone(), token.clone(), ms.clone())
-            .prop_map(|(key, token, lease)| Op::Extend { key, token, lease }),
-        2 => (key.clone(), token.clone()).prop_map(|(key, token)| Op::Unlock { key, token }),
+            .prop_map(|(key, token, lease)| Action::Extend { key, token, lease }),
+        2 => (key.clone(), token.clone()).prop_map(|(key, token)| Action::Unlock { key, token }),
         1 => (key.clone(), any::<u8>(), ms.clone(), ms.clone())
-            .prop_map(|(key, value, ttl, lease)| Op::Set { key, value, ttl, lease }),
-        1 => (key, ms).prop_map(|(key, lease)| Op::Invalidate { key, lease }),
+            .prop_map(|(key, value, ttl, lease)| Action::Set { key, value, ttl, lease }),
+        1 => (key, ms).prop_map(|(key, lease)| Action::Invalidate { key, lease }),
     ]
 }
 
@@ -169,6 +171,98 @@ fn keys(i: usize) -> EntryKeys {
     EntryKeys::new("m", KEYS[i]).unwrap()
 }
 
+/// A store operation as the tests send it: to a store's lock side or to its value side.
+#[derive(Debug, Clone)]
+enum Command<'a> {
+    Lock(LockOp<'a>),
+    Run(Op<'a>),
+}
+
+/// The store operation of `action` over `keys`, a fenced write offering `fence`; none for a
+/// pause. Every store under test is sent what this builds, through its seam.
+fn command<'a>(action: &Action, keys: &'a [EntryKeys], fence: u64) -> Option<Command<'a>> {
+    Some(match *action {
+        Action::Advance(_) => return None,
+        Action::Get(key) => Command::Run(Op::Get { keys: &keys[key] }),
+        Action::ReadOrLock {
+            key,
+            token,
+            lease,
+            read_value,
+        } => Command::Run(Op::ReadOrLock {
+            keys: &keys[key],
+            token: TOKENS[token],
+            lease: duration(lease),
+            read_value,
+        }),
+        Action::StoreAndUnlock {
+            key,
+            token,
+            value,
+            ttl,
+            ..
+        } => Command::Run(Op::StoreAndUnlock {
+            keys: &keys[key],
+            token: TOKENS[token],
+            fence,
+            write: write(value, ttl),
+        }),
+        Action::Extend { key, token, lease } => Command::Lock(LockOp::Extend {
+            keys: &keys[key],
+            token: TOKENS[token],
+            lease: duration(lease),
+        }),
+        Action::Unlock { key, token } => Command::Lock(LockOp::Unlock {
+            keys: &keys[key],
+            token: TOKENS[token],
+        }),
+        Action::Set {
+            key,
+            value,
+            ttl,
+            lease,
+        } => Command::Run(Op::Set {
+            keys: &keys[key],
+            value: vec![value],
+            ttl: duration(ttl),
+            lease: duration(lease),
+        }),
+        Action::Invalidate { key, lease } => Command::Run(Op::Invalidate {
+            keys: &keys[key],
+            lease: duration(lease),
+        }),
+    })
+}
+
+/// Sends `command` through the store's seam; its reply (the tests' stores do not fail).
+async fn send(store: &dyn Store, command: Command<'_>) -> Reply {
+    match command {
+        Command::Lock(op) => store.lock(op).await,
+        Command::Run(op) => store.run(op).await,
+    }
+    .unwrap()
+}
+
+/// The answer a reply carries, of the type its operation names.
+fn take<T: FromReply>(reply: Reply) -> T {
+    answer("a test's operation", Ok(reply)).unwrap()
+}
+
+/// The fence a [`Action::StoreAndUnlock`] offers: the one its token last acquired for its key
+/// (`acquired`), or one never handed out.
+fn offered(action: &Action, acquired: &HashMap<(usize, usize), u64>) -> u64 {
+    match *action {
+        Action::StoreAndUnlock {
+            key,
+            token,
+            own_fence: true,
+            ..
+        } => acquired.get(&(key, token)).copied().unwrap_or(7),
+        // A token never handed out: the clock-seeded counter is far above it.
+        _ => 7,
+    }
+}
+
 fn write(value: Option<u8>, ttl: u64) -> Write {
     match value {
         Some(v) => Write::Value {
@@ -179,31 +273,35 @@ fn write(value: Option<u8>, ttl: u64) -> Write {
     }
 }
 
-async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+async fn run(ops: Vec<Action>) -> Result<(), TestCaseError> {
     let store = MemoryStore::default();
+    let keys: Vec<EntryKeys> = (0..KEYS.len()).map(keys).collect();
     let mut m = Model::default();
     for (step, op) in ops.into_iter().enumerate() {
         let now = m.now;
-        match op {
-            Op::Advance(ms) => {
+        let fence = offered(&op, &m.acquired);
+        let Some(command) = command(&op, &keys, fence) else {
+            if let Action::Advance(ms) = op {
                 tokio::time::advance(Duration::from_millis(ms)).await;
                 m.now += ms;
             }
-            Op::Get(k) => {
-                let got = store.get(&keys(k)).await.unwrap().map(|b| b.to_vec());
+            continue;
+        };
+        let reply = send(&store, command).await;
+        match op {
+            Action::Advance(_) => {}
+            Action::Get(k) => {
+                let got = take::<Option<Blob>>(reply).map(|b| b.to_vec());
                 let want = live(&m.entries.entry(k).or_default().value, now);
                 prop_assert_eq!(got, want, "step {}", step);
             }
-            Op::ReadOrLock {
+            Action::ReadOrLock {
                 key,
                 token,
                 lease,
                 read_value,
             } => {
-                let got = store
-                    .read_or_lock(&keys(key), TOKENS[token], duration(lease), read_value)
-                    .await
-                    .unwrap();
+                let got: ReadOrLock = take(reply);
                 let e = m.entries.entry(key).or_default();
                 let value = live(&e.value, now).filter(|_| read_value);
                 let holder = e.lock.filter(|(_, until)| *until > now);
@@ -245,22 +343,14 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     m.acquired.insert((key, token), fence);
                 }
             }
-            Op::StoreAndUnlock {
+            Action::StoreAndUnlock {
                 key,
                 token,
-                own_fence,
                 value,
                 ttl,
+                ..
             } => {
-                let fence = match m.acquired.get(&(key, token)) {
-                    Some(f) if own_fence => *f,
-                    // A token never handed out: the clock-seeded counter is far above it.
-                    _ => 7,
-                };
-                let got = store
-                    .store_and_unlock(&keys(key), TOKENS[token], fence, write(value, ttl))
-                    .await
-                    .unwrap();
+                let got: Stored = take(reply);
                 let e = m.entries.entry(key).or_default();
                 let written = live(&e.fence, now) == Some(Counter::Known(fence));
                 if written {
@@ -275,11 +365,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 prop_assert_eq!(got, Stored { written, released }, "step {}", step);
             }
-            Op::Extend { key, token, lease } => {
-                let got = store
-                    .extend(&keys(key), TOKENS[token], duration(lease))
-                    .await
-                    .unwrap();
+            Action::Extend { key, token, lease } => {
+                let got: bool = take(reply);
                 let e = m.entries.entry(key).or_default();
                 let ours = live(&e.lock, now) == Some(token);
                 if ours {
@@ -290,8 +377,8 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 prop_assert_eq!(got, ours, "step {}", step);
             }
-            Op::Unlock { key, token } => {
-                let got = store.unlock(&keys(key), TOKENS[token]).await.unwrap();
+            Action::Unlock { key, token } => {
+                let got: bool = take(reply);
                 let e = m.entries.entry(key).or_default();
                 let ours = live(&e.lock, now) == Some(token);
                 if ours {
@@ -299,24 +386,21 @@ async fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 prop_assert_eq!(got, ours, "step {}", step);
             }
-            Op::Set {
+            Action::Set {
                 key,
                 value,
                 ttl,
                 lease,
             } => {
-                store
-                    .set(&keys(key), vec![value], duration(ttl), duration(lease))
-                    .await
-                    .unwrap();
+                take::<()>(reply);
                 m.bump(key, lease);
                 m.entries
                     .entry(key)
                     .or_default()
                     .put(value, until(now, ttl), now);
             }
-            Op::Invalidate { key, lease } => {
-                store.invalidate(&keys(key), duration(lease)).await.unwrap();
+            Action::Invalidate { key, lease } => {
+                take::<()>(reply);
                 m.bump(key, lease);
                 m.entries.entry(key).or_default().value = None;
             }
@@ -329,7 +413,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
     #[test]
-    fn the_memory_store_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..80)) {
+    fn the_memory_store_behaves_like_the_model(ops in proptest::collection::vec(action(), 1..80)) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
@@ -365,7 +449,7 @@ const PAUSE_MS: u64 = 600;
 /// chosen relative to the last token the store handed out for the key.
 #[derive(Debug, Clone)]
 enum Step {
-    Op(Op),
+    Op(Action),
     NextFence {
         key: usize,
         lease: u64,
@@ -433,7 +517,7 @@ fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
 /// Sequences written for the rules a random draw rarely reaches: a counter kept by a raise, a
 /// value written for ever, a lock extended for ever, a fenced delete.
 fn directed() -> Vec<Vec<Step>> {
-    use Op::*;
+    use Action::*;
     let lock = |key, token, lease, read_value| {
         Step::Op(ReadOrLock {
             key,
@@ -629,7 +713,8 @@ fn relative(last_token: &mut HashMap<usize, u64>, key: usize, token: u64) -> Str
     }
 }
 
-/// One answer per operation, with tokens relative to the previous one of the key.
+/// One answer per operation, with tokens relative to the previous one of the key. Every
+/// operation is a [`Command`], sent through the store's seam.
 async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> Vec<String> {
     let keys: Vec<EntryKeys> = KEYS
         .iter()
@@ -644,43 +729,57 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
         Some(tag) => crate::wire::key::tag_key(ns, KEYS[tag]).unwrap(),
     };
     let clock = crate::wire::key::clear_key(ns);
+    let born_now = Command::Run(Op::Born { clock: &clock });
     let mut born = 0;
     for step in steps {
         // A fence above the last token is `rel` steps of `ABOVE` above it: the bumps since
         // (a `set`, an invalidation) move a Redis counter to its clock, a memory one by 1, and
         // a fence a few above the last token would be above one counter and below the other.
-        let fence_at = |last: Option<&u64>, rel: i64| {
-            last.map_or(7, |l| match u64::try_from(rel) {
-                Ok(up) if up > 0 => l.saturating_add(up * ABOVE),
-                _ => l.saturating_add_signed(rel),
-            })
+        let fence_at = |key: usize, rel: i64| {
+            last_token
+                .get(&key)
+                .map_or(7, |l| match u64::try_from(rel) {
+                    Ok(up) if up > 0 => l.saturating_add(up * ABOVE),
+                    _ => l.saturating_add_signed(rel),
+                })
         };
-        let op = match *step {
-            Step::Op(ref op) => op,
+        let answer = match *step {
+            Step::Op(ref action) => {
+                let Some(command) = command(action, &keys, offered(action, &acquired)) else {
+                    if let Action::Advance(ms) = *action {
+                        pause(ms, paused).await;
+                    }
+                    out.push(String::new());
+                    continue;
+                };
+                let reply = send(store, command).await;
+                describe(action, reply, &mut acquired, &mut last_token)
+            }
             Step::NextFence { key, lease } => {
-                let token = store.next_fence(&keys[key], duration(lease)).await.unwrap();
-                out.push(format!(
-                    "next fence, {}",
-                    relative(&mut last_token, key, token)
-                ));
-                continue;
+                let next = LockOp::NextFence {
+                    keys: &keys[key],
+                    lease: duration(lease),
+                };
+                let token: u64 = take(send(store, Command::Lock(next)).await);
+                format!("next fence, {}", relative(&mut last_token, key, token))
             }
             Step::RaiseFence { key, rel, lease } => {
-                let floor = fence_at(last_token.get(&key), rel);
-                store
-                    .raise_fence(&keys[key], floor, duration(lease))
-                    .await
-                    .unwrap();
-                out.push(String::new());
-                continue;
+                let raise = LockOp::RaiseFence {
+                    keys: &keys[key],
+                    floor: fence_at(key, rel),
+                    lease: duration(lease),
+                };
+                take::<()>(send(store, Command::Lock(raise)).await);
+                String::new()
             }
             Step::KeepFence { key, lease } => {
-                store
-                    .raise_fence(&keys[key], 0, duration(lease))
-                    .await
-                    .unwrap();
-                out.push(String::new());
-                continue;
+                let keep = LockOp::RaiseFence {
+                    keys: &keys[key],
+                    floor: 0,
+                    lease: duration(lease),
+                };
+                take::<()>(send(store, Command::Lock(keep)).await);
+                String::new()
             }
             Step::WriteFenced {
                 key,
@@ -689,37 +788,41 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
                 ttl,
                 lease,
             } => {
-                let fence = fence_at(last_token.get(&key), rel);
-                let written = store
-                    .write_fenced(&keys[key], fence, write(value, ttl), duration(lease))
-                    .await
-                    .unwrap();
-                out.push(format!("written {written}"));
-                continue;
+                let fenced = Op::WriteFenced {
+                    keys: &keys[key],
+                    fence: fence_at(key, rel),
+                    write: write(value, ttl),
+                    lease: duration(lease),
+                };
+                let written: bool = take(send(store, Command::Run(fenced)).await);
+                format!("written {written}")
             }
             Step::Born => {
-                let now = store.born(&clock).await.unwrap();
-                out.push(format!("born after the last: {}", now > born));
+                let now: u64 = take(send(store, born_now.clone()).await);
+                let answer = format!("born after the last: {}", now > born);
                 born = now;
-                continue;
+                answer
             }
             Step::Raise { tag } => {
-                let floor = store.born(&clock).await.unwrap();
+                let floor: u64 = take(send(store, born_now.clone()).await);
                 let names = [epoch(tag)];
-                store.raise_epochs(&names, floor).await.unwrap();
-                out.push(String::new());
-                continue;
+                let raise = Op::RaiseEpochs {
+                    names: &names,
+                    floor,
+                };
+                take::<()>(send(store, Command::Run(raise)).await);
+                String::new()
             }
             Step::Judge { tag } => {
                 let names = [epoch(tag)];
-                let read = store.epochs(&names).await.unwrap()[0];
+                let read = Op::Epochs { names: &names };
+                let read = take::<Vec<u64>>(send(store, Command::Run(read)).await)[0];
                 // Births are the clock's; what compares across stores is the order.
-                out.push(format!(
+                format!(
                     "raised {}, the last birth outlived it {}",
                     read > 0,
                     born > read
-                ));
-                continue;
+                )
             }
             Step::KeepFenced {
                 key,
@@ -728,99 +831,62 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
                 at_least,
                 lease,
             } => {
-                let fence = fence_at(last_token.get(&key), rel);
-                let write = Write::Keep {
-                    bytes: vec![value],
-                    at_least: duration(at_least),
+                let kept = Op::WriteFenced {
+                    keys: &keys[key],
+                    fence: fence_at(key, rel),
+                    write: Write::Keep {
+                        bytes: vec![value],
+                        at_least: duration(at_least),
+                    },
+                    lease: duration(lease),
                 };
-                let written = store
-                    .write_fenced(&keys[key], fence, write, duration(lease))
-                    .await
-                    .unwrap();
-                out.push(format!("kept {written}"));
-                continue;
-            }
-        };
-        let answer = match *op {
-            Op::Advance(ms) => {
-                if paused {
-                    tokio::time::advance(Duration::from_millis(ms)).await;
-                } else {
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                }
-                String::new()
-            }
-            Op::Get(k) => format!("{:?}", store.get(&keys[k]).await.unwrap().as_deref()),
-            Op::ReadOrLock {
-                key,
-                token,
-                lease,
-                read_value,
-            } => {
-                let got = store
-                    .read_or_lock(&keys[key], TOKENS[token], duration(lease), read_value)
-                    .await
-                    .unwrap();
-                match got {
-                    ReadOrLock::Value(v) => format!("value {v:?}"),
-                    ReadOrLock::Held { expires_in: None } => "held for ever".into(),
-                    ReadOrLock::Held {
-                        expires_in: Some(d),
-                    } => format!("held {}", if d.as_secs() < 1 { "short" } else { "long" }),
-                    ReadOrLock::Acquired { fence } => {
-                        acquired.insert((key, token), fence);
-                        format!("acquired, {}", relative(&mut last_token, key, fence))
-                    }
-                }
-            }
-            Op::StoreAndUnlock {
-                key,
-                token,
-                own_fence,
-                value,
-                ttl,
-            } => {
-                let fence = match acquired.get(&(key, token)) {
-                    Some(f) if own_fence => *f,
-                    _ => 7,
-                };
-                let got = store
-                    .store_and_unlock(&keys[key], TOKENS[token], fence, write(value, ttl))
-                    .await
-                    .unwrap();
-                format!("{got:?}")
-            }
-            Op::Extend { key, token, lease } => {
-                let got = store
-                    .extend(&keys[key], TOKENS[token], duration(lease))
-                    .await
-                    .unwrap();
-                format!("extended {got}")
-            }
-            Op::Unlock { key, token } => {
-                let got = store.unlock(&keys[key], TOKENS[token]).await.unwrap();
-                format!("unlocked {got}")
-            }
-            Op::Set {
-                key,
-                value,
-                ttl,
-                lease,
-            } => {
-                store
-                    .set(&keys[key], vec![value], duration(ttl), duration(lease))
-                    .await
-                    .unwrap();
-                String::new()
-            }
-            Op::Invalidate { key, lease } => {
-                store.invalidate(&keys[key], duration(lease)).await.unwrap();
-                String::new()
+                let written: bool = take(send(store, Command::Run(kept)).await);
+                format!("kept {written}")
             }
         };
         out.push(answer);
     }
     out
+}
+
+/// A pause of `ms`: tokio's paused clock moved on, or real time slept.
+async fn pause(ms: u64, paused: bool) {
+    if paused {
+        tokio::time::advance(Duration::from_millis(ms)).await;
+    } else {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
+/// The answer to `action`, as it compares across stores (tokens relative to the previous one
+/// of the key, which it records, as it records the fences acquired).
+fn describe(
+    action: &Action,
+    reply: Reply,
+    acquired: &mut HashMap<(usize, usize), u64>,
+    last_token: &mut HashMap<usize, u64>,
+) -> String {
+    match *action {
+        Action::Advance(_) | Action::Set { .. } | Action::Invalidate { .. } => {
+            take::<()>(reply);
+            String::new()
+        }
+        Action::Get(_) => format!("{:?}", take::<Option<Blob>>(reply).as_deref()),
+        Action::ReadOrLock { key, token, .. } => match take(reply) {
+            ReadOrLock::Value(v) => format!("value {v:?}"),
+            ReadOrLock::Held { expires_in: None } => "held for ever".into(),
+            ReadOrLock::Held {
+                expires_in: Some(d),
+            } => format!("held {}", if d.as_secs() < 1 { "short" } else { "long" }),
+            ReadOrLock::Acquired { fence } => {
+                acquired.insert((key, token), fence);
+                format!("acquired, {}", relative(last_token, key, fence))
+            }
+        },
+        Action::StoreAndUnlock { .. } => format!("{:?}", take::<Stored>(reply)),
+        Action::Extend { .. } => format!("extended {}", take::<bool>(reply)),
+        Action::Unlock { .. } => format!("unlocked {}", take::<bool>(reply)),
+    }
 }
 
 /// Fixed sequences (written out, and from a seeded generator), all run on one server at once, each in its own
@@ -837,15 +903,22 @@ fn the_memory_store_answers_like_redis() {
     let mut sequences = directed();
     sequences.extend((0..32).map(|_| comparable_ops().new_tree(&mut runner).unwrap().current()));
 
+    // Each sequence in the namespace it has on Redis: its operations are the same values.
     let memory: Vec<Vec<String>> = sequences
         .iter()
-        .map(|ops| {
+        .enumerate()
+        .map(|(i, ops)| {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .start_paused(true)
                 .build()
                 .unwrap();
-            runtime.block_on(answers(&MemoryStore::default(), "m", ops, true))
+            runtime.block_on(answers(
+                &MemoryStore::default(),
+                &format!("r{i}"),
+                ops,
+                true,
+            ))
         })
         .collect();
 

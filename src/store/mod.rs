@@ -6,7 +6,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use self::wakeup::Listener;
@@ -16,17 +15,23 @@ use crate::wire::key::EntryKeys;
 
 mod backend;
 pub(crate) mod breaker;
+mod calls;
 pub(crate) mod guarded;
 mod memory;
+mod op;
 pub(crate) mod quorum;
+#[cfg(test)]
+pub(crate) mod recording;
 pub(crate) mod redis;
 mod split;
 pub(crate) mod wakeup;
 
 pub(crate) use backend::Backend;
 pub use breaker::BreakerOptions;
+pub(crate) use calls::{LockStoreExt, StoreExt};
 pub use memory::MemoryLimits;
 pub(crate) use memory::MemoryStore;
+pub(crate) use op::{Class, LockOp, Op, Reply};
 pub use redis::ConnectionOptions;
 pub(crate) use split::SplitStore;
 
@@ -57,6 +62,14 @@ pub(crate) enum StoreError {
         /// How long the backend has been failing.
         failing_for: std::time::Duration,
     },
+    /// A store answered an operation with a reply of another kind: a bug of this crate (see
+    /// `op.rs`), reported instead of a wrong answer.
+    WrongReply {
+        /// The operation.
+        op: &'static str,
+        /// The reply's variant.
+        reply: &'static str,
+    },
 }
 
 impl From<::redis::RedisError> for StoreError {
@@ -85,6 +98,8 @@ impl StoreError {
             StoreError::NoQuorum { .. } => false,
             // Never sent.
             StoreError::BreakerOpen { .. } => false,
+            // Carried out, whatever it was answered.
+            StoreError::WrongReply { .. } => true,
         }
     }
 
@@ -95,7 +110,9 @@ impl StoreError {
             StoreError::Redis { source: e, .. } => {
                 e.is_connection_dropped() && !e.is_connection_refusal()
             }
-            StoreError::NoQuorum { .. } | StoreError::BreakerOpen { .. } => false,
+            StoreError::NoQuorum { .. }
+            | StoreError::BreakerOpen { .. }
+            | StoreError::WrongReply { .. } => false,
         }
     }
 
@@ -106,6 +123,7 @@ impl StoreError {
             StoreError::NoQuorum { .. } | StoreError::BreakerOpen { .. } => {
                 BackendErrorKind::Unreachable
             }
+            StoreError::WrongReply { .. } => BackendErrorKind::Other,
         }
     }
 
@@ -144,9 +162,18 @@ impl std::fmt::Display for StoreError {
                  and has been failing for {} ms; calls skip it until a probe finds it answering",
                 failing_for.as_millis()
             ),
+            StoreError::WrongReply { op, reply } => write!(
+                f,
+                "the store answered {op} with a {reply} reply (a bug of stampede-guard: please \
+                 report it)"
+            ),
         }
     }
 }
+
+/// Only [`StoreError::WrongReply`] reaches a caller as itself (the source of its
+/// [`Error::Backend`]); the others are unpacked in [`Error::backend`].
+impl std::error::Error for StoreError {}
 
 /// A store's failure becomes the caller's error here, in the store layer, so that `error.rs`
 /// need not know the stores (it is a leaf every layer imports).
@@ -158,20 +185,29 @@ impl Error {
                 op,
                 kind,
                 key,
-                source,
+                source: crate::error::BackendError::new(source),
             },
             StoreError::NoQuorum { reached, needed } => Error::NoQuorum {
                 op,
                 reached,
                 needed,
             },
-            // Unreachable, and said so in the source's message.
+            // Unreachable, and said so in the source's message: the breaker's own error, since
+            // the client never saw the request.
             breaker @ StoreError::BreakerOpen { .. } => Error::Backend {
                 op,
                 kind: BackendErrorKind::Unreachable,
                 key: None,
-                source: std::io::Error::new(std::io::ErrorKind::NotConnected, breaker.to_string())
-                    .into(),
+                source: crate::error::BackendError::new(crate::error::BreakerOpen::new(
+                    breaker.to_string(),
+                )),
+            },
+            wrong @ StoreError::WrongReply { .. } => Error::Backend {
+                op,
+                kind: BackendErrorKind::Other,
+                key: None,
+                // A bug of this crate, not the client's: the store's own error is the source.
+                source: crate::error::BackendError::new(wrong),
             },
         }
     }
@@ -179,10 +215,17 @@ impl Error {
 
 /// Value bytes as a store hands them out: owned (read off the network) or shared with the store
 /// (the memory store, so a hit does not copy the value).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) enum Blob {
     Owned(Vec<u8>),
     Shared(std::sync::Arc<[u8]>),
+}
+
+/// The bytes, whoever holds them: two stores' answers read alike (see `recording.rs`).
+impl std::fmt::Debug for Blob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Blob").field(&&**self).finish()
+    }
 }
 
 impl std::ops::Deref for Blob {
@@ -196,10 +239,10 @@ impl std::ops::Deref for Blob {
     }
 }
 
-/// The answer of [`Store::get_many_with_epochs`]: the values, then the epochs.
+/// The answer of [`StoreExt::get_many_with_epochs`]: the values, then the epochs.
 pub(crate) type ManyWithEpochs = (Vec<Option<Blob>>, Vec<u64>);
 
-/// The answer of [`Store::read_or_lock`].
+/// The answer of [`StoreExt::read_or_lock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ReadOrLock {
     /// The value was there.
@@ -211,7 +254,7 @@ pub(crate) enum ReadOrLock {
     Held { expires_in: Option<Duration> },
 }
 
-/// The answer of [`Store::store_and_unlock`].
+/// The answer of [`StoreExt::store_and_unlock`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Stored {
     /// The value was written: no acquisition, `set` or invalidation happened since ours.
@@ -260,7 +303,7 @@ pub(crate) enum Write {
     Keep { bytes: Vec<u8>, at_least: Duration },
 }
 
-/// The answer of [`LockStore::try_lock`].
+/// The answer of [`LockStoreExt::try_lock`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquire {
     /// The caller now holds the lock with this fencing token.
@@ -290,65 +333,12 @@ impl From<Acquire> for ReadOrLock {
     }
 }
 
-/// What a lock needs of a backend. Implementations: every [`Store`], and the Redlock quorum
-/// over several stores.
+/// What a lock needs of a backend: the lock operations, as values, and the wake-up feed.
+/// Implementations: every [`Store`], and the Redlock quorum over several stores. The typed
+/// calls (`try_lock`, `extend`, ...) are [`LockStoreExt`]'s.
 pub(crate) trait LockStore: Send + Sync + 'static {
-    /// Takes the lock for `token` if it is free (bumping the fencing counter), or reports who
-    /// holds it for how long.
-    fn try_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquire>>;
-
-    /// Extends the lock to `lease` from now if it is still `token`'s; false if it is not.
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
-
-    /// Frees the lock if it is still `token`'s and wakes the waiters; false if it was not.
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
-
-    /// Bumps the fencing counter without taking the lock and returns the new value: a number
-    /// above every token handed out so far (used to fence values written through another store).
-    fn next_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<u64>>;
-
-    /// Raises the fencing counter to at least `floor` (Redlock: the token chosen over a quorum
-    /// must be remembered by that quorum, so any later quorum sees it), and keeps it at least
-    /// `retention(lease)` longer. A `floor` of 0 only keeps a counter that exists.
-    fn raise_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        floor: u64,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>>;
-
-    /// Records that a leader's run under `fence` starts now (by the store's clock), for `keep`;
-    /// false, recording nothing, if a run of a newer term (a higher fence) is recorded.
-    fn record_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        keep: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
-
-    /// How long ago the last recorded run started, by the store's clock; `None` if none is.
-    fn since_last_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-    ) -> BoxFuture<'a, StoreResult<Option<Duration>>>;
+    /// Carries out `op` (atomically, on one store) and answers with the reply `op` names.
+    fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>>;
 
     /// Registers for wake-ups on `keys.channel`. Every wake-up published after this returns
     /// reaches the listener.
@@ -361,196 +351,46 @@ pub(crate) trait LockStore: Send + Sync + 'static {
     }
 }
 
-/// A backend. Implementations: [`MemoryStore`] and [`redis::RedisStore`].
+/// A backend: the value operations, as values, and the clock freshness is judged by.
+/// Implementations: [`MemoryStore`] and [`redis::RedisStore`], and the wrappers over them
+/// ([`SplitStore`], `GuardedStore`, `Recording`). The typed calls (`get`, `read_or_lock`, ...)
+/// are [`StoreExt`]'s.
 pub(crate) trait Store: LockStore {
-    /// Reads the value bytes, if any.
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>>;
+    /// Carries out `op` and answers with the reply `op` names.
+    fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>>;
 
-    /// If `read_value` and a value exists, returns it. Otherwise takes the lock for `token` if it
-    /// is free (bumping the fencing counter), or reports who holds it for how long.
-    /// `read_value = false` takes the lock even over a value, to replace bytes that do not decode.
-    fn read_or_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-        read_value: bool,
-    ) -> BoxFuture<'a, StoreResult<ReadOrLock>>;
-
-    /// Carries out `write` (a value, or a delete) if the fencing counter still equals `fence`
-    /// (nobody acquired, set or invalidated since); frees the lock if it is still `token`'s;
-    /// wakes the waiters.
-    fn store_and_unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        fence: u64,
-        write: Write,
-    ) -> BoxFuture<'a, StoreResult<Stored>>;
-
-    /// Carries out `write` unless the fencing counter is already above `fence`, then records
-    /// `fence` as the counter; wakes the waiters; true if written. The write rule when the tokens
-    /// come from another lock store (a Redlock quorum): newer tokens win.
-    fn write_fenced<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        write: Write,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>>;
-
-    /// Writes `value` unconditionally for `ttl` ([`FOREVER`](crate::FOREVER): no expiry), bumps the fencing counter (so in-flight computations do
-    /// not overwrite it) and wakes the waiters.
-    fn set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>>;
-
-    /// Deletes the value, bumps the fencing counter (refusing in-flight computations' writes) and
-    /// wakes the waiters.
-    fn invalidate<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>>;
-
-    /// [`get`](Self::get) for many entries: on Redis, one `MGET` per chunk of at most
-    /// `CHUNK_KEYS` entries, all sent at once (on a cluster, split per slot by the client). The
-    /// answers are in the order of `entries`. The default asks one entry after another.
-    fn get_many<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
-        Box::pin(async move {
-            let mut values = Vec::with_capacity(entries.len());
-            for keys in entries {
-                values.push(self.get(keys).await?);
-            }
-            Ok(values)
-        })
-    }
-
-    /// [`read_or_lock`](Self::read_or_lock) for many entries, each with its own token, by the
-    /// very same rule per entry: on Redis, one script call per chunk of at most `CHUNK_KEYS`
-    /// entries (on a cluster, chunks of one slot's entries), all sent at once, so the rule is
-    /// atomic per entry, not across a batch. One answer per entry, in order; a failed request fails every
-    /// entry it carried (each may still have been granted: see
-    /// [`StoreError::may_have_been_applied`]). The default asks one entry after another (the
-    /// memory store, whose every step is atomic anyway, and a split store, whose Redlock quorum
-    /// is taken per key).
-    fn read_or_lock_many<'a>(
-        &'a self,
-        entries: &'a [(&'a EntryKeys, &'a str, bool)],
-        lease: Duration,
-    ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
-        Box::pin(async move {
-            let mut answers = Vec::with_capacity(entries.len());
-            for (keys, token, read_value) in entries {
-                answers.push(self.read_or_lock(keys, token, lease, *read_value).await);
-            }
-            answers
-        })
-    }
-
-    /// [`invalidate`](Self::invalidate) for many entries: on Redis, one script call per chunk of
-    /// at most `CHUNK_KEYS` entries (per slot on a cluster), all sent at once. Every entry is tried; the first
-    /// failure is reported. The default invalidates one entry after another.
-    fn invalidate_many<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let mut first_error = None;
-            for keys in entries {
-                if let Err(e) = self.invalidate(keys, lease).await {
-                    first_error.get_or_insert(e);
-                }
-            }
-            first_error.map_or(Ok(()), Err)
-        })
-    }
-
-    /// The namespace's clock now: microseconds on Redis (the server's `TIME`, on the node that
-    /// holds `clock`, the namespace's clear key, so that every epoch and every birth of a
-    /// namespace is read from one clock even on a cluster); a counter in memory. A value records
-    /// it as its birth when its computation starts (see `cache/tags.rs`).
-    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>>;
-
-    /// The epochs under `names` (clear and tag keys), in order: 0 for one never raised.
-    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>>;
-
-    /// Raises each epoch to at least `floor` and above what it was, for ever (no expiry), and
-    /// tells the near tiers (announced like an entry's change). One request per name, all sent
-    /// at once; the first failure is reported, after every name was tried.
-    fn raise_epochs<'a>(
-        &'a self,
-        names: &'a [String],
-        floor: u64,
-    ) -> BoxFuture<'a, StoreResult<()>>;
-
-    /// [`get`](Self::get) and [`epochs`](Self::epochs) of `names` together: on Redis one `MGET`
-    /// (on a cluster, split per slot by the client and sent at once).
-    fn get_with_epochs<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        names: &'a Arc<[String]>,
-    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
-        Box::pin(async move {
-            let value = self.get(keys).await?;
-            Ok((value, self.epochs(names).await?))
-        })
-    }
-
-    /// [`get_many`](Self::get_many) and [`epochs`](Self::epochs) of `names`, sent at once.
-    fn get_many_with_epochs<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-        names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
-        Box::pin(async move {
-            let (values, epochs) = tokio::join!(self.get_many(entries), self.epochs(names));
-            Ok((values?, epochs?))
-        })
-    }
-
-    /// Wakes the waiters of `keys` without changing anything (a split store's value side, when
-    /// the lock side freed a lock without a value landing).
-    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>>;
-
-    /// Asks the backend whether it answers (`PING` on Redis): the circuit breaker's probe and
-    /// the health report's check. The embedded store always answers.
-    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
-        Box::pin(std::future::ready(Ok(())))
-    }
-
-    /// Wall-clock milliseconds since the Unix epoch, by which values' freshness is stamped and
-    /// judged. Redis: the server's clock, as estimated from this process (see `clock.rs`), so
-    /// machines whose clocks disagree still agree on freshness. Memory: the clock at creation
-    /// plus `tokio::time` since, so paused-time tests move it.
-    fn now_ms(&self) -> u64;
-
-    /// Whether [`now_ms`](Self::now_ms) is calibrated (or needs no calibration).
-    fn clock_synced(&self) -> bool {
-        true
-    }
+    /// The clock values' freshness is stamped and judged by.
+    fn clock(&self) -> &dyn Clock;
 
     /// The circuit breaker in front of this store, if it has one (Redis does, by default).
+    /// A downcast through the seam, kept only while the cache still asks for it (issue 34).
     fn breaker(&self) -> Option<&breaker::Breaker> {
         None
     }
 
     /// The embedded store itself, whose hit path skips decoding ([`MemoryStore::fresh`]).
+    /// A downcast through the seam, kept only while the cache still asks for it (issue 34).
     fn as_memory(&self) -> Option<&MemoryStore> {
         None
+    }
+}
+
+/// A store's clock: wall-clock milliseconds since the Unix epoch, by which values' freshness
+/// is stamped and judged. Redis: the server's clock, as estimated from this process (see
+/// `redis/clock.rs`), so machines whose clocks disagree still agree on freshness. Memory: the
+/// clock at creation plus `tokio::time` since, so paused-time tests move it.
+pub(crate) trait Clock: Send + Sync {
+    /// Milliseconds since the Unix epoch, now.
+    fn now_ms(&self) -> u64;
+
+    /// Whether [`now_ms`](Self::now_ms) is calibrated (or needs no calibration).
+    fn is_synced(&self) -> bool {
+        true
     }
 
     /// Calibrates [`now_ms`](Self::now_ms) once, before the first call that stamps or judges
     /// freshness; afterwards a background task keeps it calibrated.
-    fn sync_clock(&self) -> BoxFuture<'_, ()> {
+    fn sync(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::ready(()))
     }
 }

@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::op::FromReply;
 use super::{
-    Acquire, Backend, BoxFuture, ConnectionOptions, LockStore, Store, StoreError, StoreResult,
+    Acquire, Backend, BoxFuture, ConnectionOptions, LockOp, LockStore, LockStoreExt, Reply,
+    StoreError, StoreResult,
 };
 use crate::error::Error;
 use crate::join::join_all;
@@ -19,7 +21,7 @@ use crate::wire::key::EntryKeys;
 
 /// The lock operations over a majority of independent stores.
 pub(crate) struct QuorumStore {
-    nodes: Vec<Arc<dyn Store>>,
+    nodes: Vec<Arc<dyn LockStore>>,
     node_timeout: Duration,
 }
 
@@ -40,7 +42,8 @@ impl QuorumStore {
         }
         let mut nodes = Vec::with_capacity(n);
         for url in urls {
-            nodes.push(Backend::RedisUrl(url).open(connection, None)?);
+            let node: Arc<dyn LockStore> = Backend::RedisUrl(url).open(connection, None)?;
+            nodes.push(node);
         }
         let node_timeout = node_timeout.unwrap_or_else(|| {
             (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))
@@ -55,18 +58,34 @@ impl QuorumStore {
         self.nodes.len() / 2 + 1
     }
 
-    /// Runs `op` on every node at once; a node's answer is `None` if it failed or timed out.
-    async fn on_all<'a, T: Send + 'a>(
+    /// Sends `op` to each of `nodes` at once; a node's answer is `None` if it failed, timed out
+    /// or answered with another reply.
+    async fn on<'a, T: FromReply + Send + 'a>(
         &'a self,
-        op: impl Fn(&'a dyn Store) -> BoxFuture<'a, StoreResult<T>>,
+        nodes: &'a [Arc<dyn LockStore>],
+        op: LockOp<'a>,
     ) -> Vec<Option<T>> {
         let timeout = self.node_timeout;
-        let calls = self.nodes.iter().map(|node| {
-            let call = op(node.as_ref());
+        let calls = nodes.iter().map(|node| {
+            let call = node.ask::<T>(op);
             Box::pin(async move { tokio::time::timeout(timeout, call).await.ok()?.ok() })
                 as BoxFuture<'a, Option<T>>
         });
         join_all(calls.collect()).await
+    }
+
+    /// [`on`](Self::on) every node.
+    async fn on_all<'a, T: FromReply + Send + 'a>(&'a self, op: LockOp<'a>) -> Vec<Option<T>> {
+        self.on(&self.nodes, op).await
+    }
+
+    /// The answers of a majority, or no quorum.
+    fn majority<T>(&self, answers: Vec<Option<T>>) -> StoreResult<Vec<T>> {
+        let answered: Vec<T> = answers.into_iter().flatten().collect();
+        if answered.len() < self.quorum() {
+            return Err(self.no_quorum(answered.len()));
+        }
+        Ok(answered)
     }
 
     fn no_quorum(&self, reached: usize) -> StoreError {
@@ -75,180 +94,123 @@ impl QuorumStore {
             needed: self.quorum(),
         }
     }
-}
 
-impl LockStore for QuorumStore {
-    fn try_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
+    async fn try_lock_on_majority(
+        &self,
+        keys: &EntryKeys,
+        token: &str,
         lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquire>> {
-        Box::pin(async move {
-            let started = Instant::now();
-            let answers = self.on_all(|n| n.try_lock(keys, token, lease)).await;
-            let reached = answers.iter().flatten().count();
-            let fences: Vec<(usize, u64)> = answers
+    ) -> StoreResult<Acquire> {
+        let started = Instant::now();
+        let answers: Vec<Option<Acquire>> =
+            self.on_all(LockOp::TryLock { keys, token, lease }).await;
+        let reached = answers.iter().flatten().count();
+        let fences: Vec<(usize, u64)> = answers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match a {
+                Some(Acquire::Acquired { fence }) => Some((i, *fence)),
+                _ => None,
+            })
+            .collect();
+        let expires_in = answers
+            .iter()
+            .filter_map(|a| match a {
+                Some(Acquire::Held { expires_in }) => *expires_in,
+                _ => None,
+            })
+            .min();
+        let valid = |now: Instant| {
+            crate::time::later_by(now, self.clock_drift(lease))
+                < crate::time::later_by(started, lease)
+        };
+        if fences.len() >= self.quorum() && valid(Instant::now()) {
+            let token_fence = fences.iter().map(|(_, f)| *f).max().unwrap_or(0);
+            let holders: Vec<Arc<dyn LockStore>> = fences
                 .iter()
-                .enumerate()
-                .filter_map(|(i, a)| match a {
-                    Some(Acquire::Acquired { fence }) => Some((i, *fence)),
-                    _ => None,
-                })
+                .map(|(i, _)| Arc::clone(&self.nodes[*i]))
                 .collect();
-            let expires_in = answers
-                .iter()
-                .filter_map(|a| match a {
-                    Some(Acquire::Held { expires_in }) => *expires_in,
-                    _ => None,
-                })
-                .min();
-            let valid = |now: Instant| {
-                crate::time::later_by(now, self.clock_drift(lease))
-                    < crate::time::later_by(started, lease)
+            let raise = LockOp::RaiseFence {
+                keys,
+                floor: token_fence,
+                lease,
             };
-            if fences.len() >= self.quorum() && valid(Instant::now()) {
-                let token_fence = fences.iter().map(|(_, f)| *f).max().unwrap_or(0);
-                let holders: Vec<Arc<dyn Store>> = fences
-                    .iter()
-                    .map(|(i, _)| Arc::clone(&self.nodes[*i]))
-                    .collect();
-                let raised = join_all(
-                    holders
-                        .iter()
-                        .map(|n| {
-                            let call = n.raise_fence(keys, token_fence, lease);
-                            let timeout = self.node_timeout;
-                            Box::pin(
-                                async move { tokio::time::timeout(timeout, call).await.ok()?.ok() },
-                            ) as BoxFuture<'_, Option<()>>
-                        })
-                        .collect(),
-                )
-                .await;
-                if raised.iter().flatten().count() >= self.quorum() && valid(Instant::now()) {
-                    return Ok(Acquire::Acquired { fence: token_fence });
-                }
+            let raised: Vec<Option<()>> = self.on(&holders, raise).await;
+            if raised.iter().flatten().count() >= self.quorum() && valid(Instant::now()) {
+                return Ok(Acquire::Acquired { fence: token_fence });
             }
-            // Not ours: undo what we took, so others need not wait for it to expire.
-            self.on_all(|n| n.unlock(keys, token)).await;
-            if reached < self.quorum() {
-                return Err(self.no_quorum(reached));
-            }
-            Ok(Acquire::Held { expires_in })
-        })
+        }
+        // Not ours: undo what we took, so others need not wait for it to expire.
+        self.on_all::<bool>(LockOp::Unlock { keys, token }).await;
+        if reached < self.quorum() {
+            return Err(self.no_quorum(reached));
+        }
+        Ok(Acquire::Held { expires_in })
     }
 
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let answers = self.on_all(|n| n.extend(keys, token, lease)).await;
-            let reached = answers.iter().flatten().count();
-            if answers
-                .iter()
-                .flatten()
-                .filter(|extended| **extended)
-                .count()
-                >= self.quorum()
-            {
-                return Ok(true);
-            }
-            if reached < self.quorum() {
-                // Unknown, not lost: the heartbeat retries until the lease runs out.
-                return Err(self.no_quorum(reached));
-            }
-            Ok(false)
-        })
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let answers = self.on_all(|n| n.unlock(keys, token)).await;
-            let reached = answers.iter().flatten().count();
-            let released = answers.iter().flatten().filter(|r| **r).count();
-            if released >= self.quorum() {
-                return Ok(true);
-            }
-            if reached < self.quorum() {
-                return Err(self.no_quorum(reached));
-            }
-            Ok(false)
-        })
+    /// True if a majority answered true; false if a majority answered but too few said true
+    /// (an extension or a release, lost on too many nodes); no quorum otherwise (unknown, not
+    /// lost: the heartbeat retries until the lease runs out).
+    async fn on_majority(&self, op: LockOp<'_>) -> StoreResult<bool> {
+        let answers: Vec<Option<bool>> = self.on_all(op).await;
+        if answers.iter().flatten().filter(|yes| **yes).count() >= self.quorum() {
+            return Ok(true);
+        }
+        self.majority(answers)?;
+        Ok(false)
     }
 
     /// The maximum of the bumped counters of a majority, raised on that majority: above every
     /// token any majority handed out before.
-    fn next_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<u64>> {
-        Box::pin(async move {
-            let answers = self.on_all(|n| n.next_fence(keys, lease)).await;
-            let fences: Vec<u64> = answers.into_iter().flatten().collect();
-            if fences.len() < self.quorum() {
-                return Err(self.no_quorum(fences.len()));
-            }
-            let fence = fences.into_iter().max().unwrap_or(0);
-            self.raise_fence(keys, fence, lease).await?;
-            Ok(fence)
-        })
+    async fn next_fence_on_majority(&self, keys: &EntryKeys, lease: Duration) -> StoreResult<u64> {
+        let answers = self.on_all(LockOp::NextFence { keys, lease }).await;
+        let fence = self.majority(answers)?.into_iter().max().unwrap_or(0);
+        self.raise_fence_on_majority(keys, fence, lease).await?;
+        Ok(fence)
     }
 
-    fn raise_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
+    async fn raise_fence_on_majority(
+        &self,
+        keys: &EntryKeys,
         floor: u64,
         lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let answers = self.on_all(|n| n.raise_fence(keys, floor, lease)).await;
-            let reached = answers.iter().flatten().count();
-            if reached < self.quorum() {
-                return Err(self.no_quorum(reached));
-            }
-            Ok(())
-        })
+    ) -> StoreResult<()> {
+        let raise = LockOp::RaiseFence { keys, floor, lease };
+        let answers: Vec<Option<()>> = self.on_all(raise).await;
+        self.majority(answers).map(drop)
     }
+}
 
-    /// Recorded on every node it reaches; refused if any node knows a newer term.
-    fn record_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        keep: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
+impl LockStore for QuorumStore {
+    /// Each operation over every node at once, decided by a majority. A run is recorded on
+    /// every node it reaches and refused if any node knows a newer term; the last run is the
+    /// most recent any node of a majority knows of (every recorded run reached a majority, and
+    /// any two majorities share a node).
+    fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         Box::pin(async move {
-            let answers = self.on_all(|n| n.record_run(keys, fence, keep)).await;
-            let reached = answers.iter().flatten().count();
-            if reached < self.quorum() {
-                return Err(self.no_quorum(reached));
-            }
-            Ok(answers.iter().flatten().all(|recorded| *recorded))
-        })
-    }
-
-    /// The most recent run any node of a majority knows of: every recorded run reached a
-    /// majority, and any two majorities share a node.
-    fn since_last_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
-        Box::pin(async move {
-            let answers = self.on_all(|n| n.since_last_run(keys)).await;
-            let reached = answers.iter().flatten().count();
-            if reached < self.quorum() {
-                return Err(self.no_quorum(reached));
-            }
-            Ok(answers.into_iter().flatten().flatten().min())
+            Ok(match op {
+                LockOp::TryLock { keys, token, lease } => {
+                    Reply::Acquire(self.try_lock_on_majority(keys, token, lease).await?)
+                }
+                LockOp::Extend { .. } | LockOp::Unlock { .. } => {
+                    Reply::Flag(self.on_majority(op).await?)
+                }
+                LockOp::NextFence { keys, lease } => {
+                    Reply::Number(self.next_fence_on_majority(keys, lease).await?)
+                }
+                LockOp::RaiseFence { keys, floor, lease } => {
+                    self.raise_fence_on_majority(keys, floor, lease).await?;
+                    Reply::Done
+                }
+                LockOp::RecordRun { .. } => {
+                    let recorded: Vec<bool> = self.majority(self.on_all(op).await)?;
+                    Reply::Flag(recorded.into_iter().all(|yes| yes))
+                }
+                LockOp::SinceLastRun { .. } => {
+                    let since: Vec<Option<Duration>> = self.majority(self.on_all(op).await)?;
+                    Reply::Since(since.into_iter().flatten().min())
+                }
+            })
         })
     }
 
@@ -275,7 +237,7 @@ impl LockStore for QuorumStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Blob, MemoryStore, ReadOrLock, Stored, Write};
+    use crate::store::MemoryStore;
 
     /// Long beside the node timeout, as in use.
     const LEASE: Duration = Duration::from_secs(10);
@@ -307,137 +269,12 @@ mod tests {
     }
 
     impl LockStore for Down {
-        fn try_lock<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: &'a str,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<Acquire>> {
-            self.answer()
-        }
-
-        fn extend<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: &'a str,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.answer()
-        }
-
-        fn unlock<'a>(&'a self, _: &'a EntryKeys, _: &'a str) -> BoxFuture<'a, StoreResult<bool>> {
-            self.answer()
-        }
-
-        fn next_fence<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<u64>> {
-            self.answer()
-        }
-
-        fn raise_fence<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: u64,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<()>> {
-            self.answer()
-        }
-
-        fn record_run<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: u64,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.answer()
-        }
-
-        fn since_last_run<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-        ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
+        fn lock<'a>(&'a self, _: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
             self.answer()
         }
 
         fn listen<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
             self.answer()
-        }
-    }
-
-    impl Store for Down {
-        fn get<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
-            self.answer()
-        }
-
-        fn born<'a>(&'a self, _: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
-            self.answer()
-        }
-
-        fn epochs<'a>(&'a self, _: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
-            self.answer()
-        }
-
-        fn raise_epochs<'a>(&'a self, _: &'a [String], _: u64) -> BoxFuture<'a, StoreResult<()>> {
-            self.answer()
-        }
-
-        fn read_or_lock<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: &'a str,
-            _: Duration,
-            _: bool,
-        ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-            self.answer()
-        }
-
-        fn store_and_unlock<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: &'a str,
-            _: u64,
-            _: Write,
-        ) -> BoxFuture<'a, StoreResult<Stored>> {
-            self.answer()
-        }
-
-        fn write_fenced<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: u64,
-            _: Write,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.answer()
-        }
-
-        fn set<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: Vec<u8>,
-            _: Duration,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<()>> {
-            self.answer()
-        }
-
-        fn invalidate<'a>(
-            &'a self,
-            _: &'a EntryKeys,
-            _: Duration,
-        ) -> BoxFuture<'a, StoreResult<()>> {
-            self.answer()
-        }
-
-        fn wake<'a>(&'a self, _: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
-            self.answer()
-        }
-
-        fn now_ms(&self) -> u64 {
-            0
         }
     }
 
@@ -447,9 +284,9 @@ mod tests {
         let memory: Vec<Arc<MemoryStore>> = (down.len()..3)
             .map(|_| Arc::new(MemoryStore::default()))
             .collect();
-        let mut nodes: Vec<Arc<dyn Store>> = memory
+        let mut nodes: Vec<Arc<dyn LockStore>> = memory
             .iter()
-            .map(|node| Arc::clone(node) as Arc<dyn Store>)
+            .map(|node| Arc::clone(node) as Arc<dyn LockStore>)
             .collect();
         for d in down {
             nodes.push(Arc::new(Down { hang: d.hang }));

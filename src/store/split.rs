@@ -14,9 +14,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::calls::one_by_one;
 use super::{
-    Acquire, Blob, BoxFuture, LockStore, ManyWithEpochs, ReadOrLock, Store, StoreResult, Stored,
-    Write,
+    Acquire, BoxFuture, Clock, LockOp, LockStore, LockStoreExt, Op, ReadOrLock, Reply, Store,
+    StoreExt, StoreResult, Stored, Write,
 };
 use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
@@ -26,88 +27,131 @@ pub(crate) struct SplitStore {
     pub locks: Arc<dyn LockStore>,
 }
 
-impl LockStore for SplitStore {
-    fn try_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
+impl SplitStore {
+    /// The lock's renewal on the lock side, and the value side's counter kept as long.
+    async fn extend_across(
+        &self,
+        keys: &EntryKeys,
+        token: &str,
         lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquire>> {
-        self.locks.try_lock(keys, token, lease)
-    }
-
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let extended = self.locks.extend(keys, token, lease).await?;
-            if extended {
-                // The value store's counter guards this holder's write (an invalidation since
-                // its acquisition raised it above the holder's token): keep it as long as the
-                // lock, or it could lapse under a long computation and let the write through.
-                // A failure here is not the lock's: the lease is extended; the value store may
-                // only have been briefly unreachable.
-                if let Err(e) = self.values.raise_fence(keys, 0, lease).await {
-                    tracing::debug!(key = %keys.user, error = %e, "could not keep the value store's fencing counter");
-                }
+    ) -> StoreResult<bool> {
+        let extended = self.locks.extend(keys, token, lease).await?;
+        if extended {
+            // The value store's counter guards this holder's write (an invalidation since
+            // its acquisition raised it above the holder's token): keep it as long as the
+            // lock, or it could lapse under a long computation and let the write through.
+            // A failure here is not the lock's: the lease is extended; the value store may
+            // only have been briefly unreachable.
+            if let Err(e) = self.values.raise_fence(keys, 0, lease).await {
+                tracing::debug!(key = %keys.user, error = %e, "could not keep the value store's fencing counter");
             }
-            Ok(extended)
-        })
+        }
+        Ok(extended)
     }
 
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let released = self.locks.unlock(keys, token).await?;
-            if released {
-                // The lock nodes published, but waiters listen on the value store: tell them
-                // there, or they would learn of it only at their backoff. The lock is free either
-                // way, so a failed wake-up is no failed release.
-                if let Err(e) = self.values.wake(keys).await {
-                    tracing::debug!(key = %keys.user, error = %e, "could not wake the waiters; they look again at their backoff");
-                }
+    /// The lock freed on the lock side; its waiters woken on the value side.
+    async fn unlock_across(&self, keys: &EntryKeys, token: &str) -> StoreResult<bool> {
+        let released = self.locks.unlock(keys, token).await?;
+        if released {
+            // The lock nodes published, but waiters listen on the value store: tell them
+            // there, or they would learn of it only at their backoff. The lock is free either
+            // way, so a failed wake-up is no failed release.
+            if let Err(e) = self.values.wake(keys).await {
+                tracing::debug!(key = %keys.user, error = %e, "could not wake the waiters; they look again at their backoff");
             }
-            Ok(released)
-        })
+        }
+        Ok(released)
     }
 
-    fn next_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
+    async fn read_or_lock_across(
+        &self,
+        keys: &EntryKeys,
+        token: &str,
         lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<u64>> {
-        self.locks.next_fence(keys, lease)
+        read_value: bool,
+    ) -> StoreResult<ReadOrLock> {
+        if read_value {
+            if let Some(value) = self.values.get(keys).await? {
+                return Ok(ReadOrLock::Value(value.to_vec()));
+            }
+        }
+        let answer = self.locks.try_lock(keys, token, lease).await?;
+        let Acquire::Acquired { fence } = answer else {
+            return Ok(answer.into());
+        };
+        if read_value {
+            // Not one step as in a single store: a holder may have written its value and
+            // freed the lock between the read above and this lock. Read again, or the value
+            // would be computed twice.
+            if let Some(value) = self.values.get(keys).await? {
+                // The value is the answer; a lock that cannot be freed now frees itself at
+                // the end of its lease, which must not turn this read into an error.
+                if let Err(e) = self.unlock_across(keys, token).await {
+                    tracing::warn!(key = %keys.user, error = %e, "could not free a lock taken over a value that had landed; it frees itself when its lease runs out");
+                }
+                return Ok(ReadOrLock::Value(value.to_vec()));
+            }
+        }
+        // The value store learns the holder's token now, so that only this holder's write
+        // matches it (see the module docs).
+        self.values.raise_fence(keys, fence, lease).await?;
+        Ok(answer.into())
     }
 
-    fn raise_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        floor: u64,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        self.locks.raise_fence(keys, floor, lease)
-    }
-
-    fn record_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
+    async fn store_and_unlock_across(
+        &self,
+        keys: &EntryKeys,
+        token: &str,
         fence: u64,
-        keep: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.locks.record_run(keys, fence, keep)
+        write: Write,
+    ) -> StoreResult<Stored> {
+        // The single-store rule on the value store (written only while its counter equals
+        // our token); the lock itself is freed on the lock nodes.
+        let Stored { written, .. } = self
+            .values
+            .store_and_unlock(keys, token, fence, write)
+            .await?;
+        let released = self.locks.unlock(keys, token).await?;
+        Ok(Stored { written, released })
     }
 
-    fn since_last_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
-        self.locks.since_last_run(keys)
+    async fn set_across(
+        &self,
+        keys: &EntryKeys,
+        value: Vec<u8>,
+        ttl: Duration,
+        lease: Duration,
+    ) -> StoreResult<()> {
+        let fence = self.locks.next_fence(keys, lease).await?;
+        self.values
+            .write_fenced(keys, fence, Write::Value { bytes: value, ttl }, lease)
+            .await?;
+        Ok(())
+    }
+
+    async fn invalidate_across(&self, keys: &EntryKeys, lease: Duration) -> StoreResult<()> {
+        let fence = self.locks.next_fence(keys, lease).await?;
+        // Recorded on the value store, then bumped past by its own invalidation: every token
+        // handed out before `fence` is refused from now on.
+        self.values.raise_fence(keys, fence, lease).await?;
+        self.values.invalidate(keys, lease).await
+    }
+}
+
+impl LockStore for SplitStore {
+    /// Lock operations go to the lock side; a renewal and a release also tell the value side.
+    fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        match op {
+            LockOp::Extend { keys, token, lease } => {
+                Box::pin(
+                    async move { Ok(Reply::Flag(self.extend_across(keys, token, lease).await?)) },
+                )
+            }
+            LockOp::Unlock { keys, token } => {
+                Box::pin(async move { Ok(Reply::Flag(self.unlock_across(keys, token).await?)) })
+            }
+            other => self.locks.lock(other),
+        }
     }
 
     /// Wake-ups come from the value store, where values land; a release publishes there too.
@@ -121,166 +165,56 @@ impl LockStore for SplitStore {
 }
 
 impl Store for SplitStore {
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
-        self.values.get(keys)
-    }
-
-    // Reads in one `MGET` on the value store; locking and invalidating many keys keep the
-    // defaults, one key after another: each needs its own round over the Redlock quorum.
-    fn get_many<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
-        self.values.get_many(entries)
-    }
-
-    fn read_or_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-        read_value: bool,
-    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        Box::pin(async move {
-            if read_value {
-                if let Some(value) = self.values.get(keys).await? {
-                    return Ok(ReadOrLock::Value(value.to_vec()));
-                }
+    /// Value operations go to the value side (reads in one `MGET` there; epochs and births
+    /// live with the values they judge); those that take a lock or move the fencing counter
+    /// cross to the lock side first. Locking and invalidating many keys go one key after
+    /// another: each needs its own round over the Redlock quorum.
+    fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        match op {
+            Op::ReadOrLock {
+                keys,
+                token,
+                lease,
+                read_value,
+            } => Box::pin(async move {
+                let answer = self
+                    .read_or_lock_across(keys, token, lease, read_value)
+                    .await?;
+                Ok(Reply::ReadOrLock(answer))
+            }),
+            Op::StoreAndUnlock {
+                keys,
+                token,
+                fence,
+                write,
+            } => Box::pin(async move {
+                let stored = self
+                    .store_and_unlock_across(keys, token, fence, write)
+                    .await?;
+                Ok(Reply::Stored(stored))
+            }),
+            Op::Set {
+                keys,
+                value,
+                ttl,
+                lease,
+            } => Box::pin(async move {
+                self.set_across(keys, value, ttl, lease).await?;
+                Ok(Reply::Done)
+            }),
+            Op::Invalidate { keys, lease } => Box::pin(async move {
+                self.invalidate_across(keys, lease).await?;
+                Ok(Reply::Done)
+            }),
+            batch @ (Op::ReadOrLockMany { .. } | Op::InvalidateMany { .. }) => {
+                one_by_one(self, batch)
             }
-            let answer = self.locks.try_lock(keys, token, lease).await?;
-            let Acquire::Acquired { fence } = answer else {
-                return Ok(answer.into());
-            };
-            if read_value {
-                // Not one step as in a single store: a holder may have written its value and
-                // freed the lock between the read above and this lock. Read again, or the value
-                // would be computed twice.
-                if let Some(value) = self.values.get(keys).await? {
-                    // The value is the answer; a lock that cannot be freed now frees itself at
-                    // the end of its lease, which must not turn this read into an error.
-                    if let Err(e) = self.unlock(keys, token).await {
-                        tracing::warn!(key = %keys.user, error = %e, "could not free a lock taken over a value that had landed; it frees itself when its lease runs out");
-                    }
-                    return Ok(ReadOrLock::Value(value.to_vec()));
-                }
-            }
-            // The value store learns the holder's token now, so that only this holder's write
-            // matches it (see the module docs).
-            self.values.raise_fence(keys, fence, lease).await?;
-            Ok(answer.into())
-        })
+            values => self.values.run(values),
+        }
     }
 
-    fn store_and_unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        fence: u64,
-        write: Write,
-    ) -> BoxFuture<'a, StoreResult<Stored>> {
-        Box::pin(async move {
-            // The single-store rule on the value store (written only while its counter equals
-            // our token); the lock itself is freed on the lock nodes.
-            let Stored { written, .. } = self
-                .values
-                .store_and_unlock(keys, token, fence, write)
-                .await?;
-            let released = self.locks.unlock(keys, token).await?;
-            Ok(Stored { written, released })
-        })
-    }
-
-    fn write_fenced<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        write: Write,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        self.values.write_fenced(keys, fence, write, lease)
-    }
-
-    fn set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let fence = self.locks.next_fence(keys, lease).await?;
-            self.values
-                .write_fenced(keys, fence, Write::Value { bytes: value, ttl }, lease)
-                .await?;
-            Ok(())
-        })
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let fence = self.locks.next_fence(keys, lease).await?;
-            // Recorded on the value store, then bumped past by its own invalidation: every token
-            // handed out before `fence` is refused from now on.
-            self.values.raise_fence(keys, fence, lease).await?;
-            self.values.invalidate(keys, lease).await
-        })
-    }
-
-    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
-        self.values.wake(keys)
-    }
-
-    // Epochs and births live with the values they judge.
-    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
-        self.values.born(clock)
-    }
-
-    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
-        self.values.epochs(names)
-    }
-
-    fn raise_epochs<'a>(
-        &'a self,
-        names: &'a [String],
-        floor: u64,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        self.values.raise_epochs(names, floor)
-    }
-
-    fn get_with_epochs<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        names: &'a Arc<[String]>,
-    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
-        self.values.get_with_epochs(keys, names)
-    }
-
-    fn get_many_with_epochs<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-        names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
-        self.values.get_many_with_epochs(entries, names)
-    }
-
-    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
-        self.values.ping()
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.values.now_ms()
-    }
-
-    fn clock_synced(&self) -> bool {
-        self.values.clock_synced()
-    }
-
-    fn sync_clock(&self) -> BoxFuture<'_, ()> {
-        self.values.sync_clock()
+    fn clock(&self) -> &dyn Clock {
+        self.values.clock()
     }
 }
 
@@ -364,67 +298,15 @@ mod tests {
     }
 
     impl LockStore for LandsFirst {
-        fn try_lock<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            token: &'a str,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<Acquire>> {
+        fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+            let LockOp::TryLock { keys, lease, .. } = op else {
+                return self.locks.lock(op);
+            };
             Box::pin(async move {
                 let landed = b"landed".to_vec();
                 self.values.set(keys, landed, HOUR, lease).await?;
-                self.locks.try_lock(keys, token, lease).await
+                self.locks.lock(op).await
             })
-        }
-
-        fn extend<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            token: &'a str,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.locks.extend(keys, token, lease)
-        }
-
-        fn unlock<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            token: &'a str,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.locks.unlock(keys, token)
-        }
-
-        fn next_fence<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<u64>> {
-            self.locks.next_fence(keys, lease)
-        }
-
-        fn raise_fence<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            floor: u64,
-            lease: Duration,
-        ) -> BoxFuture<'a, StoreResult<()>> {
-            self.locks.raise_fence(keys, floor, lease)
-        }
-
-        fn record_run<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-            fence: u64,
-            keep: Duration,
-        ) -> BoxFuture<'a, StoreResult<bool>> {
-            self.locks.record_run(keys, fence, keep)
-        }
-
-        fn since_last_run<'a>(
-            &'a self,
-            keys: &'a EntryKeys,
-        ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
-            self.locks.since_last_run(keys)
         }
 
         fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {

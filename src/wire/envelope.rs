@@ -5,7 +5,7 @@
 //!   | born u64 | tag count u8 | (tag length u16 | tag bytes)* | payload
 //! ```
 //! All integers are big-endian. `fresh_until` is wall-clock milliseconds since the Unix epoch
-//! (the store's clock: see `Store::now_ms`); after it the value is stale until Redis expires it.
+//! (the store's clock: see `store::Clock`); after it the value is stale until Redis expires it.
 //! Flag bit 0 marks a remembered failure, whose payload is the error's message in UTF-8.
 //! Flag bit 1 marks a fail-safe copy: a kept value rewritten after a failed (or timed-out)
 //! computation, whose `fresh_until` is the end of its throttle; it is served only as a fallback,
@@ -17,7 +17,7 @@
 //! is not ours: the reader treats it as a miss.
 //!
 //! `born` is when the computation that produced the value started (or the `set` was made), by
-//! the namespace's clock (see `Store::born`); the tags are the user's strings, UTF-8. A value is
+//! the namespace's clock (see `Op::Born`); the tags are the user's strings, UTF-8. A value is
 //! gone once its namespace was cleared, or one of its tags invalidated, at or after `born`
 //! (see `cache/tags.rs`).
 //!

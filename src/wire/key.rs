@@ -119,7 +119,7 @@ pub(crate) fn value_key_into(namespace: &str, key: &str, out: &mut String) {
 pub const MAX_TAGS: usize = 16;
 
 /// The namespace's epoch, `ns:{%c}`: raised by `Cache::clear`; a value born before it is gone.
-/// Also the key whose server keeps the namespace's clock (see `Store::born`). `%` followed by
+/// Also the key whose server keeps the namespace's clock (see `Op::Born`). `%` followed by
 /// a letter that is no hex digit never comes out of escaping a user key, so no user key (nor
 /// its lock, fence or channel) can share this name, and it lies under the value-key prefix
 /// the near tier's tracking watches.

@@ -15,6 +15,7 @@ use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::tags::Epochs;
 use crate::join::join_all;
 use crate::lock::lease::{Acquiring, HeldLock};
+use crate::store::StoreExt;
 use crate::store::{Blob, ReadOrLock, StoreResult};
 use crate::wait::flight::Leader;
 use crate::wire::codec::Codec;

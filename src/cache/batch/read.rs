@@ -13,6 +13,7 @@ use crate::cache::failsafe::Sorted;
 use crate::cache::tags::Epochs;
 use crate::cache::tiers::Read;
 use crate::store::Blob;
+use crate::store::StoreExt;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Error, Source};

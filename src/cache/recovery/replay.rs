@@ -19,6 +19,7 @@ use std::time::Duration;
 use super::queue::Queued;
 use super::{queues, Shared};
 use crate::stats::Event;
+use crate::store::StoreExt;
 use crate::store::{Store, StoreResult};
 
 /// The first wait after a failed replay; it doubles up to [`MAX_BACKOFF`].

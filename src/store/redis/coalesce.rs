@@ -186,7 +186,7 @@ where
             let epochs = read
                 .names
                 .iter()
-                .map(|name| super::store::parse_epoch(name, at(name).and_then(|v| v.as_deref())))
+                .map(|name| super::mget::parse_epoch(name, at(name).and_then(|v| v.as_deref())))
                 .collect();
             Ok((value, epochs))
         })

@@ -75,3 +75,18 @@ where
     }
     Ok(values)
 }
+
+/// An epoch as `MGET` read it (see `RedisStore::mget` and the coalescer).
+pub(crate) fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
+    let Some(bytes) = bytes else { return 0 };
+    match std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| text.parse().ok())
+    {
+        Some(epoch) => epoch,
+        None => {
+            tracing::warn!(epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
+            u64::MAX
+        }
+    }
+}

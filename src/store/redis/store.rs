@@ -14,7 +14,7 @@ use super::cluster::LazyCluster;
 use super::coalesce::{self, Coalescer, Read};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
-use super::mget;
+use super::mget::{self, parse_epoch};
 use super::pubsub::PubSub;
 use super::replicas::{Acks, ReplicaWait};
 use super::scripts::{
@@ -24,10 +24,11 @@ use super::scripts::{
     SCRIPTS, SHARDED_SCRIPTS,
 };
 use crate::join::join_all;
+use crate::store::op::unanswered;
 use crate::store::wakeup::Listener;
 use crate::store::{
-    Acquire, Blob, BoxFuture, LockStore, ManyWithEpochs, ReadOrLock, Store, StoreError,
-    StoreResult, Stored, Write,
+    Blob, BoxFuture, Clock, LockOp, LockStore, ManyWithEpochs, Op, ReadOrLock, Reply, Store,
+    StoreError, StoreResult,
 };
 use crate::wire::key::EntryKeys;
 
@@ -246,16 +247,17 @@ where
 {
     /// Runs one script call on a clone of the data connection (it multiplexes; a clone per call
     /// because a call needs it mutable).
-    async fn run<S: ScriptCall>(&self, call: S) -> StoreResult<S::Reply> {
+    async fn script<S: ScriptCall>(&self, call: S) -> StoreResult<S::Reply> {
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 
     /// Runs a lock or fencing write: followed by `WAIT` on the replicas' connection when writes
-    /// wait for replicas (see [`replicas`](super::replicas)), else as [`run`](Self::run) does.
+    /// wait for replicas (see [`replicas`](super::replicas)), else as [`script`](Self::script)
+    /// does.
     async fn run_acked<S: ScriptCall>(&self, call: S) -> StoreResult<(S::Reply, Acks)> {
         match &self.replicas {
             Some(replicas) => replicas.run(self.scripts, call).await,
-            None => Ok((self.run(call).await?, Ok(()))),
+            None => Ok((self.script(call).await?, Ok(()))),
         }
     }
 
@@ -388,101 +390,338 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handover<C> {
     }
 }
 
+/// The lock operations: scripts, each followed by `WAIT` when lock writes wait for replicas.
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn extend(&self, keys: &EntryKeys, token: &str, lease: Duration) -> StoreResult<bool> {
+        // A renewal too few replicas acknowledged does not count: the holder's lease is not
+        // moved on (its heartbeat retries), since a failover could bring back the older expiry.
+        let (extended, acks) = self.run_acked(ExtendCall { keys, token, lease }).await?;
+        if extended {
+            acks?;
+        }
+        Ok(extended)
+    }
+
+    async fn unlock(&self, keys: &EntryKeys, token: &str) -> StoreResult<bool> {
+        let channel = self.channel(keys);
+        let call = UnlockCall {
+            keys,
+            token,
+            channel: &channel,
+        };
+        // Behind the acquisitions, when they wait for replicas (see `ReplicaWait::release`).
+        match &self.replicas {
+            Some(replicas) => replicas.release(self.scripts, call).await,
+            None => self.script(call).await,
+        }
+    }
+
+    async fn next_fence(&self, keys: &EntryKeys, lease: Duration) -> StoreResult<u64> {
+        // A fence a failover could hand out again is no fence.
+        let (fence, acks) = self.run_acked(NextFenceCall { keys, lease }).await?;
+        acks.map(|()| fence)
+    }
+
+    async fn raise_fence(&self, keys: &EntryKeys, floor: u64, lease: Duration) -> StoreResult<()> {
+        let ((), acks) = self
+            .run_acked(RaiseFenceCall { keys, floor, lease })
+            .await?;
+        acks
+    }
+
+    async fn read_or_lock(
+        &self,
+        keys: &EntryKeys,
+        token: &str,
+        lease: Duration,
+        read_value: bool,
+    ) -> StoreResult<ReadOrLock> {
+        let call = ReadOrLockCall {
+            keys,
+            token,
+            lease,
+            read_value,
+        };
+        match self.run_acked(call).await? {
+            (ReadOrLock::Acquired { .. }, Err(short)) => {
+                self.release_unacked(keys, token).await;
+                Err(short)
+            }
+            // A value read or a lock found held wrote nothing: no replica needs it.
+            (answer, _) => Ok(answer),
+        }
+    }
+
+    async fn read_or_lock_many(
+        &self,
+        entries: &[(&EntryKeys, &str, bool)],
+        lease: Duration,
+    ) -> Vec<StoreResult<ReadOrLock>> {
+        let groups = self.script_requests(entries, |(keys, _, _)| keys);
+        let calls = groups.iter().map(|group| async move {
+            let chunk: Vec<_> = group.iter().map(|&i| entries[i]).collect();
+            let call = ReadOrLockManyCall {
+                entries: chunk.clone(),
+                lease,
+            };
+            match self.run_acked(call).await {
+                Ok((answers, Ok(()))) => answers,
+                Ok((answers, Err(short))) => {
+                    self.release_unacked_many(&chunk, answers, &short).await
+                }
+                // A failed call fails each of its entries.
+                Err(e) => vec![Err(e); group.len()],
+            }
+        });
+        let answers = join_all(calls.collect()).await;
+        let mut out: Vec<Option<StoreResult<ReadOrLock>>> = vec![None; entries.len()];
+        for (group, answers) in groups.iter().zip(answers) {
+            for (&i, answer) in group.iter().zip(answers) {
+                out[i] = Some(answer);
+            }
+        }
+        out.into_iter()
+            .map(|answer| {
+                answer
+                    .unwrap_or_else(|| Err(unexpected("read-or-lock-many: no reply", &Value::Nil)))
+            })
+            .collect()
+    }
+}
+
+/// The reads: `GET`, and `MGET`s of values and epochs.
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn get(&self, keys: &EntryKeys) -> StoreResult<Option<Blob>> {
+        let mut conn = self.conn.clone();
+        match redis::cmd("GET")
+            .arg(&keys.value)
+            .query_async::<Option<Vec<u8>>>(&mut conn)
+            .await
+        {
+            Ok(v) => Ok(v.map(Blob::Owned)),
+            // Another type under our key is foreign data: a miss, replaced on the next write.
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
+                Ok(None)
+            }
+            Err(e) => Err(StoreError::from(e).about(&keys.value)),
+        }
+    }
+
+    async fn epochs(&self, names: &[String]) -> StoreResult<Vec<u64>> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self.mget(&[], names).await?.1)
+    }
+
+    async fn get_with_epochs(
+        &self,
+        keys: &EntryKeys,
+        names: &Arc<[String]>,
+    ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
+        if let Some(coalescer) = &self.coalescer {
+            return self.read_coalesced(coalescer, keys, names).await;
+        }
+        if names.is_empty() {
+            return Ok((self.get(keys).await?, Vec::new()));
+        }
+        let (mut values, epochs) = self.mget(&[keys], names).await?;
+        Ok((values.pop().flatten(), epochs))
+    }
+
+    async fn get_many_with_epochs(
+        &self,
+        entries: &[&EntryKeys],
+        names: &[String],
+    ) -> StoreResult<ManyWithEpochs> {
+        if entries.is_empty() && names.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        // One `MGET` per chunk of at most CHUNK_KEYS keys, all sent at once (pipelined on the
+        // multiplexed connection); the epochs go in the first, which carries fewer values to
+        // make room for them.
+        let first_len = CHUNK_KEYS.saturating_sub(names.len()).max(1);
+        let (first, rest) = entries.split_at(first_len.min(entries.len()));
+        let reads = std::iter::once(self.mget(first, names))
+            .chain(rest.chunks(CHUNK_KEYS).map(|chunk| self.mget(chunk, &[])));
+        let mut values = Vec::with_capacity(entries.len());
+        let mut epochs = Vec::new();
+        for (i, chunk) in join_all(reads.collect()).await.into_iter().enumerate() {
+            let (chunk, read) = chunk?;
+            values.extend(chunk);
+            if i == 0 {
+                epochs = read;
+            }
+        }
+        Ok((values, epochs))
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(StoreError::from)
+    }
+}
+
+/// The writes: scripts that also wake the waiters and announce the change to near tiers.
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn raise_epochs(&self, names: &[String], floor: u64) -> StoreResult<()> {
+        let near_channel = self.near_channel.as_str();
+        let raises = names.iter().map(|name| {
+            self.script(RaiseEpochCall {
+                name,
+                floor,
+                near_channel,
+            })
+        });
+        let mut first_error = None;
+        for raised in join_all(raises.collect()).await {
+            if let Err(e) = raised {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    async fn invalidate_many(&self, entries: &[&EntryKeys], lease: Duration) -> StoreResult<()> {
+        let groups = self.script_requests(entries, |keys| keys);
+        let calls = groups.iter().map(|group| {
+            self.script(InvalidateManyCall {
+                entries: group
+                    .iter()
+                    .map(|&i| (entries[i], self.channel(entries[i])))
+                    .collect(),
+                lease,
+                near_channel: &self.near_channel,
+            })
+        });
+        let results = join_all(calls.collect()).await;
+        results
+            .into_iter()
+            .find_map(Result::err)
+            .map_or(Ok(()), Err)
+    }
+
+    /// The write `op`: a script on the entry's channel.
+    async fn write(&self, op: Op<'_>) -> StoreResult<Reply> {
+        let near_channel = &self.near_channel;
+        match op {
+            Op::WriteFenced {
+                keys,
+                fence,
+                write,
+                lease,
+            } => {
+                let channel = &self.channel(keys);
+                let call = WriteFencedCall {
+                    keys,
+                    fence,
+                    write,
+                    lease,
+                    channel,
+                    near_channel,
+                };
+                self.script(call).await.map(Reply::Flag)
+            }
+            Op::StoreAndUnlock {
+                keys,
+                token,
+                fence,
+                write,
+            } => {
+                let channel = &self.channel(keys);
+                let call = StoreAndUnlockCall {
+                    keys,
+                    token,
+                    fence,
+                    write,
+                    channel,
+                    near_channel,
+                };
+                self.script(call).await.map(Reply::Stored)
+            }
+            Op::Set {
+                keys,
+                value,
+                ttl,
+                lease,
+            } => {
+                let channel = &self.channel(keys);
+                let call = SetCall {
+                    keys,
+                    value,
+                    ttl,
+                    lease,
+                    channel,
+                    near_channel,
+                };
+                self.script(call).await.map(|()| Reply::Done)
+            }
+            Op::Invalidate { keys, lease } => {
+                let channel = &self.channel(keys);
+                let call = InvalidateCall {
+                    keys,
+                    lease,
+                    channel,
+                    near_channel,
+                };
+                self.script(call).await.map(|()| Reply::Done)
+            }
+            Op::Wake { keys } => {
+                let channel = &self.channel(keys);
+                let call = WakeCall { keys, channel };
+                self.script(call).await.map(|()| Reply::Done)
+            }
+            other => Err(unanswered(&other)),
+        }
+    }
+}
+
 impl<C> LockStore for RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    fn try_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<Acquire>> {
-        Box::pin(async move { Ok(self.read_or_lock(keys, token, lease, false).await?.into()) })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
+    fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         Box::pin(async move {
-            // A renewal too few replicas acknowledged does not count: the holder's lease is
-            // not moved on (its heartbeat retries), since a failover could bring back the
-            // older expiry.
-            let (extended, acks) = self.run_acked(ExtendCall { keys, token, lease }).await?;
-            if extended {
-                acks?;
-            }
-            Ok(extended)
-        })
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let channel = self.channel(keys);
-            let call = UnlockCall {
-                keys,
-                token,
-                channel: &channel,
-            };
-            // Behind the acquisitions, when they wait for replicas (see `ReplicaWait::release`).
-            match &self.replicas {
-                Some(replicas) => replicas.release(self.scripts, call).await,
-                None => self.run(call).await,
-            }
+            Ok(match op {
+                LockOp::TryLock { keys, token, lease } => {
+                    Reply::Acquire(self.read_or_lock(keys, token, lease, false).await?.into())
+                }
+                LockOp::Extend { keys, token, lease } => {
+                    Reply::Flag(self.extend(keys, token, lease).await?)
+                }
+                LockOp::Unlock { keys, token } => Reply::Flag(self.unlock(keys, token).await?),
+                LockOp::NextFence { keys, lease } => {
+                    Reply::Number(self.next_fence(keys, lease).await?)
+                }
+                LockOp::RaiseFence { keys, floor, lease } => {
+                    self.raise_fence(keys, floor, lease).await?;
+                    Reply::Done
+                }
+                LockOp::RecordRun { keys, fence, keep } => {
+                    Reply::Flag(self.script(RecordRunCall { keys, fence, keep }).await?)
+                }
+                LockOp::SinceLastRun { keys } => {
+                    Reply::Since(self.script(SinceLastRunCall { keys }).await?)
+                }
+            })
         })
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         Box::pin(async move { self.pubsub.listen(&self.channel(keys)).await })
-    }
-
-    fn record_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        keep: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(self.run(RecordRunCall { keys, fence, keep }))
-    }
-
-    fn since_last_run<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-    ) -> BoxFuture<'a, StoreResult<Option<Duration>>> {
-        Box::pin(self.run(SinceLastRunCall { keys }))
-    }
-
-    fn next_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<u64>> {
-        Box::pin(async move {
-            // A fence a failover could hand out again is no fence.
-            let (fence, acks) = self.run_acked(NextFenceCall { keys, lease }).await?;
-            acks.map(|()| fence)
-        })
-    }
-
-    fn raise_fence<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        floor: u64,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let ((), acks) = self
-                .run_acked(RaiseFenceCall { keys, floor, lease })
-                .await?;
-            acks
-        })
     }
 }
 
@@ -490,330 +729,71 @@ impl<C> Store for RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    fn get<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Option<Blob>>> {
+    fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            match redis::cmd("GET")
-                .arg(&keys.value)
-                .query_async::<Option<Vec<u8>>>(&mut conn)
-                .await
-            {
-                Ok(v) => Ok(v.map(Blob::Owned)),
-                // Another type under our key is foreign data: a miss, replaced on the next write.
-                Err(e) if e.code() == Some("WRONGTYPE") => {
-                    tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
-                    Ok(None)
+            Ok(match op {
+                Op::Get { keys } => Reply::Value(self.get(keys).await?),
+                Op::GetMany { entries } => {
+                    Reply::Values(self.get_many_with_epochs(entries, &[]).await?.0)
                 }
-                Err(e) => Err(StoreError::from(e).about(&keys.value)),
-            }
-        })
-    }
-
-    fn read_or_lock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        lease: Duration,
-        read_value: bool,
-    ) -> BoxFuture<'a, StoreResult<ReadOrLock>> {
-        Box::pin(async move {
-            let call = ReadOrLockCall {
-                keys,
-                token,
-                lease,
-                read_value,
-            };
-            match self.run_acked(call).await? {
-                (ReadOrLock::Acquired { .. }, Err(short)) => {
-                    self.release_unacked(keys, token).await;
-                    Err(short)
-                }
-                // A value read or a lock found held wrote nothing: no replica needs it.
-                (answer, _) => Ok(answer),
-            }
-        })
-    }
-
-    fn born<'a>(&'a self, clock: &'a str) -> BoxFuture<'a, StoreResult<u64>> {
-        Box::pin(self.run(ClockCall { clock }))
-    }
-
-    fn epochs<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, StoreResult<Vec<u64>>> {
-        Box::pin(async move {
-            if names.is_empty() {
-                return Ok(Vec::new());
-            }
-            Ok(self.mget(&[], names).await?.1)
-        })
-    }
-
-    fn raise_epochs<'a>(
-        &'a self,
-        names: &'a [String],
-        floor: u64,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let near_channel = self.near_channel.as_str();
-            let raises = names.iter().map(|name| {
-                self.run(RaiseEpochCall {
-                    name,
-                    floor,
-                    near_channel,
-                })
-            });
-            let mut first_error = None;
-            for raised in join_all(raises.collect()).await {
-                if let Err(e) = raised {
-                    first_error.get_or_insert(e);
-                }
-            }
-            first_error.map_or(Ok(()), Err)
-        })
-    }
-
-    fn get_with_epochs<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        names: &'a Arc<[String]>,
-    ) -> BoxFuture<'a, StoreResult<(Option<Blob>, Vec<u64>)>> {
-        Box::pin(async move {
-            if let Some(coalescer) = &self.coalescer {
-                return self.read_coalesced(coalescer, keys, names).await;
-            }
-            if names.is_empty() {
-                return Ok((self.get(keys).await?, Vec::new()));
-            }
-            let (mut values, epochs) = self.mget(&[keys], names).await?;
-            Ok((values.pop().flatten(), epochs))
-        })
-    }
-
-    fn get_many_with_epochs<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-        names: &'a [String],
-    ) -> BoxFuture<'a, StoreResult<ManyWithEpochs>> {
-        Box::pin(async move {
-            if entries.is_empty() && names.is_empty() {
-                return Ok((Vec::new(), Vec::new()));
-            }
-            // One `MGET` per chunk of at most CHUNK_KEYS keys, all sent at once (pipelined on
-            // the multiplexed connection); the epochs go in the first, which carries fewer
-            // values to make room for them.
-            let first_len = CHUNK_KEYS.saturating_sub(names.len()).max(1);
-            let (first, rest) = entries.split_at(first_len.min(entries.len()));
-            let reads = std::iter::once(self.mget(first, names))
-                .chain(rest.chunks(CHUNK_KEYS).map(|chunk| self.mget(chunk, &[])));
-            let mut values = Vec::with_capacity(entries.len());
-            let mut epochs = Vec::new();
-            for (i, chunk) in join_all(reads.collect()).await.into_iter().enumerate() {
-                let (chunk, read) = chunk?;
-                values.extend(chunk);
-                if i == 0 {
-                    epochs = read;
-                }
-            }
-            Ok((values, epochs))
-        })
-    }
-
-    fn get_many<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-    ) -> BoxFuture<'a, StoreResult<Vec<Option<Blob>>>> {
-        Box::pin(async move { Ok(self.get_many_with_epochs(entries, &[]).await?.0) })
-    }
-
-    fn read_or_lock_many<'a>(
-        &'a self,
-        entries: &'a [(&'a EntryKeys, &'a str, bool)],
-        lease: Duration,
-    ) -> BoxFuture<'a, Vec<StoreResult<ReadOrLock>>> {
-        Box::pin(async move {
-            let groups = self.script_requests(entries, |(keys, _, _)| keys);
-            let calls = groups.iter().map(|group| async move {
-                let chunk: Vec<_> = group.iter().map(|&i| entries[i]).collect();
-                let call = ReadOrLockManyCall {
-                    entries: chunk.clone(),
+                Op::ReadOrLock {
+                    keys,
+                    token,
                     lease,
-                };
-                match self.run_acked(call).await {
-                    Ok((answers, Ok(()))) => answers,
-                    Ok((answers, Err(short))) => {
-                        self.release_unacked_many(&chunk, answers, &short).await
-                    }
-                    // A failed call fails each of its entries.
-                    Err(e) => vec![Err(e); group.len()],
+                    read_value,
+                } => Reply::ReadOrLock(self.read_or_lock(keys, token, lease, read_value).await?),
+                Op::ReadOrLockMany { entries, lease } => {
+                    Reply::PerEntry(self.read_or_lock_many(entries, lease).await)
                 }
-            });
-            let answers = join_all(calls.collect()).await;
-            let mut out: Vec<Option<StoreResult<ReadOrLock>>> = vec![None; entries.len()];
-            for (group, answers) in groups.iter().zip(answers) {
-                for (&i, answer) in group.iter().zip(answers) {
-                    out[i] = Some(answer);
+                Op::InvalidateMany { entries, lease } => {
+                    self.invalidate_many(entries, lease).await?;
+                    Reply::Done
                 }
-            }
-            out.into_iter()
-                .map(|answer| {
-                    answer.unwrap_or_else(|| {
-                        Err(unexpected("read-or-lock-many: no reply", &Value::Nil))
-                    })
-                })
-                .collect()
-        })
-    }
-
-    fn invalidate_many<'a>(
-        &'a self,
-        entries: &'a [&'a EntryKeys],
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let groups = self.script_requests(entries, |keys| keys);
-            let calls = groups.iter().map(|group| {
-                self.run(InvalidateManyCall {
-                    entries: group
-                        .iter()
-                        .map(|&i| (entries[i], self.channel(entries[i])))
-                        .collect(),
-                    lease,
-                    near_channel: &self.near_channel,
-                })
-            });
-            let results = join_all(calls.collect()).await;
-            results
-                .into_iter()
-                .find_map(Result::err)
-                .map_or(Ok(()), Err)
-        })
-    }
-
-    fn write_fenced<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        fence: u64,
-        write: Write,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<bool>> {
-        Box::pin(async move {
-            let channel = self.channel(keys);
-            self.run(WriteFencedCall {
-                keys,
-                fence,
-                write,
-                lease,
-                channel: &channel,
-                near_channel: &self.near_channel,
+                Op::Born { clock } => Reply::Number(self.script(ClockCall { clock }).await?),
+                Op::Epochs { names } => Reply::Epochs(self.epochs(names).await?),
+                Op::RaiseEpochs { names, floor } => {
+                    self.raise_epochs(names, floor).await?;
+                    Reply::Done
+                }
+                Op::GetWithEpochs { keys, names } => {
+                    Reply::ValueWithEpochs(self.get_with_epochs(keys, names).await?)
+                }
+                Op::GetManyWithEpochs { entries, names } => {
+                    Reply::ValuesWithEpochs(self.get_many_with_epochs(entries, names).await?)
+                }
+                Op::Ping => {
+                    self.ping().await?;
+                    Reply::Done
+                }
+                Op::WriteFenced { .. }
+                | Op::StoreAndUnlock { .. }
+                | Op::Set { .. }
+                | Op::Invalidate { .. }
+                | Op::Wake { .. } => self.write(op).await?,
             })
-            .await
         })
     }
 
-    fn store_and_unlock<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        token: &'a str,
-        fence: u64,
-        write: Write,
-    ) -> BoxFuture<'a, StoreResult<Stored>> {
-        Box::pin(async move {
-            let channel = self.channel(keys);
-            self.run(StoreAndUnlockCall {
-                keys,
-                token,
-                fence,
-                write,
-                channel: &channel,
-                near_channel: &self.near_channel,
-            })
-            .await
-        })
+    fn clock(&self) -> &dyn Clock {
+        self
     }
+}
 
-    fn set<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        value: Vec<u8>,
-        ttl: Duration,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let channel = self.channel(keys);
-            self.run(SetCall {
-                keys,
-                value,
-                ttl,
-                lease,
-                channel: &channel,
-                near_channel: &self.near_channel,
-            })
-            .await
-        })
-    }
-
-    fn invalidate<'a>(
-        &'a self,
-        keys: &'a EntryKeys,
-        lease: Duration,
-    ) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let channel = self.channel(keys);
-            self.run(InvalidateCall {
-                keys,
-                lease,
-                channel: &channel,
-                near_channel: &self.near_channel,
-            })
-            .await
-        })
-    }
-
-    fn wake<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<()>> {
-        Box::pin(async move {
-            let channel = self.channel(keys);
-            self.run(WakeCall {
-                keys,
-                channel: &channel,
-            })
-            .await
-        })
-    }
-
-    fn ping(&self) -> BoxFuture<'_, StoreResult<()>> {
-        Box::pin(async move {
-            let mut conn = self.conn.clone();
-            redis::cmd("PING")
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(StoreError::from)
-        })
-    }
-
+/// Freshness is judged by the server's clock, as estimated here (see `clock.rs`).
+impl<C> Clock for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     fn now_ms(&self) -> u64 {
         self.clock.now_ms()
     }
 
-    fn clock_synced(&self) -> bool {
+    fn is_synced(&self) -> bool {
         self.clock.is_synced()
     }
 
-    fn sync_clock(&self) -> BoxFuture<'_, ()> {
+    fn sync(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.clock.sync(&self.conn))
-    }
-}
-
-/// An epoch as `MGET` read it (see [`RedisStore::mget`]).
-pub(super) fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
-    let Some(bytes) = bytes else { return 0 };
-    match std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|text| text.parse().ok())
-    {
-        Some(epoch) => epoch,
-        None => {
-            tracing::warn!(epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
-            u64::MAX
-        }
     }
 }
 
