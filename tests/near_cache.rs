@@ -145,6 +145,62 @@ async fn a_near_hit_costs_no_command_and_changes_reach_every_instance() {
     );
 }
 
+/// `get` reads the near tier as every other read does: once a copy is there, a `get` sends
+/// nothing to Redis, and it still sees another instance's changes within `max_staleness`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_is_answered_by_the_near_tier_and_sees_invalidations() {
+    let server = RedisServer::start();
+    let a = near_cache(server.url()).await;
+    let b = near_cache(server.url()).await;
+    let _ = a.set("g", &"v1".to_owned(), TTL).await.unwrap();
+    assert_eq!(until_near_hit(&b, "g").await, "v1");
+
+    let monitor = Monitor::start(&server);
+    let before = b.stats();
+    for _ in 0..50 {
+        assert_eq!(b.get::<String>("g").await.unwrap().as_deref(), Some("v1"));
+    }
+    let commands = monitor.commands_until_now(&server);
+    assert!(
+        commands
+            .iter()
+            .all(|c| c != "GET" && c != "MGET" && c != "EVALSHA"),
+        "near reads by get sent {commands:?}"
+    );
+    // Near hits; not hits of the `get_or_compute` family, which `get` never counted.
+    let after = b.stats();
+    assert_eq!(
+        (after.near_hits, after.hits),
+        (before.near_hits + 50, before.hits)
+    );
+
+    // An invalidation by A: once it is `max_staleness` old, B's `get` never answers the old
+    // value again.
+    let _ = a.invalidate("g").await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match b.get::<String>("g").await {
+            Ok(None) => break,
+            Ok(Some(v)) => assert_ne!(v, "v1", "get served an invalidated value"),
+            Err(_) => {}
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "get never saw the invalidation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // And a new value by A reaches it too, then is served from the tier again.
+    let _ = a.set("g", &"v2".to_owned(), TTL).await.unwrap();
+    tokio::time::sleep(MAX_STALENESS).await;
+    assert_eq!(b.get::<String>("g").await.unwrap().as_deref(), Some("v2"));
+    assert_eq!(until_near_hit(&b, "g").await, "v2");
+    let hits = b.stats().near_hits;
+    assert_eq!(b.get::<String>("g").await.unwrap().as_deref(), Some("v2"));
+    assert_eq!(b.stats().near_hits, hits + 1);
+}
+
 /// Subscribes to the namespace's near channel and returns the announcements' payloads.
 fn announcements(server: &RedisServer) -> std::sync::mpsc::Receiver<String> {
     let (tx, rx) = std::sync::mpsc::channel();

@@ -2,12 +2,14 @@
 //!
 //! Explained in the guide: `docs/configuration.md` (every setting, its default and bounds).
 
+use crate::cache::engine::{Engine, Parts};
 use crate::cache::near::{NearCacheOptions, NearTier};
 use crate::cache::recovery::{Recovery, RecoveryOptions};
+use crate::cache::tiers::Tiers;
 use crate::cache::Cache;
 use crate::store::breaker::Breaker;
 use crate::store::guarded::GuardedStore;
-use crate::store::{Backend, BreakerOptions, ConnectionOptions};
+use crate::store::{Backend, BreakerOptions, ConnectionOptions, MemoryStore, Store};
 use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
@@ -320,7 +322,7 @@ impl<C: Codec> CacheBuilder<C> {
     /// parse, or a [`near_cache`](Self::near_cache) on the embedded store.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
-        let (mut store, tier, counters) = match self.near {
+        let (mut store, mut memory, tier, counters) = match self.near {
             Some(near) => {
                 let tracked = near
                     .tracked
@@ -338,16 +340,26 @@ impl<C: Codec> CacheBuilder<C> {
                 let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));
                 let sink: Arc<dyn crate::store::redis::FeedSink> = tier.clone();
                 feed.start(Arc::downgrade(&sink));
-                (store, Some(tier), counters)
+                (store, None, Some(tier), counters)
             }
-            None => {
-                let store = self.backend.open(&self.connection, Some(&self.namespace))?;
-                (store, None, Arc::default())
-            }
+            // The embedded store is kept by its type too: its hit path reads decoded values.
+            None => match self.backend {
+                Backend::Memory(limits) => {
+                    let memory = Arc::new(MemoryStore::new(limits));
+                    let store: Arc<dyn Store> = memory.clone();
+                    (store, Some(memory), None, Arc::default())
+                }
+                backend => {
+                    let store = backend.open(&self.connection, Some(&self.namespace))?;
+                    (store, None, None, Arc::default())
+                }
+            },
         };
         // With a Redlock, values (and so every announcement to near tiers) stay on the one
         // backend server; only the locks move to the quorum.
         if !self.redlock.is_empty() {
+            // The locks are no longer the embedded store's: no quick hit from it either.
+            memory = None;
             let locks =
                 QuorumStore::connect(self.redlock, self.options.lease, None, &self.connection)?;
             store = Arc::new(SplitStore {
@@ -356,26 +368,33 @@ impl<C: Codec> CacheBuilder<C> {
             });
         }
         // Not the embedded store: it cannot fail, and its hit path should not pay for a check.
-        if self.breaker.enabled() && store.as_memory().is_none() {
+        let mut guard = None;
+        if self.breaker.enabled() && memory.is_none() {
             let breaker = Arc::new(Breaker::new(self.breaker, Arc::clone(&counters)));
             if let Some(tier) = &tier {
                 tier.nudges(Arc::clone(&breaker));
             }
             let slow_locks = self.connection.get_wait_for_replicas().is_some();
-            store = Arc::new(GuardedStore::new(store, breaker, slow_locks));
+            store = Arc::new(GuardedStore::new(store, Arc::clone(&breaker), slow_locks));
+            guard = Some(breaker);
         }
+        // What the builder knows by construction, checked against what the store says of itself
+        // (these two downcasts go with the store's rewrite; nothing else asks them any more).
+        debug_assert_eq!(store.as_memory().is_some(), memory.is_some());
+        debug_assert_eq!(store.breaker().is_some(), guard.is_some());
         // Spawned here, on the caller's runtime; stopped by the cache's drop guard.
         let recovery = self
             .recovery
             .map(|options| Recovery::start(options, Arc::clone(&store), Arc::clone(&counters)));
-        Ok(Cache::with_near(
+        Ok(Cache::from_engine(Engine::new(Parts {
             store,
-            self.codec,
-            self.namespace,
-            self.options,
-            tier,
+            codec: self.codec,
+            namespace: self.namespace,
+            options: self.options,
+            tiers: Tiers::new(tier, memory),
+            breaker: guard,
             counters,
             recovery,
-        ))
+        })))
     }
 }

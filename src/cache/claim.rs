@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::{Kept, Sorted};
 use crate::cache::tags::Epochs;
@@ -25,9 +26,9 @@ use crate::store::{LockStore, ReadOrLock, StoreError};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Error, Source};
+use crate::{Error, Source};
 
-/// Where the wait-or-lock loop of a key starts ([`Cache::claim`]).
+/// Where the wait-or-lock loop of a key starts (`Engine::claim`).
 pub(crate) enum Start {
     /// Nothing read says otherwise: read the value or take the lock.
     Read,
@@ -76,7 +77,7 @@ async fn wait_within(
     }
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// The wait-or-lock loop of one key, from `start` (what the call has seen already), for a
     /// call that started at `started` (its wait bound and soft timeout count from there).
     pub(crate) async fn claim<T: DeserializeOwned + 'static>(
@@ -92,11 +93,11 @@ impl<C: Codec> Cache<C> {
     /// its lease is renewed as the handle's options say, counted in its stats.
     pub(crate) fn acquiring(&self, keys: &Arc<EntryKeys>) -> Acquiring {
         let renewal = Renewal {
-            counters: Some(Arc::clone(&self.inner.counters)),
+            counters: Some(Arc::clone(&self.core.counters)),
             ..Renewal::from(&self.options)
         };
         Acquiring::new(
-            Arc::clone(&self.inner.store) as Arc<dyn LockStore>,
+            Arc::clone(&self.core.store) as Arc<dyn LockStore>,
             Arc::clone(keys),
             renewal,
         )
@@ -107,7 +108,7 @@ impl<C: Codec> Cache<C> {
 /// between its steps. Each step either ends the loop with a [`Claim`] (`Break`) or says what to
 /// do next by setting these fields (`Continue`).
 struct WaitOrLock<'a, C> {
-    cache: &'a Cache<C>,
+    cache: &'a Engine<C>,
     keys: &'a Arc<EntryKeys>,
     /// The lock request's drop guard: frees a lock granted to a caller that went away.
     acquiring: Acquiring,
@@ -131,10 +132,10 @@ struct WaitOrLock<'a, C> {
 
 impl<'a, C: Codec> WaitOrLock<'a, C> {
     /// The loop as `start` says to begin it; the lock request's guard is armed here.
-    fn new(cache: &'a Cache<C>, keys: &'a Arc<EntryKeys>, started: Instant, start: Start) -> Self {
+    fn new(cache: &'a Engine<C>, keys: &'a Arc<EntryKeys>, started: Instant, start: Start) -> Self {
         let acquiring = cache.acquiring(keys);
         let token = acquiring.token();
-        let waiter = Waiter::new(cache.inner.store.as_ref(), keys, &cache.options, started);
+        let waiter = Waiter::new(cache.core.store.as_ref(), keys, &cache.options, started);
         let (read_value, wait_for) = match start {
             Start::Read => (true, None),
             Start::Replace => (false, None),
@@ -223,7 +224,7 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
             Some(Ok(entry)) => return Break(Claim::Found(entry, self.found)),
             Some(Err(kept)) => {
                 if matches!(cut, Cut::Budget) {
-                    self.cache.inner.counters.record(Event::SoftTimeout);
+                    self.cache.core.counters.record(Event::SoftTimeout);
                 }
                 return Break(Claim::Fallback(kept.value));
             }
@@ -254,7 +255,7 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
     /// from then). On a failure the guard frees the lock, which may have been granted anyway.
     async fn ask_store(&mut self) -> Result<(ReadOrLock, Instant), StoreError> {
         let asked = self.acquiring.sending();
-        let store = &self.cache.inner.store;
+        let store = &self.cache.core.store;
         let lease = self.cache.options.lease;
         match store
             .read_or_lock(self.keys, &self.token, lease, self.read_value)
@@ -345,6 +346,7 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Cache;
     use crate::{CallOptions, Computed};
 
     /// A memory cache whose calls use `options`.
@@ -361,7 +363,8 @@ mod tests {
     /// itself when `lease` runs out.
     async fn hold_elsewhere(cache: &Cache, keys: &EntryKeys, lease: Duration) {
         let answer = cache
-            .inner
+            .engine
+            .core
             .store
             .read_or_lock(keys, "elsewhere", lease, false);
         assert!(matches!(answer.await.unwrap(), ReadOrLock::Acquired { .. }));
@@ -383,7 +386,10 @@ mod tests {
 
     /// Claims `keys` from the start, for a call starting now.
     async fn claim(cache: &Cache, keys: &Arc<EntryKeys>) -> Claim<u64> {
-        cache.claim::<u64>(keys, Instant::now(), Start::Read).await
+        cache
+            .engine
+            .claim::<u64>(keys, Instant::now(), Start::Read)
+            .await
     }
 
     #[tokio::test(start_paused = true)]
@@ -400,7 +406,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!waiter.is_finished(), "the waiter waits for the holder");
         let computed = Computed::new(7u64);
-        let stored = cache.store_computed(
+        let stored = cache.engine.store_computed(
             held,
             &keys,
             Duration::from_secs(60),

@@ -13,15 +13,17 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::cache::bounds::ComputeFailure;
+use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
+use crate::cache::fetch::KeyCall;
 use crate::lock::lease::HeldLock;
 use crate::stats::{Event, NotStoredReason};
 use crate::store::{Stored, Write};
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
 /// What a computation that fails does with the lock and the value it was to replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,28 +70,32 @@ impl<R> Drop for Detachable<R> {
     }
 }
 
-impl<C: Codec> Cache<C> {
+impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+where
+    C: Codec,
+    T: CacheValue,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+{
     /// Computes under `held`, as the caller that took the lock, and answers with the value or,
     /// with the fail-safe, the fallback `kept` when the computation fails or hits its hard
     /// timeout. With a fallback and a soft timeout, the computation runs in a task of its own:
     /// at the soft timeout the caller answers with the fallback while the computation goes on
     /// under its lock and heartbeat and lands as usual. That task is aborted if the caller goes
     /// away before (a dropped call frees its lock, as an inline computation does).
-    pub(crate) async fn compute_within<T, E, F, Fut>(
-        &self,
+    pub(crate) async fn compute_within(
+        self,
         held: HeldLock,
-        keys: &Arc<EntryKeys>,
-        ttl: Duration,
-        f: F,
         kept: Option<Kept<T>>,
-        started: Instant,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
+    ) -> Result<Fetched<T>, Error> {
+        let KeyCall {
+            engine,
+            keys,
+            ttl,
+            started,
+            f,
+        } = self;
         let computed = |value| Fetched {
             value,
             source: Source::Computed,
@@ -98,70 +104,86 @@ impl<C: Codec> Cache<C> {
             Some(kept) => OnFailure::Throttle(kept.bytes.clone()),
             None => OnFailure::Remember,
         };
-        let soft = self.soft_deadline(started);
+        let soft = engine.soft_deadline(started);
+        let computation = Computation {
+            engine: engine.clone(),
+            keys: Arc::clone(&keys),
+            ttl,
+            f,
+        };
         let (kept, soft) = match (kept, soft) {
             (Some(kept), Some(soft)) => (kept, soft),
             (kept, _) => {
-                let outcome = self.compute_and_store(held, keys, ttl, f, on_failure).await;
+                let outcome = computation.compute_and_store(held, on_failure).await;
                 return outcome
                     .map(computed)
-                    .or_else(|e| self.fall_back(e, kept, keys));
+                    .or_else(|e| engine.fall_back(e, kept, &keys));
             }
         };
-        let cache = self.clone();
-        let task_keys = Arc::clone(keys);
-        let mut task = Detachable::spawn(async move {
-            cache
-                .compute_and_store(held, &task_keys, ttl, f, on_failure)
-                .await
-        });
+        let mut task =
+            Detachable::spawn(async move { computation.compute_and_store(held, on_failure).await });
         tokio::select! {
             // The value, if it is there at the soft timeout too.
             biased;
             joined = &mut task.handle => match joined {
-                Ok(outcome) => outcome.map(computed).or_else(|e| self.fall_back(e, Some(kept), keys)),
+                Ok(outcome) => outcome.map(computed).or_else(|e| engine.fall_back(e, Some(kept), &keys)),
                 Err(e) => match e.try_into_panic() {
                     // A panic in `f` reaches its caller, as when it runs inline.
                     Ok(panic) => std::panic::resume_unwind(panic),
                     // Cancelled by the runtime shutting down.
-                    Err(_) => Ok(self.serve_fallback(kept.value)),
+                    Err(_) => Ok(engine.serve_fallback(kept.value)),
                 },
             },
             () = tokio::time::sleep_until(soft) => {
                 task.detach();
-                self.inner.counters.record(Event::SoftTimeout);
+                engine.core.counters.record(Event::SoftTimeout);
                 tracing::debug!(key = %keys.user,
                     "soft timeout: serving the fail-safe value while the computation goes on");
-                Ok(self.serve_fallback(kept.value))
+                Ok(engine.serve_fallback(kept.value))
             }
         }
     }
+}
 
+/// One key's computation under its lock, owned (its engine too), so that it can run in a task
+/// of its own: past a caller's soft timeout, or as a background refresh.
+pub(crate) struct Computation<C, F> {
+    pub(crate) engine: Engine<C>,
+    pub(crate) keys: Arc<EntryKeys>,
+    pub(crate) ttl: Duration,
+    pub(crate) f: F,
+}
+
+impl<C, F, T, E, Fut> Computation<C, F>
+where
+    C: Codec,
+    T: Serialize + DeserializeOwned + 'static,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut,
+    Fut: Future<Output = Result<Computed<T>, E>>,
+{
     /// Runs `f` under `held`, writes its value if the fencing token is still current, and lets
     /// the lock go; a failure is handled as `on_failure` says (also fenced). The hard timeout
     /// ([`max_hold`](crate::CallOptions::max_hold)) cancels `f` (its future is dropped) and is
     /// handled as a failure, except that it is never remembered as one.
-    pub(crate) async fn compute_and_store<T, E, F, Fut>(
-        &self,
+    pub(crate) async fn compute_and_store(
+        self,
         held: HeldLock,
-        keys: &EntryKeys,
-        ttl: Duration,
-        f: F,
         on_failure: OnFailure,
-    ) -> Result<T, Error>
-    where
-        T: Serialize + DeserializeOwned + 'static,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<Computed<T>, E>>,
-    {
+    ) -> Result<T, Error> {
+        let Computation {
+            engine,
+            keys,
+            ttl,
+            f,
+        } = self;
         // Born before `f` runs, after the lock was granted: an invalidation of its tags that
         // returned before now is older than the value (see `cache/tags.rs`).
-        let born = self.born_now().await;
+        let born = engine.born_now().await;
         let computing = Instant::now();
-        self.inner.counters.record(Event::Compute);
+        engine.core.counters.record(Event::Compute);
         let run = f(held.lease());
-        let ran = match self.options.max_hold {
+        let ran = match engine.options.max_hold {
             Some(hold) => tokio::time::timeout_at(later_by(computing, hold), run)
                 .await
                 .ok(),
@@ -170,16 +192,18 @@ impl<C: Codec> Cache<C> {
         let computed = match ran {
             Some(Ok(computed)) => computed,
             Some(Err(e)) => {
-                self.after_failure::<T, E>(held, keys, on_failure, Some(&e), born)
+                engine
+                    .after_failure::<T, E>(held, &keys, on_failure, Some(&e), born)
                     .await;
                 return Err(Error::compute(e));
             }
             None => {
                 let after = computing.elapsed();
-                self.inner.counters.record(Event::HardTimeout);
+                engine.core.counters.record(Event::HardTimeout);
                 tracing::warn!(key = %keys.user, ?after,
                     "hard timeout: the computation is cancelled and its lock freed");
-                self.after_failure::<T, E>(held, keys, on_failure, None, born)
+                engine
+                    .after_failure::<T, E>(held, &keys, on_failure, None, born)
                     .await;
                 return Err(Error::ComputeTimeout {
                     key: keys.user.clone(),
@@ -187,10 +211,12 @@ impl<C: Codec> Cache<C> {
                 });
             }
         };
-        self.store_computed(held, keys, ttl, computed, (computing.elapsed(), born))
-            .await
+        let took = (computing.elapsed(), born);
+        (engine.store_computed(held, &keys, ttl, computed, took)).await
     }
+}
 
+impl<C: Codec> Engine<C> {
     /// The success half of [`compute_and_store`](Self::compute_and_store), per key (a batch
     /// calls it for each key its computation returned): writes the value if the fencing token
     /// is still current and lets the lock go; the value is returned either way, unless its tags
@@ -224,20 +250,17 @@ impl<C: Codec> Cache<C> {
             bytes,
             ttl: self.options.stored_for(ttl),
         };
-        match held
-            .store_and_unlock(self.inner.store.as_ref(), write)
-            .await
-        {
+        match held.store_and_unlock(self.core.store.as_ref(), write).await {
             Ok(Stored { written: true, .. }) => {}
             // Counted and logged once a minute per reason, not per call: a full Redis would
             // otherwise log on every miss.
-            Ok(Stored { written: false, .. }) => self.inner.counters.not_stored(
+            Ok(Stored { written: false, .. }) => self.core.counters.not_stored(
                 NotStoredReason::FenceLost,
                 &keys.user,
                 &"the fencing token is no longer current",
             ),
             Err(e) => self
-                .inner
+                .core
                 .counters
                 .not_stored(NotStoredReason::of(e.kind()), &keys.user, &e),
         }
@@ -255,7 +278,7 @@ impl<C: Codec> Cache<C> {
         error: Option<&E>,
         born: u64,
     ) {
-        let store = self.inner.store.as_ref();
+        let store = self.core.store.as_ref();
         let released = match (on_failure, self.options.negative_ttl, error) {
             // The fail-safe: the kept value stays, as a throttled copy (this wins over negative
             // caching, which would replace the fallback with the error).

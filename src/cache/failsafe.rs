@@ -1,11 +1,11 @@
 //! The fail-safe's decisions, one small function each, so that every path that reads, waits or
 //! computes (the single-key path here, the batch path per key) takes them the same way:
 //!
-//! - where a stored entry stands for this caller ([`Cache::standing_of`]): live, a throttled
+//! - where a stored entry stands for this caller (`Engine::worth_of`): live, a throttled
 //!   fallback, or past its stale window (then kept as a [`Kept`] fallback);
-//! - when a caller's soft timeout falls ([`Cache::soft_deadline`]);
+//! - when a caller's soft timeout falls (`Engine::soft_deadline`);
 //! - which errors the fallback answers ([`falls_back`]) and how it is served
-//!   ([`Cache::serve_fallback`]).
+//!   (`Engine::serve_fallback`).
 //!
 //! Invariants: a kept value is served only as [`Source::FailSafe`], never as a hit, and never
 //! enters the near tier; a throttled copy is written only under the computing caller's lock and
@@ -14,13 +14,14 @@
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::freshness::{standing, Standing};
+use crate::cache::freshness::{worth, Worth};
 use crate::store::StoreExt;
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Error, Fetched, Source};
+use crate::{Error, Fetched, Source};
 
 /// A value past its stale window, kept as the fallback of the computation that replaces it.
 #[derive(Debug, Clone)]
@@ -30,11 +31,11 @@ pub(crate) struct Kept<T> {
     pub bytes: Vec<u8>,
 }
 
-/// A stored entry, sorted by [`Cache::sort`].
+/// A stored entry, sorted by `Engine::sort`.
 pub(crate) enum Sorted<T> {
-    /// Serve it ([`Cache::serve`](crate::Cache) decides fresh, stale or throttled fallback).
+    /// Serve it (`KeyCall::serve` decides fresh, stale or throttled fallback).
     Serve(StoredEntry<T>),
-    /// Past its stale window: take the lock over it and compute ([`Cache::keep`] makes it the
+    /// Past its stale window: take the lock over it and compute (`Engine::keep` makes it the
     /// fallback, once the lock is taken).
     Past(StoredEntry<T>),
 }
@@ -49,12 +50,12 @@ pub(crate) fn falls_back(error: &Error) -> bool {
     )
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Where `entry` stands for this handle's options, by the store's clock now.
-    pub(crate) fn standing_of<T>(&self, entry: &StoredEntry<T>) -> Standing {
+    pub(crate) fn worth_of<T>(&self, entry: &StoredEntry<T>) -> Worth {
         let stale_ms = u64::try_from(self.options.stale_for.as_millis()).unwrap_or(u64::MAX);
-        standing(
-            self.inner.store.now_ms(),
+        worth(
+            self.core.store.now_ms(),
             entry.fresh_until_ms,
             entry.throttled,
             stale_ms,
@@ -113,9 +114,10 @@ impl<C: Codec> Cache<C> {
     /// Sorts a stored entry for this caller: serve it (live, or a throttled fallback), or it is
     /// past its stale window: compute.
     pub(crate) fn sort<T>(&self, entry: StoredEntry<T>) -> Sorted<T> {
-        match self.standing_of(&entry) {
-            Standing::Live | Standing::Throttled => Sorted::Serve(entry),
-            Standing::Expired => Sorted::Past(entry),
+        if self.worth_of(&entry).served() {
+            Sorted::Serve(entry)
+        } else {
+            Sorted::Past(entry)
         }
     }
 
@@ -144,11 +146,13 @@ mod tests {
 
     use super::*;
     use crate::store::Write;
+    use crate::wire::codec::Bincode;
+    use crate::Cache;
     use crate::CallOptions;
 
     /// A memory cache whose calls use `options`.
-    fn cache(options: CallOptions) -> Cache {
-        Cache::in_memory().with_options(options)
+    fn cache(options: CallOptions) -> Engine<Bincode> {
+        Cache::in_memory().with_options(options).engine
     }
 
     /// The fail-safe on (an hour), with a stale window of ten seconds.
@@ -172,14 +176,14 @@ mod tests {
     }
 
     /// Whether `cache` sorts `entry` for serving.
-    fn served(cache: &Cache, entry: StoredEntry<u64>) -> bool {
+    fn served(cache: &Engine<Bincode>, entry: StoredEntry<u64>) -> bool {
         matches!(cache.sort(entry), Sorted::Serve(_))
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_value_is_served_through_its_stale_window_and_replaced_after() {
         let cache = cache(fail_safe());
-        let now = cache.inner.store.now_ms();
+        let now = cache.core.store.now_ms();
         assert!(served(&cache, entry(now + 1, false)), "fresh");
         assert!(
             served(&cache, entry(now - 9_000, false)),
@@ -194,7 +198,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_throttled_copy_is_served_until_its_throttle_ends() {
         let cache = cache(fail_safe());
-        let now = cache.inner.store.now_ms();
+        let now = cache.core.store.now_ms();
         assert!(served(&cache, entry(now + 1, true)), "within its throttle");
         assert!(
             !served(&cache, entry(now - 1, true)),
@@ -233,7 +237,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_fallback_answers_a_failure_or_a_time_out_but_not_a_caller_bug() {
         let cache = cache(fail_safe());
-        let keys = EntryKeys::new(cache.namespace(), "k").unwrap();
+        let keys = EntryKeys::new(&cache.core.namespace, "k").unwrap();
         let kept = || {
             Some(Kept {
                 value: 5u64,
@@ -262,7 +266,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_throttled_copy_is_the_kept_value_fenced_and_fresh_for_the_throttle() {
         let cache = cache(fail_safe().fail_safe_throttle(Duration::from_secs(5)));
-        let keys = EntryKeys::new(cache.namespace(), "k").unwrap();
+        let keys = EntryKeys::new(&cache.core.namespace, "k").unwrap();
         let kept = cache
             .encode_value(&5u64, Duration::from_secs(1), Duration::ZERO, 3, (1, &[]))
             .unwrap();
@@ -272,6 +276,6 @@ mod tests {
         assert_eq!(at_least, Duration::from_secs(5));
         let copy = cache.read_stored::<u64>(&keys, &bytes).unwrap();
         assert_eq!((copy.value, copy.fence, copy.throttled), (Ok(5), 9, true));
-        assert_eq!(copy.fresh_until_ms, cache.inner.store.now_ms() + 5_000);
+        assert_eq!(copy.fresh_until_ms, cache.core.store.now_ms() + 5_000);
     }
 }

@@ -1,6 +1,6 @@
 //! The single-key path of the `get_or_compute` family below its quick hits: the first read, the
 //! in-process single flight (lead, or follow this process's leader), and the distributed part
-//! ([`Cache::claim`], then compute or serve).
+//! (`Engine::claim`, then compute or serve).
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
 
@@ -14,18 +14,21 @@ use tracing::Instrument;
 
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::claim::{Claim, Start};
+use crate::cache::engine::Engine;
 use crate::cache::failsafe::Sorted;
 use crate::cache::tags::Epochs;
+use crate::cache::tiers::Read;
 use crate::stats::Event;
 use crate::store::{Blob, StoreResult};
 use crate::time::{later_by, saturate};
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
-impl<C: Codec> Cache<C> {
-    /// [`fetch`](Self::fetch) once [`quick_hit`](Self::quick_hit) found nothing.
+impl<C: Codec> Engine<C> {
+    /// `Cache::fetch` once [`quick_hit`](Self::quick_hit) found nothing: the call's span and
+    /// its outcome counted.
     pub(crate) async fn fetch_beyond_quick_hit<T, E, F, Fut>(
         &self,
         key: &str,
@@ -56,7 +59,7 @@ impl<C: Codec> Cache<C> {
         } else {
             self.fetch_entry(key, ttl, f).instrument(span.clone()).await
         };
-        let outcome = self.count(&result, started);
+        let outcome = self.count_outcome(&result, started);
         if !span.is_disabled() {
             span.record("outcome", outcome);
             if outcome == "waited" {
@@ -67,12 +70,12 @@ impl<C: Codec> Cache<C> {
     }
 
     /// Counts a call's outcome (a call that `started` then) and names it for the span.
-    pub(crate) fn count<T>(
+    pub(crate) fn count_outcome<T>(
         &self,
         result: &Result<Fetched<T>, Error>,
         started: tokio::time::Instant,
     ) -> &'static str {
-        let counters = &self.inner.counters;
+        let counters = &self.core.counters;
         let miss = || counters.record(Event::Miss);
         match result {
             Ok(fetched) => match fetched.source {
@@ -128,9 +131,7 @@ impl<C: Codec> Cache<C> {
     }
 
     /// The single-key path after the quick hits (`fetch`'s near and memory hits): a near copy
-    /// when XFetch is on, else one GET; on a miss, the in-process single flight, then [`load`].
-    ///
-    /// [`load`]: Self::load
+    /// when XFetch is on, else the call's first read ([`KeyCall::read_first`]).
     pub(crate) async fn fetch_entry<T, E, F, Fut>(
         &self,
         key: &str,
@@ -147,94 +148,12 @@ impl<C: Codec> Cache<C> {
         // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
         if self.options.early_refresh_beta > 0.0 {
             if let Some(entry) = self.near_copy::<T>(key) {
-                let keys = EntryKeys::new(&self.inner.namespace, key)?;
-                return self.serve(entry, keys, ttl, f, Source::Hit);
+                let keys = EntryKeys::new(&self.core.namespace, key)?;
+                return KeyCall::new(self, keys, ttl, f).serve(entry, Source::Hit);
             }
         }
-
-        let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        self.clock_ready().await;
-
-        // Otherwise a ticket is taken before the read, for its answer to go into the near tier.
-        let ticket = self
-            .inner
-            .near
-            .as_ref()
-            .and_then(|near| near.ticket(&keys.user));
-
-        // The hit path: one MGET (the value and its epochs), no script, no in-process
-        // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
-        // taken over it.
-        let mut start = Start::Read;
-        match self.first_read(&keys).await {
-            Ok((Some(bytes), mut epochs)) => {
-                match self.read_live::<T>(&keys, &bytes, &mut epochs).await {
-                    Some(entry) => match self.sort(entry) {
-                        Sorted::Serve(entry) => {
-                            self.remember_near(ticket, &keys, &entry, bytes.len(), &epochs);
-                            self.keep_decoded(&keys, &bytes, &entry);
-                            return self.serve(entry, keys, ttl, f, Source::Hit);
-                        }
-                        Sorted::Past(_) => start = Start::Replace,
-                    },
-                    // Bytes that are not ours, or a value a tag or a clear invalidated: the
-                    // lock is taken over them, to replace them.
-                    None => start = Start::Replace,
-                }
-            }
-            Ok((None, _)) => {}
-            Err(e) => {
-                if let Some(held) = self.held::<T>(key, &e) {
-                    return Ok(held);
-                }
-                if !e.falls_back(self.options.on_backend_error) {
-                    return Err(Error::backend("get", e));
-                }
-                // The fallback applies in `load`, under the single flight.
-            }
-        }
-
-        self.share_or_load(Arc::new(keys), ttl, f, start).await
-    }
-
-    /// A miss: this process's flight of the key, followed or led (then [`load`]).
-    ///
-    /// [`load`]: Self::load
-    async fn share_or_load<T, E, F, Fut>(
-        &self,
-        keys: Arc<EntryKeys>,
-        ttl: Duration,
-        f: F,
-        start: Start,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: CacheValue,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        let started = Instant::now();
-        let leader = loop {
-            match self
-                .inner
-                .flights
-                .join::<Fetched<T>, E>(&keys.value, self.epoch_mark())
-            {
-                Role::Lead(leader) => break Some(leader),
-                Role::Alone => break None,
-                Role::Follow(follower) => match self.follow(follower, &keys, started).await {
-                    Some(outcome) => return outcome,
-                    // The leader went away, or its value is one this call must not get (an
-                    // invalidation since it started): try to lead.
-                    None => continue,
-                },
-            }
-        };
-        let outcome = self.load(&keys, ttl, started, f, start).await;
-        if let Some(leader) = leader {
-            leader.finish(&outcome);
-        }
-        outcome
+        let keys = EntryKeys::new(&self.core.namespace, key)?;
+        KeyCall::new(self, keys, ttl, f).read_first().await
     }
 
     /// The one read of a single key, with its epochs (`get`, and `fetch` before its flight):
@@ -245,7 +164,7 @@ impl<C: Codec> Cache<C> {
         self.replay_queued(&[keys]).await?;
         let read = self.read_with_epochs(keys).await;
         if read.is_ok() {
-            self.reached_backend(keys);
+            self.core.tiers.reached(keys);
         }
         read
     }
@@ -271,7 +190,7 @@ impl<C: Codec> Cache<C> {
                 return self.shared(outcome, keys, mark).await;
             }
             if let Some(Err(kept)) = self.look_again::<T>(keys).await {
-                self.inner.counters.record(Event::SoftTimeout);
+                self.core.counters.record(Event::SoftTimeout);
                 return Some(Ok(self.serve_fallback(kept.value)));
             }
         }
@@ -314,38 +233,134 @@ impl<C: Codec> Cache<C> {
             outcome => outcome.map(|outcome| outcome.map(waited)),
         }
     }
+}
+
+/// One call of the single-key path, from its first read to its outcome: the engine it runs on,
+/// its keys, its TTL, when it began to wait (the in-process flight or the lock) and its
+/// computation. Its steps are the methods below and those of `serve.rs`, `compute.rs` and
+/// `uncached.rs`; the batch's counterpart is `Batch`.
+pub(crate) struct KeyCall<'e, C, F> {
+    pub(crate) engine: &'e Engine<C>,
+    pub(crate) keys: Arc<EntryKeys>,
+    /// Whole: every TTL below is at most FOREVER.
+    pub(crate) ttl: Duration,
+    /// Since when this call waits: for the wait bound and the soft timeout.
+    pub(crate) started: Instant,
+    pub(crate) f: F,
+}
+
+impl<'e, C, F, T, E, Fut> KeyCall<'e, C, F>
+where
+    C: Codec,
+    T: CacheValue,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+{
+    pub(crate) fn new(engine: &'e Engine<C>, keys: EntryKeys, ttl: Duration, f: F) -> Self {
+        KeyCall {
+            engine,
+            keys: Arc::new(keys),
+            ttl,
+            started: Instant::now(),
+            f,
+        }
+    }
+
+    /// The call's first read: a near copy's ticket first, for the answer to go into the near
+    /// tier; one GET; on a miss, the in-process single flight, then [`load`](Self::load).
+    async fn read_first(self) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
+        let keys = &*self.keys;
+        engine.clock_ready().await;
+        let ticket = engine.core.tiers.ticket(keys);
+
+        // The hit path: one MGET (the value and its epochs), no script, no in-process
+        // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
+        // taken over it.
+        let mut start = Start::Read;
+        match engine.first_read(keys).await {
+            Ok((Some(bytes), mut epochs)) => {
+                match engine.read_live::<T>(keys, &bytes, &mut epochs).await {
+                    Some(entry) => match engine.sort(entry) {
+                        Sorted::Serve(entry) => {
+                            engine.remember_near(Read {
+                                ticket,
+                                keys,
+                                entry: &entry,
+                                len: bytes.len(),
+                                epochs: &epochs,
+                            });
+                            engine.keep_decoded(keys, &bytes, &entry);
+                            return self.serve(entry, Source::Hit);
+                        }
+                        Sorted::Past(_) => start = Start::Replace,
+                    },
+                    // Bytes that are not ours, or a value a tag or a clear invalidated: the
+                    // lock is taken over them, to replace them.
+                    None => start = Start::Replace,
+                }
+            }
+            Ok((None, _)) => {}
+            Err(e) => {
+                if let Some(held) = engine.held_copy::<T>(&keys.user, &e) {
+                    return Ok(held);
+                }
+                if !e.falls_back(engine.options.on_backend_error) {
+                    return Err(Error::backend("get", e));
+                }
+                // The fallback applies in `load`, under the single flight.
+            }
+        }
+        self.share_or_load(start).await
+    }
+
+    /// A miss: this process's flight of the key, followed or led (then [`load`](Self::load)).
+    async fn share_or_load(mut self, start: Start) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
+        self.started = Instant::now();
+        let leader = loop {
+            match engine
+                .core
+                .flights
+                .join::<Fetched<T>, E>(&self.keys.value, engine.core.tags.mark())
+            {
+                Role::Lead(leader) => break Some(leader),
+                Role::Alone => break None,
+                Role::Follow(follower) => {
+                    match engine.follow(follower, &self.keys, self.started).await {
+                        Some(outcome) => return outcome,
+                        // The leader went away, or its value is one this call must not get
+                        // (an invalidation since it started): try to lead.
+                        None => continue,
+                    }
+                }
+            }
+        };
+        let outcome = self.load(start).await;
+        if let Some(leader) = leader {
+            leader.finish(&outcome);
+        }
+        outcome
+    }
 
     /// The distributed part: read the value or take the lock; compute under it, or wait for the
     /// holder and read again. `start` says what the call has seen already (a value past its
     /// stale window, or the lock held).
-    async fn load<T, E, F, Fut>(
-        &self,
-        keys: &Arc<EntryKeys>,
-        ttl: Duration,
-        started: Instant,
-        f: F,
-        start: Start,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: CacheValue,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
+    async fn load(self, start: Start) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
         // Writes of this key still queued (auto-recovery) go first, checked again here: Redis
         // may have come back since the first read failed, and must not answer this key with
         // the value the queued write replaces.
-        if let Err(e) = self.replay_queued(&[keys]).await {
-            return self.without_cache("replay", e, keys, f).await;
+        if let Err(e) = engine.replay_queued(&[&self.keys]).await {
+            return self.without_cache("replay", e).await;
         }
-        match self.claim::<T>(keys, started, start).await {
-            Claim::Found(entry, found) => self.serve(entry, (**keys).clone(), ttl, f, found),
-            Claim::Locked(held, kept) => {
-                self.compute_within(held, keys, ttl, f, kept, started).await
-            }
-            Claim::Fallback(value) => Ok(self.serve_fallback(value)),
+        match engine.claim::<T>(&self.keys, self.started, start).await {
+            Claim::Found(entry, found) => self.serve(entry, found),
+            Claim::Locked(held, kept) => self.compute_within(held, kept).await,
+            Claim::Fallback(value) => Ok(engine.serve_fallback(value)),
             Claim::Failed(e) => Err(e),
-            Claim::Backend(e) => self.without_cache("read-or-lock", e, keys, f).await,
+            Claim::Backend(e) => self.without_cache("read-or-lock", e).await,
         }
     }
 }

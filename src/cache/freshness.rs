@@ -5,72 +5,81 @@
 
 use std::time::Duration;
 
-/// The verdict on a stored value read at `now_ms`.
+/// What a stored entry is worth to this call, by the store's clock: the one answer every path
+/// (the single-key path, the batch, `get`, the fail-safe) takes from a stored entry.
+///
+/// It is asked twice of a value: when it is read ([`worth`]: is it served at all, or is it
+/// replaced under the lock), and when it is served ([`judge`]: with XFetch's draw, is it
+/// refreshed in the background).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Serve it.
+pub(crate) enum Worth {
+    /// Fresh: serve it.
     Fresh,
-    /// Serve it, and refresh it in the background (XFetch chose to refresh early).
+    /// Fresh, but XFetch chose to refresh it early: serve it, and refresh it in the background.
     RefreshEarly,
-    /// Past its freshness, inside the stale window: serve it and refresh it in the background.
+    /// Past its freshness, inside the reader's stale window: serve it and refresh it in the
+    /// background.
     Stale,
-}
-
-/// What a stored value is good for to a reader, before XFetch and the stale window's refresh
-/// are considered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Standing {
-    /// Fresh, or inside the reader's stale window: serve it (see [`judge`]).
-    Live,
     /// A fail-safe copy inside its throttle, read with the fail-safe on: serve it as the
     /// fallback, and do not call the source.
-    Throttled,
+    Kept,
     /// Past the stale window (in the fail-safe window, if the writer kept it), a throttled copy
     /// past its throttle, or a throttled copy read without the fail-safe: compute, as after an
     /// expiry; the value is only a fallback.
-    Expired,
+    Dead,
 }
 
-/// Where a value fresh until `fresh_until_ms` stands at `now_ms` for a reader whose stale
-/// window is `stale_ms` long and whose fail-safe is on or off. `throttled` marks a fail-safe
-/// copy, whose `fresh_until_ms` is the end of its throttle and which has no stale window.
-pub(crate) fn standing(
+impl Worth {
+    /// Whether a read serves the entry (live, stale, or kept by the fail-safe) rather than
+    /// computing over it.
+    pub(crate) fn served(self) -> bool {
+        self != Worth::Dead
+    }
+
+    /// Whether it is a value a plain read answers with: fresh or stale, not a fallback.
+    pub(crate) fn live(self) -> bool {
+        matches!(self, Worth::Fresh | Worth::RefreshEarly | Worth::Stale)
+    }
+}
+
+/// What a value fresh until `fresh_until_ms` is worth at `now_ms` to a reader whose stale
+/// window is `stale_ms` long and whose fail-safe is on or off, before XFetch is drawn.
+/// `throttled` marks a fail-safe copy, whose `fresh_until_ms` is the end of its throttle and
+/// which has no stale window.
+pub(crate) fn worth(
     now_ms: u64,
     fresh_until_ms: u64,
     throttled: bool,
     stale_ms: u64,
     fail_safe: bool,
-) -> Standing {
+) -> Worth {
     if throttled {
         return if fail_safe && now_ms < fresh_until_ms {
-            Standing::Throttled
+            Worth::Kept
         } else {
-            Standing::Expired
+            Worth::Dead
         };
     }
-    if now_ms < fresh_until_ms.saturating_add(stale_ms) {
-        Standing::Live
+    if now_ms < fresh_until_ms {
+        Worth::Fresh
+    } else if now_ms < fresh_until_ms.saturating_add(stale_ms) {
+        Worth::Stale
     } else {
-        Standing::Expired
+        Worth::Dead
     }
 }
 
-/// Judges a value fresh until `fresh_until_ms`, whose last computation took `compute_ms`.
-/// `r` is a uniform draw from (0, 1]; `beta` is XFetch's parameter (0 disables early refresh).
-pub(crate) fn judge(
-    now_ms: u64,
-    fresh_until_ms: u64,
-    compute_ms: u32,
-    beta: f64,
-    r: f64,
-) -> Verdict {
+/// What a value served now is worth (fresh, refreshed early, or stale: a served value is not
+/// judged dead here), fresh until `fresh_until_ms` and last computed in `compute_ms`. `r` is a
+/// uniform draw from (0, 1]; `beta` is XFetch's parameter (0 disables early refresh).
+pub(crate) fn judge(now_ms: u64, fresh_until_ms: u64, compute_ms: u32, beta: f64, r: f64) -> Worth {
     if now_ms >= fresh_until_ms {
-        return Verdict::Stale;
+        return Worth::Stale;
     }
     if beta > 0.0 && refresh_early(now_ms, fresh_until_ms, compute_ms, beta, r) {
-        return Verdict::RefreshEarly;
+        return Worth::RefreshEarly;
     }
-    Verdict::Fresh
+    Worth::Fresh
 }
 
 /// XFetch: refresh when `now - delta * beta * ln(r) >= fresh_until`. Since `ln(r) <= 0`, the
@@ -250,21 +259,25 @@ mod tests {
 
     #[test]
     fn the_stale_window_ends_where_the_fail_safe_window_begins() {
-        assert_eq!(standing(99, 100, false, 0, true), Standing::Live);
-        assert_eq!(standing(100, 100, false, 0, true), Standing::Expired);
-        assert_eq!(standing(149, 100, false, 50, false), Standing::Live);
-        assert_eq!(standing(150, 100, false, 50, true), Standing::Expired);
-        assert_eq!(standing(100, 100, false, u64::MAX, false), Standing::Live);
+        assert_eq!(worth(99, 100, false, 0, true), Worth::Fresh);
+        assert_eq!(worth(100, 100, false, 0, true), Worth::Dead);
+        assert_eq!(worth(149, 100, false, 50, false), Worth::Stale);
+        assert_eq!(worth(150, 100, false, 50, true), Worth::Dead);
+        assert_eq!(worth(100, 100, false, u64::MAX, false), Worth::Stale);
         // A throttled copy is a fallback only, and only to a reader with the fail-safe on.
-        assert_eq!(standing(99, 100, true, 50, true), Standing::Throttled);
-        assert_eq!(standing(99, 100, true, 50, false), Standing::Expired);
-        assert_eq!(standing(100, 100, true, 50, true), Standing::Expired);
+        assert_eq!(worth(99, 100, true, 50, true), Worth::Kept);
+        assert_eq!(worth(99, 100, true, 50, false), Worth::Dead);
+        assert_eq!(worth(100, 100, true, 50, true), Worth::Dead);
+        // Served, or computed over; and what a plain read answers with.
+        assert!(Worth::Kept.served() && !Worth::Kept.live());
+        assert!(Worth::Stale.served() && Worth::Stale.live());
+        assert!(!Worth::Dead.served() && !Worth::Dead.live());
     }
 
     #[test]
     fn past_fresh_until_is_stale_and_xfetch_off_means_fresh() {
-        assert_eq!(judge(100, 100, 50, 1.0, 0.5), Verdict::Stale);
-        assert_eq!(judge(99, 100, 50, 0.0, 1e-300), Verdict::Fresh);
+        assert_eq!(judge(100, 100, 50, 1.0, 0.5), Worth::Stale);
+        assert_eq!(judge(99, 100, 50, 0.0, 1e-300), Worth::Fresh);
     }
 
     /// With a fixed seed the counts are exact; the bounds are those of the binomial law around
@@ -279,7 +292,7 @@ mod tests {
             let refreshed = (0..n)
                 .filter(|_| {
                     let r = 1.0 - rng.random::<f64>();
-                    judge(now, fresh_until, delta, beta, r) == Verdict::RefreshEarly
+                    judge(now, fresh_until, delta, beta, r) == Worth::RefreshEarly
                 })
                 .count() as f64;
             let p = (-(gap as f64) / (f64::from(delta) * beta)).exp();

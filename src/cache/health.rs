@@ -5,17 +5,17 @@
 
 use std::time::Duration;
 
+use crate::cache::engine::Engine;
 use crate::stats::{BreakerState, TrackingState};
 use crate::store::StoreExt;
 use crate::wire::codec::Codec;
-use crate::Cache;
 
 /// How long [`Cache::health`] waits for the backend's answer: a readiness probe must not hang
 /// on a black-holed connection for the whole response time-out.
 pub(crate) const HEALTH_PING_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// What [`Cache::health`] found. Serialized (for a status page) under its field names, with
-/// `failing_for` as `failing_for_seconds` (a number, or null).
+/// What [`Cache::health`](crate::Cache::health) found. Serialized (for a status page) under its
+/// field names, with `failing_for` as `failing_for_seconds` (a number, or null).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -86,22 +86,22 @@ impl serde::Serialize for Health {
     }
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// The health report behind [`Cache::health`].
     pub(crate) async fn health_report(&self) -> Health {
-        let store = &self.inner.store;
+        let store = &self.core.store;
         let reachable = matches!(
             tokio::time::timeout(HEALTH_PING_TIMEOUT, store.ping()).await,
             Ok(Ok(()))
         );
-        let breaker = store.breaker();
+        let breaker = self.core.breaker.as_deref();
         Health {
             reachable,
             breaker: breaker.map_or(BreakerState::Closed, |b| b.state()),
             failing_for: breaker.and_then(|b| b.failing_for()),
-            near_feed_proven: self.inner.near.as_ref().map(|near| near.proven()),
-            near_tracking: self.inner.near.as_ref().map(|near| near.tracking()),
-            recovery_queued: self.inner.recovery.as_ref().map_or(0, |r| r.len()),
+            near_feed_proven: self.core.tiers.near().map(|near| near.proven()),
+            near_tracking: self.core.tiers.near().map(|near| near.tracking()),
+            recovery_queued: self.core.recovery.as_ref().map_or(0, |r| r.len()),
         }
     }
 }

@@ -1,12 +1,21 @@
-//! The user's handle: [`Cache`], its plain reads and writes, and the `get_or_compute` family.
-//! The machinery behind the family, one concept per file: `fetch.rs` (the single-key path),
-//! `hit.rs` (the near tier's and the embedded store's hits), `entry.rs` (the stored entry: read,
-//! encode, fresh-until), `claim.rs` (the wait-or-lock loop), `compute.rs` (computing under the
-//! lock), `serve.rs` (serving a stored entry), `uncached.rs` (the backend-down fallback),
-//! `batch.rs` (many keys in one call), `refresh.rs` (background refreshes) and `recovery.rs`
-//! (writes queued while the backend is unreachable, replayed when it answers); `failsafe.rs`
-//! decides what a caller gets when the computation fails or runs long, `freshness.rs` judges
-//! stored values, `builder.rs` builds the handle.
+//! The user's handle: [`Cache`], every public call with its documentation, each handing the
+//! work to the engine in a few lines. The handle holds an `Engine` and nothing else.
+//!
+//! The machinery, one job per file:
+//! - `engine.rs`: the engine (`Engine`: the shared `Core` and a handle's options and tags),
+//!   and how a call uses the tiers (quick hits, fills);
+//! - `fetch.rs`: the single-key path, as a per-call object (`KeyCall`: first read, in-process
+//!   flight, the distributed part); `serve.rs` serves a stored entry, `compute.rs` computes under
+//!   the lock (`Computation`), `uncached.rs` computes without the cache when the backend fails;
+//! - `claim.rs`: the wait-or-lock loop (`WaitOrLock`); `failsafe.rs`: the fail-safe's decisions;
+//!   `freshness.rs`: how fresh a stored value is;
+//! - `refresh.rs`: background refreshes, `refreshes.rs`: those running in this process;
+//! - `tiers.rs`: the near tier (`near.rs`) and the embedded store's decoded values, as one type;
+//! - `tags.rs`: the rule of tags and clear and its data; `epochs.rs`: reading and raising epochs;
+//! - `entry.rs`: the stored entry; `encoding.rs`: entries through the codec;
+//! - `plain.rs`: `get`, `set` and the invalidations; `batch/`: many keys in one call;
+//! - `recovery.rs` (and `recovery/gate.rs`): writes queued while the backend is unreachable;
+//! - `health.rs`: the health report; `builder.rs` builds the handle; `bounds.rs` names the bounds.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol), `docs/guarantees.md` (what each
 //! call promises) and `docs/batch.md` (many keys at once).
@@ -16,19 +25,23 @@ pub(crate) mod bounds;
 pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod compute;
+pub(crate) mod encoding;
+pub(crate) mod engine;
 pub(crate) mod entry;
+pub(crate) mod epochs;
 pub(crate) mod failsafe;
 mod fetch;
 pub(crate) mod freshness;
 pub(crate) mod health;
-mod hit;
 pub(crate) mod near;
+mod plain;
 pub(crate) mod recovery;
 mod refresh;
+pub(crate) mod refreshes;
 pub(crate) mod serve;
 pub(crate) mod tags;
+mod tiers;
 mod uncached;
-mod with_context;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -39,20 +52,13 @@ use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
 use crate::cache::bounds::{CacheValue, ComputeFailure};
-use crate::cache::freshness::Standing;
-use crate::cache::near::NearTier;
-use crate::cache::recovery::{Intent, Queued, Recovery};
-use crate::cache::refresh::Refreshes;
-use crate::cache::tags::{SeenTags, Tagging};
+use crate::cache::engine::{Engine, Parts};
+use crate::cache::tiers::Tiers;
 use crate::lock::Lock;
 use crate::options::DEFAULT_NAMESPACE;
-use crate::stats::{Counters, Event};
-use crate::store::StoreExt;
-use crate::store::{MemoryStore, Store};
+use crate::store::MemoryStore;
 use crate::time::saturate;
-use crate::wait::flight::Flights;
 use crate::wire::codec::{Bincode, Codec};
-use crate::wire::key::EntryKeys;
 use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, Stats, Written};
 
 /// A cache that computes each missing value once, however many tasks, processes and machines ask
@@ -121,42 +127,13 @@ use crate::{CacheBuilder, CallOptions, Computed, Error, Fetched, Lease, Source, 
 /// # }
 /// ```
 pub struct Cache<C = Bincode> {
-    pub(crate) inner: Arc<Inner<C>>,
-    /// Per handle, so that [`Cache::with_options`] is free and does not touch other handles.
-    pub(crate) options: CallOptions,
-    /// The epochs this handle's reads ask for, from its namespace and its options' tags.
-    pub(crate) tagging: Tagging,
-}
-
-pub(crate) struct Inner<C> {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) codec: C,
-    pub(crate) namespace: String,
-    /// In-process single flight of computations.
-    pub(crate) flights: Flights,
-    /// Background refreshes running in this process, so a key is refreshed once at a time.
-    pub(crate) refreshes: Arc<Refreshes>,
-    /// The tags of values read before, asked for with the next read of their keys.
-    pub(crate) seen_tags: SeenTags,
-    /// The highest epoch this process has read or raised: an in-process flight is shared only
-    /// by callers that know no newer one than its leader (see `wait/flight.rs`).
-    pub(crate) epoch_mark: std::sync::atomic::AtomicU64,
-    /// What the cache did, for [`Cache::stats`] and the `metrics` facade.
-    pub(crate) counters: Arc<Counters>,
-    /// The near tier, if the builder was given one ([`CacheBuilder::near_cache`]). Its feed
-    /// task holds it weakly, so dropping the last handle stops the feed.
-    pub(crate) near: Option<Arc<NearTier>>,
-    /// The auto-recovery queue, if the builder was given one ([`CacheBuilder::auto_recovery`]).
-    /// It is the drop guard of its background task: dropping the last handle stops it.
-    pub(crate) recovery: Option<Recovery>,
+    pub(crate) engine: Engine<C>,
 }
 
 impl<C> Clone for Cache<C> {
     fn clone(&self) -> Self {
         Cache {
-            inner: Arc::clone(&self.inner),
-            options: self.options.clone(),
-            tagging: self.tagging.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
@@ -164,8 +141,8 @@ impl<C> Clone for Cache<C> {
 impl<C> std::fmt::Debug for Cache<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cache")
-            .field("namespace", &self.inner.namespace)
-            .field("options", &self.options)
+            .field("namespace", &self.engine.core.namespace)
+            .field("options", &self.engine.options)
             .finish_non_exhaustive()
     }
 }
@@ -184,12 +161,17 @@ impl Cache {
     /// assert_eq!(cache.namespace(), "stampede");
     /// ```
     pub fn in_memory() -> Self {
-        Cache::from_parts(
-            Arc::new(MemoryStore::default()),
-            Bincode,
-            DEFAULT_NAMESPACE.to_owned(),
-            CallOptions::default(),
-        )
+        let memory = Arc::new(MemoryStore::default());
+        Cache::from_engine(Engine::new(Parts {
+            store: memory.clone(),
+            codec: Bincode,
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            options: CallOptions::default(),
+            tiers: Tiers::new(None, Some(memory)),
+            breaker: None,
+            counters: Arc::default(),
+            recovery: None,
+        }))
     }
 
     /// A builder, to choose the backend, namespace, options and codec.
@@ -214,42 +196,8 @@ impl Cache {
 }
 
 impl<C: Codec> Cache<C> {
-    pub(crate) fn from_parts(
-        store: Arc<dyn Store>,
-        codec: C,
-        namespace: String,
-        options: CallOptions,
-    ) -> Self {
-        Cache::with_near(store, codec, namespace, options, None, Arc::default(), None)
-    }
-
-    /// A cache with a near tier (which counts into `counters`, the cache's own) and an
-    /// auto-recovery queue (which counts there too).
-    pub(crate) fn with_near(
-        store: Arc<dyn Store>,
-        codec: C,
-        namespace: String,
-        options: CallOptions,
-        near: Option<Arc<NearTier>>,
-        counters: Arc<Counters>,
-        recovery: Option<Recovery>,
-    ) -> Self {
-        Cache {
-            tagging: Tagging::new(&namespace, &options),
-            inner: Arc::new(Inner {
-                store,
-                codec,
-                namespace,
-                flights: Flights::default(),
-                refreshes: Arc::default(),
-                seen_tags: SeenTags::default(),
-                epoch_mark: std::sync::atomic::AtomicU64::new(0),
-                counters,
-                near,
-                recovery,
-            }),
-            options,
-        }
+    pub(crate) fn from_engine(engine: Engine<C>) -> Self {
+        Cache { engine }
     }
 
     /// A handle on the same cache whose calls use `options`.
@@ -263,11 +211,7 @@ impl<C: Codec> Cache<C> {
     /// assert_eq!(patient.options().get_wait_timeout(), Duration::from_secs(120));
     /// ```
     pub fn with_options(&self, options: CallOptions) -> Self {
-        Cache {
-            tagging: Tagging::new(&self.inner.namespace, &options),
-            inner: Arc::clone(&self.inner),
-            options,
-        }
+        Cache::from_engine(self.engine.with_options(options))
     }
 
     /// The options this handle's calls use.
@@ -277,7 +221,7 @@ impl<C: Codec> Cache<C> {
     /// assert_eq!(cache.options(), &stampede_guard::CallOptions::default());
     /// ```
     pub fn options(&self) -> &CallOptions {
-        &self.options
+        &self.engine.options
     }
 
     /// The namespace that prefixes every key of this cache.
@@ -290,7 +234,7 @@ impl<C: Codec> Cache<C> {
     /// # }
     /// ```
     pub fn namespace(&self) -> &str {
-        &self.inner.namespace
+        &self.engine.core.namespace
     }
 
     /// The health of the cache's backend, for a readiness probe or a status page: whether it
@@ -309,7 +253,7 @@ impl<C: Codec> Cache<C> {
     /// # }
     /// ```
     pub async fn health(&self) -> crate::Health {
-        self.health_report().await
+        self.engine.health_report().await
     }
 
     /// How many keys this process is computing or waiting for right now, through this cache.
@@ -320,7 +264,7 @@ impl<C: Codec> Cache<C> {
     /// assert_eq!(cache.in_flight(), 0);
     /// ```
     pub fn in_flight(&self) -> usize {
-        self.inner.flights.len()
+        self.engine.core.flights.len()
     }
 
     /// What this cache has done since it was built: hits, misses, computations, waits, stale
@@ -333,11 +277,7 @@ impl<C: Codec> Cache<C> {
     /// assert_eq!(cache.stats().hits, 0);
     /// ```
     pub fn stats(&self) -> Stats {
-        let mut stats = self.inner.counters.snapshot();
-        if let Some(near) = &self.inner.near {
-            stats.near_tracking = near.tracking();
-        }
-        stats
+        self.engine.stats()
     }
 
     /// The distributed lock named `name` in this cache's namespace and backend, with this
@@ -359,17 +299,17 @@ impl<C: Codec> Cache<C> {
     /// # Errors
     /// [`Error::InvalidKey`] for an empty or over-long name.
     pub fn lock(&self, name: &str) -> Result<Lock, Error> {
-        let keys = EntryKeys::new(&self.inner.namespace, name)?;
-        Ok(Lock::from_parts(
-            Arc::clone(&self.inner.store) as Arc<dyn crate::store::LockStore>,
-            keys,
-            self.options.clone(),
-        ))
+        self.engine.lock(name)
     }
 
     /// Reads a value, fresh or stale, without computing or refreshing anything. Bytes that are not
     /// a value of this cache (corrupt, another codec, another type) are logged and read as `None`,
     /// and so is a remembered failure.
+    ///
+    /// With a [near tier](CacheBuilder::near_cache), a fresh copy held there answers without a
+    /// request, as for [`get_or_compute`](Self::get_or_compute) (counted in
+    /// [`Stats::near_hits`](crate::Stats::near_hits)); copies go in when the `get_or_compute`
+    /// family reads or computes a value.
     ///
     /// When the backend fails: [`Error::Backend`], or with
     /// [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached) a miss (`None`), logged and
@@ -387,25 +327,7 @@ impl<C: Codec> Cache<C> {
     /// # }
     /// ```
     pub async fn get<T: DeserializeOwned + 'static>(&self, key: &str) -> Result<Option<T>, Error> {
-        let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        self.check_tags()?;
-        // A write of this key still queued goes first: Redis may hold what it replaced.
-        let (bytes, mut epochs) = match self.first_read(&keys).await {
-            Ok(read) => read,
-            Err(e) => {
-                self.fail_open("get", &keys, e, "reading it as a miss")?;
-                return Ok(None);
-            }
-        };
-        let Some(bytes) = bytes else {
-            return Ok(None);
-        };
-        // A value past its stale window (kept by the fail-safe) is no answer to a plain read.
-        Ok(self
-            .read_live::<T>(&keys, &bytes, &mut epochs)
-            .await
-            .filter(|stored| self.standing_of(stored) == Standing::Live)
-            .and_then(|stored| stored.value.ok()))
+        self.engine.get(key).await
     }
 
     /// Writes a value, fresh for `ttl` (then stale for the handle's
@@ -444,36 +366,7 @@ impl<C: Codec> Cache<C> {
         value: &T,
         ttl: Duration,
     ) -> Result<Written, Error> {
-        let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        self.check_tags()?;
-        let tags = self.value_tags(key, &[])?;
-        let ttl = saturate(ttl);
-        self.clock_ready().await;
-        let born = self.born_now().await;
-        let bytes = self.encode_value(value, ttl, Duration::ZERO, 0, (born, &tags))?;
-        let stored_for = self.options.stored_for(ttl);
-        // Kept for the queue only when there is one: a copy of the value per write otherwise.
-        let kept = self.inner.recovery.as_ref().map(|_| bytes.clone());
-        let written = self
-            .inner
-            .store
-            .set(&keys, bytes, stored_for, self.options.lease)
-            .await;
-        // Also after a failure: the write may have been applied.
-        self.forget_near(&keys);
-        let error = match written {
-            Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
-            Err(e) => e,
-        };
-        if let Some(bytes) = kept {
-            let intent = Intent::Set { bytes };
-            let batch = vec![self.queued(keys.clone(), intent)];
-            if let Some(queued) = self.queue_failed("set", batch, &error) {
-                return queued;
-            }
-        }
-        self.fail_open("set", &keys, error, "the write is skipped")
-            .map(|()| Written::Skipped)
+        self.engine.set(key, value, ttl).await
     }
 
     /// Deletes a value. A computation of this key that is running now will not write its result
@@ -505,20 +398,7 @@ impl<C: Codec> Cache<C> {
     /// # }
     /// ```
     pub async fn invalidate(&self, key: &str) -> Result<Written, Error> {
-        let keys = EntryKeys::new(&self.inner.namespace, key)?;
-        let done = self.inner.store.invalidate(&keys, self.options.lease).await;
-        // Also after a failure: the invalidation may have been applied.
-        self.forget_near(&keys);
-        let error = match done {
-            Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
-            Err(e) => e,
-        };
-        let batch = vec![self.queued(keys, Intent::Invalidate)];
-        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
-            return queued;
-        }
-        self.inner.counters.record(Event::BackendError);
-        Err(Error::backend("invalidate", error))
+        self.engine.invalidate(key).await
     }
 
     /// Deletes many values in one round trip: what [`invalidate`](Self::invalidate) does, for
@@ -556,41 +436,7 @@ impl<C: Codec> Cache<C> {
         K: IntoIterator,
         K::Item: AsRef<str>,
     {
-        let entries = keys
-            .into_iter()
-            .map(|key| EntryKeys::new(&self.inner.namespace, key.as_ref()))
-            .collect::<Result<Vec<_>, _>>()?;
-        if entries.len() > batch::MAX_BATCH_KEYS {
-            return Err(Error::TooManyKeys {
-                keys: entries.len(),
-                limit: batch::MAX_BATCH_KEYS,
-            });
-        }
-        let refs: Vec<&EntryKeys> = entries.iter().collect();
-        let done = self
-            .inner
-            .store
-            .invalidate_many(&refs, self.options.lease)
-            .await;
-        // Also after a failure: some invalidations may have been applied.
-        for keys in &entries {
-            self.forget_near(keys);
-        }
-        let error = match done {
-            Ok(()) => return Ok(self.written(&entries)),
-            Err(e) => e,
-        };
-        // Every key, applied or not: which ones the backend took is unknown, and replaying an
-        // invalidation twice is harmless.
-        let batch = entries
-            .into_iter()
-            .map(|keys| self.queued(keys, Intent::Invalidate))
-            .collect();
-        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
-            return queued;
-        }
-        self.inner.counters.record(Event::BackendError);
-        Err(Error::backend("invalidate", error))
+        self.engine.invalidate_many(keys).await
     }
 
     /// Invalidates every value that carries `tag` (from [`CallOptions::tags`] or
@@ -655,29 +501,7 @@ impl<C: Codec> Cache<C> {
         I: IntoIterator,
         I::Item: AsRef<str>,
     {
-        let mut names = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        let mut given = 0;
-        for tag in tags {
-            given += 1;
-            let name = crate::wire::key::tag_key(&self.inner.namespace, tag.as_ref())?;
-            if seen.insert(name.clone()) {
-                names.push(name);
-            }
-        }
-        if names.len() > batch::MAX_BATCH_KEYS {
-            return Err(Error::TooManyKeys {
-                keys: given,
-                limit: batch::MAX_BATCH_KEYS,
-            });
-        }
-        if names.is_empty() {
-            return Ok(());
-        }
-        self.raise(&names).await.map_err(|e| {
-            self.inner.counters.record(Event::BackendError);
-            Error::backend("invalidate_tag", e)
-        })
+        self.engine.invalidate_tags(tags).await
     }
 
     /// Invalidates every value of the namespace, on every instance, in two requests whatever
@@ -706,20 +530,7 @@ impl<C: Codec> Cache<C> {
     /// # }
     /// ```
     pub async fn clear(&self) -> Result<(), Error> {
-        let names = [self.tagging.names[0].clone()];
-        self.raise(&names).await.map_err(|e| {
-            self.inner.counters.record(Event::BackendError);
-            Error::backend("clear", e)
-        })
-    }
-
-    /// A write of `keys` that could not be made now, for the auto-recovery queue.
-    fn queued(&self, keys: EntryKeys, intent: Intent) -> Queued {
-        Queued {
-            keys,
-            intent,
-            lease: self.options.lease,
-        }
+        self.engine.clear().await
     }
 
     /// Returns the value under `key`, or computes it with `f`, caches it for `ttl` and returns it.
@@ -795,10 +606,11 @@ impl<C: Codec> Cache<C> {
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
         // Here rather than in `fetch`: a hit then builds none of fetch's future.
-        if let Some(value) = self.quick_hit::<T>(key) {
+        if let Some(value) = self.engine.quick_hit::<T>(key) {
             return Ok(value);
         }
         let fetched = self
+            .engine
             .fetch_beyond_quick_hit(
                 key,
                 ttl,
@@ -840,10 +652,11 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
     {
-        if let Some(value) = self.quick_hit::<T>(key) {
+        if let Some(value) = self.engine.quick_hit::<T>(key) {
             return Ok(value);
         }
         let fetched = self
+            .engine
             .fetch_beyond_quick_hit(key, ttl, move |lease| async move {
                 f(lease).await.map(Computed::new)
             })
@@ -892,14 +705,14 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        self.check_tags()?;
-        if let Some(value) = self.quick_hit::<T>(key) {
+        self.engine.check_tags()?;
+        if let Some(value) = self.engine.quick_hit::<T>(key) {
             return Ok(Fetched {
                 value,
                 source: Source::Hit,
             });
         }
-        self.fetch_beyond_quick_hit(key, ttl, f).await
+        self.engine.fetch_beyond_quick_hit(key, ttl, f).await
     }
 
     /// Returns the values of many keys at once, computing the missing ones with **one** call of
@@ -1077,8 +890,104 @@ impl<C: Codec> Cache<C> {
                     .map(|values| values.into_iter().collect::<HashMap<_, _>>())
             })
         });
-        self.fetch_many_entries(asked, saturate(ttl), f)
+        self.engine
+            .fetch_many_entries(asked, saturate(ttl), f)
             .instrument(span)
+            .await
+    }
+
+    /// [`get_or_compute`](Self::get_or_compute), with `f` given the key (owned) and a clone of
+    /// `ctx`. What the computation uses comes in as arguments, so nothing is cloned by hand:
+    ///
+    /// ```
+    /// use stampede_guard::Cache;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// struct Db;
+    /// impl Db {
+    ///     async fn monthly_report(&self, month: &str) -> Result<String, std::io::Error> {
+    ///         Ok(format!("report for {month}"))
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let (cache, db) = (Cache::in_memory(), Arc::new(Db));
+    /// let month = "2019-05";
+    /// // Instead of `let db = db.clone(); let key = month.to_owned();` and `move || async move`:
+    /// let report = cache
+    ///     .get_or_compute_with(month, Duration::from_secs(300), &db, |month, db| async move {
+    ///         db.monthly_report(&month).await
+    ///     })
+    ///     .await?;
+    /// assert_eq!(report, "report for 2019-05");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// Those of [`get_or_compute`](Self::get_or_compute).
+    pub async fn get_or_compute_with<D, T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        ctx: &D,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        D: Clone + Send + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
+        F: FnOnce(String, D) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        let (owned, ctx) = (key.to_owned(), ctx.clone());
+        self.get_or_compute(key, ttl, move || f(owned, ctx)).await
+    }
+
+    /// [`get_or_compute_many`](Self::get_or_compute_many), with `f` given the missing keys and
+    /// a clone of `ctx` on each call (a batch may call it more than once: see there).
+    ///
+    /// ```
+    /// use stampede_guard::Cache;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let (cache, prices) = (Cache::in_memory(), Arc::new(vec![10u64, 20, 30]));
+    /// let months = ["2019-01", "2019-02"];
+    /// let totals: Vec<u64> = cache
+    ///     .get_or_compute_many_with(months, Duration::from_secs(300), &prices, |missing, prices| async move {
+    ///         Ok::<_, std::io::Error>(missing.into_iter().map(|m| (m, prices[0])).collect::<Vec<_>>())
+    ///     })
+    ///     .await
+    ///     .into_iter()
+    ///     .collect::<Result<_, _>>()?;
+    /// assert_eq!(totals, [10, 10]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn get_or_compute_many_with<K, D, T, E, F, Fut, I>(
+        &self,
+        keys: K,
+        ttl: Duration,
+        ctx: &D,
+        f: F,
+    ) -> Vec<Result<T, Error>>
+    where
+        K: IntoIterator,
+        K::Item: AsRef<str>,
+        D: Clone + Send + Sync + 'static,
+        T: CacheValue,
+        E: ComputeFailure,
+        F: Fn(Vec<String>, D) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<I, E>> + Send + 'static,
+        I: IntoIterator<Item = (String, T)>,
+    {
+        let ctx = ctx.clone();
+        self.get_or_compute_many(keys, ttl, move |missing| f(missing, ctx.clone()))
             .await
     }
 }

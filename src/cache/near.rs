@@ -117,6 +117,8 @@ struct NearCopy {
     /// The type it was read as; a read as another type is a miss (and replaces it).
     type_id: TypeId,
     value: Box<dyn Any + Send + Sync>,
+    /// Clones `value` out, for a read whose type need not be `Clone` (`Cache::get`).
+    clone_out: fn(&(dyn Any + Send + Sync)) -> Option<Box<dyn Any>>,
     fence: u64,
     fresh_until_ms: u64,
     /// Its fresh-until on the tier's monotonic clock (nanoseconds since `base`), judged with
@@ -134,6 +136,26 @@ struct NearCopy {
     /// The version of the tags' epochs ([`NearTier::tag_epochs_version`]) at which it was last
     /// found alive by them: while that holds, a hit need not look them up again.
     alive_at: AtomicU64,
+}
+
+/// A copy of `value` boxed, for [`NearCopy::clone_out`]: made where `T: Clone` is known.
+fn clone_boxed<T: Clone + 'static>(value: &(dyn Any + Send + Sync)) -> Option<Box<dyn Any>> {
+    Some(Box::new(value.downcast_ref::<T>()?.clone()))
+}
+
+/// What a read found, to go into the tier: the user's key, the value decoded, and what the
+/// stored entry said of it.
+pub(crate) struct Fill<'a, T> {
+    pub(crate) key: &'a str,
+    pub(crate) value: &'a T,
+    pub(crate) fence: u64,
+    pub(crate) fresh_until_ms: u64,
+    pub(crate) compute_ms: u32,
+    /// Its encoded size, which stands for its size in memory.
+    pub(crate) bytes: usize,
+    /// Its birth, and the names of its tags' epochs.
+    pub(crate) born: u64,
+    pub(crate) tag_epochs: Box<[String]>,
 }
 
 /// Taken before a read from Redis whose answer may go into the tier.
@@ -323,6 +345,16 @@ impl NearTier {
         self.find(key, Event::NearHitServed, |_, value: &T| value.clone())
     }
 
+    /// [`get`](Self::get) for a plain read (`Cache::get`), whose `T` need not be `Clone`: the
+    /// value, cloned out by the function the copy was made with. Counts a near hit (not a
+    /// hit: a plain read is not of the `get_or_compute` family) or a near miss.
+    pub(crate) fn read<T: 'static>(&self, key: &str) -> Option<T> {
+        let boxed = self.find(key, Event::NearHit, |copy, _: &T| {
+            (copy.clone_out)(&*copy.value)
+        })?;
+        boxed?.downcast::<T>().ok().map(|value| *value)
+    }
+
     /// `out` of the fresh copy of `key` held as a `T`, if the tier may serve one now. Counts
     /// `hit` or a near miss.
     fn find<T: 'static, R>(
@@ -487,7 +519,7 @@ impl NearTier {
 
     /// The proof lapsed or the connection changed: every copy stops being served. Without
     /// `serve_while_down` they are dropped; with it a new era begins, and the copies of the
-    /// one that ends are held (for [`held`](Self::held)) for at most `serve_while_down` past
+    /// one that ends are held (for [`held_copy`](Self::held_copy)) for at most `serve_while_down` past
     /// the last proof, never served as hits again. Either way tickets taken before cannot
     /// insert.
     fn let_go(&self) {
@@ -536,7 +568,11 @@ impl NearTier {
     /// calls again, which the feed's new connection may beat by a cool-down), and past the copy's
     /// fresh-until for at most `past_fresh` (the call's fail-safe window). Counted as held.
     /// The caller has seen the backend fail; this tier does not judge that.
-    pub(crate) fn held<T: Clone + 'static>(&self, key: &str, past_fresh: Duration) -> Option<T> {
+    pub(crate) fn held_copy<T: Clone + 'static>(
+        &self,
+        key: &str,
+        past_fresh: Duration,
+    ) -> Option<T> {
         if !self.holds() {
             return None;
         }
@@ -593,20 +629,24 @@ impl NearTier {
     }
 
     /// Puts the answer of the read `ticket` was taken for into the tier, unless an
-    /// announcement of the key (or a reset) came since the ticket; only fresh values.
-    #[allow(clippy::too_many_arguments)]
+    /// announcement of the key (or a reset) came since the ticket; only fresh values (by the
+    /// store's clock, `now_ms`).
     pub(crate) fn insert<T: Clone + Send + Sync + 'static>(
         &self,
         ticket: Ticket,
-        key: &str,
-        value: &T,
-        fence: u64,
-        fresh_until_ms: u64,
-        compute_ms: u32,
-        bytes: usize,
+        fill: Fill<'_, T>,
         now_ms: u64,
-        (born, tag_epochs): (u64, Box<[String]>),
     ) {
+        let Fill {
+            key,
+            value,
+            fence,
+            fresh_until_ms,
+            compute_ms,
+            bytes,
+            born,
+            tag_epochs,
+        } = fill;
         if fresh_until_ms <= now_ms || !self.valid(ticket) {
             return;
         }
@@ -618,6 +658,7 @@ impl NearTier {
         let copy = Arc::new(NearCopy {
             type_id: TypeId::of::<T>(),
             value: Box::new(value.clone()),
+            clone_out: clone_boxed::<T>,
             fence,
             fresh_until_ms,
             fresh_until_nanos: self.nanos(Instant::now() + left.min(crate::time::FOREVER)),
@@ -826,17 +867,17 @@ mod tests {
     ) {
         let clear: Arc<[String]> = Arc::new(["ns:{%c}".to_owned()]);
         tier.hold_epochs(ticket, &Epochs::of(&clear, vec![0]));
-        tier.insert(
-            ticket,
+        let fill = Fill {
             key,
             value,
             fence,
             fresh_until_ms,
             compute_ms,
             bytes,
-            now_ms,
-            (1, Box::default()),
-        );
+            born: 1,
+            tag_epochs: Box::default(),
+        };
+        tier.insert(ticket, fill, now_ms);
     }
 
     fn put(tier: &NearTier, key: &str, value: &str, fence: u64) {
@@ -1027,7 +1068,7 @@ mod tests {
         let (tier, counters) = live_tier(&config);
         put(&tier, KEY, "v", 1);
         put(&tier, "other", "o", 2);
-        let held = |tier: &NearTier, key: &str| tier.held::<String>(key, Duration::ZERO);
+        let held = |tier: &NearTier, key: &str| tier.held_copy::<String>(key, Duration::ZERO);
         assert_eq!(
             held(&tier, KEY),
             Some("v".to_owned()),
@@ -1069,17 +1110,18 @@ mod tests {
         let names = ["ns:{%c}".to_owned(), "ns:{%t:a}".to_owned()];
         tier.hold_epochs(ticket, &Epochs::of(&names.into(), vec![0, 2]));
         let tags = vec!["ns:{%t:a}".to_owned()].into_boxed_slice();
-        tier.insert(
-            ticket,
+        let value = "t".to_owned();
+        let fill = Fill {
             key,
-            &"t".to_owned(),
-            3,
-            FRESH,
-            0,
-            1,
-            NOW,
-            (born, tags),
-        );
+            value: &value,
+            fence: 3,
+            fresh_until_ms: FRESH,
+            compute_ms: 0,
+            bytes: 1,
+            born,
+            tag_epochs: tags,
+        };
+        tier.insert(ticket, fill, NOW);
     }
 
     /// With `serve_while_down`, a held copy is judged by the epochs as the tier knew them: an
@@ -1092,7 +1134,7 @@ mod tests {
         let config = NearCacheOptions::new(100)
             .max_staleness(Duration::from_millis(400))
             .serve_while_down(Duration::from_secs(1));
-        let held = |tier: &NearTier, key: &str| tier.held::<String>(key, Duration::ZERO);
+        let held = |tier: &NearTier, key: &str| tier.held_copy::<String>(key, Duration::ZERO);
         let lapse = || tokio::time::advance(Duration::from_millis(500));
 
         // Untouched epochs: held past the lapse, judged by the epochs known when it came.
@@ -1160,7 +1202,7 @@ mod tests {
             "one bound for all the attempts"
         );
         assert_eq!(
-            tier.held::<String>(KEY, Duration::ZERO).as_deref(),
+            tier.held_copy::<String>(KEY, Duration::ZERO).as_deref(),
             Some("v")
         );
     }

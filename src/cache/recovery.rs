@@ -7,6 +7,7 @@
 //! What it promises, and what it does not (a process that exits loses its queue: that is an
 //! outbox's job) is in the guide: `docs/after-commit.md` and `docs/guarantees.md`.
 
+mod gate;
 mod queue;
 mod replay;
 
@@ -21,9 +22,8 @@ pub(crate) use queue::{Intent, Queued};
 use crate::error::BackendErrorKind;
 use crate::stats::{Counters, Event};
 use crate::store::{Store, StoreError, StoreResult};
-use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Error};
+use crate::Error;
 
 /// The bounds of the auto-recovery queue ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)).
 ///
@@ -101,7 +101,9 @@ impl RecoveryOptions {
     }
 }
 
-/// What became of a write ([`Cache::set`], [`Cache::invalidate`], [`Cache::invalidate_many`]).
+/// What became of a write ([`Cache::set`](crate::Cache::set),
+/// [`Cache::invalidate`](crate::Cache::invalidate),
+/// [`Cache::invalidate_many`](crate::Cache::invalidate_many)).
 ///
 /// A caller after a database commit needs to know: `Applied`, the cache holds the change now;
 /// `Queued`, Redis could not be reached and the change waits in this process's
@@ -290,49 +292,4 @@ fn queues(error: &StoreError) -> bool {
         error.kind(),
         BackendErrorKind::Unreachable | BackendErrorKind::Busy
     )
-}
-
-impl<C: Codec> Cache<C> {
-    /// Before reading `entries` from the backend: replays the writes queued for them, so that
-    /// this instance never serves a key from Redis before its own newer write (a set or an
-    /// invalidation that could not be applied) has reached it. A replay that fails is the
-    /// read's failure: the caller's fallback for a failed read applies.
-    pub(crate) async fn replay_queued(&self, entries: &[&EntryKeys]) -> StoreResult<()> {
-        let Some(recovery) = &self.inner.recovery else {
-            return Ok(());
-        };
-        for keys in entries {
-            recovery.replay(keys).await?;
-        }
-        Ok(())
-    }
-
-    /// A write reached the backend: nothing queued for its keys may be replayed over it.
-    pub(crate) fn written(&self, entries: &[EntryKeys]) -> Written {
-        if let Some(recovery) = &self.inner.recovery {
-            recovery.forget(entries);
-        }
-        Written::Applied
-    }
-
-    /// A write of `batch` (its keys, its intents) failed with `error` during `op`: queued when
-    /// recovery is on and the failure passes by itself; otherwise `None`, and the caller
-    /// answers as without recovery.
-    pub(crate) fn queue_failed(
-        &self,
-        op: &'static str,
-        batch: Vec<Queued>,
-        error: &StoreError,
-    ) -> Option<Result<Written, Error>> {
-        let recovery = self.inner.recovery.as_ref()?;
-        if !queues(error) {
-            return None;
-        }
-        // Not a log line per call: the replay logs once when it starts failing and once when
-        // it drains. Counted as a backend error, as the failed write is.
-        self.inner.counters.record(Event::BackendError);
-        tracing::debug!(op, keys = batch.len(), kind = %error.kind(), error = %error,
-            "backend unavailable; write queued for auto-recovery");
-        Some(recovery.queue(batch))
-    }
 }

@@ -7,88 +7,33 @@
 //!
 //! Explained in the guide: `docs/freshness.md`.
 
-use std::collections::HashMap;
-use std::fmt::Debug;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use crate::cache::bounds::ComputeFailure;
-use crate::cache::compute::OnFailure;
+use crate::cache::compute::{Computation, OnFailure};
+use crate::cache::engine::Engine;
 use crate::store::ReadOrLock;
 use crate::store::StoreExt;
-use crate::sync::lock;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Lease};
+use crate::{Computed, Lease};
 
 /// The longest a process refrains from trying to refresh after finding the lock held.
 const HOLD_OFF_MAX: Duration = Duration::from_secs(1);
 
-/// Key → refresh state in this process.
-#[derive(Debug, Default)]
-pub(crate) struct Refreshes {
-    /// `None`: a refresh runs here. `Some(t)`: another process holds the lock; try again after
-    /// `t`. The `std` mutex is never held across an `.await`.
-    map: Mutex<HashMap<String, Option<Instant>>>,
-}
-
-impl Refreshes {
-    /// Claims the key's refresh for this process, unless one runs or is held off.
-    fn claim(self: &Arc<Self>, key: &str) -> Option<Claim> {
-        let mut map = lock(&self.map);
-        let now = Instant::now();
-        if let Some(state) = map.get(key) {
-            match state {
-                None => return None,
-                Some(until) if *until > now => return None,
-                Some(_) => {}
-            }
-        }
-        map.insert(key.to_owned(), None);
-        Some(Claim {
-            refreshes: Arc::clone(self),
-            key: key.to_owned(),
-            hold_off: None,
-        })
-    }
-}
-
-/// A claimed refresh; releases the claim when dropped (finished, failed, panicked or cancelled).
-struct Claim {
-    refreshes: Arc<Refreshes>,
-    key: String,
-    hold_off: Option<Instant>,
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        let mut map = lock(&self.refreshes.map);
-        match self.hold_off {
-            Some(until) => {
-                map.insert(std::mem::take(&mut self.key), Some(until));
-            }
-            None => {
-                map.remove(&self.key);
-            }
-        }
-        // Forget hold-offs that have passed, so the map stays as small as the keys in play.
-        let now = Instant::now();
-        map.retain(|_, state| state.is_none_or(|until| until > now));
-    }
-}
-
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// Starts refreshing `keys` in a spawned task if no refresh of it runs in this process and
     /// its lock is free; returns at once either way. `seen_fence` is the fencing token of the
     /// value that prompted the refresh: if the value was rewritten since, there is nothing to do.
     pub(crate) fn refresh_in_background<T, E, F, Fut>(
         &self,
-        keys: EntryKeys,
+        keys: Arc<EntryKeys>,
         ttl: Duration,
         f: F,
         seen_fence: u64,
@@ -98,13 +43,12 @@ impl<C: Codec> Cache<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        let Some(mut claim) = self.inner.refreshes.claim(&keys.value) else {
+        let Some(mut claim) = self.core.refreshes.claim(&keys.value) else {
             return;
         };
         let cache = self.clone();
         tokio::spawn(async move {
-            let keys = Arc::new(keys);
-            let store = &cache.inner.store;
+            let store = &cache.core.store;
             let options = &cache.options;
             let mut acquiring = cache.acquiring(&keys);
             let token = acquiring.token();
@@ -135,10 +79,13 @@ impl<C: Codec> Cache<C> {
                     } else {
                         OnFailure::Delete
                     };
-                    if let Err(e) = cache
-                        .compute_and_store(held, &keys, ttl, f, on_failure)
-                        .await
-                    {
+                    let computation = Computation {
+                        engine: cache.clone(),
+                        keys: Arc::clone(&keys),
+                        ttl,
+                        f,
+                    };
+                    if let Err(e) = computation.compute_and_store(held, on_failure).await {
                         tracing::warn!(key = %keys.user, error = %e.chain(), "background refresh failed");
                     }
                 }
@@ -157,8 +104,8 @@ impl<C: Codec> Cache<C> {
 
     /// Whether the stored value is no longer the one written with `seen_fence`.
     async fn replaced_since(&self, keys: &EntryKeys, seen_fence: u64) -> bool {
-        match self.inner.store.get(keys).await {
-            Ok(Some(bytes)) => Envelope::decode(&bytes, self.inner.codec.id())
+        match self.core.store.get(keys).await {
+            Ok(Some(bytes)) => Envelope::decode(&bytes, self.core.codec.id())
                 .is_ok_and(|envelope| envelope.fence != seen_fence),
             // Gone (invalidated) or unreadable: computing afresh is right.
             Ok(None) | Err(_) => false,

@@ -3,19 +3,17 @@
 //! Decided in one place so the single-key path and each key of a batch decide alike.
 
 use std::future::Future;
-use std::time::Duration;
 
-use serde::{de::DeserializeOwned, Serialize};
-
-use crate::cache::bounds::ComputeFailure;
+use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::freshness::{judge, unit_draw, Verdict};
+use crate::cache::fetch::KeyCall;
+use crate::cache::freshness::{judge, unit_draw, Worth};
 use crate::store::StoreExt;
 use crate::wire::codec::Codec;
-use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
-/// How a stored entry is served ([`Cache::judge_entry`]).
+/// How a stored entry is served (`Engine::judge_entry`).
 pub(crate) enum Judged<T> {
     /// As it is.
     Served(Result<Fetched<T>, Error>),
@@ -23,32 +21,29 @@ pub(crate) enum Judged<T> {
     Refresh(Fetched<T>, u64),
 }
 
-impl<C: Codec> Cache<C> {
-    /// Serves a stored entry: a remembered failure as its error; a throttled fail-safe copy as
-    /// the fallback; a value, starting a background refresh when it is stale or XFetch says so.
-    pub(crate) fn serve<T, E, F, Fut>(
-        &self,
-        entry: StoredEntry<T>,
-        keys: EntryKeys,
-        ttl: Duration,
-        f: F,
-        fresh: Source,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Serialize + DeserializeOwned + Send + Sync + 'static,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        match self.judge_entry(entry, &keys.user, fresh) {
+impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+where
+    C: Codec,
+    T: CacheValue,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+{
+    /// Serves `entry` to this call, found `fresh` (a hit, or a value another caller computed
+    /// while this one waited): a refresh goes to the background with the call's computation.
+    pub(crate) fn serve(self, entry: StoredEntry<T>, fresh: Source) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
+        match engine.judge_entry(entry, &self.keys.user, fresh) {
             Judged::Served(outcome) => outcome,
             Judged::Refresh(served, fence) => {
-                self.refresh_in_background(keys, ttl, f, fence);
+                engine.refresh_in_background(self.keys, self.ttl, self.f, fence);
                 Ok(served)
             }
         }
     }
+}
 
+impl<C: Codec> Engine<C> {
     /// What serving `entry` (found as `fresh` says) takes, decided before anything is prepared
     /// for a refresh, so that every path (a single key's, each key of a batch) decides alike:
     /// a remembered failure, a throttled fail-safe copy and a value neither stale nor drawn by
@@ -75,18 +70,19 @@ impl<C: Codec> Cache<C> {
         let beta = self.options.early_refresh_beta;
         // Draw only when XFetch is on: the hit path stays free of the random number generator.
         let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
-        let verdict = judge(
-            self.inner.store.now_ms(),
+        let worth = judge(
+            self.core.store.now_ms(),
             entry.fresh_until_ms,
             entry.compute_ms,
             beta,
             draw,
         );
         let served = |source| Fetched { value, source };
-        match verdict {
-            Verdict::Fresh => Judged::Served(Ok(served(fresh))),
-            Verdict::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
-            Verdict::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+        match worth {
+            Worth::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
+            Worth::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+            // `judge` says fresh, refreshed early or stale of a served value.
+            Worth::Fresh | Worth::Kept | Worth::Dead => Judged::Served(Ok(served(fresh))),
         }
     }
 }

@@ -5,14 +5,16 @@
 
 use std::future::Future;
 
-use crate::cache::bounds::ComputeFailure;
+use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::engine::Engine;
+use crate::cache::fetch::KeyCall;
 use crate::stats::{Event, NotStoredReason};
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
     /// with [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached), logged and answered
     /// as what a cache may always do (`instead`: forget a value, or never have had it).
@@ -23,7 +25,7 @@ impl<C: Codec> Cache<C> {
         error: StoreError,
         instead: &'static str,
     ) -> Result<(), Error> {
-        self.inner.counters.record(Event::BackendError);
+        self.core.counters.record(Event::BackendError);
         if !error.falls_back(self.options.on_backend_error) {
             return Err(Error::backend(op, error));
         }
@@ -37,39 +39,41 @@ impl<C: Codec> Cache<C> {
     /// A value computed without the cache because the backend failed with `error`: counted and
     /// logged (at most once a minute per reason) as not stored, by the failure's reason.
     pub(crate) fn not_stored_uncached(&self, key: &str, error: &StoreError) {
-        self.inner
+        self.core
             .counters
             .not_stored(NotStoredReason::of(error.kind()), key, error);
     }
+}
 
+impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+where
+    C: Codec,
+    T: CacheValue,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+{
     /// The backend failed during `op`: fail, or compute without the cache, as configured and
     /// as the failure's kind allows (a refusal is surfaced whatever the fallback).
-    pub(crate) async fn without_cache<T, E, F, Fut>(
-        &self,
+    pub(crate) async fn without_cache(
+        self,
         op: &'static str,
         error: StoreError,
-        keys: &EntryKeys,
-        f: F,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: Clone + 'static,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = Result<Computed<T>, E>>,
-    {
-        if let Some(held) = self.held::<T>(&keys.user, &error) {
+    ) -> Result<Fetched<T>, Error> {
+        let (engine, keys) = (self.engine, &self.keys);
+        if let Some(held) = engine.held_copy::<T>(&keys.user, &error) {
             return Ok(held);
         }
-        if !error.falls_back(self.options.on_backend_error) {
+        if !error.falls_back(engine.options.on_backend_error) {
             return Err(Error::backend(op, error));
         }
         // Not a warning per call: a value computed here is counted and logged as not stored,
         // at most once a minute per reason (a full or unreachable Redis would log every miss).
         tracing::debug!(key = %keys.user, op, kind = %error.kind(), error = %error,
             "backend unavailable; computing without the cache");
-        match f(Lease::unlocked()).await {
+        match (self.f)(Lease::unlocked()).await {
             Ok(computed) => {
-                self.not_stored_uncached(&keys.user, &error);
+                engine.not_stored_uncached(&keys.user, &error);
                 Ok(Fetched {
                     value: computed.value,
                     source: Source::Uncached,

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use super::lead::Led;
 use super::{unsettled, Batch, BatchFn, Settled};
 use crate::cache::compute::{Detachable, OnFailure};
+use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
 use crate::join::join_all;
 use crate::lock::lease::HeldLock;
@@ -22,7 +23,7 @@ use crate::stats::Event;
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
 /// A key locked for a batch computation: its lock, and what a failure does with the value the
 /// computation was to replace. Owned, so that the computation can go on in a task of its own.
@@ -95,7 +96,7 @@ where
             () = tokio::time::sleep_until(soft) => {
                 task.detach();
                 for _ in 0..keys {
-                    self.cache.inner.counters.record(Event::SoftTimeout);
+                    self.cache.core.counters.record(Event::SoftTimeout);
                 }
                 tracing::debug!(keys,
                     "soft timeout: serving the fail-safe values while the batch computation goes on");
@@ -214,7 +215,7 @@ where
 /// key's failure is handled as its [`OnFailure`] says (a throttled copy of its fallback, or the
 /// failure remembered when a negative TTL is set); the hard timeout is never remembered.
 async fn run_locked<C, T, E>(
-    cache: Cache<C>,
+    cache: Engine<C>,
     f: BatchFn<T, E>,
     ttl: Duration,
     locked: Vec<Locked>,
@@ -229,7 +230,7 @@ where
         .map(|l| (l.keys.user.clone(), l.held.lease()))
         .collect();
     for _ in &locked {
-        cache.inner.counters.record(Event::Compute);
+        cache.core.counters.record(Event::Compute);
     }
     // One birth for the batch, before `f` runs (see `cache/tags.rs`).
     let born = cache.born_now().await;
@@ -243,7 +244,7 @@ where
 
 /// One call of `f`, cut off at the hard timeout (`None` then), and how long it ran.
 async fn call_within_hard_timeout<C, T, E>(
-    cache: &Cache<C>,
+    cache: &Engine<C>,
     f: &BatchFn<T, E>,
     names: Vec<(String, Lease)>,
 ) -> (Option<Result<HashMap<String, Computed<T>>, E>>, Duration) {
@@ -261,7 +262,7 @@ async fn call_within_hard_timeout<C, T, E>(
 /// `f` returned `values`: each locked key's value is stored under its lock (concurrently); a
 /// key left out fails alone, and keys it was not asked for are ignored.
 async fn store_values<C, T>(
-    cache: &Cache<C>,
+    cache: &Engine<C>,
     locked: Vec<Locked>,
     mut values: HashMap<String, Computed<T>>,
     ttl: Duration,
@@ -298,7 +299,7 @@ where
 
 /// `f` failed: every locked key's failure is handled as its [`OnFailure`] says, and each gets
 /// the error.
-async fn fail_all<C, T, E>(cache: &Cache<C>, locked: Vec<Locked>, e: E, born: u64) -> Results<T>
+async fn fail_all<C, T, E>(cache: &Engine<C>, locked: Vec<Locked>, e: E, born: u64) -> Results<T>
 where
     C: Codec,
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -322,7 +323,7 @@ where
 /// `f` hit the hard timeout (and was dropped): every locked key's failure is handled as its
 /// [`OnFailure`] says, without remembering it, and each gets [`Error::ComputeTimeout`].
 async fn time_out_all<C, T, E>(
-    cache: &Cache<C>,
+    cache: &Engine<C>,
     locked: Vec<Locked>,
     took: Duration,
     born: u64,
@@ -337,7 +338,7 @@ where
     let failures = locked
         .into_iter()
         .map(|l| async move {
-            cache.inner.counters.record(Event::HardTimeout);
+            cache.core.counters.record(Event::HardTimeout);
             cache
                 .after_failure::<T, E>(l.held, &l.keys, l.on_failure, None, born)
                 .await;

@@ -34,9 +34,9 @@ where
         let missing: Vec<usize> = (0..distinct.len())
             .filter(|&slot| outcomes[slot].is_none())
             .collect();
-        let roles = self.cache.inner.flights.join_many::<Fetched<T>, E>(
+        let roles = self.cache.core.flights.join_many::<Fetched<T>, E>(
             missing.iter().map(|&slot| distinct[slot].value.as_str()),
-            self.cache.epoch_mark(),
+            self.cache.core.tags.mark(),
         );
         for (slot, role) in missing.into_iter().zip(roles) {
             let keys = Arc::clone(&distinct[slot]);
@@ -73,8 +73,8 @@ where
                 return vec![(slot, outcome)];
             }
             // The leader was cancelled or panicked: try to lead.
-            let mark = cache.epoch_mark();
-            let leader = match cache.inner.flights.join::<Fetched<T>, E>(&keys.value, mark) {
+            let mark = cache.core.tags.mark();
+            let leader = match cache.core.flights.join::<Fetched<T>, E>(&keys.value, mark) {
                 Role::Follow(next) => {
                     follower = next;
                     continue;

@@ -130,7 +130,7 @@ where
                 .map(|(l, token)| (&*l.keys, &**token, !l.replace))
                 .collect();
             cache
-                .inner
+                .core
                 .store
                 .read_or_lock_many(&requests, cache.options.lease)
                 .await
@@ -235,13 +235,13 @@ where
         // A failed read finds nothing: the keys are computed, without a fallback it cannot vouch for.
         let names = &cache.read_names(&entries);
         let (found, epochs): (Vec<Option<Blob>>, Vec<u64>) = cache
-            .inner
+            .core
             .store
             .get_many_with_epochs(&entries, names)
             .await
             .unwrap_or_default();
         let mut epochs = Epochs::of(names, epochs);
-        cache.note_epochs(&epochs);
+        cache.core.tags.note(&epochs);
         let decoded: Vec<_> = found
             .into_iter()
             .zip(&taken_over)

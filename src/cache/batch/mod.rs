@@ -14,7 +14,7 @@
 //!    locked, whatever the chunks, and each of its values is stored
 //!    by the same fenced write as a single key's;
 //! 5. keys whose lock another process holds go through the single-key path's own wait-or-lock
-//!    loop ([`Cache::claim`]: wake-ups, backoff, the wait bound, the fail-safe's budgets); if the
+//!    loop (`Engine::claim`: wake-ups, backoff, the wait bound, the fail-safe's budgets); if the
 //!    holder goes away without a value, this call takes the lock and computes that key itself,
 //!    with a call of `f` for it alone.
 //!
@@ -53,18 +53,21 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
+use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::serve::Judged;
 use crate::join::join_all;
 use crate::store::BoxFuture;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Cache, Computed, Error, Fetched, Lease, Source};
+use crate::{Computed, Error, Fetched, Lease, Source};
 
 use plan::Plan;
 
-/// The most keys one many-key call takes ([`Cache::get_or_compute_many`],
-/// [`Cache::fetch_many`], [`Cache::invalidate_many`]): a call given more is refused with
+/// The most keys one many-key call takes
+/// ([`Cache::get_or_compute_many`](crate::Cache::get_or_compute_many),
+/// [`Cache::fetch_many`](crate::Cache::fetch_many),
+/// [`Cache::invalidate_many`](crate::Cache::invalidate_many)): a call given more is refused with
 /// [`Error::TooManyKeys`] before anything is sent, on every store, never cut short. Redis is not
 /// what needs it (each request carries a bounded chunk of keys, so other clients run between
 /// them); the call itself is: every key holds a lock, a lease and its heartbeat for the length of
@@ -96,13 +99,13 @@ type Step<'s, T> = Pin<Box<dyn Future<Output = Settled<T>> + Send + 's>>;
 
 /// One batch call: the cache, the call's TTL and start, and its computation.
 struct Batch<'a, C, T, E> {
-    cache: &'a Cache<C>,
+    cache: &'a Engine<C>,
     ttl: Duration,
     started: Instant,
     f: BatchFn<T, E>,
 }
 
-impl<C: Codec> Cache<C> {
+impl<C: Codec> Engine<C> {
     /// The distinct keys of `asked` fetched as one batch; one outcome per asked key, in order
     /// (a key asked twice gets the same outcome twice). `ttl` is saturated by the caller.
     pub(crate) async fn fetch_many_entries<T, E>(
@@ -132,10 +135,10 @@ impl<C: Codec> Cache<C> {
             started: Instant::now(),
             f,
         };
-        let plan = Plan::new(&self.inner.namespace, &asked);
+        let plan = Plan::new(&self.core.namespace, &asked);
         let settled = batch.run(&plan.distinct).await;
         for outcome in &settled {
-            self.count(outcome, batch.started);
+            self.count_outcome(outcome, batch.started);
         }
         plan.hand_out(settled)
     }
@@ -182,7 +185,7 @@ where
             values.remove(&key).ok_or(Refresh::Missing)
         };
         self.cache
-            .refresh_in_background(keys.clone(), self.ttl, refresh, fence);
+            .refresh_in_background(Arc::new(keys.clone()), self.ttl, refresh, fence);
         Ok(served)
     }
 }

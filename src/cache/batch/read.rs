@@ -11,6 +11,7 @@ use super::{Batch, Outcome};
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::Sorted;
 use crate::cache::tags::Epochs;
+use crate::cache::tiers::Read;
 use crate::store::Blob;
 use crate::store::StoreExt;
 use crate::wire::codec::Codec;
@@ -50,7 +51,7 @@ where
             .zip(remote)
             .map(|(bytes, &slot)| {
                 let keys = &distinct[slot];
-                cache.reached_backend(keys);
+                cache.core.tiers.reached(keys);
                 let entry = bytes.as_ref().and_then(|b| cache.read_stored::<T>(keys, b));
                 if let Some(entry) = &entry {
                     cache.saw_tags(keys, &entry.tags);
@@ -80,29 +81,20 @@ where
         cache.clock_ready().await;
         let tickets: Vec<_> = remote
             .iter()
-            .map(|&slot| {
-                let near = cache.inner.near.as_ref()?;
-                near.ticket(&distinct[slot].user)
-            })
+            .map(|&slot| cache.core.tiers.ticket(&distinct[slot]))
             .collect();
         let entries: Vec<&EntryKeys> = remote.iter().map(|&slot| &*distinct[slot]).collect();
         // Writes of these keys still queued go first (auto-recovery); failing, they fail the read.
         // The epochs of the namespace and the handle's tags go in the same round trip.
         let names = &cache.read_names(&entries);
         let read = match cache.replay_queued(&entries).await {
-            Ok(()) => {
-                cache
-                    .inner
-                    .store
-                    .get_many_with_epochs(&entries, names)
-                    .await
-            }
+            Ok(()) => cache.core.store.get_many_with_epochs(&entries, names).await,
             Err(e) => Err(e),
         };
         match read {
             Ok((values, epochs)) => {
                 let mut epochs = Epochs::of(names, epochs);
-                cache.note_epochs(&epochs);
+                cache.core.tags.note(&epochs);
                 let read = self.decoded(distinct, &remote, values);
                 // Other tags' epochs, for every key at once: one more round trip at most. If
                 // they cannot be read, those values are replaced (as for one key).
@@ -114,7 +106,13 @@ where
                     let entry = entry.filter(|entry| cache.alive_by(entry, &epochs));
                     match entry.map(|entry| cache.sort(entry)) {
                         Some(Sorted::Serve(entry)) => {
-                            cache.remember_near(ticket, keys, &entry, bytes.len(), &epochs);
+                            cache.remember_near(Read {
+                                ticket,
+                                keys,
+                                entry: &entry,
+                                len: bytes.len(),
+                                epochs: &epochs,
+                            });
                             outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
                         }
                         // Past its stale window, unreadable bytes, or invalidated by a tag or a
@@ -128,7 +126,7 @@ where
                 // or take the fallback when locking, under the single flight, as for one key.
                 let falls_back = e.falls_back(cache.options.on_backend_error);
                 for &slot in &remote {
-                    if let Some(held) = cache.held::<T>(&distinct[slot].user, &e) {
+                    if let Some(held) = cache.held_copy::<T>(&distinct[slot].user, &e) {
                         outcomes[slot] = Some(Ok(held));
                     } else if !falls_back {
                         outcomes[slot] = Some(Err(Error::backend("get", e.clone())));

@@ -1,0 +1,167 @@
+//! The stored entry through the codec, for the engine: bytes read decoded into a
+//! [`StoredEntry`], and the bytes written (a value, a remembered failure, a fail-safe's
+//! throttled copy), each stamped with its fresh-until by the store's clock.
+//!
+//! Every path that reads or writes a key (the single-key path, the batch, the plain `get` and
+//! `set`, the fail-safe) goes through these few functions, so the envelope's rules are applied
+//! in one place: bytes that are not ours, or that were written for another shape of `T`, are a
+//! miss, never a value.
+
+use std::fmt::Display;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::cache::engine::Engine;
+use crate::cache::entry::StoredEntry;
+use crate::store::StoreExt;
+use crate::store::Write;
+use crate::wire::codec::Codec;
+use crate::wire::envelope::Envelope;
+use crate::wire::key::EntryKeys;
+use crate::wire::shape;
+use crate::{Error, MAX_VALUE_BYTES};
+
+impl<C: Codec> Engine<C> {
+    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
+    /// (once per cache; after that, an atomic load).
+    pub(crate) async fn clock_ready(&self) {
+        let store = &self.core.store;
+        if !store.clock_synced() {
+            store.sync_clock().await;
+        }
+    }
+
+    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
+    /// value written for another shape of `T` (another deploy's version of the type): decoding
+    /// it could succeed and give garbage (bincode is positional).
+    pub(crate) fn read_stored<T: DeserializeOwned + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &[u8],
+    ) -> Option<StoredEntry<T>> {
+        let codec = &self.core.codec;
+        let envelope = match Envelope::decode(bytes, codec.id()) {
+            Ok(envelope) => envelope,
+            Err(foreign) => {
+                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
+                return None;
+            }
+        };
+        // A compare of two numbers: the shape of `T` was traced on its first use, not here.
+        if envelope.shape != shape::fingerprint::<T>() {
+            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
+                "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
+            return None;
+        }
+        let value = if envelope.negative {
+            Err(String::from_utf8_lossy(envelope.payload).into_owned())
+        } else {
+            match codec.decode(envelope.payload) {
+                Ok(value) => Ok(value),
+                Err(e) => {
+                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
+                    return None;
+                }
+            }
+        };
+        Some(StoredEntry {
+            value,
+            fresh_until_ms: envelope.fresh_until_ms,
+            compute_ms: envelope.compute_ms,
+            fence: envelope.fence,
+            throttled: envelope.fallback,
+            born: envelope.born,
+            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
+        })
+    }
+
+    /// The stored bytes of a value fresh for `ttl` from now, marked with the shape of `T`, born
+    /// at `born` with `tags` (checked by [`value_tags`](Self::value_tags)).
+    pub(crate) fn encode_value<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        value: &T,
+        ttl: Duration,
+        compute: Duration,
+        fence: u64,
+        (born, tags): (u64, &[String]),
+    ) -> Result<Vec<u8>, Error> {
+        let codec = &self.core.codec;
+        let payload = codec
+            .encode(value)
+            .map_err(|e| Error::Encode(Arc::from(e)))?;
+        if payload.len() > MAX_VALUE_BYTES {
+            return Err(Error::ValueTooLarge {
+                size: payload.len(),
+                limit: MAX_VALUE_BYTES,
+            });
+        }
+        Ok(Envelope {
+            codec: codec.id(),
+            negative: false,
+            fallback: false,
+            fresh_until_ms: self.fresh_until(ttl),
+            compute_ms: u32::try_from(compute.as_millis()).unwrap_or(u32::MAX),
+            fence,
+            shape: shape::fingerprint::<T>(),
+            born,
+            tags: tags.iter().map(String::as_str).collect(),
+            payload: &payload,
+        }
+        .encode())
+    }
+
+    /// The stored bytes of a remembered failure: its message, for `ttl`. It is marked with the
+    /// shape of `T` like a value, so that a caller of another type recomputes rather than
+    /// take another type's failure for its own.
+    pub(crate) fn encode_failure<T: DeserializeOwned + 'static, E: Display>(
+        &self,
+        error: &E,
+        ttl: Duration,
+        fence: u64,
+        (born, tags): (u64, &[String]),
+    ) -> Vec<u8> {
+        let message = error.to_string();
+        Envelope {
+            codec: self.core.codec.id(),
+            negative: true,
+            fallback: false,
+            fresh_until_ms: self.fresh_until(ttl),
+            compute_ms: 0,
+            fence,
+            shape: shape::fingerprint::<T>(),
+            born,
+            tags: tags.iter().map(String::as_str).collect(),
+            payload: message.as_bytes(),
+        }
+        .encode()
+    }
+
+    /// What a computation under `fence` that failed or timed out writes in place of the value
+    /// it was to replace (`kept`, its stored bytes): the same payload marked as a fail-safe copy,
+    /// served as the fallback until the throttle ends and kept at least that long. `None` if the
+    /// bytes are no longer ours to read (they were, when kept).
+    pub(crate) fn throttled_copy(&self, kept: &[u8], fence: u64) -> Option<Write> {
+        let envelope = Envelope::decode(kept, self.core.codec.id()).ok()?;
+        let throttle = self.options.fail_safe_throttle;
+        let bytes = Envelope {
+            fallback: true,
+            fresh_until_ms: self.fresh_until(throttle),
+            fence,
+            ..envelope
+        }
+        .encode();
+        Some(Write::Keep {
+            bytes,
+            at_least: throttle,
+        })
+    }
+
+    /// The fresh-until stamp of an entry fresh for `ttl` from now, by the store's clock (which
+    /// every process shares, so all judge freshness alike); saturated, as `ttl` may be huge.
+    fn fresh_until(&self, ttl: Duration) -> u64 {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.core.store.now_ms().saturating_add(ttl_ms)
+    }
+}

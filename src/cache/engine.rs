@@ -1,0 +1,188 @@
+//! The engine behind the [`Cache`](crate::Cache) handle: what every call of a cache shares
+//! ([`Core`]: the store, the codec, the in-process flights and refreshes, the tiers, the
+//! counters, the recovery queue) and a handle's own options and tags ([`Engine`]). The handle
+//! holds an `Engine` and nothing else; the machinery is written against this type.
+
+use std::sync::Arc;
+
+use crate::cache::recovery::Recovery;
+use crate::cache::refreshes::Refreshes;
+use crate::cache::tags::{TagMemory, Tagging};
+use crate::cache::tiers::Tiers;
+use crate::stats::Counters;
+use crate::store::breaker::Breaker;
+use crate::store::Store;
+use crate::store::StoreExt;
+use crate::wait::flight::Flights;
+use crate::CallOptions;
+
+/// One handle's view of the engine: the shared [`Core`], and the options and tags its calls use
+/// (per handle, so that `Cache::with_options` is free and does not touch other handles).
+pub(crate) struct Engine<C> {
+    pub(crate) core: Arc<Core<C>>,
+    pub(crate) options: CallOptions,
+    /// The epochs this handle's reads ask for, from its namespace and its options' tags.
+    pub(crate) tagging: Tagging,
+}
+
+/// What every handle of one cache shares.
+pub(crate) struct Core<C> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) codec: C,
+    pub(crate) namespace: String,
+    /// In-process single flight of computations.
+    pub(crate) flights: Flights,
+    /// Background refreshes running in this process, so a key is refreshed once at a time.
+    pub(crate) refreshes: Arc<Refreshes>,
+    /// The tags of values read before (asked for with the next read of their keys), and the
+    /// highest epoch this process has read or raised.
+    pub(crate) tags: TagMemory,
+    /// What the cache did, for `Cache::stats` and the `metrics` facade.
+    pub(crate) counters: Arc<Counters>,
+    /// The near tier and the embedded store, as the builder made them. The near tier's feed
+    /// task holds it weakly, so dropping the last handle stops the feed.
+    pub(crate) tiers: Tiers,
+    /// The circuit breaker the builder put in front of Redis, for the health report.
+    pub(crate) breaker: Option<Arc<Breaker>>,
+    /// The auto-recovery queue, if the builder was given one. It is the drop guard of its
+    /// background task: dropping the last handle stops it.
+    pub(crate) recovery: Option<Recovery>,
+}
+
+/// The parts the builder chose, from which an engine is made.
+pub(crate) struct Parts<C> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) codec: C,
+    pub(crate) namespace: String,
+    pub(crate) options: CallOptions,
+    pub(crate) tiers: Tiers,
+    pub(crate) breaker: Option<Arc<Breaker>>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) recovery: Option<Recovery>,
+}
+
+impl<C> Clone for Engine<C> {
+    fn clone(&self) -> Self {
+        Engine {
+            core: Arc::clone(&self.core),
+            options: self.options.clone(),
+            tagging: self.tagging.clone(),
+        }
+    }
+}
+
+impl<C> Engine<C> {
+    pub(crate) fn new(parts: Parts<C>) -> Self {
+        let Parts {
+            store,
+            codec,
+            namespace,
+            options,
+            tiers,
+            breaker,
+            counters,
+            recovery,
+        } = parts;
+        Engine {
+            tagging: Tagging::new(&namespace, &options),
+            core: Arc::new(Core {
+                store,
+                codec,
+                namespace,
+                flights: Flights::default(),
+                refreshes: Arc::default(),
+                tags: TagMemory::default(),
+                counters,
+                tiers,
+                breaker,
+                recovery,
+            }),
+            options,
+        }
+    }
+
+    /// The same engine, for calls that use `options`.
+    pub(crate) fn with_options(&self, options: CallOptions) -> Self {
+        Engine {
+            tagging: Tagging::new(&self.core.namespace, &options),
+            core: Arc::clone(&self.core),
+            options,
+        }
+    }
+}
+
+impl<C: crate::wire::codec::Codec> Engine<C> {
+    /// What the cache has done, with the near tier's tracking mode.
+    pub(crate) fn stats(&self) -> crate::Stats {
+        let mut stats = self.core.counters.snapshot();
+        if let Some(near) = self.core.tiers.near() {
+            stats.near_tracking = near.tracking();
+        }
+        stats
+    }
+
+    /// The distributed lock `name` of this namespace, on the cache's store and options.
+    pub(crate) fn lock(&self, name: &str) -> Result<crate::Lock, crate::Error> {
+        let keys = crate::wire::key::EntryKeys::new(&self.core.namespace, name)?;
+        Ok(crate::Lock::from_parts(
+            Arc::clone(&self.core.store) as Arc<dyn crate::store::LockStore>,
+            keys,
+            self.options.clone(),
+        ))
+    }
+}
+
+/// The tiers, as a call of this handle uses them: with its XFetch setting, its fail-safe
+/// window and its tags, and the store's clock.
+impl<C: crate::wire::codec::Codec> Engine<C> {
+    /// A near hit or an embedded store's decoded hit, counted, when a hit needs nothing more
+    /// than the value: no XFetch draw.
+    pub(crate) fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        let core = &self.core;
+        core.tiers.quick_hit(&core.namespace, key, &core.counters)
+    }
+
+    /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
+    pub(crate) fn near_copy<T: Clone + 'static>(
+        &self,
+        key: &str,
+    ) -> Option<crate::cache::entry::StoredEntry<T>> {
+        let synced = self.core.store.clock_synced();
+        self.core.tiers.near_copy(key, synced)
+    }
+
+    /// A near copy held while the backend is down, for a read that failed with `error`.
+    pub(crate) fn held_copy<T: Clone + 'static>(
+        &self,
+        key: &str,
+        error: &crate::store::StoreError,
+    ) -> Option<crate::Fetched<T>> {
+        (self.core.tiers).held_copy(key, error, self.options.fail_safe_for)
+    }
+
+    /// What a read found goes into the near tier, with the epochs of its tags.
+    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(
+        &self,
+        read: crate::cache::tiers::Read<'_, T>,
+    ) {
+        let tags = &read.entry.tags;
+        let now_ms = self.core.store.now_ms();
+        (self.core.tiers).remember(read, || self.tag_epoch_names(tags), now_ms);
+    }
+
+    /// The embedded store keeps a value it handed out decoded, for this handle's quick hits
+    /// (only without XFetch, which never takes them).
+    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
+        &self,
+        keys: &crate::wire::key::EntryKeys,
+        bytes: &crate::store::Blob,
+        entry: &crate::cache::entry::StoredEntry<T>,
+    ) {
+        if self.options.early_refresh_beta == 0.0 {
+            (self.core.tiers).keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The plain reads and writes of one key or tag, for the cache's API page: `get` (no
+//! computation), `set`, the invalidations (keys, tags, the namespace). A failed write goes to
+//! the auto-recovery queue where there is one.
+
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::cache::batch::MAX_BATCH_KEYS;
+use crate::cache::engine::Engine;
+use crate::cache::recovery::{Intent, Queued};
+use crate::stats::Event;
+use crate::store::StoreExt;
+use crate::time::saturate;
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::{Error, Written};
+
+impl<C: Codec> Engine<C> {
+    /// [`Cache::get`]: a value fresh or stale, never computed; a value kept by the fail-safe
+    /// past its stale window is no answer.
+    pub(crate) async fn get<T: DeserializeOwned + 'static>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, Error> {
+        let keys = EntryKeys::new(&self.core.namespace, key)?;
+        self.check_tags()?;
+        // The near tier first, as for every read: a copy it serves is fresh, and judged by the
+        // epochs of its namespace and tags.
+        if let Some(value) = self.core.tiers.near_read::<T>(key) {
+            return Ok(Some(value));
+        }
+        // A write of this key still queued goes first: Redis may hold what it replaced.
+        let (bytes, mut epochs) = match self.first_read(&keys).await {
+            Ok(read) => read,
+            Err(e) => {
+                self.fail_open("get", &keys, e, "reading it as a miss")?;
+                return Ok(None);
+            }
+        };
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
+        // A value past its stale window (kept by the fail-safe) is no answer to a plain read.
+        Ok(self
+            .read_live::<T>(&keys, &bytes, &mut epochs)
+            .await
+            .filter(|stored| self.worth_of(stored).live())
+            .and_then(|stored| stored.value.ok()))
+    }
+
+    /// [`Cache::set`].
+    pub(crate) async fn set<T: Serialize + DeserializeOwned + 'static>(
+        &self,
+        key: &str,
+        value: &T,
+        ttl: Duration,
+    ) -> Result<Written, Error> {
+        let keys = EntryKeys::new(&self.core.namespace, key)?;
+        self.check_tags()?;
+        let tags = self.value_tags(key, &[])?;
+        let ttl = saturate(ttl);
+        self.clock_ready().await;
+        let born = self.born_now().await;
+        let bytes = self.encode_value(value, ttl, Duration::ZERO, 0, (born, &tags))?;
+        let stored_for = self.options.stored_for(ttl);
+        // Kept for the queue only when there is one: a copy of the value per write otherwise.
+        let kept = self.core.recovery.as_ref().map(|_| bytes.clone());
+        let written = self
+            .core
+            .store
+            .set(&keys, bytes, stored_for, self.options.lease)
+            .await;
+        // Also after a failure: the write may have been applied.
+        self.core.tiers.forget(&keys);
+        let error = match written {
+            Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
+            Err(e) => e,
+        };
+        if let Some(bytes) = kept {
+            let intent = Intent::Set { bytes };
+            let batch = vec![self.queued(keys.clone(), intent)];
+            if let Some(queued) = self.queue_failed("set", batch, &error) {
+                return queued;
+            }
+        }
+        self.fail_open("set", &keys, error, "the write is skipped")
+            .map(|()| Written::Skipped)
+    }
+
+    /// [`Cache::invalidate`].
+    pub(crate) async fn invalidate(&self, key: &str) -> Result<Written, Error> {
+        let keys = EntryKeys::new(&self.core.namespace, key)?;
+        let done = self.core.store.invalidate(&keys, self.options.lease).await;
+        // Also after a failure: the invalidation may have been applied.
+        self.core.tiers.forget(&keys);
+        let error = match done {
+            Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
+            Err(e) => e,
+        };
+        let batch = vec![self.queued(keys, Intent::Invalidate)];
+        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
+            return queued;
+        }
+        self.core.counters.record(Event::BackendError);
+        Err(Error::backend("invalidate", error))
+    }
+
+    /// [`Cache::invalidate_many`].
+    pub(crate) async fn invalidate_many<K>(&self, keys: K) -> Result<Written, Error>
+    where
+        K: IntoIterator,
+        K::Item: AsRef<str>,
+    {
+        let entries = keys
+            .into_iter()
+            .map(|key| EntryKeys::new(&self.core.namespace, key.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        if entries.len() > MAX_BATCH_KEYS {
+            return Err(Error::TooManyKeys {
+                keys: entries.len(),
+                limit: MAX_BATCH_KEYS,
+            });
+        }
+        let refs: Vec<&EntryKeys> = entries.iter().collect();
+        let done = self
+            .core
+            .store
+            .invalidate_many(&refs, self.options.lease)
+            .await;
+        // Also after a failure: some invalidations may have been applied.
+        for keys in &entries {
+            self.core.tiers.forget(keys);
+        }
+        let error = match done {
+            Ok(()) => return Ok(self.written(&entries)),
+            Err(e) => e,
+        };
+        // Every key, applied or not: which ones the backend took is unknown, and replaying an
+        // invalidation twice is harmless.
+        let batch = entries
+            .into_iter()
+            .map(|keys| self.queued(keys, Intent::Invalidate))
+            .collect();
+        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
+            return queued;
+        }
+        self.core.counters.record(Event::BackendError);
+        Err(Error::backend("invalidate", error))
+    }
+
+    /// [`Cache::invalidate_tags`].
+    pub(crate) async fn invalidate_tags<I>(&self, tags: I) -> Result<(), Error>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let mut names = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut given = 0;
+        for tag in tags {
+            given += 1;
+            let name = crate::wire::key::tag_key(&self.core.namespace, tag.as_ref())?;
+            if seen.insert(name.clone()) {
+                names.push(name);
+            }
+        }
+        if names.len() > MAX_BATCH_KEYS {
+            return Err(Error::TooManyKeys {
+                keys: given,
+                limit: MAX_BATCH_KEYS,
+            });
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        self.raise(&names).await.map_err(|e| {
+            self.core.counters.record(Event::BackendError);
+            Error::backend("invalidate_tag", e)
+        })
+    }
+
+    /// [`Cache::clear`].
+    pub(crate) async fn clear(&self) -> Result<(), Error> {
+        let names = [self.tagging.names[0].clone()];
+        self.raise(&names).await.map_err(|e| {
+            self.core.counters.record(Event::BackendError);
+            Error::backend("clear", e)
+        })
+    }
+
+    /// A write of `keys` that could not be made now, for the auto-recovery queue.
+    fn queued(&self, keys: EntryKeys, intent: Intent) -> Queued {
+        Queued {
+            keys,
+            intent,
+            lease: self.options.lease,
+        }
+    }
+}
