@@ -378,10 +378,6 @@ impl<C: Codec> CacheBuilder<C> {
             store = Arc::new(GuardedStore::new(store, Arc::clone(&breaker), slow_locks));
             guard = Some(breaker);
         }
-        // What the builder knows by construction, checked against what the store says of itself
-        // (these two downcasts go with the store's rewrite; nothing else asks them any more).
-        debug_assert_eq!(store.as_memory().is_some(), memory.is_some());
-        debug_assert_eq!(store.breaker().is_some(), guard.is_some());
         // Spawned here, on the caller's runtime; stopped by the cache's drop guard.
         let recovery = self
             .recovery

@@ -10,8 +10,7 @@ use std::time::Duration;
 use super::breaker::{watch_period, Admit, Breaker};
 use super::wakeup::Listener;
 use super::{
-    BoxFuture, Class, Clock, LockOp, LockStore, MemoryStore, Op, Reply, Store, StoreError,
-    StoreExt, StoreResult,
+    BoxFuture, Class, Clock, LockOp, LockStore, Op, Reply, Store, StoreError, StoreExt, StoreResult,
 };
 use crate::wire::key::EntryKeys;
 
@@ -158,14 +157,6 @@ impl Store for GuardedStore {
 
     fn clock(&self) -> &dyn Clock {
         self.inner.clock()
-    }
-
-    fn breaker(&self) -> Option<&Breaker> {
-        Some(&self.breaker)
-    }
-
-    fn as_memory(&self) -> Option<&MemoryStore> {
-        self.inner.as_memory()
     }
 }
 

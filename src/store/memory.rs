@@ -613,10 +613,6 @@ impl Store for MemoryStore {
     fn clock(&self) -> &dyn super::Clock {
         self
     }
-
-    fn as_memory(&self) -> Option<&MemoryStore> {
-        Some(self)
-    }
 }
 
 /// The store's wall clock moves with `tokio::time` (see [`MemoryStore::ms_at`]).

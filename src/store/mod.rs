@@ -361,18 +361,6 @@ pub(crate) trait Store: LockStore {
 
     /// The clock values' freshness is stamped and judged by.
     fn clock(&self) -> &dyn Clock;
-
-    /// The circuit breaker in front of this store, if it has one (Redis does, by default).
-    /// A downcast through the seam, kept only while the cache still asks for it (issue 34).
-    fn breaker(&self) -> Option<&breaker::Breaker> {
-        None
-    }
-
-    /// The embedded store itself, whose hit path skips decoding ([`MemoryStore::fresh`]).
-    /// A downcast through the seam, kept only while the cache still asks for it (issue 34).
-    fn as_memory(&self) -> Option<&MemoryStore> {
-        None
-    }
 }
 
 /// A store's clock: wall-clock milliseconds since the Unix epoch, by which values' freshness

@@ -125,10 +125,6 @@ impl Store for Recording {
     fn clock(&self) -> &dyn Clock {
         self.inner.clock()
     }
-
-    fn breaker(&self) -> Option<&super::breaker::Breaker> {
-        self.inner.breaker()
-    }
 }
 
 /// A listener as the log shows it: that one was handed out.
