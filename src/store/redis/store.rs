@@ -21,7 +21,6 @@ use super::scripts::{
     self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
     RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall,
     Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall,
-    SCRIPTS, SHARDED_SCRIPTS,
 };
 use crate::join::join_all;
 use crate::store::op::unanswered;
@@ -54,7 +53,7 @@ pub(crate) struct RedisStore<C> {
     /// nothing else).
     pubsub: Arc<PubSub>,
     /// `PUBLISH` or, on a cluster, `SPUBLISH` for wake-ups.
-    scripts: &'static Scripts,
+    scripts: Scripts,
     /// Freshness is stamped and judged by the server's clock, not this machine's.
     clock: Arc<ServerClock>,
     /// Appended to every wake-up channel: `@n` on database `n`, nothing on database 0. Pub/sub
@@ -83,12 +82,7 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     /// A store over `conn`, announcing nothing until [`announcing`](Self::announcing).
-    fn new(
-        conn: C,
-        pubsub: Arc<PubSub>,
-        scripts: &'static Scripts,
-        channel_suffix: String,
-    ) -> Self {
+    fn new(conn: C, pubsub: Arc<PubSub>, scripts: Scripts, channel_suffix: String) -> Self {
         RedisStore {
             conn: Answered::new(conn),
             pubsub,
@@ -141,8 +135,8 @@ impl RedisStore<ConnectionManager> {
             ConnectionManager::new_lazy_with_config(client.clone(), connection.manager_config())?;
         let pubsub = PubSub::connect(&client, connection)?;
         let db = client.get_connection_info().redis_settings().db();
-        let mut store =
-            RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)).coalescing(connection);
+        let mut store = RedisStore::new(conn, pubsub, Scripts::Plain, channel_suffix(db))
+            .coalescing(connection);
         if let Some(acks) = connection.wait_for_replicas {
             let config = connection.waited_manager_config(acks);
             let waited = ConnectionManager::new_lazy_with_config(client, config)?;
@@ -168,7 +162,7 @@ impl RedisStore<LazyCluster> {
         let conn = LazyCluster::new(connection.cluster_builder(seeds).build()?);
         let pubsub = PubSub::connect_cluster(seeds, connection)?;
         // A cluster has database 0 only.
-        let mut store = RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new());
+        let mut store = RedisStore::new(conn, pubsub, Scripts::Sharded, String::new());
         store.per_slot = true;
         if let Some(acks) = connection.wait_for_replicas {
             let waited = connection.waited_cluster_builder(seeds, acks).build()?;
