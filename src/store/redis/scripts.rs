@@ -1,7 +1,8 @@
 //! The Lua scripts behind every compare-and-set in Redis, one file per script: its Lua text, and
 //! beside it the typed call ([`ScriptCall`]) that builds its KEYS and ARGV and reads its reply,
 //! so each script's contract is written once. Shared here: the prelude of Lua helpers every
-//! script starts with, and the encoding of a fenced write.
+//! script starts with, how a call is run, the builder of its KEYS and ARGV ([`Args`], which also
+//! encodes a fenced write), and what the replies several scripts give mean ([`FromReply`]).
 //!
 //! Each script takes data only through KEYS and ARGV, and every key it touches shares the entry's
 //! hash tag, so it runs on one Redis Cluster slot. Wake-up channels are not keys; they travel in
