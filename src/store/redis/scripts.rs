@@ -228,6 +228,16 @@ impl Lua {
     }
 }
 
+/// Who hears of a write: the entry's waiters, on its wake-up channel, and the near tiers of the
+/// namespace's other instances, on its near channel. Sent as two ARGV, in that order.
+#[derive(Clone, Copy)]
+pub(crate) struct Told<'a> {
+    /// The entry's wake-up channel.
+    pub(crate) channel: &'a str,
+    /// The namespace's near channel, or `""`: nobody (a lock's own store).
+    pub(crate) near_channel: &'a str,
+}
+
 /// An entry's key, as a script's KEYS name it.
 #[derive(Clone, Copy)]
 pub(crate) enum Key {

@@ -20,7 +20,8 @@ use super::replicas::{Acks, ReplicaWait};
 use super::scripts::{
     self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
     RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall,
-    Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall,
+    Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, Told, UnlockCall, WakeCall,
+    WriteFencedCall,
 };
 use crate::join::join_all;
 use crate::store::op::unanswered;
@@ -610,7 +611,19 @@ where
 
     /// The write `op`: a script on the entry's channel.
     async fn write(&self, op: Op<'_>) -> StoreResult<Reply> {
-        let near_channel = &self.near_channel;
+        let (Op::WriteFenced { keys, .. }
+        | Op::StoreAndUnlock { keys, .. }
+        | Op::Set { keys, .. }
+        | Op::Invalidate { keys, .. }
+        | Op::Wake { keys }) = op
+        else {
+            return Err(unanswered(&op));
+        };
+        let channel = &self.channel(keys);
+        let told = Told {
+            channel,
+            near_channel: &self.near_channel,
+        };
         match op {
             Op::WriteFenced {
                 keys,
@@ -618,14 +631,12 @@ where
                 write,
                 lease,
             } => {
-                let channel = &self.channel(keys);
                 let call = WriteFencedCall {
                     keys,
                     fence,
                     write,
                     lease,
-                    channel,
-                    near_channel,
+                    told,
                 };
                 self.script(call).await.map(Reply::Flag)
             }
@@ -635,14 +646,12 @@ where
                 fence,
                 write,
             } => {
-                let channel = &self.channel(keys);
                 let call = StoreAndUnlockCall {
                     keys,
                     token,
                     fence,
                     write,
-                    channel,
-                    near_channel,
+                    told,
                 };
                 self.script(call).await.map(Reply::Stored)
             }
@@ -652,29 +661,20 @@ where
                 ttl,
                 lease,
             } => {
-                let channel = &self.channel(keys);
                 let call = SetCall {
                     keys,
                     value,
                     ttl,
                     lease,
-                    channel,
-                    near_channel,
+                    told,
                 };
                 self.script(call).await.map(|()| Reply::Done)
             }
             Op::Invalidate { keys, lease } => {
-                let channel = &self.channel(keys);
-                let call = InvalidateCall {
-                    keys,
-                    lease,
-                    channel,
-                    near_channel,
-                };
+                let call = InvalidateCall { keys, lease, told };
                 self.script(call).await.map(|()| Reply::Done)
             }
             Op::Wake { keys } => {
-                let channel = &self.channel(keys);
                 let call = WakeCall { keys, channel };
                 self.script(call).await.map(|()| Reply::Done)
             }

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use super::{lua, retention_ms, Args, Key, Lua, ScriptCall};
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall, Told};
 use crate::wire::key::EntryKeys;
 
 /// KEYS: value, fence. ARGV: fence retention ms, channel, near channel. Always announced, even
@@ -29,10 +29,8 @@ pub(crate) struct InvalidateCall<'a> {
     pub(crate) keys: &'a EntryKeys,
     /// The lease whose retention the bumped fence is kept for.
     pub(crate) lease: Duration,
-    /// The entry's wake-up channel.
-    pub(crate) channel: &'a str,
-    /// The namespace's near channel, or `""`.
-    pub(crate) near_channel: &'a str,
+    /// Who hears of it.
+    pub(crate) told: Told<'a>,
 }
 
 impl ScriptCall for InvalidateCall<'_> {
@@ -42,8 +40,8 @@ impl ScriptCall for InvalidateCall<'_> {
     fn encode<'a>(&'a self, args: &mut Args<'a>) {
         args.entry(self.keys, [Key::Value, Key::Fence]).arg((
             retention_ms(self.lease),
-            self.channel,
-            self.near_channel,
+            self.told.channel,
+            self.told.near_channel,
         ));
     }
 }

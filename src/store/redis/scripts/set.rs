@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{lua, retention_ms, Args, Key, Lua, ScriptCall};
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall, Told};
 use crate::store::expiry_ms;
 use crate::wire::key::EntryKeys;
 
@@ -28,10 +28,8 @@ pub(crate) struct SetCall<'a> {
     pub(crate) ttl: Duration,
     /// The lease whose retention the new fence is kept for.
     pub(crate) lease: Duration,
-    /// The entry's wake-up channel.
-    pub(crate) channel: &'a str,
-    /// The namespace's near channel, or `""`.
-    pub(crate) near_channel: &'a str,
+    /// Who hears of it.
+    pub(crate) told: Told<'a>,
 }
 
 impl ScriptCall for SetCall<'_> {
@@ -43,8 +41,8 @@ impl ScriptCall for SetCall<'_> {
             &self.value,
             expiry_ms(self.ttl),
             retention_ms(self.lease),
-            self.channel,
-            self.near_channel,
+            self.told.channel,
+            self.told.near_channel,
         ));
     }
 }

@@ -3,7 +3,7 @@
 
 use redis::Value;
 
-use super::{lua, parse, Args, FromReply, Key, Lua, ScriptCall};
+use super::{lua, parse, Args, FromReply, Key, Lua, ScriptCall, Told};
 use crate::store::{StoreResult, Stored, Write};
 use crate::wire::key::EntryKeys;
 
@@ -42,10 +42,8 @@ pub(crate) struct StoreAndUnlockCall<'a> {
     pub(crate) fence: u64,
     /// What to write.
     pub(crate) write: Write,
-    /// The entry's wake-up channel.
-    pub(crate) channel: &'a str,
-    /// The namespace's near channel, or `""`.
-    pub(crate) near_channel: &'a str,
+    /// Who hears of it.
+    pub(crate) told: Told<'a>,
 }
 
 impl ScriptCall for StoreAndUnlockCall<'_> {
@@ -54,7 +52,12 @@ impl ScriptCall for StoreAndUnlockCall<'_> {
 
     fn encode<'a>(&'a self, args: &mut Args<'a>) {
         args.entry(self.keys, [Key::Value, Key::Lock, Key::Fence])
-            .arg((self.token, self.fence, self.channel, self.near_channel))
+            .arg((
+                self.token,
+                self.fence,
+                self.told.channel,
+                self.told.near_channel,
+            ))
             .write(&self.write);
     }
 }

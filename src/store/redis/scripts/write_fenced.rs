@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{lua, retention_ms, Args, Key, Lua, ScriptCall};
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall, Told};
 use crate::store::Write;
 use crate::wire::key::EntryKeys;
 
@@ -35,10 +35,8 @@ pub(crate) struct WriteFencedCall<'a> {
     pub(crate) write: Write,
     /// The writer's lease (the fence is kept for its retention).
     pub(crate) lease: Duration,
-    /// The entry's wake-up channel.
-    pub(crate) channel: &'a str,
-    /// The namespace's near channel, or `""`.
-    pub(crate) near_channel: &'a str,
+    /// Who hears of it.
+    pub(crate) told: Told<'a>,
 }
 
 impl ScriptCall for WriteFencedCall<'_> {
@@ -51,8 +49,8 @@ impl ScriptCall for WriteFencedCall<'_> {
             .arg((
                 self.fence,
                 retention_ms(self.lease),
-                self.channel,
-                self.near_channel,
+                self.told.channel,
+                self.told.near_channel,
             ))
             .write(&self.write);
     }
