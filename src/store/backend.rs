@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::redis::{near_channels, ConnectionOptions, Feed, RedisStore};
+use super::redis::{near_channels, ConnectionOptions, Feed, RedisStore, Source};
 use super::{MemoryLimits, MemoryStore, Store};
 use crate::Error;
 
@@ -83,6 +83,18 @@ impl Backend {
         announced: bool,
     ) -> Result<(Arc<dyn Store>, Feed), Error> {
         let connect = |e| Error::backend("connect", e);
+        let feed = |source, suffix: &str| {
+            let (near_channel, heartbeat_prefix) = near_channels(namespace, suffix);
+            Feed::new(
+                source,
+                connection,
+                near_channel,
+                &heartbeat_prefix,
+                heartbeat,
+                tracked,
+                announced,
+            )
+        };
         let client = match self {
             Backend::Memory(_) => {
                 return Err(Error::Config(
@@ -92,22 +104,12 @@ impl Backend {
                 ))
             }
             Backend::RedisCluster(seeds) => {
-                // A cluster has database 0 only: no channel suffix.
-                let (near_channel, heartbeat_prefix) = near_channels(namespace, "");
                 let store = RedisStore::connect_cluster(&seeds, connection)
                     .map_err(connect)?
                     .announcing(namespace);
-                let feed = Feed::cluster(
-                    &seeds,
-                    connection,
-                    near_channel,
-                    &heartbeat_prefix,
-                    heartbeat,
-                    tracked,
-                    announced,
-                )
-                .map_err(|e| connect(e.into()))?;
-                return Ok((Arc::new(store), feed));
+                let source = Source::cluster(&seeds).map_err(|e| connect(e.into()))?;
+                // A cluster has database 0 only: no channel suffix.
+                return Ok((Arc::new(store), feed(source, "")));
             }
             Backend::RedisUrl(url) => parse_url(&url)?,
             Backend::RedisClient(client) => client,
@@ -115,17 +117,8 @@ impl Backend {
         let store = RedisStore::connect(client.clone(), connection)
             .map_err(connect)?
             .announcing(namespace);
-        let (near_channel, heartbeat_prefix) = near_channels(namespace, store.channel_suffix());
-        let feed = Feed::new(
-            &client,
-            connection,
-            near_channel,
-            &heartbeat_prefix,
-            heartbeat,
-            tracked,
-            announced,
-        )
-        .map_err(|e| connect(e.into()))?;
+        let source = Source::server(&client).map_err(|e| connect(e.into()))?;
+        let feed = feed(source, store.channel_suffix());
         Ok((Arc::new(store), feed))
     }
 }

@@ -631,6 +631,19 @@ mod tests {
         EntryKeys::new("t", k).unwrap()
     }
 
+    /// The fence of a lock `answer` must have granted (`why`, if it did not).
+    fn granted(answer: StoreResult<ReadOrLock>, why: &str) -> u64 {
+        match answer.unwrap() {
+            ReadOrLock::Acquired { fence } => fence,
+            other => panic!("{why}: {other:?}"),
+        }
+    }
+
+    /// What a write-and-release did.
+    fn stored(written: bool, released: bool) -> Stored {
+        Stored { written, released }
+    }
+
     fn value(bytes: &[u8], ttl: Duration) -> Write {
         Write::Value {
             bytes: bytes.to_vec(),
@@ -761,17 +774,10 @@ mod tests {
             "the lock is still A's"
         );
         // The holder's write is accepted: its fencing counter was kept.
-        let stored = store
+        let out = store
             .store_and_unlock(&locked, "A", fence, value(b"new", HOUR))
-            .await
-            .unwrap();
-        assert_eq!(
-            stored,
-            Stored {
-                written: true,
-                released: true
-            }
-        );
+            .await;
+        assert_eq!(out.unwrap(), stored(true, true));
     }
 
     #[tokio::test(start_paused = true)]
@@ -829,11 +835,10 @@ mod tests {
         let lease = Duration::from_millis(100);
         for (name, ttl) in [("hour", Duration::from_secs(3600)), ("forever", FOREVER)] {
             let k = keys(name);
-            let ReadOrLock::Acquired { fence } =
-                store.read_or_lock(&k, "A", lease, true).await.unwrap()
-            else {
-                panic!("a free lock must be granted");
-            };
+            let fence = granted(
+                store.read_or_lock(&k, "A", lease, true).await,
+                "a free lock must be granted",
+            );
             let stored = store
                 .store_and_unlock(&k, "A", fence, value(b"v", ttl))
                 .await
@@ -843,11 +848,10 @@ mod tests {
             tokio::time::advance(lease * 50).await;
             let (fence_until, value_until) = expiries(&store, &k);
             assert_eq!(fence_until, value_until, "{name}");
-            let ReadOrLock::Acquired { fence: next } =
-                store.read_or_lock(&k, "B", lease, false).await.unwrap()
-            else {
-                panic!("a free lock must be granted");
-            };
+            let next = granted(
+                store.read_or_lock(&k, "B", lease, false).await,
+                "a free lock must be granted",
+            );
             assert_eq!(
                 next,
                 fence + 1,
@@ -871,31 +875,20 @@ mod tests {
         let lease = Duration::from_secs(5);
         let hour = Duration::from_secs(3600);
         store.set(&k, b"old".to_vec(), hour, lease).await.unwrap();
-        let ReadOrLock::Acquired { fence } =
-            store.read_or_lock(&k, "A", lease, false).await.unwrap()
-        else {
-            panic!("a free lock must be granted");
-        };
+        let fence = granted(
+            store.read_or_lock(&k, "A", lease, false).await,
+            "a free lock must be granted",
+        );
         // Another writer lands while A computes: A's delete must not remove it.
         store.set(&k, b"new".to_vec(), hour, lease).await.unwrap();
-        let out = store
-            .store_and_unlock(&k, "A", fence, Write::Delete)
-            .await
-            .unwrap();
-        assert_eq!(
-            out,
-            Stored {
-                written: false,
-                released: true
-            }
-        );
+        let out = store.store_and_unlock(&k, "A", fence, Write::Delete).await;
+        assert_eq!(out.unwrap(), stored(false, true));
         assert_eq!(store.get(&k).await.unwrap().as_deref(), Some(&b"new"[..]));
         // Nobody in between: the delete goes through.
-        let ReadOrLock::Acquired { fence } =
-            store.read_or_lock(&k, "A", lease, false).await.unwrap()
-        else {
-            panic!("a free lock must be granted");
-        };
+        let fence = granted(
+            store.read_or_lock(&k, "A", lease, false).await,
+            "a free lock must be granted",
+        );
         let out = store
             .store_and_unlock(&k, "A", fence, Write::Delete)
             .await
@@ -928,11 +921,10 @@ mod tests {
         let store = MemoryStore::default();
         let k = keys("a");
         let lease = Duration::from_secs(5);
-        let ReadOrLock::Acquired { fence: first } =
-            store.read_or_lock(&k, "A", lease, true).await.unwrap()
-        else {
-            panic!("a free lock must be granted");
-        };
+        let first = granted(
+            store.read_or_lock(&k, "A", lease, true).await,
+            "a free lock must be granted",
+        );
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(
             store.read_or_lock(&k, "B", lease, true).await.unwrap(),
@@ -941,38 +933,23 @@ mod tests {
             }
         );
         tokio::time::advance(Duration::from_secs(3)).await;
-        let ReadOrLock::Acquired { fence: second } =
-            store.read_or_lock(&k, "B", lease, true).await.unwrap()
-        else {
-            panic!("an expired lock must be granted to the next caller");
-        };
+        let second = granted(
+            store.read_or_lock(&k, "B", lease, true).await,
+            "an expired lock must be granted to the next caller",
+        );
         assert!(second > first);
         assert!(
             !store.extend(&k, "A", lease).await.unwrap(),
             "A lost the lease"
         );
-        let stale = store
+        let out = store
             .store_and_unlock(&k, "A", first, value(b"old", lease))
-            .await
-            .unwrap();
-        assert_eq!(
-            stale,
-            Stored {
-                written: false,
-                released: false
-            }
-        );
-        let fresh = store
+            .await;
+        assert_eq!(out.unwrap(), stored(false, false));
+        let out = store
             .store_and_unlock(&k, "B", second, value(b"new", lease))
-            .await
-            .unwrap();
-        assert_eq!(
-            fresh,
-            Stored {
-                written: true,
-                released: true
-            }
-        );
+            .await;
+        assert_eq!(out.unwrap(), stored(true, true));
     }
 
     #[tokio::test(start_paused = true)]
@@ -980,23 +957,15 @@ mod tests {
         let store = MemoryStore::default();
         let k = keys("a");
         let lease = Duration::from_secs(5);
-        let ReadOrLock::Acquired { fence } =
-            store.read_or_lock(&k, "A", lease, true).await.unwrap()
-        else {
-            panic!("a free lock must be granted");
-        };
+        let fence = granted(
+            store.read_or_lock(&k, "A", lease, true).await,
+            "a free lock must be granted",
+        );
         store.invalidate(&k, lease).await.unwrap();
         let out = store
             .store_and_unlock(&k, "A", fence, value(b"v", lease))
-            .await
-            .unwrap();
-        assert_eq!(
-            out,
-            Stored {
-                written: false,
-                released: true
-            }
-        );
+            .await;
+        assert_eq!(out.unwrap(), stored(false, true));
         assert!(store.get(&k).await.unwrap().is_none());
     }
 
@@ -1007,11 +976,10 @@ mod tests {
         let lease = Duration::from_millis(100);
         let mut last = 0;
         for _ in 0..3 {
-            let ReadOrLock::Acquired { fence } =
-                store.read_or_lock(&k, "A", lease, false).await.unwrap()
-            else {
-                panic!("the lock must be free");
-            };
+            let fence = granted(
+                store.read_or_lock(&k, "A", lease, false).await,
+                "the lock must be free",
+            );
             assert!(fence > last);
             last = fence;
             // Past the lock's lease and the counter's retention.

@@ -33,5 +33,5 @@ mod store;
 
 pub(crate) use classify::classify;
 pub use connection::ConnectionOptions;
-pub(crate) use feed::{Feed, FeedSink};
+pub(crate) use feed::{Feed, FeedSink, Source};
 pub(crate) use store::{near_channels, RedisStore, CHUNK_KEYS};

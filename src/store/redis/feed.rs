@@ -96,7 +96,7 @@ struct Warned {
 
 /// Where announcements are heard. Made once per cache: the size of a client is worth no box.
 #[allow(clippy::large_enum_variant)]
-enum Source {
+pub(crate) enum Source {
     /// One server, which runs every script and so orders every announcement.
     Server(redis::Client),
     /// A Redis Cluster, through these seed nodes. Each master orders the announcements of its
@@ -106,55 +106,26 @@ enum Source {
     Cluster(Vec<redis::Client>),
 }
 
-impl Feed {
-    /// A feed of the near channel `near_channel` over `client`'s server, with heartbeats every
-    /// `period` on `heartbeat_prefix` + a fresh id.
-    pub(crate) fn new(
-        client: &redis::Client,
-        connection: &ConnectionOptions,
-        near_channel: String,
-        heartbeat_prefix: &str,
-        period: Duration,
-        tracked: Option<Vec<String>>,
-        announced: bool,
-    ) -> Result<Self, redis::RedisError> {
-        Ok(Feed::of(
-            Source::Server(resp3(client)?),
-            connection,
-            near_channel,
-            heartbeat_prefix,
-            period,
-            tracked,
-            announced,
-        ))
+impl Source {
+    /// `client`'s server.
+    pub(crate) fn server(client: &redis::Client) -> Result<Self, redis::RedisError> {
+        Ok(Source::Server(resp3(client)?))
     }
 
-    /// [`new`](Self::new) for a Redis Cluster reached through `seeds` (URLs).
-    pub(crate) fn cluster(
-        seeds: &[String],
-        connection: &ConnectionOptions,
-        near_channel: String,
-        heartbeat_prefix: &str,
-        period: Duration,
-        tracked: Option<Vec<String>>,
-        announced: bool,
-    ) -> Result<Self, redis::RedisError> {
+    /// A Redis Cluster reached through `seeds` (URLs).
+    pub(crate) fn cluster(seeds: &[String]) -> Result<Self, redis::RedisError> {
         let seeds = seeds
             .iter()
             .map(|url| resp3(&redis::Client::open(url.as_str())?))
             .collect::<Result<_, _>>()?;
-        Ok(Feed::of(
-            Source::Cluster(seeds),
-            connection,
-            near_channel,
-            heartbeat_prefix,
-            period,
-            tracked,
-            announced,
-        ))
+        Ok(Source::Cluster(seeds))
     }
+}
 
-    fn of(
+impl Feed {
+    /// A feed of the near channel `near_channel` over `source`, with heartbeats every `period`
+    /// on `heartbeat_prefix` + a fresh id.
+    pub(crate) fn new(
         source: Source,
         connection: &ConnectionOptions,
         near_channel: String,

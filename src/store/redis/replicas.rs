@@ -31,7 +31,7 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, Value};
 
 use super::connection::ReplicaAcks;
-use super::scripts::{unexpected, ScriptCall, Scripts};
+use super::scripts::{unexpected, Args, ScriptCall, Scripts};
 use crate::error::BackendErrorKind;
 use crate::store::{StoreError, StoreResult};
 
@@ -57,28 +57,23 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
     /// failed over, flushed) is loaded and the pair sent once more; its `EVALSHA` wrote nothing.
     pub(crate) async fn run<S: ScriptCall>(
         &self,
-        scripts: &Scripts,
+        scripts: Scripts,
         call: S,
     ) -> StoreResult<(S::Reply, Acks)> {
-        let script = S::script(scripts);
-        let mut invocation = script.prepare_invoke();
-        call.encode(&mut invocation);
+        let args = Args::of(&call, scripts);
         let mut pipe = redis::pipe();
-        pipe.invoke_script(&invocation)
+        pipe.invoke_script(args.invocation())
             .cmd("WAIT")
             .arg(self.acks.replicas)
             .arg(wait_ms(self.acks.timeout));
         let mut conn = self.conn.clone();
-        let about = |e: StoreError| match call.key() {
-            Some(key) => e.about(key),
-            None => e,
-        };
+        let about = |e: StoreError| args.name(e);
         let mut replies = conn
             .req_packed_commands(&pipe, 0, 2)
             .await
             .map_err(|e| about(e.into()))?;
         if is_noscript(replies.first()) {
-            invocation
+            args.invocation()
                 .load_async(&mut conn)
                 .await
                 .map_err(|e| about(e.into()))?;
@@ -96,7 +91,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
         }
         let answer = call.decode(reply)?;
         let acks = match waited {
-            Value::Int(acked) => self.enough(usize::try_from(acked).unwrap_or(0), call.key()),
+            Value::Int(acked) => self.enough(usize::try_from(acked).unwrap_or(0), args.about()),
             // Refused (`NOPERM`, a proxy that does not know it): classed as the script's own
             // refusals are, not as a reply of the wrong shape.
             Value::ServerError(e) => Err(about(RedisError::from(e).into())),
@@ -113,7 +108,7 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
     /// Sent here, it runs after every script sent before it.
     pub(crate) async fn release<S: ScriptCall>(
         &self,
-        scripts: &Scripts,
+        scripts: Scripts,
         call: S,
     ) -> StoreResult<S::Reply> {
         super::scripts::run(scripts, call, &mut self.conn.clone()).await

@@ -1,7 +1,8 @@
 //! The Lua scripts behind every compare-and-set in Redis, one file per script: its Lua text, and
 //! beside it the typed call ([`ScriptCall`]) that builds its KEYS and ARGV and reads its reply,
 //! so each script's contract is written once. Shared here: the prelude of Lua helpers every
-//! script starts with, and the encoding of a fenced write.
+//! script starts with, how a call is run, the builder of its KEYS and ARGV ([`Args`], which also
+//! encodes a fenced write), and what the replies several scripts give mean ([`FromReply`]).
 //!
 //! Each script takes data only through KEYS and ARGV, and every key it touches shares the entry's
 //! hash tag, so it runs on one Redis Cluster slot. Wake-up channels are not keys; they travel in
@@ -11,13 +12,14 @@
 //!
 //! Explained in the guide: `docs/how-it-works.md` (The scripts).
 
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, Value};
+use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ToRedisArgs, Value};
 
 use crate::store::{expiry_ms, retention, StoreError, StoreResult, Write};
+use crate::wire::key::EntryKeys;
 
 mod epoch;
 mod extend;
@@ -166,41 +168,191 @@ end
 /// One call of one script, typed: which script, its KEYS and ARGV in the order its Lua text reads
 /// them, and what its reply means. Implemented once per script, beside its Lua text.
 pub(crate) trait ScriptCall {
-    /// What the reply means.
-    type Reply;
+    /// What the reply means: read as its type says ([`FromReply`]), unless the call overrides
+    /// [`decode`](Self::decode).
+    type Reply: FromReply;
 
-    /// The script, from the set for this kind of server.
-    fn script(scripts: &Scripts) -> &Script;
+    /// The script.
+    const LUA: &'static Lua;
 
-    /// Adds this call's KEYS and ARGV.
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>);
+    /// Adds this call's KEYS and ARGV, and with them the key its error names.
+    fn encode<'a>(&'a self, args: &mut Args<'a>);
 
     /// Reads the script's reply; one that breaks the script's contract is an error.
-    fn decode(&self, reply: Value) -> StoreResult<Self::Reply>;
-
-    /// The value key the call is about (a batch's first), named by its error when it fails.
-    fn key(&self) -> Option<&str>;
+    fn decode(&self, reply: Value) -> StoreResult<Self::Reply> {
+        Self::Reply::from_reply(reply)
+    }
 }
 
 /// Runs `call` over `conn`: by SHA, reloading the script on `NOSCRIPT`.
-pub(crate) async fn run<S, C>(scripts: &Scripts, call: S, conn: &mut C) -> StoreResult<S::Reply>
+pub(crate) async fn run<S, C>(scripts: Scripts, call: S, conn: &mut C) -> StoreResult<S::Reply>
 where
     S: ScriptCall,
     C: ConnectionLike,
 {
-    let mut invocation = S::script(scripts).prepare_invoke();
-    call.encode(&mut invocation);
-    let reply: Value = match invocation.invoke_async(conn).await {
-        Ok(reply) => reply,
-        Err(e) => {
-            let error = StoreError::from(e);
-            return Err(match call.key() {
-                Some(key) => error.about(key),
-                None => error,
-            });
+    let args = Args::of(&call, scripts);
+    match args.invocation().invoke_async(conn).await {
+        Ok(reply) => call.decode(reply),
+        Err(e) => Err(args.name(e.into())),
+    }
+}
+
+/// A script's Lua text (after the prelude), hashed on first use for each set of [`Scripts`].
+/// Declared as a `static` beside its call, so each is hashed once per process.
+pub(crate) struct Lua {
+    body: &'static str,
+    plain: OnceLock<Script>,
+    sharded: OnceLock<Script>,
+}
+
+/// The script whose text is the prelude, then `body`.
+const fn lua(body: &'static str) -> Lua {
+    Lua {
+        body,
+        plain: OnceLock::new(),
+        sharded: OnceLock::new(),
+    }
+}
+
+impl Lua {
+    /// The script as the set `scripts` sends it: prefixed with the prelude, with its wake-up
+    /// command.
+    fn script(&self, scripts: Scripts) -> &Script {
+        let (cell, publish) = match scripts {
+            Scripts::Plain => (&self.plain, "'PUBLISH'"),
+            Scripts::Sharded => (&self.sharded, "'SPUBLISH'"),
+        };
+        cell.get_or_init(|| {
+            Script::new(&format!("{PRELUDE}{}", self.body).replace("'PUBLISH'", publish))
+        })
+    }
+}
+
+/// Who hears of a write: the entry's waiters, on its wake-up channel, and the near tiers of the
+/// namespace's other instances, on its near channel. Sent as two ARGV, in that order.
+#[derive(Clone, Copy)]
+pub(crate) struct Told<'a> {
+    /// The entry's wake-up channel.
+    pub(crate) channel: &'a str,
+    /// The namespace's near channel, or `""`: nobody (a lock's own store).
+    pub(crate) near_channel: &'a str,
+}
+
+/// An entry's key, as a script's KEYS name it.
+#[derive(Clone, Copy)]
+pub(crate) enum Key {
+    /// The value.
+    Value,
+    /// The lock.
+    Lock,
+    /// The fencing counter.
+    Fence,
+    /// A leader's last recorded run.
+    LastRun,
+}
+
+/// One call's KEYS and ARGV, as its [`ScriptCall::encode`] adds them, and the key its error
+/// names.
+pub(crate) struct Args<'a> {
+    invocation: ScriptInvocation<'static>,
+    /// The value key the call is about (a batch's first entry's).
+    about: Option<&'a str>,
+}
+
+impl<'a> Args<'a> {
+    /// `call`'s arguments, for its script in the set `scripts`.
+    pub(super) fn of<S: ScriptCall>(call: &'a S, scripts: Scripts) -> Self {
+        let mut args = Args {
+            invocation: S::LUA.script(scripts).prepare_invoke(),
+            about: None,
+        };
+        call.encode(&mut args);
+        args
+    }
+
+    /// The keys `roles` of `entry`, in order, as KEYS; the call is about the entry's value key
+    /// (a batch's: its first entry's).
+    fn entry<const N: usize>(&mut self, entry: &'a EntryKeys, roles: [Key; N]) -> &mut Self {
+        self.about.get_or_insert(&entry.value);
+        for role in roles {
+            match role {
+                Key::Value => self.invocation.key(&entry.value),
+                Key::Lock => self.invocation.key(entry.lock()),
+                Key::Fence => self.invocation.key(entry.fence()),
+                Key::LastRun => self.invocation.key(entry.last_run()),
+            };
         }
-    };
-    call.decode(reply)
+        self
+    }
+
+    /// `key` as KEYS, for a call about no entry (an epoch): its error names it.
+    fn named(&mut self, key: &'a str) -> &mut Self {
+        self.about.get_or_insert(key);
+        self.invocation.key(key);
+        self
+    }
+
+    /// `arg` as ARGV (a tuple: each of its items, in order).
+    fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.invocation.arg(arg);
+        self
+    }
+
+    /// The ARGV of a fenced write, which the prelude's `write_value` reads: `'set', bytes, ttl
+    /// ms`, `'keep', bytes, at least ms` or `'del'`.
+    fn write(&mut self, write: &Write) -> &mut Self {
+        match write {
+            Write::Value { bytes, ttl } => self.arg(("set", bytes, expiry_ms(*ttl))),
+            Write::Delete => self.arg("del"),
+            Write::Keep { bytes, at_least } => self.arg(("keep", bytes, expiry_ms(*at_least))),
+        }
+    }
+
+    /// The script and its arguments, to send.
+    pub(super) fn invocation(&self) -> &ScriptInvocation<'static> {
+        &self.invocation
+    }
+
+    /// The key the call is about, if any.
+    pub(super) fn about(&self) -> Option<&'a str> {
+        self.about
+    }
+
+    /// `error`, naming the key the call is about.
+    pub(super) fn name(&self, error: StoreError) -> StoreError {
+        match self.about {
+            Some(key) => error.about(key),
+            None => error,
+        }
+    }
+}
+
+/// What a script's reply means, by the type it is read as: said once for each reply several
+/// scripts share here, and for a script's own answer beside it.
+pub(crate) trait FromReply: Sized {
+    /// Reads `reply`; one that breaks the script's contract is an error.
+    fn from_reply(reply: Value) -> StoreResult<Self>;
+}
+
+/// A script that answers only that it ran (an integer, 1).
+impl FromReply for () {
+    fn from_reply(reply: Value) -> StoreResult<()> {
+        parse::<i64>(reply).map(drop)
+    }
+}
+
+/// A yes or no: 1 is yes, any other integer no.
+impl FromReply for bool {
+    fn from_reply(reply: Value) -> StoreResult<bool> {
+        Ok(parse::<i64>(reply)? == 1)
+    }
+}
+
+/// A number the script returns as an integer (a fencing token).
+impl FromReply for u64 {
+    fn from_reply(reply: Value) -> StoreResult<u64> {
+        parse(reply)
+    }
 }
 
 /// Reads a reply as `T`, as `invoke_async::<T>` would have.
@@ -231,73 +383,14 @@ fn flag(yes: bool) -> &'static str {
     }
 }
 
-/// The script arguments of a fenced write, which the prelude's `write_value` reads: `'set',
-/// bytes, ttl ms`, `'keep', bytes, at least ms` or `'del'`.
-fn encode_write(invocation: &mut ScriptInvocation<'_>, write: &Write) {
-    match write {
-        Write::Value { bytes, ttl } => {
-            invocation.arg("set").arg(bytes).arg(expiry_ms(*ttl));
-        }
-        Write::Delete => {
-            invocation.arg("del");
-        }
-        Write::Keep { bytes, at_least } => {
-            invocation.arg("keep").arg(bytes).arg(expiry_ms(*at_least));
-        }
-    }
+/// The set of scripts for one way of publishing wake-ups: `PUBLISH` on a single server,
+/// `SPUBLISH` (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash
+/// tag and so stays on the slot's node instead of being broadcast to every node. A script is run
+/// only through its [`ScriptCall`], so its arguments are built in one place.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scripts {
+    /// A single server.
+    Plain,
+    /// Redis Cluster: wake-ups by sharded pub/sub.
+    Sharded,
 }
-
-/// The scripts for one way of publishing wake-ups: `PUBLISH` on a single server, `SPUBLISH`
-/// (sharded pub/sub, Redis 7) on a cluster, where the channel shares the entry's hash tag and so
-/// stays on the slot's node instead of being broadcast to every node. The fields are private:
-/// a script is run only through its [`ScriptCall`], so its arguments are built in one place.
-pub(crate) struct Scripts {
-    read_or_lock: Script,
-    read_or_lock_many: Script,
-    store_and_unlock: Script,
-    extend: Script,
-    unlock: Script,
-    set: Script,
-    invalidate: Script,
-    invalidate_many: Script,
-    raise_fence: Script,
-    next_fence: Script,
-    write_fenced: Script,
-    wake: Script,
-    record_run: Script,
-    since_last_run: Script,
-    clock: Script,
-    raise_epoch: Script,
-}
-
-impl Scripts {
-    /// Every script, prefixed with the prelude, with `publish` as the wake-up command.
-    fn new(publish: &str) -> Self {
-        let script =
-            |body: &str| Script::new(&format!("{PRELUDE}{body}").replace("'PUBLISH'", publish));
-        Scripts {
-            read_or_lock: script(read_or_lock::READ_OR_LOCK),
-            read_or_lock_many: script(read_or_lock::READ_OR_LOCK_MANY),
-            store_and_unlock: script(store_and_unlock::STORE_AND_UNLOCK),
-            extend: script(extend::EXTEND),
-            unlock: script(unlock::UNLOCK),
-            set: script(set::SET),
-            invalidate: script(invalidate::INVALIDATE),
-            invalidate_many: script(invalidate::INVALIDATE_MANY),
-            raise_fence: script(raise_fence::RAISE_FENCE),
-            next_fence: script(next_fence::NEXT_FENCE),
-            write_fenced: script(write_fenced::WRITE_FENCED),
-            wake: script(wake::WAKE),
-            record_run: script(record_run::RECORD_RUN),
-            since_last_run: script(since_last_run::SINCE_LAST_RUN),
-            clock: script(epoch::CLOCK),
-            raise_epoch: script(epoch::RAISE_EPOCH),
-        }
-    }
-}
-
-/// Hashed once per process: for a single server.
-pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("'PUBLISH'"));
-
-/// For Redis Cluster: wake-ups by sharded pub/sub.
-pub(crate) static SHARDED_SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts::new("'SPUBLISH'"));

@@ -20,8 +20,8 @@ use super::replicas::{Acks, ReplicaWait};
 use super::scripts::{
     self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
     RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall,
-    Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, UnlockCall, WakeCall, WriteFencedCall,
-    SCRIPTS, SHARDED_SCRIPTS,
+    Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, Told, UnlockCall, WakeCall,
+    WriteFencedCall,
 };
 use crate::join::join_all;
 use crate::store::op::unanswered;
@@ -54,7 +54,7 @@ pub(crate) struct RedisStore<C> {
     /// nothing else).
     pubsub: Arc<PubSub>,
     /// `PUBLISH` or, on a cluster, `SPUBLISH` for wake-ups.
-    scripts: &'static Scripts,
+    scripts: Scripts,
     /// Freshness is stamped and judged by the server's clock, not this machine's.
     clock: Arc<ServerClock>,
     /// Appended to every wake-up channel: `@n` on database `n`, nothing on database 0. Pub/sub
@@ -83,12 +83,7 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     /// A store over `conn`, announcing nothing until [`announcing`](Self::announcing).
-    fn new(
-        conn: C,
-        pubsub: Arc<PubSub>,
-        scripts: &'static Scripts,
-        channel_suffix: String,
-    ) -> Self {
+    fn new(conn: C, pubsub: Arc<PubSub>, scripts: Scripts, channel_suffix: String) -> Self {
         RedisStore {
             conn: Answered::new(conn),
             pubsub,
@@ -141,8 +136,8 @@ impl RedisStore<ConnectionManager> {
             ConnectionManager::new_lazy_with_config(client.clone(), connection.manager_config())?;
         let pubsub = PubSub::connect(&client, connection)?;
         let db = client.get_connection_info().redis_settings().db();
-        let mut store =
-            RedisStore::new(conn, pubsub, &SCRIPTS, channel_suffix(db)).coalescing(connection);
+        let mut store = RedisStore::new(conn, pubsub, Scripts::Plain, channel_suffix(db))
+            .coalescing(connection);
         if let Some(acks) = connection.wait_for_replicas {
             let config = connection.waited_manager_config(acks);
             let waited = ConnectionManager::new_lazy_with_config(client, config)?;
@@ -168,7 +163,7 @@ impl RedisStore<LazyCluster> {
         let conn = LazyCluster::new(connection.cluster_builder(seeds).build()?);
         let pubsub = PubSub::connect_cluster(seeds, connection)?;
         // A cluster has database 0 only.
-        let mut store = RedisStore::new(conn, pubsub, &SHARDED_SCRIPTS, String::new());
+        let mut store = RedisStore::new(conn, pubsub, Scripts::Sharded, String::new());
         store.per_slot = true;
         if let Some(acks) = connection.wait_for_replicas {
             let waited = connection.waited_cluster_builder(seeds, acks).build()?;
@@ -616,7 +611,19 @@ where
 
     /// The write `op`: a script on the entry's channel.
     async fn write(&self, op: Op<'_>) -> StoreResult<Reply> {
-        let near_channel = &self.near_channel;
+        let (Op::WriteFenced { keys, .. }
+        | Op::StoreAndUnlock { keys, .. }
+        | Op::Set { keys, .. }
+        | Op::Invalidate { keys, .. }
+        | Op::Wake { keys }) = op
+        else {
+            return Err(unanswered(&op));
+        };
+        let channel = &self.channel(keys);
+        let told = Told {
+            channel,
+            near_channel: &self.near_channel,
+        };
         match op {
             Op::WriteFenced {
                 keys,
@@ -624,14 +631,12 @@ where
                 write,
                 lease,
             } => {
-                let channel = &self.channel(keys);
                 let call = WriteFencedCall {
                     keys,
                     fence,
                     write,
                     lease,
-                    channel,
-                    near_channel,
+                    told,
                 };
                 self.script(call).await.map(Reply::Flag)
             }
@@ -641,14 +646,12 @@ where
                 fence,
                 write,
             } => {
-                let channel = &self.channel(keys);
                 let call = StoreAndUnlockCall {
                     keys,
                     token,
                     fence,
                     write,
-                    channel,
-                    near_channel,
+                    told,
                 };
                 self.script(call).await.map(Reply::Stored)
             }
@@ -658,29 +661,20 @@ where
                 ttl,
                 lease,
             } => {
-                let channel = &self.channel(keys);
                 let call = SetCall {
                     keys,
                     value,
                     ttl,
                     lease,
-                    channel,
-                    near_channel,
+                    told,
                 };
                 self.script(call).await.map(|()| Reply::Done)
             }
             Op::Invalidate { keys, lease } => {
-                let channel = &self.channel(keys);
-                let call = InvalidateCall {
-                    keys,
-                    lease,
-                    channel,
-                    near_channel,
-                };
+                let call = InvalidateCall { keys, lease, told };
                 self.script(call).await.map(|()| Reply::Done)
             }
             Op::Wake { keys } => {
-                let channel = &self.channel(keys);
                 let call = WakeCall { keys, channel };
                 self.script(call).await.map(|()| Reply::Done)
             }

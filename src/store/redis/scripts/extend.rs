@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{parse, retention_ms, ScriptCall, Scripts};
-use crate::store::{expiry_ms, StoreResult};
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall};
+use crate::store::expiry_ms;
 use crate::wire::key::EntryKeys;
 
 /// KEYS: lock, fence. ARGV: token, lease ms, fence retention ms. Returns 1 if extended.
-pub(super) const EXTEND: &str = r"
+static EXTEND: Lua = lua(r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
@@ -20,7 +18,7 @@ else
 end
 keep_at_least(KEYS[2], ARGV[3])
 return 1
-";
+");
 
 /// A lease renewal ([`EXTEND`]).
 pub(crate) struct ExtendCall<'a> {
@@ -35,25 +33,13 @@ pub(crate) struct ExtendCall<'a> {
 impl ScriptCall for ExtendCall<'_> {
     /// Whether the lock was still ours and is extended.
     type Reply = bool;
+    const LUA: &'static Lua = &EXTEND;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.extend
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(self.keys.lock())
-            .key(self.keys.fence())
-            .arg(self.token)
-            .arg(expiry_ms(self.lease))
-            .arg(retention_ms(self.lease));
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<bool> {
-        Ok(parse::<i64>(reply)? == 1)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Lock, Key::Fence]).arg((
+            self.token,
+            expiry_ms(self.lease),
+            retention_ms(self.lease),
+        ));
     }
 }

@@ -3,16 +3,13 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{parse, retention_ms, ScriptCall, Scripts};
-use crate::store::StoreResult;
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall};
 use crate::wire::key::EntryKeys;
 
 /// KEYS: fence. ARGV: fence retention ms. Returns the bumped counter.
-pub(super) const NEXT_FENCE: &str = r"
+static NEXT_FENCE: Lua = lua(r"
 return bump_fence(KEYS[1], ARGV[1])
-";
+");
 
 /// A bump of the fencing counter ([`NEXT_FENCE`]).
 pub(crate) struct NextFenceCall<'a> {
@@ -25,22 +22,10 @@ pub(crate) struct NextFenceCall<'a> {
 impl ScriptCall for NextFenceCall<'_> {
     /// The new fence.
     type Reply = u64;
+    const LUA: &'static Lua = &NEXT_FENCE;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.next_fence
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(self.keys.fence())
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Fence])
             .arg(retention_ms(self.lease));
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<u64> {
-        parse(reply)
     }
 }

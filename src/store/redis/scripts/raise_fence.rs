@@ -3,14 +3,11 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{parse, retention_ms, ScriptCall, Scripts};
-use crate::store::StoreResult;
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall};
 use crate::wire::key::EntryKeys;
 
 /// KEYS: fence. ARGV: floor, fence retention ms. Raises the counter to at least `floor`.
-pub(super) const RAISE_FENCE: &str = r"
+static RAISE_FENCE: Lua = lua(r"
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 if current < tonumber(ARGV[1]) then
   set_keeping(KEYS[1], ARGV[1], ARGV[2])
@@ -18,7 +15,7 @@ else
   keep_at_least(KEYS[1], ARGV[2])
 end
 return 1
-";
+");
 
 /// A raise of the fencing counter ([`RAISE_FENCE`]).
 pub(crate) struct RaiseFenceCall<'a> {
@@ -32,23 +29,10 @@ pub(crate) struct RaiseFenceCall<'a> {
 
 impl ScriptCall for RaiseFenceCall<'_> {
     type Reply = ();
+    const LUA: &'static Lua = &RAISE_FENCE;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.raise_fence
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(self.keys.fence())
-            .arg(self.floor)
-            .arg(retention_ms(self.lease));
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<()> {
-        parse::<i64>(reply).map(drop)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Fence])
+            .arg((self.floor, retention_ms(self.lease)));
     }
 }

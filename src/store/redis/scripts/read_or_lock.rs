@@ -3,31 +3,31 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::Value;
 
-use super::{flag, parse, retention_ms, unexpected, ScriptCall, Scripts};
+use super::{flag, lua, parse, retention_ms, unexpected, Args, FromReply, Key, Lua, ScriptCall};
 use crate::store::{expiry_ms, ReadOrLock, StoreResult};
 use crate::wire::key::EntryKeys;
 
 /// KEYS: value, lock, fence. ARGV: token, lease ms, read value (1/0), fence retention ms.
 /// Returns {1, value} | {2, fence} (lock taken) | {3, lock pttl} (held by another).
 /// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
-pub(super) const READ_OR_LOCK: &str = r"
+static READ_OR_LOCK: Lua = lua(r"
 return read_or_lock(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-";
+");
 
 /// The batch form of [`READ_OR_LOCK`]: the same rule for each entry, in one atomic step.
 /// KEYS: value, lock, fence of entry 1, then of entry 2, ... ARGV: lease ms, fence retention ms,
 /// then token and read value (1/0) of entry 1, of entry 2, ... Returns one reply of
 /// `READ_OR_LOCK` per entry, in order.
-pub(super) const READ_OR_LOCK_MANY: &str = r"
+static READ_OR_LOCK_MANY: Lua = lua(r"
 local replies = {}
 for i = 0, #KEYS / 3 - 1 do
   replies[i + 1] = read_or_lock(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
     ARGV[2 * i + 3], ARGV[1], ARGV[2 * i + 4], ARGV[2])
 end
 return replies
-";
+");
 
 /// One entry's read-or-lock ([`READ_OR_LOCK`]).
 pub(crate) struct ReadOrLockCall<'a> {
@@ -43,28 +43,16 @@ pub(crate) struct ReadOrLockCall<'a> {
 
 impl ScriptCall for ReadOrLockCall<'_> {
     type Reply = ReadOrLock;
+    const LUA: &'static Lua = &READ_OR_LOCK;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.read_or_lock
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(&self.keys.value)
-            .key(self.keys.lock())
-            .key(self.keys.fence())
-            .arg(self.token)
-            .arg(expiry_ms(self.lease))
-            .arg(flag(self.read_value))
-            .arg(retention_ms(self.lease));
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<ReadOrLock> {
-        entry_reply(parse(reply)?)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Value, Key::Lock, Key::Fence])
+            .arg((
+                self.token,
+                expiry_ms(self.lease),
+                flag(self.read_value),
+                retention_ms(self.lease),
+            ));
     }
 }
 
@@ -77,31 +65,19 @@ pub(crate) struct ReadOrLockManyCall<'a> {
 }
 
 impl ScriptCall for ReadOrLockManyCall<'_> {
-    /// One answer per entry, in order; a reply of the wrong length fails the whole call.
+    /// One answer per entry, in order.
     type Reply = Vec<StoreResult<ReadOrLock>>;
+    const LUA: &'static Lua = &READ_OR_LOCK_MANY;
 
-    fn key(&self) -> Option<&str> {
-        self.entries.first().map(|entry| entry.0.value.as_str())
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.read_or_lock_many
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .arg(expiry_ms(self.lease))
-            .arg(retention_ms(self.lease));
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.arg((expiry_ms(self.lease), retention_ms(self.lease)));
         for &(keys, token, read_value) in &self.entries {
-            invocation
-                .key(&keys.value)
-                .key(keys.lock())
-                .key(keys.fence())
-                .arg(token)
-                .arg(flag(read_value));
+            args.entry(keys, [Key::Value, Key::Lock, Key::Fence])
+                .arg((token, flag(read_value)));
         }
     }
 
+    /// A reply of the wrong length fails the whole call.
     fn decode(&self, reply: Value) -> StoreResult<Self::Reply> {
         let replies: Vec<Value> = parse(reply)?;
         if replies.len() != self.entries.len() {
@@ -110,6 +86,21 @@ impl ScriptCall for ReadOrLockManyCall<'_> {
                 &Value::Array(replies),
             ));
         }
+        Self::Reply::from_reply(Value::Array(replies))
+    }
+}
+
+/// `{1, value}`, `{2, fence}` or `{3, lock pttl}`.
+impl FromReply for ReadOrLock {
+    fn from_reply(reply: Value) -> StoreResult<Self> {
+        entry_reply(parse(reply)?)
+    }
+}
+
+/// One entry's answer in a batch's reply, each as [`READ_OR_LOCK`]'s.
+impl FromReply for Vec<StoreResult<ReadOrLock>> {
+    fn from_reply(reply: Value) -> StoreResult<Self> {
+        let replies: Vec<Value> = parse(reply)?;
         Ok(replies
             .into_iter()
             .map(|reply| match reply {

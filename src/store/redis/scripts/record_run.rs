@@ -3,16 +3,14 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{parse, ScriptCall, Scripts};
-use crate::store::{expiry_ms, StoreResult};
+use super::{lua, Args, Key, Lua, ScriptCall};
+use crate::store::expiry_ms;
 use crate::wire::key::EntryKeys;
 
 /// KEYS: last-run. ARGV: fence, keep ms. Records the server's clock as the start of a leader's
 /// run under `fence` ("fence ms"), unless a run of a newer term (a higher fence) is recorded:
 /// a paused old leader cannot move the schedule back. Returns 1 if recorded.
-pub(super) const RECORD_RUN: &str = r"
+static RECORD_RUN: Lua = lua(r"
 local current = redis.call('GET', KEYS[1])
 if current then
   local fence = tonumber(string.match(current, '^(%d+) '))
@@ -24,7 +22,7 @@ local t = redis.call('TIME')
 local ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
 set_expiring(KEYS[1], ARGV[1] .. ' ' .. ms, ARGV[2])
 return 1
-";
+");
 
 /// The record of a leader's run ([`RECORD_RUN`]).
 pub(crate) struct RecordRunCall<'a> {
@@ -39,23 +37,10 @@ pub(crate) struct RecordRunCall<'a> {
 impl ScriptCall for RecordRunCall<'_> {
     /// Whether it was recorded.
     type Reply = bool;
+    const LUA: &'static Lua = &RECORD_RUN;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.record_run
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(self.keys.last_run())
-            .arg(self.fence)
-            .arg(expiry_ms(self.keep));
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<bool> {
-        Ok(parse::<i64>(reply)? == 1)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::LastRun])
+            .arg((self.fence, expiry_ms(self.keep)));
     }
 }

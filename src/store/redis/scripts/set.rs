@@ -3,22 +3,20 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{parse, retention_ms, ScriptCall, Scripts};
-use crate::store::{expiry_ms, StoreResult};
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall, Told};
+use crate::store::expiry_ms;
 use crate::wire::key::EntryKeys;
 
 /// KEYS: value, fence. ARGV: value, ttl ms, fence retention ms, channel, near channel.
 /// Always announced: a `set` is the user's explicit change.
-pub(super) const SET: &str = r"
+static SET: Lua = lua(r"
 local fence = bump_fence(KEYS[2], ARGV[3])
 set_expiring(KEYS[1], ARGV[1], ARGV[2])
 keep_at_least(KEYS[2], ARGV[2])
 announce(ARGV[5], string.format('%d', fence), KEYS[1])
 redis.call('PUBLISH', ARGV[4], '')
 return 1
-";
+");
 
 /// An explicit write ([`SET`]).
 pub(crate) struct SetCall<'a> {
@@ -30,35 +28,21 @@ pub(crate) struct SetCall<'a> {
     pub(crate) ttl: Duration,
     /// The lease whose retention the new fence is kept for.
     pub(crate) lease: Duration,
-    /// The entry's wake-up channel.
-    pub(crate) channel: &'a str,
-    /// The namespace's near channel, or `""`.
-    pub(crate) near_channel: &'a str,
+    /// Who hears of it.
+    pub(crate) told: Told<'a>,
 }
 
 impl ScriptCall for SetCall<'_> {
     type Reply = ();
+    const LUA: &'static Lua = &SET;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.set
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(&self.keys.value)
-            .key(self.keys.fence())
-            .arg(&self.value)
-            .arg(expiry_ms(self.ttl))
-            .arg(retention_ms(self.lease))
-            .arg(self.channel)
-            .arg(self.near_channel);
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<()> {
-        parse::<i64>(reply).map(drop)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Value, Key::Fence]).arg((
+            &self.value,
+            expiry_ms(self.ttl),
+            retention_ms(self.lease),
+            self.told.channel,
+            self.told.near_channel,
+        ));
     }
 }

@@ -2,15 +2,15 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::Value;
 
-use super::{parse, ScriptCall, Scripts};
+use super::{lua, parse, Args, FromReply, Key, Lua, ScriptCall};
 use crate::store::StoreResult;
 use crate::wire::key::EntryKeys;
 
 /// KEYS: last-run. Returns how many milliseconds ago, by the server's clock, the last recorded
 /// run started, or -1 if none is recorded.
-pub(super) const SINCE_LAST_RUN: &str = r"
+static SINCE_LAST_RUN: Lua = lua(r"
 local current = redis.call('GET', KEYS[1])
 local ran = current and tonumber(string.match(current, ' (%d+)$'))
 if not ran then
@@ -19,7 +19,7 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return math.max(0, now - ran)
-";
+");
 
 /// The age of a job's last recorded run ([`SINCE_LAST_RUN`]).
 pub(crate) struct SinceLastRunCall<'a> {
@@ -30,20 +30,16 @@ pub(crate) struct SinceLastRunCall<'a> {
 impl ScriptCall for SinceLastRunCall<'_> {
     /// How long ago, or `None` if no run is recorded.
     type Reply = Option<Duration>;
+    const LUA: &'static Lua = &SINCE_LAST_RUN;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::LastRun]);
     }
+}
 
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.since_last_run
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation.key(self.keys.last_run());
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<Option<Duration>> {
+/// An age in milliseconds, or -1: none.
+impl FromReply for Option<Duration> {
+    fn from_reply(reply: Value) -> StoreResult<Self> {
         let since: i64 = parse(reply)?;
         Ok(u64::try_from(since).ok().map(Duration::from_millis))
     }

@@ -1,9 +1,9 @@
 //! Store-and-unlock: the computing caller's write under its fence, and the release of its lock,
 //! in one step.
 
-use redis::{Script, ScriptInvocation, Value};
+use redis::Value;
 
-use super::{encode_write, parse, ScriptCall, Scripts};
+use super::{lua, parse, Args, FromReply, Key, Lua, ScriptCall, Told};
 use crate::store::{StoreResult, Stored, Write};
 use crate::wire::key::EntryKeys;
 
@@ -13,7 +13,7 @@ use crate::wire::key::EntryKeys;
 /// A write that replaces or deletes a value is announced to the near tiers; a fill of an empty
 /// key is not (no near tier can hold a copy of a value that is not there, and announcing every
 /// fill is the broadcast storm of JetCache #972). Returns {written, released}.
-pub(super) const STORE_AND_UNLOCK: &str = r"
+static STORE_AND_UNLOCK: Lua = lua(r"
 local written = 0
 if redis.call('GET', KEYS[3]) == ARGV[2] then
   -- Where no near tier can listen (no channel) nothing is announced: spare the EXISTS too.
@@ -30,7 +30,7 @@ if redis.call('GET', KEYS[2]) == ARGV[1] then
 end
 redis.call('PUBLISH', ARGV[3], '')
 return {written, released}
-";
+");
 
 /// A lock holder's write and release ([`STORE_AND_UNLOCK`]).
 pub(crate) struct StoreAndUnlockCall<'a> {
@@ -42,36 +42,29 @@ pub(crate) struct StoreAndUnlockCall<'a> {
     pub(crate) fence: u64,
     /// What to write.
     pub(crate) write: Write,
-    /// The entry's wake-up channel.
-    pub(crate) channel: &'a str,
-    /// The namespace's near channel, or `""`.
-    pub(crate) near_channel: &'a str,
+    /// Who hears of it.
+    pub(crate) told: Told<'a>,
 }
 
 impl ScriptCall for StoreAndUnlockCall<'_> {
     type Reply = Stored;
+    const LUA: &'static Lua = &STORE_AND_UNLOCK;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Value, Key::Lock, Key::Fence])
+            .arg((
+                self.token,
+                self.fence,
+                self.told.channel,
+                self.told.near_channel,
+            ))
+            .write(&self.write);
     }
+}
 
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.store_and_unlock
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(&self.keys.value)
-            .key(self.keys.lock())
-            .key(self.keys.fence())
-            .arg(self.token)
-            .arg(self.fence)
-            .arg(self.channel)
-            .arg(self.near_channel);
-        encode_write(invocation, &self.write);
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<Stored> {
+/// `{written, released}`, each 1 or 0.
+impl FromReply for Stored {
+    fn from_reply(reply: Value) -> StoreResult<Self> {
         let (written, released): (i64, i64) = parse(reply)?;
         Ok(Stored {
             written: written == 1,

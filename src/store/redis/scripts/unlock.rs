@@ -1,20 +1,17 @@
 //! Unlock: a holder frees its lock and wakes the waiters.
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{parse, ScriptCall, Scripts};
-use crate::store::StoreResult;
+use super::{lua, Args, Key, Lua, ScriptCall};
 use crate::wire::key::EntryKeys;
 
 /// KEYS: lock. ARGV: token, channel. Returns 1 if the lock was ours and is now free.
-pub(super) const UNLOCK: &str = r"
+static UNLOCK: Lua = lua(r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], '')
 return 1
-";
+");
 
 /// A release without a write ([`UNLOCK`]).
 pub(crate) struct UnlockCall<'a> {
@@ -29,23 +26,10 @@ pub(crate) struct UnlockCall<'a> {
 impl ScriptCall for UnlockCall<'_> {
     /// Whether the lock was ours and is now free.
     type Reply = bool;
+    const LUA: &'static Lua = &UNLOCK;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.unlock
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(self.keys.lock())
-            .arg(self.token)
-            .arg(self.channel);
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<bool> {
-        Ok(parse::<i64>(reply)? == 1)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Lock])
+            .arg((self.token, self.channel));
     }
 }

@@ -1,18 +1,15 @@
 //! Wake: publishes an entry's wake-up without touching any key.
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{parse, ScriptCall, Scripts};
-use crate::store::StoreResult;
+use super::{lua, Args, Key, Lua, ScriptCall};
 use crate::wire::key::EntryKeys;
 
 /// KEYS: value (only so that Redis Cluster routes it to the entry's node). ARGV: channel.
 /// Wakes the waiters without touching any key: the value store of a split store publishes this
 /// when a lock held elsewhere (a Redlock) was freed without a value.
-pub(super) const WAKE: &str = r"
+static WAKE: Lua = lua(r"
 redis.call('PUBLISH', ARGV[1], '')
 return 1
-";
+");
 
 /// A wake-up of an entry's waiters ([`WAKE`]).
 pub(crate) struct WakeCall<'a> {
@@ -24,20 +21,9 @@ pub(crate) struct WakeCall<'a> {
 
 impl ScriptCall for WakeCall<'_> {
     type Reply = ();
+    const LUA: &'static Lua = &WAKE;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.wake
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation.key(&self.keys.value).arg(self.channel);
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<()> {
-        parse::<i64>(reply).map(drop)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Value]).arg(self.channel);
     }
 }

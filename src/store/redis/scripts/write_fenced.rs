@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
-use redis::{Script, ScriptInvocation, Value};
-
-use super::{encode_write, parse, retention_ms, ScriptCall, Scripts};
-use crate::store::{StoreResult, Write};
+use super::{lua, retention_ms, Args, Key, Lua, ScriptCall, Told};
+use crate::store::Write;
 use crate::wire::key::EntryKeys;
 
 /// KEYS: value, fence. ARGV: fence, fence retention ms, channel, near channel,
@@ -14,7 +12,7 @@ use crate::wire::key::EntryKeys;
 /// (a newer token or an invalidation came since), and records `fence`; the counter lives at least
 /// as long as the value, so the rule holds for it. A write is always announced: its callers (a
 /// `set` over a Redlock) make explicit changes. Returns 1 if written.
-pub(super) const WRITE_FENCED: &str = r"
+static WRITE_FENCED: Lua = lua(r"
 local current = tonumber(redis.call('GET', KEYS[2]) or '0')
 local written = 0
 if current <= tonumber(ARGV[1]) then
@@ -25,7 +23,7 @@ if current <= tonumber(ARGV[1]) then
 end
 redis.call('PUBLISH', ARGV[3], '')
 return written
-";
+");
 
 /// A write under a fence taken elsewhere ([`WRITE_FENCED`]).
 pub(crate) struct WriteFencedCall<'a> {
@@ -37,36 +35,23 @@ pub(crate) struct WriteFencedCall<'a> {
     pub(crate) write: Write,
     /// The writer's lease (the fence is kept for its retention).
     pub(crate) lease: Duration,
-    /// The entry's wake-up channel.
-    pub(crate) channel: &'a str,
-    /// The namespace's near channel, or `""`.
-    pub(crate) near_channel: &'a str,
+    /// Who hears of it.
+    pub(crate) told: Told<'a>,
 }
 
 impl ScriptCall for WriteFencedCall<'_> {
     /// Whether it was written.
     type Reply = bool;
+    const LUA: &'static Lua = &WRITE_FENCED;
 
-    fn key(&self) -> Option<&str> {
-        Some(&self.keys.value)
-    }
-
-    fn script(scripts: &Scripts) -> &Script {
-        &scripts.write_fenced
-    }
-
-    fn encode(&self, invocation: &mut ScriptInvocation<'_>) {
-        invocation
-            .key(&self.keys.value)
-            .key(self.keys.fence())
-            .arg(self.fence)
-            .arg(retention_ms(self.lease))
-            .arg(self.channel)
-            .arg(self.near_channel);
-        encode_write(invocation, &self.write);
-    }
-
-    fn decode(&self, reply: Value) -> StoreResult<bool> {
-        Ok(parse::<i64>(reply)? == 1)
+    fn encode<'a>(&'a self, args: &mut Args<'a>) {
+        args.entry(self.keys, [Key::Value, Key::Fence])
+            .arg((
+                self.fence,
+                retention_ms(self.lease),
+                self.told.channel,
+                self.told.near_channel,
+            ))
+            .write(&self.write);
     }
 }
