@@ -513,7 +513,7 @@ impl NearTier {
     }
 
     /// Whether copies are held while the backend is down ([`NearCacheOptions::serve_while_down`]).
-    fn holds(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         !self.serve_while_down.is_zero()
     }
 
