@@ -132,6 +132,60 @@ async fn question_mark_into_the_crates_error_keeps_it() {
     assert_eq!(answered(error).await.0, 503);
 }
 
+/// A service handle with a `#[cached]` route whose pool is exhausted.
+#[derive(Clone)]
+struct Reports {
+    cache: Cache,
+    pool: sqlx::SqlitePool,
+    runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Reports {
+    #[stampede_guard::cached(cache = self.cache, key = "report:{month}", ttl_secs = 60)]
+    async fn report(&self, month: String) -> Result<i64, Error> {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _ = month;
+        Ok(sqlx::query_scalar("SELECT 1").fetch_one(&self.pool).await?)
+    }
+}
+
+/// A `#[cached]` route on an exhausted pool: the caller whose body ran and the callers that
+/// waited on it all get the 503, with no user code mapping the error.
+#[tokio::test]
+async fn a_cached_route_on_a_timed_out_pool_is_a_503_for_every_caller() {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(100))
+        .connect("sqlite::memory:")
+        .await
+        .unwrap();
+    let _held = pool.acquire().await.unwrap();
+    let reports = Reports {
+        cache: Cache::in_memory(),
+        pool,
+        runs: Default::default(),
+    };
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            let reports = reports.clone();
+            tokio::spawn(async move { reports.report("2019-05".into()).await })
+        })
+        .collect();
+    for call in calls {
+        let error = call.await.unwrap().expect_err("the pool timed out");
+        assert!(error.is_source_unavailable(), "{error:?}");
+        assert_eq!(
+            answered(error).await,
+            (503, Some("1".to_owned()), DOWN.to_owned())
+        );
+    }
+    assert_eq!(
+        reports.runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one body ran, the others waited on it"
+    );
+}
+
 /// PostgreSQL: a terminated connection (`pg_terminate_backend`) is a 503; a missing table and
 /// a syntax error stay 500s.
 #[tokio::test]
