@@ -96,7 +96,8 @@ pub enum HealthReason {
     /// The circuit breaker is open or half-open: calls skip the backend.
     BreakerOpen,
     /// The near tier serves the copies it holds
-    /// ([`serve_while_down`](crate::NearCacheOptions::serve_while_down)).
+    /// ([`serve_while_down`](crate::NearCacheOptions::serve_while_down)): its feed was proven
+    /// at least once, and the bound past the last proof has not run out.
     ServingHeldCopies,
     /// Computations run without the cache
     /// ([`ComputeUncached`](crate::OnBackendError::ComputeUncached)); its `get` reads a miss and
@@ -288,7 +289,11 @@ impl<C: Codec> Engine<C> {
         let breaker = self.core.breaker.as_deref();
         let breaker_state = breaker.map_or(BreakerState::Closed, |b| b.state());
         let fallbacks = Fallbacks {
-            held_copies: self.core.tiers.near().is_some_and(|near| near.holds()),
+            held_copies: self
+                .core
+                .tiers
+                .near()
+                .is_some_and(|near| near.serves_held()),
             uncached: self.options.on_backend_error == OnBackendError::ComputeUncached,
             queued_writes: self.core.recovery.is_some(),
         };

@@ -513,7 +513,7 @@ impl NearTier {
     }
 
     /// Whether copies are held while the backend is down ([`NearCacheOptions::serve_while_down`]).
-    pub(crate) fn holds(&self) -> bool {
+    fn holds(&self) -> bool {
         !self.serve_while_down.is_zero()
     }
 
@@ -601,6 +601,18 @@ impl NearTier {
         if self.copies.get(key).is_some_and(|copy| copy.era != current) {
             self.copies.invalidate(key);
         }
+    }
+
+    /// Whether held copies would be served now, were the backend down (for the health report):
+    /// with `serve_while_down`, once the feed was proven at least once (before that nothing
+    /// was filled), and within that bound past the last proof.
+    pub(crate) fn serves_held(&self) -> bool {
+        let proven = self.proven_until.load(Ordering::Acquire);
+        self.holds()
+            && proven > 0
+            && self
+                .held_until(self.era.load(Ordering::Acquire))
+                .is_some_and(|until| self.nanos(Instant::now()) <= until)
     }
 
     /// Whether the feed is proven current now, so that copies are served.
