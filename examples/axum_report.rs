@@ -18,7 +18,8 @@
 //!   `cache` field say which), so a client that retries on an error never inserts twice;
 //! - `GET /summary`: `get` the year's summary, which a `Leader` job writes: of all the instances
 //!   sharing one Redis, only the active one runs it, every `--summary-every-ms`;
-//! - `GET /health`: the cache's health report, 200 or 503 (`Health: IntoResponse`);
+//! - `GET /health`: the cache's health report, 200 or 503 (`Health: IntoResponse`); `GET /livez` and
+//!   `GET /readyz`, the probes for Kubernetes (`web::probes`);
 //! - one shutdown signal (`web::shutdown_signal`, Ctrl-C or SIGTERM) stops the HTTP server and the leader together; the
 //!   leader releases its lock at once, so another instance takes over without waiting for the
 //!   lease to run out.
@@ -178,6 +179,9 @@ fn router(app: App) -> Router {
             "/health",
             get(|State(app): State<App>| async move { app.cache.health().await }),
         )
+        // `/livez` (the process runs) and `/readyz` (200 while this instance serves, Redis down
+        // or not): docs/health-and-probes.md.
+        .merge(web::probes(app.cache.clone()))
         .with_state(app)
 }
 

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::cache::Cache;
-use crate::error::Error;
+use crate::error::{BodyFailed, Error};
 use crate::options::CallOptions;
 use crate::sync::lock;
 use crate::{CacheValue, Codec};
@@ -62,34 +62,6 @@ where
             _ => E::from(error),
         }
     })
-}
-
-/// The cache's copy of a failed body's error: its `Display` (what waiting callers and a
-/// remembered failure read) and its `Debug`, taken when it failed.
-pub struct BodyFailed {
-    display: String,
-    debug: String,
-}
-
-impl BodyFailed {
-    fn of<E: fmt::Display + fmt::Debug>(error: &E) -> Self {
-        BodyFailed {
-            display: error.to_string(),
-            debug: format!("{error:?}"),
-        }
-    }
-}
-
-impl fmt::Display for BodyFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.display)
-    }
-}
-
-impl fmt::Debug for BodyFailed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.debug)
-    }
 }
 
 /// The attribute's misuses are compile errors (their messages are tested in the macro crate;

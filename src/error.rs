@@ -307,9 +307,17 @@ impl Error {
     /// The crate sees into the computation's error only when it is a [`SourceUnavailable`], a
     /// [`std::io::Error`], a `Box<dyn std::error::Error + Send + Sync>` or an
     /// `Arc<dyn std::error::Error + Send + Sync>` (a computation's error needs only `Display +
-    /// Debug`, so other types are opaque: see [`SourceUnavailable`] for wrapping your own). A
-    /// pool's time-out (sqlx's `PoolTimedOut`, deadpool's and bb8's `TimedOut`) is no I/O
-    /// error: wrap it in [`SourceUnavailable`] yourself.
+    /// Debug`, so other types are opaque: see [`SourceUnavailable`] for wrapping your own), or
+    /// this crate's [`Error`].
+    ///
+    /// With feature `sqlx`, a `sqlx::Error` (returned as is, or anywhere in the chain) counts
+    /// when it says the database is down or busy: a pool time-out or closed pool, I/O, a
+    /// crashed worker, or a database error with SQLSTATE `57P01` (admin_shutdown, also a
+    /// terminated connection), `57P02`, `57P03` (cannot_connect_now), `53300`
+    /// (too_many_connections), class `08` (connection exception), `40001` (serialization
+    /// failure) or `40P01` (deadlock). A syntax, constraint or missing-relation error does not:
+    /// it stays a 500. Without it, a pool's time-out (sqlx's `PoolTimedOut`, deadpool's and
+    /// bb8's `TimedOut`) is no I/O error: wrap it in [`SourceUnavailable`] yourself.
     ///
     /// ```
     /// use stampede_guard::{Cache, Error, SourceUnavailable};
@@ -472,6 +480,24 @@ impl std::error::Error for Error {
     }
 }
 
+/// A sqlx error as a failed computation (feature `sqlx`), so that `?` works in a computation
+/// or a `#[cached]` function returning this crate's [`Error`]. A down or busy database counts as
+/// an unavailable source ([`Error::is_source_unavailable`]: a 503 in `web`); any other sqlx
+/// error stays a plain failure (a 500).
+///
+/// ```
+/// use stampede_guard::Error;
+///
+/// assert!(Error::from(sqlx::Error::PoolTimedOut).is_source_unavailable());
+/// assert!(!Error::from(sqlx::Error::RowNotFound).is_source_unavailable());
+/// ```
+#[cfg(feature = "sqlx")]
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        Error::compute(error)
+    }
+}
+
 /// The bound of the auto-recovery queue that a write would have passed
 /// ([`Error::RecoveryQueueFull`]), as set by [`RecoveryOptions`](crate::RecoveryOptions).
 ///
@@ -601,11 +627,24 @@ impl ComputeError {
         if let Some(e) = any.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
             return Some(&**e);
         }
+        // A computation that returns the crate's own error (a `#[cached]` function's, a nested
+        // cache call's): its chain goes on into the computation's error it wraps.
+        if let Some(e) = any.downcast_ref::<Error>() {
+            return Some(e);
+        }
+        #[cfg(feature = "sqlx")]
+        if let Some(e) = any.downcast_ref::<sqlx::Error>() {
+            return Some(e);
+        }
         None
     }
 
     /// What the computation's error says of its unavailable source, if it says so.
     fn unavailable_source(&self) -> Option<Unavailable> {
+        #[cfg(feature = "macros")]
+        if let Some(failed) = self.downcast_ref::<BodyFailed>() {
+            return failed.unavailable();
+        }
         find_unavailable(self.as_std_error()?)
     }
 }
@@ -627,6 +666,50 @@ impl fmt::Debug for ComputeError {
 impl std::error::Error for ComputeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.as_std_error()?.source()
+    }
+}
+
+/// The cache's copy of a failed `#[cached]` body's error (`src/cached.rs`): its `Display` (what
+/// waiting callers and a remembered failure read) and its `Debug`, taken when it failed, and
+/// whether it said its source was unavailable. Here beside [`ComputeError`], which reads it.
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+pub struct BodyFailed {
+    display: String,
+    debug: String,
+    /// What the body's error said of an unavailable source, when it is the crate's [`Error`]:
+    /// the callers that waited on it get the same 503 as the caller whose body ran.
+    unavailable: Option<Unavailable>,
+}
+
+#[cfg(feature = "macros")]
+impl BodyFailed {
+    pub(crate) fn of<E: fmt::Display + fmt::Debug + 'static>(error: &E) -> Self {
+        let crate_error = (error as &dyn std::any::Any).downcast_ref::<Error>();
+        BodyFailed {
+            display: error.to_string(),
+            debug: format!("{error:?}"),
+            unavailable: crate_error.and_then(Error::unavailable_source),
+        }
+    }
+
+    /// What the body's error said of an unavailable source, if it said so.
+    pub(crate) fn unavailable(&self) -> Option<Unavailable> {
+        self.unavailable
+    }
+}
+
+#[cfg(feature = "macros")]
+impl fmt::Display for BodyFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+#[cfg(feature = "macros")]
+impl fmt::Debug for BodyFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.debug)
     }
 }
 
@@ -788,6 +871,22 @@ fn find_unavailable(error: &(dyn std::error::Error + 'static)) -> Option<Unavail
             return Some(Unavailable {
                 retry_after: marked.retry_after,
             });
+        }
+        #[cfg(feature = "sqlx")]
+        if current
+            .downcast_ref::<sqlx::Error>()
+            .is_some_and(crate::sqlx_source::is_unavailable)
+        {
+            return Some(Unavailable { retry_after: None });
+        }
+        // A computation's error passes its `source()` on from the error it wraps, skipping that
+        // error itself: look at the wrapped one.
+        if let Some(inner) = current
+            .downcast_ref::<ComputeError>()
+            .and_then(ComputeError::as_std_error)
+        {
+            link = Some(inner);
+            continue;
         }
         if let Some(io) = current.downcast_ref::<std::io::Error>() {
             if is_connection_lost(io.kind()) {

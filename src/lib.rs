@@ -134,8 +134,9 @@
 //! |---|---|---|
 //! | `metrics` | every call's outcome, waits, lease renewals and losses go to the `metrics` facade as well as to [`Cache::stats`] (names in [`Stats`]) | `metrics` |
 //! | `tls` | `rediss://` URLs, through rustls with the ring crypto provider, trusting the system's root certificates (or those of a client made with `redis::Client::build_with_tls` and passed to [`CacheBuilder::redis_client`]); if your program also enables rustls's `aws-lc-rs` provider, install a process-wide default provider at start-up, as rustls requires when it finds two | `rustls` (ring), redis's rustls features |
-//! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors and wait timeouts, 500 for failed computations, 400 for invalid keys), and `web::response` (the whole response: status, `Retry-After`, the log line) and `web::status` serve handlers with their own error type; `web::JsonError` for JSON error bodies, the `x-cache` header from a `Fetched`, the health report as a response, and `web::shutdown_signal()` for `axum::serve` and `Leader::run` together; see the module `stampede_guard::web` | `axum` (no default features), `serde_json`, tokio's `signal` |
+//! | `axum` | [`Error`] implements axum's `IntoResponse` (503 for backend errors, wait timeouts and an unavailable source, 500 for failed computations, 400 for invalid keys) with a JSON body (`{"error": "...", "status": 503}`; `web::text_response` for plain text), and `web::response` (the whole response: status, `Retry-After`, the log line, one per kind of error and minute) and `web::status` serve handlers with their own error type; the `x-cache` header from a `Fetched`, the health report as a response, `web::probes` (`/livez`, `/readyz`: ready while the instance serves, Redis down or not), and `web::shutdown_signal()` for `axum::serve` and `Leader::run` together; see the module `stampede_guard::web` | `axum` (no default features), `serde_json`, tokio's `signal` |
 //! | `tower` | `web::ResponseCacheLayer`: whole `GET`/`HEAD` responses cached through the crate, one handler execution per key across the fleet, with `Vary`, `Cache-Control`, `ETag`/`304` and the `x-cache` header (implies `axum`) | `tower`, `http-body`, `http-body-util`, `bytes` (all of which axum already builds on) |
+//! | `sqlx` | a computation's sqlx error that says the database is down or busy (a pool time-out or closed pool, I/O, a lost connection, PostgreSQL's `admin_shutdown`, `cannot_connect_now`, `too_many_connections`, a connection exception, a serialization failure or deadlock) counts as an unavailable source ([`Error::is_source_unavailable`]): with `axum`, a 503 with `Retry-After` instead of a 500; a syntax, constraint or missing-table error stays a 500. `From<sqlx::Error>` for [`Error`], so `?` works in a `#[cached]` function | `sqlx` (no default features: no driver, no runtime) |
 //! | `compression` | `Compressed`, a codec for [`CacheBuilder::codec`] that LZ4-compresses another codec's payloads (by default [`Bincode`]'s) from a threshold on (1 KiB by default): for a ~100 KiB report of rows, measured: 0.44× the Redis memory and the bytes per hit, half the server's time per read, about 30 µs more client CPU per hit and 200 µs per write; decompression bounded by [`MAX_VALUE_BYTES`]. Changing the codec makes each stored value a miss once. Figures and when to turn it on: [Performance](https://github.com/stampede-guard/stampede-guard/blob/main/docs/performance.md#compressing-large-values) | `lz4_flex` (pure Rust, its safe decoder, no default features) |
 //! | `macros` | the `#[cached]` attribute (`stampede_guard::cached`): an async function or method whose body is the computation of `get_or_compute`, its key a template of its arguments, its error its own | `stampede-guard-macros` (this crate's proc-macro crate: `syn`, `quote`, `proc-macro2`) |
 //!
@@ -171,6 +172,8 @@ mod error;
 mod join;
 mod lock;
 mod options;
+#[cfg(feature = "sqlx")]
+mod sqlx_source;
 mod stats;
 mod store;
 mod sync;
@@ -184,7 +187,7 @@ pub use cache::batch::MAX_BATCH_KEYS;
 pub use cache::bounds::{CacheValue, ComputeFailure};
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
-pub use cache::health::Health;
+pub use cache::health::{Health, HealthReason, HealthState};
 pub use cache::near::NearCacheOptions;
 pub use cache::recovery::{RecoveryOptions, Written};
 pub use cache::Cache;
@@ -327,7 +330,8 @@ pub use stampede_guard_macros::cached;
 #[cfg(feature = "macros")]
 #[doc(hidden)]
 pub mod __cached {
-    pub use crate::cached::{run, BodyFailed};
+    pub use crate::cached::run;
+    pub use crate::error::BodyFailed;
 }
 
 /// The guide's pages as doc tests: every `rust` block of `docs/*.md` compiles (and runs, unless
@@ -355,6 +359,9 @@ mod guide {
         Batch = "batch.md";
         ClusterAndRedlock = "cluster-and-redlock.md";
         Configuration = "configuration.md";
+        // Its block merges `web::probes`.
+        #[cfg(feature = "axum")]
+        HealthAndProbes = "health-and-probes.md";
         FailSafe = "fail-safe.md";
         Freshness = "freshness.md";
         Guarantees = "guarantees.md";

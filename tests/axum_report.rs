@@ -310,10 +310,25 @@ async fn redis_down_is_a_503_with_retry_after_and_runs_no_query() {
     let response = service.get("/report/2019-05").await;
     assert_eq!(response.status, 503, "{response:?}");
     assert_eq!(response.header("retry-after"), Some("1"), "{response:?}");
-    assert_eq!(response.body, "the cache is unavailable; try again shortly");
+    let body: serde_json::Value = serde_json::from_str(&response.body).expect("a JSON body");
+    assert_eq!(body["error"], "the cache is unavailable; try again shortly");
     // The client learns nothing of the server's set-up.
     assert!(!response.body.contains(&redis.port().to_string()));
     assert_eq!(service.queries().await, 0);
+
+    // The process is alive whatever Redis does; it is not ready: the example configures no
+    // fallback for reads (no held copies, no uncached computation), so every report fails.
+    assert_eq!(service.get("/livez").await.status, 200);
+    let ready = service.get("/readyz").await;
+    assert_eq!(ready.status, 503, "{ready:?}");
+    let report: serde_json::Value = serde_json::from_str(&ready.body).expect("a JSON report");
+    assert_eq!(report["state"], "unavailable", "{report}");
+    assert!(
+        report["reasons"]
+            .as_array()
+            .is_some_and(|r| r.contains(&"no_fallback".into())),
+        "{report}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("store", 2),
     ("wire", 1),
     ("error", 0),
+    ("sqlx_source", 0),
     ("time", 0),
     ("sync", 0),
     ("join", 0),

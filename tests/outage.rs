@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use stampede_guard::{
     BreakerOptions, BreakerState, Cache, CallOptions, Computed, ConnectionOptions, Error,
-    NearCacheOptions, OnBackendError, Source,
+    HealthReason, HealthState, NearCacheOptions, OnBackendError, Source,
 };
 use support::{eventually, Mode, Proxy, RedisServer};
 
@@ -109,6 +109,9 @@ async fn refused_connections_open_the_breaker_then_calls_fail_fast_and_it_closes
 
     let health = cache.health().await;
     assert!(!health.reachable && !health.is_ready(), "{health:?}");
+    // No fallback configured: every call fails, and the report says so.
+    assert_eq!(health.state, HealthState::Unavailable);
+    assert_eq!(health.reasons.last(), Some(&HealthReason::NoFallback));
     assert_ne!(health.breaker, BreakerState::Closed);
     assert!(health.failing_for.is_some());
 
@@ -255,6 +258,10 @@ async fn with_serve_while_down_the_near_tier_answers_from_what_it_holds() {
 
     let health = cache.health().await;
     assert_eq!(health.near_feed_proven, Some(false));
+    // It serves what it holds: degraded, and still ready (it stays in rotation).
+    assert_eq!(health.state, HealthState::Degraded, "{health:?}");
+    assert!(health.is_ready() && !health.reachable, "{health:?}");
+    assert!(health.reasons.contains(&HealthReason::ServingHeldCopies));
 }
 
 /// Reads `key` until the near tier answers it (its feed is proven and it holds a copy).
@@ -319,6 +326,10 @@ async fn the_serve_while_down_bound_ends_serving() {
         })
         .await;
     assert!(unreachable(&served), "{served:?}");
+    // Past the bound nothing answers in Redis's place: the report says so.
+    let health = cache.health().await;
+    assert_eq!(health.state, HealthState::Unavailable, "{health:?}");
+    assert!(!health.reasons.contains(&HealthReason::ServingHeldCopies));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,4 +380,16 @@ async fn with_compute_uncached_and_the_breaker_open_one_computation_per_key_runs
     assert!(sources.contains(&Source::Uncached), "{sources:?}");
     let stats = cache.stats();
     assert_eq!(stats.breaker, BreakerState::Open, "{stats:?}");
+    // It serves every read by computing: degraded, ready, and it says why.
+    let health = cache.health().await;
+    assert_eq!(health.state, HealthState::Degraded, "{health:?}");
+    assert!(health.is_ready(), "{health:?}");
+    assert_eq!(
+        health.reasons,
+        [
+            HealthReason::BackendUnreachable,
+            HealthReason::BreakerOpen,
+            HealthReason::ComputingUncached
+        ]
+    );
 }

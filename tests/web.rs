@@ -16,7 +16,7 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use stampede_guard::{web, Cache, CallOptions, ComputeError, Error, SourceUnavailable};
+use stampede_guard::{web, Cache, CallOptions, Error, OnBackendError, SourceUnavailable};
 use tokio::sync::Notify;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -27,6 +27,7 @@ type Result<T> = std::result::Result<T, Error>;
 
 fn router(cache: Cache) -> Router {
     Router::new()
+        .merge(web::probes(cache.clone()))
         .route("/ok/{key}", get(ok))
         .route("/fail/{key}", get(fail))
         .route("/impatient/{key}", get(impatient))
@@ -157,7 +158,7 @@ async fn a_failed_computation_is_a_500_that_does_not_leak_its_error() {
     let addr = serve(Cache::in_memory()).await;
     let response = http_client::get(&addr, "/fail/may").await;
     assert_eq!(response.status, 500, "{response:?}");
-    assert_eq!(response.body, "internal server error");
+    assert_eq!(error_message(&response), "internal server error");
     assert!(!response.body.contains("hunter2"));
     assert_eq!(response.header("retry-after"), None);
 }
@@ -177,7 +178,7 @@ async fn a_computation_whose_source_is_unavailable_is_a_503_with_its_retry_after
     // 2.5 s suggested, rounded up to whole seconds.
     assert_eq!(response.header("retry-after"), Some("3"));
     assert_eq!(
-        response.body,
+        error_message(&response),
         "the data source is unavailable; try again shortly"
     );
     assert!(!response.body.contains("hunter2"));
@@ -194,7 +195,7 @@ async fn a_refused_database_connection_is_a_503_without_marking() {
     assert_eq!(response.status, 503, "{response:?}");
     assert_eq!(response.header("retry-after"), Some("1"));
     assert_eq!(
-        response.body,
+        error_message(&response),
         "the data source is unavailable; try again shortly"
     );
     assert!(!response.body.contains("hunter2"));
@@ -246,7 +247,7 @@ async fn a_wait_timeout_is_a_503_with_retry_after() {
     assert_eq!(response.status, 503, "{response:?}");
     assert_eq!(response.header("retry-after"), Some("1"));
     assert_eq!(
-        response.body,
+        error_message(&response),
         "the value is still being computed; try again shortly"
     );
 
@@ -268,7 +269,10 @@ async fn redis_unreachable_is_a_503_with_retry_after() {
     let response = http_client::get(&addr, "/ok/may").await;
     assert_eq!(response.status, 503, "{response:?}");
     assert_eq!(response.header("retry-after"), Some("1"));
-    assert_eq!(response.body, "the cache is unavailable; try again shortly");
+    assert_eq!(
+        error_message(&response),
+        "the cache is unavailable; try again shortly"
+    );
     assert!(!response.body.contains(&redis.port().to_string()));
 }
 
@@ -304,7 +308,7 @@ async fn a_refusal_is_a_500_without_retry_after() {
     let response = http_client::get(&addr, "/ok/may").await;
     assert_eq!(response.status, 500, "{response:?}");
     assert_eq!(response.header("retry-after"), None, "retrying cannot help");
-    assert_eq!(response.body, "internal server error");
+    assert_eq!(error_message(&response), "internal server error");
 }
 
 #[tokio::test]
@@ -317,50 +321,15 @@ async fn a_handler_with_its_own_error_type_gives_the_crates_whole_response() {
     let response = http_client::get(&addr, "/own/may").await;
     assert_eq!(response.status, 503, "{response:?}");
     assert_eq!(response.header("retry-after"), Some("1"));
-    assert_eq!(response.body, "the cache is unavailable; try again shortly");
+    assert_eq!(
+        error_message(&response),
+        "the cache is unavailable; try again shortly"
+    );
     let response = http_client::get(&addr, "/own/teapot").await;
     assert_eq!((response.status, response.body.as_str()), (418, "not ours"));
     let addr = serve(Cache::in_memory()).await;
     let response = http_client::get(&addr, "/own/may").await;
     assert_eq!((response.status, response.body.as_str()), (200, "computed"));
-}
-
-/// A `tracing` writer that keeps what it is given.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[test]
-fn the_response_logs_the_whole_error_and_the_client_sees_none_of_it() {
-    let logs = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .with_ansi(false)
-        .finish();
-    let failed = Error::Compute(ComputeError::new(SECRET.to_owned()));
-    let response = tracing::subscriber::with_default(subscriber, || web::response(&failed));
-    assert_eq!(response.status(), 500);
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert!(logged.contains("ERROR"), "{logged}");
-    // The log line has the computation's error (the source), though Display leaves it out.
-    assert!(
-        logged.contains(&format!("the computation failed: {SECRET}")),
-        "{logged}"
-    );
-    let again = failed.into_response();
-    assert_eq!(again.status(), 500, "IntoResponse is the same response");
 }
 
 #[tokio::test]
@@ -369,6 +338,96 @@ async fn a_key_over_the_limit_is_a_400() {
     let long = "k".repeat(stampede_guard::MAX_KEY_BYTES + 1);
     let response = http_client::get(&addr, &format!("/ok/{long}")).await;
     assert_eq!(response.status, 400, "{response:?}");
-    assert!(response.body.starts_with("invalid key: "), "{response:?}");
+    assert!(
+        error_message(&response).starts_with("invalid key: "),
+        "{response:?}"
+    );
     assert!(!response.body.contains(&long), "the key is not echoed back");
+}
+
+/// The public sentence of an error response: its JSON body's `error`, the body asserted to be
+/// the crate's JSON error (`{"error": "...", "status": <the response's status>}`).
+fn error_message(response: &http_client::Response) -> String {
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/json"),
+        "{response:?}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&response.body).expect("a JSON body");
+    assert_eq!(json["status"], response.status, "{response:?}");
+    json["error"]
+        .as_str()
+        .expect("an error sentence")
+        .to_owned()
+}
+
+/// The probes' JSON report at `path`: status and body.
+async fn probe(addr: &str, path: &str) -> (u16, serde_json::Value) {
+    let response = http_client::get(addr, path).await;
+    assert_eq!(
+        response.header("cache-control"),
+        Some("no-store"),
+        "{response:?}"
+    );
+    let json = serde_json::from_str(&response.body).expect("a JSON body");
+    (response.status, json)
+}
+
+#[tokio::test]
+async fn the_probes_of_a_healthy_instance_are_200() {
+    let addr = serve(Cache::in_memory()).await;
+    assert_eq!(probe(&addr, "/livez").await.0, 200);
+    let (status, report) = probe(&addr, "/readyz").await;
+    assert_eq!(status, 200);
+    assert_eq!(report["state"], "healthy");
+    assert_eq!(report["ready"], true);
+}
+
+/// Redis down, reads computed without it: the instance serves, so it stays in rotation
+/// (degraded, 200), and its requests are answered; liveness never asks Redis.
+#[tokio::test]
+async fn redis_down_with_uncached_computation_is_degraded_and_ready() {
+    let mut redis = support::RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let cache = Cache::builder()
+        .redis_url(url)
+        .options(CallOptions::default().on_backend_error(OnBackendError::ComputeUncached))
+        .build()
+        .await
+        .unwrap();
+    let addr = serve(cache).await;
+    assert_eq!(probe(&addr, "/livez").await.0, 200);
+    let (status, report) = probe(&addr, "/readyz").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["state"], "degraded");
+    assert_eq!(report["ready"], true);
+    assert_eq!(report["reachable"], false);
+    assert_eq!(
+        report["reasons"],
+        serde_json::json!(["backend_unreachable", "computing_uncached"])
+    );
+    let response = http_client::get(&addr, "/ok/may").await;
+    assert_eq!((response.status, response.body.as_str()), (200, "MAY"));
+}
+
+/// Redis down and nothing in its place: every cached call fails, and readiness says so (503),
+/// while liveness stays 200.
+#[tokio::test]
+async fn redis_down_without_a_fallback_is_unavailable() {
+    let mut redis = support::RedisServer::start();
+    let url = redis.url();
+    redis.kill();
+    let cache = Cache::builder().redis_url(url).build().await.unwrap();
+    let addr = serve(cache).await;
+    assert_eq!(probe(&addr, "/livez").await.0, 200);
+    let (status, report) = probe(&addr, "/readyz").await;
+    assert_eq!(status, 503, "{report}");
+    assert_eq!(report["state"], "unavailable");
+    assert_eq!(report["ready"], false);
+    assert_eq!(
+        report["reasons"],
+        serde_json::json!(["backend_unreachable", "no_fallback"])
+    );
+    assert_eq!(http_client::get(&addr, "/ok/may").await.status, 503);
 }

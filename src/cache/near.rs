@@ -603,6 +603,18 @@ impl NearTier {
         }
     }
 
+    /// Whether held copies would be served now, were the backend down (for the health report):
+    /// with `serve_while_down`, once the feed was proven at least once (before that nothing
+    /// was filled), and within that bound past the last proof.
+    pub(crate) fn serves_held(&self) -> bool {
+        let proven = self.proven_until.load(Ordering::Acquire);
+        self.holds()
+            && proven > 0
+            && self
+                .held_until(self.era.load(Ordering::Acquire))
+                .is_some_and(|until| self.nanos(Instant::now()) <= until)
+    }
+
     /// Whether the feed is proven current now, so that copies are served.
     pub(crate) fn proven(&self) -> bool {
         self.live()

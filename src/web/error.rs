@@ -1,6 +1,9 @@
-//! The crate's errors as HTTP responses: the status of each, `Retry-After`, the plain-text
-//! body that reveals nothing of the server, and the log line that has the rest.
+//! The crate's errors as HTTP responses: the status of each, `Retry-After`, the body that
+//! reveals nothing of the server (JSON by default, plain text on request), and the log line
+//! that has the rest, one per kind of error and minute.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -123,14 +126,77 @@ pub(super) fn retry_after_header(after: Duration) -> HeaderValue {
     HeaderValue::from(secs)
 }
 
-/// How often at most the 503s of [`response`] are logged at `warn`, with their count.
-const UNAVAILABLE_LOG_EVERY: Duration = Duration::from_secs(60);
+/// How often at most each kind of failed call is logged, with the count since its last line.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// What a failed call is, for its log line and its throttle: `source_unavailable`,
+/// `compute_failed`, `backend_<kind>` (`backend_unreachable`, `backend_refused-permission`...),
+/// `wait_timeout`... Never empty.
+pub(super) fn error_kind(error: &Error) -> String {
+    let name = match error {
+        Error::Compute(_) if error.is_source_unavailable() => "source_unavailable",
+        Error::Compute(_) => "compute_failed",
+        Error::Backend { kind, .. } => return format!("backend_{}", kind.as_str()),
+        Error::NoQuorum { .. } => "no_quorum",
+        Error::WaitTimeout { .. } => "wait_timeout",
+        Error::ComputeTimeout { .. } => "compute_timeout",
+        Error::RecoveryQueueFull { .. } => "recovery_queue_full",
+        Error::RecentFailure { .. } => "recent_failure",
+        Error::InvalidKey { .. } => "invalid_key",
+        Error::TooManyKeys { .. } => "too_many_keys",
+        Error::Encode(_) => "encode",
+        Error::ValueTooLarge { .. } => "value_too_large",
+        Error::Config(_) => "config",
+        Error::NotHeld { .. } => "not_held",
+        Error::MissingFromBatch { .. } => "missing_from_batch",
+        Error::TooManyTags { .. } => "too_many_tags",
+    };
+    name.to_owned()
+}
+
+/// The count of failed calls of `kind` since its last line, when a line is due (the first, then
+/// at most one a minute per kind); `None` otherwise. An outage answers every request with the
+/// same error: one line a minute says it, not one per request.
+fn log_due(kind: &str) -> Option<u64> {
+    static BY_KIND: LazyLock<Mutex<HashMap<String, LogThrottle>>> = LazyLock::new(Default::default);
+    let mut by_kind = crate::sync::lock(&BY_KIND);
+    if let Some(throttle) = by_kind.get(kind) {
+        return throttle.due(LOG_EVERY);
+    }
+    let throttle = LogThrottle::new();
+    let due = throttle.due(LOG_EVERY);
+    by_kind.insert(kind.to_owned(), throttle);
+    due
+}
+
+/// Logs a failed call: 500s at `error`, 503s at `warn` (an outage that passes), each kind at
+/// most once a minute with the count since its last line; 400s (the client's) at `debug`.
+fn log(error: &Error, status: StatusCode) {
+    if status != StatusCode::INTERNAL_SERVER_ERROR && status != StatusCode::SERVICE_UNAVAILABLE {
+        tracing::debug!(%status, error = %error.chain(), "stampede-guard call refused");
+        return;
+    }
+    let kind = error_kind(error);
+    let Some(count) = log_due(&kind) else {
+        tracing::debug!(%status, kind, error = %error.chain(), "stampede-guard call failed");
+        return;
+    };
+    if status == StatusCode::INTERNAL_SERVER_ERROR {
+        tracing::error!(%status, kind, count, error = %error.chain(),
+            "stampede-guard calls failed (count since the last line of this kind)");
+    } else {
+        tracing::warn!(%status, kind, count, error = %error.chain(),
+            "stampede-guard calls failed (count since the last line of this kind)");
+    }
+}
 
 /// The whole response for a failed call, as the [`IntoResponse`] implementation of [`Error`]
-/// gives it: the status of [`status`], a short plain-text body that reveals nothing of the
-/// server, and on a 503 `Retry-After` ([`retry_after`]: one second unless the computation
-/// suggested another wait). The full error, with its sources, is logged with
-/// `tracing` (500: `error`, 503: `warn`, 400: `debug`), since the body leaves it out.
+/// gives it: the status of [`status`], a short JSON body that reveals nothing of the server
+/// (`{"error": "...", "status": 503}`, as [`json_response`](crate::web::json_response)), and on
+/// a 503 `Retry-After` ([`retry_after`]: one second unless the computation suggested another
+/// wait). The full error, with its sources, is logged with `tracing` (500: `error`, 503:
+/// `warn`, each kind of error at most once a minute with a count; 400: `debug`), since the body
+/// leaves it out. [`text_response`] gives the same with a plain-text body.
 ///
 /// For handlers with an error type of their own, which hold this crate's error among others
 /// (an enum, or a boxed error as with anyhow):
@@ -179,30 +245,33 @@ const UNAVAILABLE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// # async fn main() {
 /// let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
 /// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// assert_eq!(response.headers()["content-type"], "application/json");
 /// # }
 /// ```
 pub fn response(error: &Error) -> Response {
+    super::json::json_response(error)
+}
+
+/// [`response`] with a short plain-text body instead of JSON (`text/plain`): the same status,
+/// `Retry-After` and log line.
+///
+/// ```
+/// use stampede_guard::{web, Error};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let waited = Error::WaitTimeout { key: "2019-05".into(), waited: Duration::from_secs(30) };
+/// let response = web::text_response(&waited);
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()["retry-after"], "1");
+/// let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+/// assert_eq!(&body[..], b"the value is still being computed; try again shortly");
+/// # }
+/// ```
+pub fn text_response(error: &Error) -> Response {
     let status = status(error);
-    match status {
-        StatusCode::INTERNAL_SERVER_ERROR => {
-            // A refusal says what to change in its message; `kind` lets alerts tell it apart.
-            let kind = error.backend_kind().map_or("", |kind| kind.as_str());
-            tracing::error!(%status, kind, error = %error.chain(), "stampede-guard call failed");
-        }
-        StatusCode::SERVICE_UNAVAILABLE => {
-            // An outage answers every request with a 503: one line a minute with the count,
-            // not one per request (the circuit breaker logs when Redis goes and comes back).
-            static UNAVAILABLE: LogThrottle = LogThrottle::new();
-            match UNAVAILABLE.due(UNAVAILABLE_LOG_EVERY) {
-                Some(count) => tracing::warn!(%status, count, error = %error.chain(),
-                    "stampede-guard calls failed (count since the last such line)"),
-                None => {
-                    tracing::debug!(%status, error = %error.chain(), "stampede-guard call failed")
-                }
-            }
-        }
-        _ => tracing::debug!(%status, error = %error.chain(), "stampede-guard call refused"),
-    }
+    log(error, status);
     let mut response = (status, public_message(error)).into_response();
     if let Some(after) = retry_after(error) {
         response
@@ -225,6 +294,35 @@ mod tests {
 
     /// `Retry-After` is whole seconds: a suggested wait is rounded up, never shortened, and any
     /// `Duration` (up to `Duration::MAX`) gives a valid header.
+    /// Every log line names its kind: no empty field.
+    #[test]
+    fn every_error_has_a_kind() {
+        let errors = [
+            Error::WaitTimeout {
+                key: "k".into(),
+                waited: Duration::from_secs(1),
+            },
+            Error::Compute(crate::ComputeError::new("no such table".to_owned())),
+            Error::Compute(crate::ComputeError::new(crate::SourceUnavailable::new(
+                "down",
+            ))),
+        ];
+        let kinds: Vec<String> = errors.iter().map(error_kind).collect();
+        assert_eq!(
+            kinds,
+            ["wait_timeout", "compute_failed", "source_unavailable"]
+        );
+    }
+
+    /// One line per kind and minute: the first of a kind is due at once, the next of the same
+    /// kind is not, another kind is.
+    #[test]
+    fn each_kind_is_throttled_on_its_own() {
+        assert_eq!(log_due("test_kind_a"), Some(1));
+        assert_eq!(log_due("test_kind_a"), None);
+        assert_eq!(log_due("test_kind_b"), Some(1));
+    }
+
     #[test]
     fn retry_after_is_whole_seconds_rounded_up() {
         for (after, header) in [

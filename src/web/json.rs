@@ -1,17 +1,17 @@
-//! The crate's errors as JSON responses: the same status, `Retry-After` and log line as the
-//! plain-text ones, with `{"error": "...", "status": 503}` as the body.
+//! The crate's errors as JSON responses (the default): the same status, `Retry-After` and log
+//! line as the plain-text ones, with `{"error": "...", "status": 503}` as the body.
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 
-use super::error::{public_message, response};
+use super::error::{public_message, text_response};
 use crate::Error;
 
-/// A handler's error as a JSON response: what [`response`](crate::web::response) gives (the
-/// status, `Retry-After` on a 503, the log line with the whole error), with the body
-/// `{"error": "<the public sentence>", "status": <code>}`. `?` turns the crate's [`Error`] into
-/// one.
+/// A handler's error as a JSON response: what [`response`](crate::web::response) and the
+/// crate's [`Error`] as a response give (the status, `Retry-After` on a 503, the log line with
+/// the whole error, the body `{"error": "<the public sentence>", "status": <code>}`). `?` turns
+/// the crate's [`Error`] into one; kept for handlers written before JSON became the default.
 ///
 /// ```
 /// use axum::response::IntoResponse;
@@ -55,8 +55,9 @@ impl IntoResponse for JsonError {
     }
 }
 
-/// The response of [`JsonError`], for handlers with an error type of their own (as
-/// [`response`](crate::web::response) is for plain text).
+/// The response of [`JsonError`] and of [`response`](crate::web::response), for handlers with
+/// an error type of their own ([`text_response`](crate::web::text_response) is the plain-text
+/// one).
 ///
 /// ```
 /// use stampede_guard::{web, Error};
@@ -68,7 +69,7 @@ impl IntoResponse for JsonError {
 /// assert_eq!(response.headers()["content-type"], "application/json");
 /// ```
 pub fn json_response(error: &Error) -> Response {
-    let (mut parts, _text) = response(error).into_parts();
+    let (mut parts, _text) = text_response(error).into_parts();
     let body = serde_json::json!({
         "error": public_message(error),
         "status": parts.status.as_u16(),

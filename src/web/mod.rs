@@ -2,10 +2,11 @@
 //!
 //! | item | what it does |
 //! |---|---|
-//! | [`IntoResponse`] for [`Error`], [`response`], [`status`], [`retry_after`] | the crate's errors as responses: 503 + `Retry-After` for what passes, 500, 400 (the table below) |
-//! | [`JsonError`], [`json_response`] | the same responses with a JSON body: `{"error": "...", "status": 503}` |
+//! | [`IntoResponse`] for [`Error`], [`response`], [`status`], [`retry_after`] | the crate's errors as responses: 503 + `Retry-After` for what passes, 500, 400 (the table below), with a JSON body `{"error": "...", "status": 503}` |
+//! | [`text_response`] | the same responses with a plain-text body |
+//! | [`JsonError`], [`json_response`] | the JSON responses under their earlier names |
 //! | [`IntoResponse`] for [`Fetched`](crate::Fetched), [`IntoResponseParts`](axum::response::IntoResponseParts) for [`Source`](crate::Source), [`SOURCE_HEADER`] | where a handler's value came from, as an `x-cache` header: `hit`, `stale`, `fallback`, `computed`, `waited`... |
-//! | [`IntoResponse`] for [`Health`](crate::Health) | a readiness handler: 200 when [`Health::is_ready`](crate::Health::is_ready), 503 otherwise, the report as JSON |
+//! | [`IntoResponse`] for [`Health`](crate::Health), [`probes`], [`liveness`] | a readiness handler: 200 while the instance serves ([`Health::is_ready`](crate::Health::is_ready): healthy, or degraded with Redis down), 503 when it cannot, the report as JSON; `/livez` and `/readyz` for Kubernetes |
 //! | [`Shutdown`], [`shutdown_signal`] | one Ctrl-C/SIGTERM signal that `axum::serve(..).with_graceful_shutdown` and [`Leader::run`](crate::leader::Leader::run) both await |
 //! | `ResponseCacheLayer` (feature `tower`) | a `tower::Layer` that caches whole `GET`/`HEAD` responses through the crate: one handler execution per key across the fleet |
 //!
@@ -21,24 +22,26 @@
 //! | [`Error::RecoveryQueueFull`] | 503 Service Unavailable, `Retry-After: 1` | Redis is down and the auto-recovery queue is full: the write was not made; a retry later succeeds |
 //! | [`Error::WaitTimeout`] | 503 Service Unavailable, `Retry-After: 1` | another caller's computation is taking longer than the wait bound; the value may be there soon |
 //! | [`Error::ComputeTimeout`] | 503 Service Unavailable, `Retry-After: 1` | the computation hit its hard timeout ([`CallOptions::max_hold`](crate::CallOptions::max_hold)) and no fail-safe value was kept; the source is slow now |
-//! | [`Error::Compute`] whose source is unavailable ([`Error::is_source_unavailable`]: a [`SourceUnavailable`](crate::SourceUnavailable) or a lost connection in its chain) | 503 Service Unavailable, `Retry-After` (1 s, or the wait the computation suggested) | your database or upstream is down or unreachable: an outage that passes, even for a key never cached |
+//! | [`Error::Compute`] whose source is unavailable ([`Error::is_source_unavailable`]: a [`SourceUnavailable`](crate::SourceUnavailable), a lost connection, or with feature `sqlx` a down or busy database's sqlx error in its chain) | 503 Service Unavailable, `Retry-After` (1 s, or the wait the computation suggested) | your database or upstream is down or unreachable: an outage that passes, even for a key never cached |
 //! | any other [`Error::Compute`], [`Error::RecentFailure`] | 500 Internal Server Error | the computation (your query) failed, now or a moment ago |
 //! | [`Error::InvalidKey`] | 400 Bad Request | the key, usually built from the request, is empty or too long |
 //! | [`Error::TooManyKeys`] | 400 Bad Request | a many-key call, usually over a range the request asked for, has more keys than one call takes |
 //! | anything else ([`Error::Encode`], [`Error::ValueTooLarge`], [`Error::Config`], [`Error::NotHeld`], [`Error::MissingFromBatch`]) | 500 Internal Server Error | a bug or a misconfiguration on the server side |
 //!
-//! The body is a short plain-text sentence that reveals nothing of the server: the computation's
-//! error, Redis addresses and the like go to the log instead (`tracing`, at `error` level for
-//! 500s and `warn` for 503s, with the full error and its sources). Handlers with an error type of
-//! their own get the same whole response (status, `Retry-After`, the log line) from
-//! [`response`]; those that need another mapping or a JSON body can build it from [`status`]
-//! and [`retry_after`].
+//! The body is JSON with a short sentence that reveals nothing of the server
+//! (`{"error": "the cache is unavailable; try again shortly", "status": 503}`;
+//! [`text_response`] gives it as plain text): the computation's error, Redis addresses and the
+//! like go to the log instead (`tracing`, at `error` level for 500s and `warn` for 503s, with
+//! the full error and its sources, one line per kind of error and minute with the count since
+//! the last, in a field `kind`). Handlers with an error type of their own get the same whole
+//! response (status, `Retry-After`, the log line) from [`response`]; those that need another
+//! mapping can build it from [`status`] and [`retry_after`].
 //!
-//! A database outage is a 503 only if the computation says so: return (or wrap in a boxed
-//! error) a [`SourceUnavailable`](crate::SourceUnavailable), or let a lost connection's
-//! [`std::io::Error`] reach the cache in a form it can see into (the list is on
-//! [`Error::is_source_unavailable`]). A pool's time-out (sqlx's `PoolTimedOut`) is no I/O
-//! error: wrap it.
+//! A database outage is a 503 when the computation's error says so: with feature `sqlx`, a
+//! down or busy database's sqlx error does by itself (a pool time-out, I/O, a terminated
+//! connection...; the list is on [`Error::is_source_unavailable`]); otherwise return (or wrap
+//! in a boxed error) a [`SourceUnavailable`](crate::SourceUnavailable), or let a lost
+//! connection's [`std::io::Error`] reach the cache in a form it can see into.
 //!
 //! ```
 //! use axum::response::IntoResponse;
@@ -107,7 +110,8 @@ mod layer;
 mod shutdown;
 mod source;
 
-pub use error::{response, retry_after, status};
+pub use error::{response, retry_after, status, text_response};
+pub use health::{liveness, probes};
 pub use json::{json_response, JsonError};
 #[cfg(feature = "tower")]
 pub use layer::{ResponseCache, ResponseCacheLayer};
