@@ -83,3 +83,72 @@ pub fn json_response(error: &Error) -> Response {
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(parts, Body::from(body))
 }
+
+/// The whole response for a failed call, as the [`IntoResponse`] implementation of [`Error`]
+/// gives it: the status of [`status`](crate::web::status), a short JSON body that reveals nothing of the server
+/// (`{"error": "...", "status": 503}`, as [`json_response`](crate::web::json_response)), and on
+/// a 503 `Retry-After` ([`retry_after`](crate::web::retry_after): one second unless the computation suggested another
+/// wait). The full error, with its sources, is logged with `tracing` (500: `error`, 503:
+/// `warn`, each kind of error at most once a minute with a count; 400: `debug`), since the body
+/// leaves it out. [`text_response`](crate::web::text_response) gives the same with a plain-text body.
+///
+/// For handlers with an error type of their own, which hold this crate's error among others
+/// (an enum, or a boxed error as with anyhow):
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use axum::response::{IntoResponse, Response};
+/// use stampede_guard::{web, Cache};
+/// use std::time::Duration;
+///
+/// /// Anything boxed, as with anyhow; the cache's errors among them.
+/// struct AppError(Box<dyn std::error::Error + Send + Sync>);
+///
+/// impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for AppError {
+///     fn from(e: E) -> Self {
+///         AppError(e.into())
+///     }
+/// }
+///
+/// impl IntoResponse for AppError {
+///     fn into_response(self) -> Response {
+///         match self.0.downcast_ref::<stampede_guard::Error>() {
+///             Some(e) => web::response(e), // 503 + Retry-After, 500, 400; logged
+///             None => {
+///                 tracing::error!(error = %self.0, "request failed");
+///                 StatusCode::INTERNAL_SERVER_ERROR.into_response()
+///             }
+///         }
+///     }
+/// }
+///
+/// async fn report(cache: Cache, month: String) -> Result<String, AppError> {
+///     if let Some(report) = cache.get::<String>(&month).await? {
+///         return Ok(report);
+///     }
+///     let key = month.clone();
+///     let report = cache
+///         .get_or_compute(&key, Duration::from_secs(300), move || async move {
+///             Err::<String, _>(std::io::Error::other(format!("no database for {month}")))
+///         })
+///         .await?;
+///     Ok(report)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let response = report(Cache::in_memory(), "2019-05".into()).await.into_response();
+/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// assert_eq!(response.headers()["content-type"], "application/json");
+/// # }
+/// ```
+pub fn response(error: &Error) -> Response {
+    json_response(error)
+}
+
+/// The response of [`response`].
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        response(&self)
+    }
+}

@@ -110,9 +110,9 @@ mod layer;
 mod shutdown;
 mod source;
 
-pub use error::{response, retry_after, status, text_response};
+pub use error::{retry_after, status, text_response};
 pub use health::{liveness, probes};
-pub use json::{json_response, JsonError};
+pub use json::{json_response, response, JsonError};
 #[cfg(feature = "tower")]
 pub use layer::{ResponseCache, ResponseCacheLayer};
 pub use shutdown::{shutdown_signal, Shutdown};
