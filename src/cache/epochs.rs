@@ -125,11 +125,20 @@ impl<C: Codec> Engine<C> {
         epochs: &mut Epochs,
     ) -> StoreResult<()> {
         let mut missing: Vec<String> = Vec::new();
+        let mut need = |name: &str| {
+            if epochs.get(name).is_none() && !missing.iter().any(|held| held == name) {
+                missing.push(name.to_owned());
+            }
+        };
         for entry in entries {
+            // A tagless value (the common hit) needs the namespace's epoch alone: no names
+            // are built for it.
+            if entry.tags.is_empty() {
+                need(&self.tagging.names[0]);
+                continue;
+            }
             for name in self.epoch_names(&entry.tags).into_iter().flatten() {
-                if epochs.get(&name).is_none() && !missing.iter().any(|held| *held == name) {
-                    missing.push(name.into_owned());
-                }
+                need(&name);
             }
         }
         if !missing.is_empty() {

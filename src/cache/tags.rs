@@ -138,6 +138,11 @@ impl TagMemory {
 
     /// Raises the mark to `floor` (an epoch this process raised).
     pub(crate) fn raise_mark(&self, floor: u64) {
+        // Read first: a read that found no newer epoch (nearly every read) writes nothing, so
+        // concurrent hits do not contend for the line.
+        if self.mark.load(Ordering::Acquire) >= floor {
+            return;
+        }
         self.mark.fetch_max(floor, Ordering::AcqRel);
     }
 
