@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
+use crate::cache::tags::{outlived, Epochs, Tagging, SEEN_PER_BATCH};
 use crate::store::StoreExt;
 use crate::store::{Blob, StoreResult};
 use crate::wire::codec::Codec;
@@ -47,16 +47,21 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// The epoch names of a value with `tags`: the namespace's clear key (borrowed: a tagless
-    /// hit allocates nothing for it), then one per tag; `None` for a tag that is no longer
-    /// valid (written by another version), which makes the value unreadable.
+    /// The epoch names of a value with `tags`: the namespace's clear key, then one per tag
+    /// (borrowed from the handle's when it names the tag: a hit of a value tagged by its handle
+    /// builds no name); `None` for a tag that is no longer valid (written by another version),
+    /// which makes the value unreadable.
     pub(crate) fn epoch_names<'s>(&'s self, tags: &[String]) -> Option<Vec<Cow<'s, str>>> {
         let namespace = &self.core.namespace;
-        std::iter::once(Ok(Cow::Borrowed(self.tagging.names[0].as_str())))
-            .chain(
-                tags.iter()
-                    .map(|tag| key::tag_key(namespace, tag).map(Cow::Owned)),
-            )
+        let Tagging {
+            names, tags: own, ..
+        } = &self.tagging;
+        let name = |tag: &String| match own.iter().position(|own| own == tag) {
+            Some(at) => Ok(Cow::Borrowed(names[at + 1].as_str())),
+            None => key::tag_key(namespace, tag).map(Cow::Owned),
+        };
+        std::iter::once(Ok(Cow::Borrowed(names[0].as_str())))
+            .chain(tags.iter().map(name))
             .collect::<Result<_, _>>()
             .ok()
     }
@@ -77,8 +82,13 @@ impl<C: Codec> Engine<C> {
             let Some(seen) = self.core.tags.seen(&keys.value) else {
                 continue;
             };
-            let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
+            // A key whose tags the handle names (the common tagged hit) adds nothing: the
+            // handle's names are shared, not copied.
             for name in seen.iter() {
+                if self.tagging.names.contains(name) {
+                    continue;
+                }
+                let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
                 if names.len() - self.tagging.names.len() >= SEEN_PER_BATCH {
                     break;
                 }
@@ -99,6 +109,14 @@ impl<C: Codec> Engine<C> {
         // more keys in their `MGET`.
         if tags.is_empty() {
             return;
+        }
+        // Unchanged since last seen (the common tagged hit): nothing is built or written.
+        if let (Some(held), Some(names)) =
+            (self.core.tags.seen(&keys.value), self.epoch_names(tags))
+        {
+            if held.len() + 1 == names.len() && held.iter().zip(&names[1..]).all(|(h, n)| h == n) {
+                return;
+            }
         }
         let names = self.tag_epoch_names(tags).unwrap_or_default();
         self.core.tags.remember(&keys.value, names);
