@@ -52,18 +52,20 @@ impl<C: Codec> Engine<C> {
     /// builds no name); `None` for a tag that is no longer valid (written by another version),
     /// which makes the value unreadable.
     pub(crate) fn epoch_names<'s>(&'s self, tags: &[String]) -> Option<Vec<Cow<'s, str>>> {
-        let namespace = &self.core.namespace;
-        let Tagging {
-            names, tags: own, ..
-        } = &self.tagging;
-        let name = |tag: &String| match own.iter().position(|own| own == tag) {
-            Some(at) => Ok(Cow::Borrowed(names[at + 1].as_str())),
-            None => key::tag_key(namespace, tag).map(Cow::Owned),
-        };
-        std::iter::once(Ok(Cow::Borrowed(names[0].as_str())))
-            .chain(tags.iter().map(name))
+        let clear = Cow::Borrowed(self.tagging.names[0].as_str());
+        std::iter::once(Ok(clear))
+            .chain(tags.iter().map(|tag| self.epoch_name(tag)))
             .collect::<Result<_, _>>()
             .ok()
+    }
+
+    /// The epoch name of `tag`: borrowed from the handle's when it names the tag.
+    fn epoch_name<'s>(&'s self, tag: &str) -> Result<Cow<'s, str>, Error> {
+        let Tagging { names, tags, .. } = &self.tagging;
+        match tags.iter().position(|own| own == tag) {
+            Some(at) => Ok(Cow::Borrowed(names[at + 1].as_str())),
+            None => key::tag_key(&self.core.namespace, tag).map(Cow::Owned),
+        }
     }
 
     /// The epoch names of `tags` alone (no clear key), or `None` if one is no longer valid.
@@ -111,10 +113,11 @@ impl<C: Codec> Engine<C> {
             return;
         }
         // Unchanged since last seen (the common tagged hit): nothing is built or written.
-        if let (Some(held), Some(names)) =
-            (self.core.tags.seen(&keys.value), self.epoch_names(tags))
-        {
-            if held.len() + 1 == names.len() && held.iter().zip(&names[1..]).all(|(h, n)| h == n) {
+        if let Some(held) = self.core.tags.seen(&keys.value) {
+            let same = |(held, tag): (&String, &String)| {
+                self.epoch_name(tag).is_ok_and(|name| *held == name)
+            };
+            if held.len() == tags.len() && held.iter().zip(tags).all(same) {
                 return;
             }
         }
@@ -176,13 +179,14 @@ impl<C: Codec> Engine<C> {
                 .get(&self.tagging.names[0])
                 .is_some_and(|epoch| outlived(entry.born, epoch));
         }
-        self.epoch_names(&entry.tags).is_some_and(|names| {
-            names.iter().all(|name| {
-                epochs
-                    .get(name)
-                    .is_some_and(|epoch| outlived(entry.born, epoch))
-            })
-        })
+        // Each name looked up as it is made: an invalid tag (no name) makes the value gone.
+        let alive = |name: &str| {
+            epochs
+                .get(name)
+                .is_some_and(|epoch| outlived(entry.born, epoch))
+        };
+        alive(&self.tagging.names[0])
+            && (entry.tags.iter()).all(|tag| self.epoch_name(tag).is_ok_and(|name| alive(&name)))
     }
 
     /// Whether `entry` is alive, reading the epochs `epochs` lacks.
