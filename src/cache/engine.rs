@@ -168,6 +168,10 @@ impl<C: crate::wire::codec::Codec> Engine<C> {
         &self,
         read: crate::cache::tiers::Read<'_, T>,
     ) {
+        // Without a near tier there is nothing to remember: not even the clock is read.
+        if self.core.tiers.near().is_none() {
+            return;
+        }
         let tags = &read.entry.tags;
         let now_ms = self.core.store.now_ms();
         (self.core.tiers).remember(read, || self.tag_epoch_names(tags), now_ms);

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
+use crate::cache::tags::{outlived, Epochs, Tagging, SEEN_PER_BATCH};
 use crate::store::StoreExt;
 use crate::store::{Blob, StoreResult};
 use crate::wire::codec::Codec;
@@ -47,18 +47,25 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// The epoch names of a value with `tags`: the namespace's clear key (borrowed: a tagless
-    /// hit allocates nothing for it), then one per tag; `None` for a tag that is no longer
-    /// valid (written by another version), which makes the value unreadable.
+    /// The epoch names of a value with `tags`: the namespace's clear key, then one per tag
+    /// (borrowed from the handle's when it names the tag: a hit of a value tagged by its handle
+    /// builds no name); `None` for a tag that is no longer valid (written by another version),
+    /// which makes the value unreadable.
     pub(crate) fn epoch_names<'s>(&'s self, tags: &[String]) -> Option<Vec<Cow<'s, str>>> {
-        let namespace = &self.core.namespace;
-        std::iter::once(Ok(Cow::Borrowed(self.tagging.names[0].as_str())))
-            .chain(
-                tags.iter()
-                    .map(|tag| key::tag_key(namespace, tag).map(Cow::Owned)),
-            )
+        let clear = Cow::Borrowed(self.tagging.names[0].as_str());
+        std::iter::once(Ok(clear))
+            .chain(tags.iter().map(|tag| self.epoch_name(tag)))
             .collect::<Result<_, _>>()
             .ok()
+    }
+
+    /// The epoch name of `tag`: borrowed from the handle's when it names the tag.
+    fn epoch_name<'s>(&'s self, tag: &str) -> Result<Cow<'s, str>, Error> {
+        let Tagging { names, tags, .. } = &self.tagging;
+        match tags.iter().position(|own| own == tag) {
+            Some(at) => Ok(Cow::Borrowed(names[at + 1].as_str())),
+            None => key::tag_key(&self.core.namespace, tag).map(Cow::Owned),
+        }
     }
 
     /// The epoch names of `tags` alone (no clear key), or `None` if one is no longer valid.
@@ -77,8 +84,13 @@ impl<C: Codec> Engine<C> {
             let Some(seen) = self.core.tags.seen(&keys.value) else {
                 continue;
             };
-            let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
+            // A key whose tags the handle names (the common tagged hit) adds nothing: the
+            // handle's names are shared, not copied.
             for name in seen.iter() {
+                if self.tagging.names.contains(name) {
+                    continue;
+                }
+                let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
                 if names.len() - self.tagging.names.len() >= SEEN_PER_BATCH {
                     break;
                 }
@@ -99,6 +111,15 @@ impl<C: Codec> Engine<C> {
         // more keys in their `MGET`.
         if tags.is_empty() {
             return;
+        }
+        // Unchanged since last seen (the common tagged hit): nothing is built or written.
+        if let Some(held) = self.core.tags.seen(&keys.value) {
+            let same = |(held, tag): (&String, &String)| {
+                self.epoch_name(tag).is_ok_and(|name| *held == name)
+            };
+            if held.len() == tags.len() && held.iter().zip(tags).all(same) {
+                return;
+            }
         }
         let names = self.tag_epoch_names(tags).unwrap_or_default();
         self.core.tags.remember(&keys.value, names);
@@ -125,11 +146,20 @@ impl<C: Codec> Engine<C> {
         epochs: &mut Epochs,
     ) -> StoreResult<()> {
         let mut missing: Vec<String> = Vec::new();
+        let mut need = |name: &str| {
+            if epochs.get(name).is_none() && !missing.iter().any(|held| held == name) {
+                missing.push(name.to_owned());
+            }
+        };
         for entry in entries {
+            // A tagless value (the common hit) needs the namespace's epoch alone: no names
+            // are built for it.
+            if entry.tags.is_empty() {
+                need(&self.tagging.names[0]);
+                continue;
+            }
             for name in self.epoch_names(&entry.tags).into_iter().flatten() {
-                if epochs.get(&name).is_none() && !missing.iter().any(|held| *held == name) {
-                    missing.push(name.into_owned());
-                }
+                need(&name);
             }
         }
         if !missing.is_empty() {
@@ -149,13 +179,14 @@ impl<C: Codec> Engine<C> {
                 .get(&self.tagging.names[0])
                 .is_some_and(|epoch| outlived(entry.born, epoch));
         }
-        self.epoch_names(&entry.tags).is_some_and(|names| {
-            names.iter().all(|name| {
-                epochs
-                    .get(name)
-                    .is_some_and(|epoch| outlived(entry.born, epoch))
-            })
-        })
+        // Each name looked up as it is made: an invalid tag (no name) makes the value gone.
+        let alive = |name: &str| {
+            epochs
+                .get(name)
+                .is_some_and(|epoch| outlived(entry.born, epoch))
+        };
+        alive(&self.tagging.names[0])
+            && (entry.tags.iter()).all(|tag| self.epoch_name(tag).is_ok_and(|name| alive(&name)))
     }
 
     /// Whether `entry` is alive, reading the epochs `epochs` lacks.

@@ -55,9 +55,11 @@ impl<C: Codec> Engine<C> {
         // Without a subscriber for it, the span is disabled: then no wrapper is polled, entered
         // and exited on every poll of the call.
         let result = if span.is_disabled() {
-            self.fetch_entry(key, ttl, f).await
+            self.fetch_entry(key, ttl, started, f).await
         } else {
-            self.fetch_entry(key, ttl, f).instrument(span.clone()).await
+            (self.fetch_entry(key, ttl, started, f))
+                .instrument(span.clone())
+                .await
         };
         let outcome = self.count_outcome(&result, started);
         if !span.is_disabled() {
@@ -131,11 +133,13 @@ impl<C: Codec> Engine<C> {
     }
 
     /// The single-key path after the quick hits (`fetch`'s near and memory hits): a near copy
-    /// when XFetch is on, else the call's first read ([`KeyCall::read_first`]).
+    /// when XFetch is on, else the call's first read ([`KeyCall::read_first`]). `started`: when
+    /// the call began.
     pub(crate) async fn fetch_entry<T, E, F, Fut>(
         &self,
         key: &str,
         ttl: Duration,
+        started: Instant,
         f: F,
     ) -> Result<Fetched<T>, Error>
     where
@@ -149,11 +153,11 @@ impl<C: Codec> Engine<C> {
         if self.options.early_refresh_beta > 0.0 {
             if let Some(entry) = self.near_copy::<T>(key) {
                 let keys = EntryKeys::new(&self.core.namespace, key)?;
-                return KeyCall::new(self, keys, ttl, f).serve(entry, Source::Hit);
+                return KeyCall::new(self, keys, ttl, started, f).serve(entry, Source::Hit);
             }
         }
         let keys = EntryKeys::new(&self.core.namespace, key)?;
-        KeyCall::new(self, keys, ttl, f).read_first().await
+        KeyCall::new(self, keys, ttl, started, f).read_first().await
     }
 
     /// The one read of a single key, with its epochs (`get`, and `fetch` before its flight):
@@ -257,12 +261,19 @@ where
     F: FnOnce(Lease) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
 {
-    pub(crate) fn new(engine: &'e Engine<C>, keys: EntryKeys, ttl: Duration, f: F) -> Self {
+    /// `started`: when the call began (its miss waits from when it joins the flight).
+    pub(crate) fn new(
+        engine: &'e Engine<C>,
+        keys: EntryKeys,
+        ttl: Duration,
+        started: Instant,
+        f: F,
+    ) -> Self {
         KeyCall {
             engine,
             keys: Arc::new(keys),
             ttl,
-            started: Instant::now(),
+            started,
             f,
         }
     }

@@ -37,6 +37,9 @@ pub(crate) struct Tagging {
     /// The namespace's clear key, then the epochs of the handle's tags: read with the value in
     /// one round trip.
     pub(crate) names: Arc<[String]>,
+    /// The handle's tags whose epochs follow the clear key in `names`, in the same order: a
+    /// value with these tags finds its epoch names here, built once per handle, not per read.
+    pub(crate) tags: Vec<String>,
     /// Why the handle's tags cannot be used (an empty or over-long tag, too many), if so:
     /// every call of the handle reports it.
     pub(crate) invalid: Option<Error>,
@@ -45,11 +48,15 @@ pub(crate) struct Tagging {
 impl Tagging {
     pub(crate) fn new(namespace: &str, options: &CallOptions) -> Self {
         let mut names = vec![key::clear_key(namespace)];
+        let mut tags = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut invalid = None;
         for tag in options.get_tags() {
             match key::tag_key(namespace, tag) {
-                Ok(name) if seen.insert(name.clone()) => names.push(name),
+                Ok(name) if seen.insert(name.clone()) => {
+                    names.push(name);
+                    tags.push(tag.clone());
+                }
                 Ok(_) => {}
                 Err(e) => {
                     invalid.get_or_insert(e);
@@ -65,6 +72,7 @@ impl Tagging {
         }
         Tagging {
             names: names.into(),
+            tags,
             invalid,
         }
     }
@@ -138,6 +146,11 @@ impl TagMemory {
 
     /// Raises the mark to `floor` (an epoch this process raised).
     pub(crate) fn raise_mark(&self, floor: u64) {
+        // Read first: a read that found no newer epoch (nearly every read) writes nothing, so
+        // concurrent hits do not contend for the line.
+        if self.mark.load(Ordering::Acquire) >= floor {
+            return;
+        }
         self.mark.fetch_max(floor, Ordering::AcqRel);
     }
 

@@ -38,7 +38,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::StoreError;
@@ -201,8 +202,8 @@ pub(crate) struct Breaker {
     answers: AtomicU64,
     /// The watchdog's own notes between its looks.
     watch: Mutex<Watch>,
-    /// Bumped each time the breaker opens: requests waiting then fail at once.
-    opened: watch::Sender<u64>,
+    /// Notified each time the breaker opens: requests waiting then fail at once.
+    opened: Notify,
     /// Set when another connection to the backend came up ([`nudge`](Self::nudge)): the next
     /// call sends the probe without waiting for the cool-down.
     nudged: std::sync::atomic::AtomicBool,
@@ -241,7 +242,7 @@ impl Breaker {
                 quiet_since: Instant::now(),
                 last_look: Instant::now(),
             }),
-            opened: watch::Sender::new(0),
+            opened: Notify::new(),
             nudged: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -274,7 +275,6 @@ impl Breaker {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         InFlight {
             breaker: self,
-            opened: self.opened.subscribe(),
             watched: true,
         }
     }
@@ -286,9 +286,15 @@ impl Breaker {
     pub(crate) fn sending_slow(&self) -> InFlight<'_> {
         InFlight {
             breaker: self,
-            opened: self.opened.subscribe(),
             watched: false,
         }
+    }
+
+    /// Resolves when the breaker opens after this call: taken before a request is sent, it
+    /// fails the request at once if the breaker opens while it waits. (A `Notify`, not a
+    /// channel: nothing is subscribed or counted per request.)
+    pub(crate) fn opening(&self) -> Notified<'_> {
+        self.opened.notified()
     }
 
     /// The connection showed life: an answer came.
@@ -371,7 +377,7 @@ impl Breaker {
         spell.refused = 0;
         drop(spell);
         self.counters.breaker(BreakerState::Open);
-        self.opened.send_modify(|n| *n = n.wrapping_add(1));
+        self.opened.notify_waiters();
     }
 
     /// The state now.
@@ -502,8 +508,6 @@ struct Watch {
 #[derive(Debug)]
 pub(crate) struct InFlight<'a> {
     breaker: &'a Breaker,
-    /// Changes when the breaker opens.
-    pub(crate) opened: watch::Receiver<u64>,
     /// Counted in `in_flight` (see [`Breaker::sending_slow`]).
     watched: bool,
 }
@@ -627,6 +631,7 @@ mod tests {
         let (b, counters) = breaker();
         let look = Duration::from_millis(125);
         let waiting = b.sending();
+        let told = b.opening();
         // Looks every 125 ms, as the watchdog does; an answer to another request at 400 ms.
         let mut opened_at = None;
         for tick in 1..=12u64 {
@@ -646,10 +651,12 @@ mod tests {
             Some(1_000),
             "opened a look after 500 ms of quiet"
         );
+        // Polled first, before its zero deadline is looked at.
         assert!(
-            waiting.opened.has_changed().unwrap(),
+            tokio::time::timeout(Duration::ZERO, told).await.is_ok(),
             "the waiting request is told"
         );
+        drop(waiting);
         assert_eq!(counters.snapshot().breaker_opened, 1);
         assert!(b.aborted().may_have_been_applied());
         assert!(b.failing_for().is_some());

@@ -76,7 +76,9 @@ impl GuardedStore {
         if let Err(refused) = self.admit() {
             return Box::pin(std::future::ready(Err(refused)));
         }
-        let mut waiting = if slow {
+        // Taken before the request is sent: an opening from here on is seen.
+        let opened = self.breaker.opening();
+        let waiting = if slow {
             self.breaker.sending_slow()
         } else {
             self.breaker.sending()
@@ -85,7 +87,7 @@ impl GuardedStore {
             let outcome = tokio::select! {
                 biased;
                 outcome = request => outcome,
-                _ = waiting.opened.changed() => Err(self.breaker.aborted()),
+                _ = opened => Err(self.breaker.aborted()),
             };
             waiting.ended(failure(&outcome));
             outcome

@@ -101,7 +101,7 @@ impl Coalescer {
 
 /// Sends the queue of `coalescer` until it is empty, in a task of its own: the caller whose
 /// read was answered (or who went away) goes back to its own work.
-pub(crate) fn drain_in_task<C>(conn: C, coalescer: Arc<Coalescer>)
+pub(crate) fn drain_in_task<C>(conn: &C, coalescer: &Arc<Coalescer>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -111,9 +111,10 @@ where
     // The turn to send is the task's from here: if the task ends before the queue is empty
     // (the runtime shutting down, no runtime at all, a panic), its guard gives the turn back.
     let turn = Turn {
-        coalescer,
+        coalescer: Arc::clone(coalescer),
         done: false,
     };
+    let conn = conn.clone();
     let task = async move {
         let mut turn = turn;
         let mut batch = batch;

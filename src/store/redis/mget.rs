@@ -76,6 +76,74 @@ where
     Ok(values)
 }
 
+/// One read of a value and its epochs on one server (not a cluster: the keys may lie on other
+/// slots): `MGET value names...`, the command sized up front and its reply taken apart in
+/// place, so that a hit allocates nothing beyond what it returns (the value's bytes and its
+/// epochs). Errors and odd replies go through [`mget_one_slot`]'s conversion, as before.
+pub(crate) async fn value_with_epochs<C>(
+    conn: &C,
+    value: &str,
+    names: &[String],
+) -> StoreResult<(Option<Vec<u8>>, Vec<u64>)>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let data = 4 + value.len() + names.iter().map(String::len).sum::<usize>();
+    let mut mget = redis::Cmd::with_capacity(2 + names.len(), data);
+    mget.arg("MGET").arg(value);
+    for name in names {
+        mget.arg(name.as_str());
+    }
+    let reply = conn
+        .clone()
+        .req_packed_command(&mget)
+        .await
+        .map_err(|e| StoreError::from(e).about(value))?;
+    let mut items = match reply {
+        Value::Array(items) if items.len() == names.len() + 1 => items.into_iter(),
+        // An error reply, or one of another shape: judged as `mget_one_slot` judges it.
+        other => {
+            let values = converted(other).map_err(|e| StoreError::from(e).about(value))?;
+            if values.len() != names.len() + 1 {
+                return Err(unexpected("mget: wrong number of values", &Value::Nil));
+            }
+            return Ok(split(values, names));
+        }
+    };
+    let found = items.next().and_then(bytes);
+    let epochs = names
+        .iter()
+        .zip(items)
+        .map(|(name, item)| parse_epoch(name, bytes(item).as_deref()))
+        .collect();
+    Ok((found, epochs))
+}
+
+/// A value as `MGET` answers it: bytes, or `None` for a missing key (or one of another type).
+fn bytes(item: Value) -> Option<Vec<u8>> {
+    match item {
+        Value::BulkString(bytes) => Some(bytes),
+        Value::SimpleString(text) => Some(text.into_bytes()),
+        _ => None,
+    }
+}
+
+/// A reply as `query_async` converts it: an error reply as its error.
+fn converted(reply: Value) -> redis::RedisResult<Vec<Option<Vec<u8>>>> {
+    Ok(redis::from_redis_value(reply.extract_error()?)?)
+}
+
+/// The value and the epochs out of a converted `MGET` reply.
+fn split(mut values: Vec<Option<Vec<u8>>>, names: &[String]) -> (Option<Vec<u8>>, Vec<u64>) {
+    let epochs = values
+        .split_off(1)
+        .iter()
+        .zip(names)
+        .map(|(epoch, name)| parse_epoch(name, epoch.as_deref()))
+        .collect();
+    (values.pop().flatten(), epochs)
+}
+
 /// An epoch as `MGET` read it (see `RedisStore::mget` and the coalescer).
 pub(crate) fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
     let Some(bytes) = bytes else { return 0 };

@@ -311,13 +311,12 @@ where
             // Nothing was out: this caller reads now, alone (no company waited for). Dropped
             // before it returns, its guard hands the turn to a task, as when answered.
             let handover = Handover {
-                conn: Some(self.conn.clone()),
-                coalescer: Arc::clone(coalescer),
+                conn: &self.conn,
+                coalescer,
             };
-            let read = self.mget(&[keys], names).await;
+            let read = self.read_one(keys, names).await;
             drop(handover);
-            let (mut values, epochs) = read?;
-            return Ok((values.pop().flatten(), epochs));
+            return read;
         }
         let (answer, answered) = oneshot::channel();
         let read = Read {
@@ -329,8 +328,8 @@ where
             // The batch out came back meanwhile: this caller sends the queue now. Dropped before it returns, its
             // guard hands the queue to a task.
             let handover = Handover {
-                conn: Some(self.conn.clone()),
-                coalescer: Arc::clone(coalescer),
+                conn: &self.conn,
+                coalescer,
             };
             coalesce::send(&self.conn, batch, self.per_slot).await;
             // Answered: the reads queued meanwhile go out from a task.
@@ -339,11 +338,22 @@ where
         match answered.await {
             Ok(answer) => answer,
             // The caller that carried this read went away with it: read alone.
-            Err(_) => {
-                let (mut values, epochs) = self.mget(&[keys], names).await?;
-                Ok((values.pop().flatten(), epochs))
-            }
+            Err(_) => self.read_one(keys, names).await,
         }
+    }
+
+    /// One `MGET` of the value of `keys` and the epochs `names`.
+    async fn read_one(
+        &self,
+        keys: &EntryKeys,
+        names: &[String],
+    ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
+        if self.per_slot {
+            let (mut values, epochs) = self.mget(&[keys], names).await?;
+            return Ok((values.pop().flatten(), epochs));
+        }
+        let (value, epochs) = mget::value_with_epochs(&self.conn, &keys.value, names).await?;
+        Ok((value.map(Blob::Owned), epochs))
     }
 
     /// One `MGET` of the values of `entries` (at most [`CHUNK_KEYS`] of them) and the epochs
@@ -372,16 +382,15 @@ where
 
 /// Hands the queue of a coalescer to a task when the caller that sent its batch returns (the
 /// reads queued meanwhile go next) or is dropped while its `MGET` is out.
-struct Handover<C: ConnectionLike + Clone + Send + Sync + 'static> {
-    conn: Option<Answered<C>>,
-    coalescer: Arc<Coalescer>,
+/// Borrowed: the connection is cloned only if there is a queue to hand on.
+struct Handover<'s, C: ConnectionLike + Clone + Send + Sync + 'static> {
+    conn: &'s Answered<C>,
+    coalescer: &'s Arc<Coalescer>,
 }
 
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handover<C> {
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handover<'_, C> {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            coalesce::drain_in_task(conn, Arc::clone(&self.coalescer));
-        }
+        coalesce::drain_in_task(self.conn, self.coalescer);
     }
 }
 
@@ -527,8 +536,7 @@ where
         if names.is_empty() {
             return Ok((self.get(keys).await?, Vec::new()));
         }
-        let (mut values, epochs) = self.mget(&[keys], names).await?;
-        Ok((values.pop().flatten(), epochs))
+        self.read_one(keys, names).await
     }
 
     async fn get_many_with_epochs(
