@@ -5,16 +5,18 @@
 
 use std::sync::Arc;
 
+use crate::cache::entry::StoredEntry;
 use crate::cache::recovery::Recovery;
 use crate::cache::refreshes::Refreshes;
 use crate::cache::tags::{TagMemory, Tagging};
-use crate::cache::tiers::Tiers;
+use crate::cache::tiers::{Read, Tiers};
 use crate::stats::Counters;
 use crate::store::breaker::Breaker;
-use crate::store::Store;
-use crate::store::StoreExt;
+use crate::store::{Blob, LockStore, Store, StoreError, StoreExt};
 use crate::wait::flight::Flights;
-use crate::CallOptions;
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::{CallOptions, Error, Fetched, Lock, Stats};
 
 /// One handle's view of the engine: the shared [`Core`], and the options and tags its calls use
 /// (per handle, so that `Cache::with_options` is free and does not touch other handles).
@@ -111,9 +113,9 @@ impl<C> Engine<C> {
     }
 }
 
-impl<C: crate::wire::codec::Codec> Engine<C> {
+impl<C: Codec> Engine<C> {
     /// What the cache has done, with the near tier's tracking mode.
-    pub(crate) fn stats(&self) -> crate::Stats {
+    pub(crate) fn stats(&self) -> Stats {
         let mut stats = self.core.counters.snapshot();
         if let Some(near) = self.core.tiers.near() {
             stats.near_tracking = near.tracking();
@@ -122,10 +124,10 @@ impl<C: crate::wire::codec::Codec> Engine<C> {
     }
 
     /// The distributed lock `name` of this namespace, on the cache's store and options.
-    pub(crate) fn lock(&self, name: &str) -> Result<crate::Lock, crate::Error> {
-        let keys = crate::wire::key::EntryKeys::new(&self.core.namespace, name)?;
-        Ok(crate::Lock::from_parts(
-            Arc::clone(&self.core.store) as Arc<dyn crate::store::LockStore>,
+    pub(crate) fn lock(&self, name: &str) -> Result<Lock, Error> {
+        let keys = EntryKeys::new(&self.core.namespace, name)?;
+        Ok(Lock::from_parts(
+            Arc::clone(&self.core.store) as Arc<dyn LockStore>,
             keys,
             self.options.clone(),
         ))
@@ -134,7 +136,7 @@ impl<C: crate::wire::codec::Codec> Engine<C> {
 
 /// The tiers, as a call of this handle uses them: with its XFetch setting, its fail-safe
 /// window and its tags, and the store's clock.
-impl<C: crate::wire::codec::Codec> Engine<C> {
+impl<C: Codec> Engine<C> {
     /// A near hit or an embedded store's decoded hit, counted, when a hit needs nothing more
     /// than the value: no XFetch draw.
     pub(crate) fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
@@ -146,10 +148,7 @@ impl<C: crate::wire::codec::Codec> Engine<C> {
     }
 
     /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
-    pub(crate) fn near_copy<T: Clone + 'static>(
-        &self,
-        key: &str,
-    ) -> Option<crate::cache::entry::StoredEntry<T>> {
+    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
         let synced = self.core.store.clock_synced();
         self.core.tiers.near_copy(key, synced)
     }
@@ -158,35 +157,38 @@ impl<C: crate::wire::codec::Codec> Engine<C> {
     pub(crate) fn held_copy<T: Clone + 'static>(
         &self,
         key: &str,
-        error: &crate::store::StoreError,
-    ) -> Option<crate::Fetched<T>> {
-        (self.core.tiers).held_copy(key, error, self.options.fail_safe_for)
+        error: &StoreError,
+    ) -> Option<Fetched<T>> {
+        self.core
+            .tiers
+            .held_copy(key, error, self.options.fail_safe_for)
     }
 
     /// What a read found goes into the near tier, with the epochs of its tags.
-    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(
-        &self,
-        read: crate::cache::tiers::Read<'_, T>,
-    ) {
+    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(&self, read: Read<'_, T>) {
         // Without a near tier there is nothing to remember: not even the clock is read.
         if self.core.tiers.near().is_none() {
             return;
         }
         let tags = &read.entry.tags;
         let now_ms = self.core.store.now_ms();
-        (self.core.tiers).remember(read, || self.tag_epoch_names(tags), now_ms);
+        self.core
+            .tiers
+            .remember(read, || self.tag_epoch_names(tags), now_ms);
     }
 
     /// The embedded store keeps a value it handed out decoded, for this handle's quick hits
     /// (only without XFetch, which never takes them).
     pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
         &self,
-        keys: &crate::wire::key::EntryKeys,
-        bytes: &crate::store::Blob,
-        entry: &crate::cache::entry::StoredEntry<T>,
+        keys: &EntryKeys,
+        bytes: &Blob,
+        entry: &StoredEntry<T>,
     ) {
         if self.options.early_refresh_beta == 0.0 {
-            (self.core.tiers).keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
+            self.core
+                .tiers
+                .keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
         }
     }
 }
