@@ -5,12 +5,15 @@
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
 mod support {
+    pub mod logs;
     pub mod server;
     pub use server::*;
 }
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use support::logs::Captured;
 
 use stampede_guard::{Cache, Lock};
 use support::RedisServer;
@@ -18,20 +21,6 @@ use support::RedisServer;
 const WARNING: &str = "Redis may evict this store's lock keys";
 const CHECKED_SAFE: &str = "Redis eviction policy checked";
 const REFUSED: &str = "CONFIG GET refused";
-
-/// A `tracing` writer that keeps everything written, for the whole test binary.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 impl Captured {
     fn count(&self, needle: &str) -> usize {

@@ -7,12 +7,15 @@
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod cache;
+    pub mod logs;
     pub mod server;
     pub use {cache::*, server::*};
 }
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
+
+use support::logs::Captured;
 
 use stampede_guard::leader::Leader;
 use stampede_guard::{
@@ -136,20 +139,6 @@ async fn an_acl_user_works_and_its_key_patterns_confine_the_cache_to_its_namespa
         })
         .await;
     assert!(matches!(&refused, Err(e) if e.is_backend()), "{refused:?}");
-}
-
-/// A `tracing` writer that keeps everything written, for the whole test binary.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 fn captured_logs() -> &'static Captured {

@@ -2,27 +2,17 @@
 //! in the body, and one line per kind of error and minute with a count. Its own test binary:
 //! the throttle is per process, so no other test's errors may log first.
 
-use std::sync::{Arc, Mutex};
-
 use axum::response::IntoResponse;
 use stampede_guard::{web, ComputeError, Error, SourceUnavailable};
+use support::logs::Captured;
+
+/// The shared helpers this file uses, one module each (tests/support/).
+mod support {
+    pub mod logs;
+}
 
 /// Must never reach the client: it stands for a database error with internals in it.
 const SECRET: &str = "password=hunter2 host=db.internal";
-
-/// A `tracing` writer that keeps what it is given.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// What `f` logs at `info` and above.
 fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
