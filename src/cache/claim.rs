@@ -17,7 +17,8 @@ use tokio::time::Instant;
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::failsafe::{Kept, Sorted};
+use crate::cache::failsafe::Kept;
+use crate::cache::fetch::{Sorted, Start};
 use crate::cache::tags::Epochs;
 use crate::lock::lease::{Acquiring, HeldLock, Renewal};
 use crate::stats::Event;
@@ -27,17 +28,6 @@ use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Error, Source};
-
-/// Where the wait-or-lock loop of a key starts (`Engine::claim`).
-pub(crate) enum Start {
-    /// Nothing read says otherwise: read the value or take the lock.
-    Read,
-    /// What the key holds must be replaced: a value past its stale window or bytes that do not
-    /// decode. The lock is taken over it (the fallback is read once the lock is taken).
-    Replace,
-    /// The lock was found held, expiring in this long: wait for its holder first.
-    Held(Option<Duration>),
-}
 
 /// How the wait-or-lock loop of a key ended.
 pub(crate) enum Claim<T> {

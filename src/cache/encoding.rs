@@ -14,69 +14,14 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::cache::engine::Engine;
-use crate::cache::entry::StoredEntry;
 use crate::store::StoreExt;
 use crate::store::Write;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
-use crate::wire::key::EntryKeys;
 use crate::wire::shape;
 use crate::{Error, MAX_VALUE_BYTES};
 
 impl<C: Codec> Engine<C> {
-    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
-    /// (once per cache; after that, an atomic load).
-    pub(crate) async fn clock_ready(&self) {
-        let store = &self.core.store;
-        if !store.clock_synced() {
-            store.sync_clock().await;
-        }
-    }
-
-    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
-    /// value written for another shape of `T` (another deploy's version of the type): decoding
-    /// it could succeed and give garbage (bincode is positional).
-    pub(crate) fn read_stored<T: DeserializeOwned + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &[u8],
-    ) -> Option<StoredEntry<T>> {
-        let codec = &self.core.codec;
-        let envelope = match Envelope::decode(bytes, codec.id()) {
-            Ok(envelope) => envelope,
-            Err(foreign) => {
-                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
-                return None;
-            }
-        };
-        // A compare of two numbers: the shape of `T` was traced on its first use, not here.
-        if envelope.shape != shape::fingerprint::<T>() {
-            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
-                "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
-            return None;
-        }
-        let value = if envelope.negative {
-            Err(String::from_utf8_lossy(envelope.payload).into_owned())
-        } else {
-            match codec.decode(envelope.payload) {
-                Ok(value) => Ok(value),
-                Err(e) => {
-                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
-                    return None;
-                }
-            }
-        };
-        Some(StoredEntry {
-            value,
-            fresh_until_ms: envelope.fresh_until_ms,
-            compute_ms: envelope.compute_ms,
-            fence: envelope.fence,
-            throttled: envelope.fallback,
-            born: envelope.born,
-            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
-        })
-    }
-
     /// The stored bytes of a value fresh for `ttl` from now, marked with the shape of `T`, born
     /// at `born` with `tags` (checked by [`value_tags`](Self::value_tags)).
     pub(crate) fn encode_value<T: Serialize + DeserializeOwned + 'static>(

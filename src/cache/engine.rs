@@ -5,14 +5,14 @@
 
 use std::sync::Arc;
 
-use crate::cache::entry::StoredEntry;
+use crate::cache::near::NearTier;
 use crate::cache::recovery::Recovery;
 use crate::cache::refreshes::Refreshes;
 use crate::cache::tags::{TagMemory, Tagging};
-use crate::cache::tiers::{Read, Tiers};
+use crate::cache::tiers::Tiers;
 use crate::stats::Counters;
 use crate::store::breaker::Breaker;
-use crate::store::{Blob, LockStore, Store, StoreError, StoreExt};
+use crate::store::{LockStore, Store, StoreError};
 use crate::wait::flight::Flights;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
@@ -43,7 +43,8 @@ pub(crate) struct Core<C> {
     pub(crate) counters: Arc<Counters>,
     /// The near tier and the embedded store, as the builder made them. The near tier's feed
     /// task holds it weakly, so dropping the last handle stops the feed.
-    pub(crate) tiers: Tiers,
+    /// `None`: neither a near tier nor the embedded store.
+    pub(crate) tiers: Option<Tiers>,
     /// The circuit breaker the builder put in front of Redis, for the health report.
     pub(crate) breaker: Option<Arc<Breaker>>,
     /// The auto-recovery queue, if the builder was given one. It is the drop guard of its
@@ -57,10 +58,26 @@ pub(crate) struct Parts<C> {
     pub(crate) codec: C,
     pub(crate) namespace: String,
     pub(crate) options: CallOptions,
-    pub(crate) tiers: Tiers,
+    /// `None`: neither a near tier nor the embedded store.
+    pub(crate) tiers: Option<Tiers>,
     pub(crate) breaker: Option<Arc<Breaker>>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) recovery: Option<Recovery>,
+}
+
+impl<C> Core<C> {
+    /// The near tier, if the cache has one.
+    pub(crate) fn near(&self) -> Option<&NearTier> {
+        self.tiers.as_ref()?.near()
+    }
+
+    /// This instance changed the entry of `keys`: its own near copy goes now (see
+    /// `Tiers::forget`).
+    pub(crate) fn forget_near(&self, keys: &EntryKeys) {
+        if let Some(tiers) = &self.tiers {
+            tiers.forget(keys);
+        }
+    }
 }
 
 impl<C> Clone for Engine<C> {
@@ -117,7 +134,7 @@ impl<C: Codec> Engine<C> {
     /// What the cache has done, with the near tier's tracking mode.
     pub(crate) fn stats(&self) -> Stats {
         let mut stats = self.core.counters.snapshot();
-        if let Some(near) = self.core.tiers.near() {
+        if let Some(near) = self.core.near() {
             stats.near_tracking = near.tracking();
         }
         stats
@@ -137,58 +154,12 @@ impl<C: Codec> Engine<C> {
 /// The tiers, as a call of this handle uses them: with its XFetch setting, its fail-safe
 /// window and its tags, and the store's clock.
 impl<C: Codec> Engine<C> {
-    /// A near hit or an embedded store's decoded hit, counted, when a hit needs nothing more
-    /// than the value: no XFetch draw.
-    pub(crate) fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
-        if self.options.early_refresh_beta > 0.0 {
-            return None;
-        }
-        let core = &self.core;
-        core.tiers.quick_hit(&core.namespace, key, &core.counters)
-    }
-
-    /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
-    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
-        let synced = self.core.store.clock_synced();
-        self.core.tiers.near_copy(key, synced)
-    }
-
     /// A near copy held while the backend is down, for a read that failed with `error`.
     pub(crate) fn held_copy<T: Clone + 'static>(
         &self,
         key: &str,
         error: &StoreError,
     ) -> Option<Fetched<T>> {
-        self.core
-            .tiers
-            .held_copy(key, error, self.options.fail_safe_for)
-    }
-
-    /// What a read found goes into the near tier, with the epochs of its tags.
-    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(&self, read: Read<'_, T>) {
-        // Without a near tier there is nothing to remember: not even the clock is read.
-        if self.core.tiers.near().is_none() {
-            return;
-        }
-        let tags = &read.entry.tags;
-        let now_ms = self.core.store.now_ms();
-        self.core
-            .tiers
-            .remember(read, || self.tag_epoch_names(tags), now_ms);
-    }
-
-    /// The embedded store keeps a value it handed out decoded, for this handle's quick hits
-    /// (only without XFetch, which never takes them).
-    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &Blob,
-        entry: &StoredEntry<T>,
-    ) {
-        if self.options.early_refresh_beta == 0.0 {
-            self.core
-                .tiers
-                .keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
-        }
+        (self.core.tiers.as_ref())?.held_copy(key, error, self.options.fail_safe_for)
     }
 }

@@ -16,8 +16,7 @@ use tokio::time::Instant;
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::freshness::{worth, Worth};
-use crate::store::StoreExt;
+use crate::cache::fetch::Sorted;
 use crate::time::later_by;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
@@ -31,15 +30,6 @@ pub(crate) struct Kept<T> {
     pub bytes: Vec<u8>,
 }
 
-/// A stored entry, sorted by `Engine::sort`.
-pub(crate) enum Sorted<T> {
-    /// Serve it (`KeyCall::serve` decides fresh, stale or throttled fallback).
-    Serve(StoredEntry<T>),
-    /// Past its stale window: take the lock over it and compute (`Engine::keep` makes it the
-    /// fallback, once the lock is taken).
-    Past(StoredEntry<T>),
-}
-
 /// Whether `error` is one the fail-safe answers with the fallback: the computation failed, hit
 /// its hard timeout, or the wait for another's outlasted the wait bound. Not a backend failure
 /// (the fallback lives in the backend) nor a bug of the caller's (a key, an encoding).
@@ -51,18 +41,6 @@ pub(crate) fn falls_back(error: &Error) -> bool {
 }
 
 impl<C: Codec> Engine<C> {
-    /// Where `entry` stands for this handle's options, by the store's clock now.
-    pub(crate) fn worth_of<T>(&self, entry: &StoredEntry<T>) -> Worth {
-        let stale_ms = u64::try_from(self.options.stale_for.as_millis()).unwrap_or(u64::MAX);
-        worth(
-            self.core.store.now_ms(),
-            entry.fresh_until_ms,
-            entry.throttled,
-            stale_ms,
-            self.options.fail_safe(),
-        )
-    }
-
     /// The fallback an expired `entry` offers this handle: its value, if the fail-safe is on and
     /// it is a value (a remembered failure is never a fallback).
     pub(crate) fn keep<T>(&self, entry: StoredEntry<T>, bytes: &[u8]) -> Option<Kept<T>> {
@@ -111,16 +89,6 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// Sorts a stored entry for this caller: serve it (live, or a throttled fallback), or it is
-    /// past its stale window: compute.
-    pub(crate) fn sort<T>(&self, entry: StoredEntry<T>) -> Sorted<T> {
-        if self.worth_of(&entry).served() {
-            Sorted::Serve(entry)
-        } else {
-            Sorted::Past(entry)
-        }
-    }
-
     /// Reads the key again once a waiter's budget ran out (its soft timeout, or its wait bound):
     /// a value that landed meanwhile (`Ok(Some(entry))`, to serve), or the fallback kept in the
     /// store (`Err(kept)`), or nothing.
@@ -145,7 +113,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::store::Write;
+    use crate::store::{StoreExt, Write};
     use crate::wire::codec::Bincode;
     use crate::Cache;
     use crate::CallOptions;

@@ -1,8 +1,15 @@
-//! The single-key path of the `get_or_compute` family below its quick hits: the first read, the
-//! in-process single flight (lead, or follow this process's leader), and the distributed part
-//! (`Engine::claim`, then compute or serve).
+//! The single-key path of the `get_or_compute` family, from the call to a hit, in the order it
+//! runs: the quick hits (near tier, embedded store), the call's span and per-call object
+//! ([`KeyCall`]), the one read of the value with its epochs, the entry decoded and judged (alive
+//! by its epochs, worth serving by its freshness), the tiers fed, the value served and the call
+//! counted. A miss goes on in `miss.rs` (the in-process flight, then the distributed part); the
+//! failures' fallbacks are decided in `failsafe.rs`.
 //!
-//! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
+//! Every other path that reads a stored entry (the batch, `get`, the claim loop) judges it with
+//! the same functions, so a value is served alike whichever way it was read.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips); the path
+//! of a hit, step by step: `docs/architecture.md`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,20 +20,167 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::cache::bounds::{CacheValue, ComputeFailure};
-use crate::cache::claim::{Claim, Start};
 use crate::cache::engine::Engine;
-use crate::cache::failsafe::Sorted;
-use crate::cache::tags::Epochs;
+use crate::cache::entry::StoredEntry;
+use crate::cache::freshness::{judge, unit_draw, worth, Worth};
+use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
 use crate::cache::tiers::Read;
 use crate::stats::Event;
-use crate::store::{Blob, StoreResult};
-use crate::time::{later_by, saturate};
-use crate::wait::flight::{Follower, Role};
+use crate::store::{Blob, StoreExt, StoreResult};
+use crate::time::saturate;
 use crate::wire::codec::Codec;
+use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
+use crate::wire::shape;
 use crate::{Computed, Error, Fetched, Lease, Source};
 
+/// One call of the single-key path, from its first read to its outcome: the engine it runs on,
+/// its keys, its TTL, when it began to wait (the in-process flight or the lock) and its
+/// computation. Its steps are the methods below and those of `serve.rs`, `compute.rs` and
+/// `uncached.rs`; the batch's counterpart is `Batch`.
+pub(crate) struct KeyCall<'e, C, F> {
+    pub(crate) engine: &'e Engine<C>,
+    pub(crate) keys: Arc<EntryKeys>,
+    /// Whole: every TTL below is at most FOREVER.
+    pub(crate) ttl: Duration,
+    /// Since when this call waits: for the wait bound and the soft timeout.
+    pub(crate) started: Instant,
+    pub(crate) f: F,
+}
+
+impl<'e, C, F, T, E, Fut> KeyCall<'e, C, F>
+where
+    C: Codec,
+    T: CacheValue,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+{
+    /// `started`: when the call began (its miss waits from when it joins the flight).
+    pub(crate) fn new(
+        engine: &'e Engine<C>,
+        keys: EntryKeys,
+        ttl: Duration,
+        started: Instant,
+        f: F,
+    ) -> Self {
+        KeyCall {
+            engine,
+            keys: Arc::new(keys),
+            ttl,
+            started,
+            f,
+        }
+    }
+
+    /// The call's first read: a near copy's ticket first, for the answer to go into the near
+    /// tier; one GET; on a miss, the in-process single flight, then [`load`](Self::load).
+    async fn read_first(self) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
+        let keys = &*self.keys;
+        engine.clock_ready().await;
+        let ticket = (engine.core.tiers.as_ref()).and_then(|tiers| tiers.ticket(keys));
+
+        // The hit path: one MGET (the value and its epochs), no script, no in-process
+        // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
+        // taken over it.
+        let mut start = Start::Read;
+        match engine.first_read(keys).await {
+            Ok((Some(bytes), mut epochs)) => {
+                match engine.read_live::<T>(keys, &bytes, &mut epochs).await {
+                    Some(entry) => match engine.sort(entry) {
+                        Sorted::Serve(entry) => {
+                            engine.remember_near(Read {
+                                ticket,
+                                keys,
+                                entry: &entry,
+                                len: bytes.len(),
+                                epochs: &epochs,
+                            });
+                            engine.keep_decoded(keys, &bytes, &entry);
+                            return self.serve(entry, Source::Hit);
+                        }
+                        Sorted::Past(_) => start = Start::Replace,
+                    },
+                    // Bytes that are not ours, or a value a tag or a clear invalidated: the
+                    // lock is taken over them, to replace them.
+                    None => start = Start::Replace,
+                }
+            }
+            Ok((None, _)) => {}
+            Err(e) => {
+                if let Some(held) = engine.held_copy::<T>(&keys.user, &e) {
+                    return Ok(held);
+                }
+                if !e.falls_back(engine.options.on_backend_error) {
+                    return Err(Error::backend("get", e));
+                }
+                // The fallback applies in `load`, under the single flight.
+            }
+        }
+        self.share_or_load(start).await
+    }
+
+    /// Serves `entry` to this call, found `fresh` (a hit, or a value another caller computed
+    /// while this one waited): a refresh goes to the background with the call's computation.
+    pub(crate) fn serve(self, entry: StoredEntry<T>, fresh: Source) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
+        match engine.judge_entry(entry, &self.keys.user, fresh) {
+            Judged::Served(outcome) => outcome,
+            Judged::Refresh(served, fence) => {
+                engine.refresh_in_background(self.keys, self.ttl, self.f, fence);
+                Ok(served)
+            }
+        }
+    }
+}
+
 impl<C: Codec> Engine<C> {
+    /// A near hit or an embedded store's decoded hit, counted, when a hit needs nothing more
+    /// than the value: no XFetch draw.
+    pub(crate) fn quick_hit<T: Clone + 'static>(&self, key: &str) -> Option<T> {
+        if self.options.early_refresh_beta > 0.0 {
+            return None;
+        }
+        let core = &self.core;
+        (core.tiers.as_ref())?.quick_hit(&core.namespace, key, &core.counters)
+    }
+
+    /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
+    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+        let synced = self.core.store.clock_synced();
+        (self.core.tiers.as_ref())?.near_copy(key, synced)
+    }
+
+    /// What a read found goes into the near tier, with the epochs of its tags.
+    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(&self, read: Read<'_, T>) {
+        // Without a near tier there is nothing to remember: not even the clock is read.
+        let Some(tiers) = self
+            .core
+            .tiers
+            .as_ref()
+            .filter(|tiers| tiers.near().is_some())
+        else {
+            return;
+        };
+        let tags = &read.entry.tags;
+        let now_ms = self.core.store.now_ms();
+        tiers.remember(read, || self.tag_epoch_names(tags), now_ms);
+    }
+
+    /// The embedded store keeps a value it handed out decoded, for this handle's quick hits
+    /// (only without XFetch, which never takes them).
+    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &Blob,
+        entry: &StoredEntry<T>,
+    ) {
+        if let (Some(tiers), 0.0) = (&self.core.tiers, self.options.early_refresh_beta) {
+            tiers.keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
+        }
+    }
+
     /// `Cache::fetch` once [`quick_hit`](Self::quick_hit) found nothing: the call's span and
     /// its outcome counted.
     pub(crate) async fn fetch_beyond_quick_hit<T, E, F, Fut>(
@@ -165,225 +319,310 @@ impl<C: Codec> Engine<C> {
     /// failing, it fails the read), and an answer drops what the near tier held of the key from
     /// before an outage.
     pub(crate) async fn first_read(&self, keys: &EntryKeys) -> StoreResult<(Option<Blob>, Epochs)> {
-        self.replay_queued(&[keys]).await?;
+        // Asked here rather than through `replay_queued`: a cache without auto-recovery asks
+        // nothing on its hit path.
+        if let Some(recovery) = &self.core.recovery {
+            recovery.replay(keys).await?;
+        }
         let read = self.read_with_epochs(keys).await;
         if read.is_ok() {
-            self.core.tiers.reached(keys);
+            if let Some(tiers) = &self.core.tiers {
+                tiers.reached(keys);
+            }
         }
         read
     }
 
-    /// Waits for this process's leader of the key: its outcome, or `None` if it went away
-    /// without one. Bounded by the wait bound, and with the fail-safe by the soft timeout, when
-    /// the key is read again for a fallback.
-    pub(crate) async fn follow<T>(
+    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
+    /// (once per cache; after that, an atomic load).
+    pub(crate) async fn clock_ready(&self) {
+        let store = &self.core.store;
+        if !store.clock_synced() {
+            store.sync_clock().await;
+        }
+    }
+
+    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
+    /// value written for another shape of `T` (another deploy's version of the type): decoding
+    /// it could succeed and give garbage (bincode is positional).
+    pub(crate) fn read_stored<T: DeserializeOwned + 'static>(
         &self,
-        follower: Follower<Fetched<T>>,
         keys: &EntryKeys,
-        started: Instant,
-    ) -> Option<Result<Fetched<T>, Error>>
-    where
-        T: DeserializeOwned + Clone + Send + Sync + 'static,
-    {
-        let bound = later_by(started, self.options.wait_timeout);
-        let mark = follower.mark();
-        let outcome = follower.outcome();
-        tokio::pin!(outcome);
-        if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
-            if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
-                return self.shared(outcome, keys, mark).await;
+        bytes: &[u8],
+    ) -> Option<StoredEntry<T>> {
+        let codec = &self.core.codec;
+        let envelope = match Envelope::decode(bytes, codec.id()) {
+            Ok(envelope) => envelope,
+            Err(foreign) => {
+                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
+                return None;
             }
-            if let Some(Err(kept)) = self.look_again::<T>(keys).await {
-                self.core.counters.record(Event::SoftTimeout);
-                return Some(Ok(self.serve_fallback(kept.value)));
-            }
+        };
+        // A compare of two numbers: the shape of `T` was traced on its first use, not here.
+        if envelope.shape != shape::fingerprint::<T>() {
+            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
+                "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
+            return None;
         }
-        match tokio::time::timeout_at(bound, outcome).await {
-            Ok(outcome) => self.shared(outcome, keys, mark).await,
-            Err(_) => {
-                let error = Error::WaitTimeout {
-                    key: keys.user.clone(),
-                    waited: started.elapsed(),
-                };
-                let kept = match self.look_again::<T>(keys).await {
-                    Some(Err(kept)) => Some(kept),
-                    _ => None,
-                };
-                Some(self.fall_back(error, kept, keys))
-            }
-        }
-    }
-
-    /// What a follower takes of its leader's `outcome` (`None`: lead again): a value the leader
-    /// computed or read from the store only if none of its tags was invalidated since the
-    /// leader started, knowing the epoch mark `mark` (see `cache/tags.rs`). A leader that read
-    /// the value judged it when it read it, which may be before an invalidation the follower
-    /// must not miss. Fallbacks (held, uncached, fail-safe) are shared as they are.
-    async fn shared<T>(
-        &self,
-        outcome: Option<Result<Fetched<T>, Error>>,
-        keys: &EntryKeys,
-        mark: u64,
-    ) -> Option<Result<Fetched<T>, Error>> {
-        match outcome {
-            Some(Ok(fetched))
-                if matches!(
-                    fetched.source,
-                    Source::Computed | Source::Hit | Source::Waited | Source::Stale
-                ) && !self.outlives_invalidations_since(keys, mark).await =>
-            {
-                None
-            }
-            outcome => outcome.map(|outcome| outcome.map(waited)),
-        }
-    }
-}
-
-/// One call of the single-key path, from its first read to its outcome: the engine it runs on,
-/// its keys, its TTL, when it began to wait (the in-process flight or the lock) and its
-/// computation. Its steps are the methods below and those of `serve.rs`, `compute.rs` and
-/// `uncached.rs`; the batch's counterpart is `Batch`.
-pub(crate) struct KeyCall<'e, C, F> {
-    pub(crate) engine: &'e Engine<C>,
-    pub(crate) keys: Arc<EntryKeys>,
-    /// Whole: every TTL below is at most FOREVER.
-    pub(crate) ttl: Duration,
-    /// Since when this call waits: for the wait bound and the soft timeout.
-    pub(crate) started: Instant,
-    pub(crate) f: F,
-}
-
-impl<'e, C, F, T, E, Fut> KeyCall<'e, C, F>
-where
-    C: Codec,
-    T: CacheValue,
-    E: ComputeFailure,
-    F: FnOnce(Lease) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-{
-    /// `started`: when the call began (its miss waits from when it joins the flight).
-    pub(crate) fn new(
-        engine: &'e Engine<C>,
-        keys: EntryKeys,
-        ttl: Duration,
-        started: Instant,
-        f: F,
-    ) -> Self {
-        KeyCall {
-            engine,
-            keys: Arc::new(keys),
-            ttl,
-            started,
-            f,
-        }
-    }
-
-    /// The call's first read: a near copy's ticket first, for the answer to go into the near
-    /// tier; one GET; on a miss, the in-process single flight, then [`load`](Self::load).
-    async fn read_first(self) -> Result<Fetched<T>, Error> {
-        let engine = self.engine;
-        let keys = &*self.keys;
-        engine.clock_ready().await;
-        let ticket = engine.core.tiers.ticket(keys);
-
-        // The hit path: one MGET (the value and its epochs), no script, no in-process
-        // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
-        // taken over it.
-        let mut start = Start::Read;
-        match engine.first_read(keys).await {
-            Ok((Some(bytes), mut epochs)) => {
-                match engine.read_live::<T>(keys, &bytes, &mut epochs).await {
-                    Some(entry) => match engine.sort(entry) {
-                        Sorted::Serve(entry) => {
-                            engine.remember_near(Read {
-                                ticket,
-                                keys,
-                                entry: &entry,
-                                len: bytes.len(),
-                                epochs: &epochs,
-                            });
-                            engine.keep_decoded(keys, &bytes, &entry);
-                            return self.serve(entry, Source::Hit);
-                        }
-                        Sorted::Past(_) => start = Start::Replace,
-                    },
-                    // Bytes that are not ours, or a value a tag or a clear invalidated: the
-                    // lock is taken over them, to replace them.
-                    None => start = Start::Replace,
-                }
-            }
-            Ok((None, _)) => {}
-            Err(e) => {
-                if let Some(held) = engine.held_copy::<T>(&keys.user, &e) {
-                    return Ok(held);
-                }
-                if !e.falls_back(engine.options.on_backend_error) {
-                    return Err(Error::backend("get", e));
-                }
-                // The fallback applies in `load`, under the single flight.
-            }
-        }
-        self.share_or_load(start).await
-    }
-
-    /// A miss: this process's flight of the key, followed or led (then [`load`](Self::load)).
-    async fn share_or_load(mut self, start: Start) -> Result<Fetched<T>, Error> {
-        let engine = self.engine;
-        self.started = Instant::now();
-        let leader = loop {
-            match engine
-                .core
-                .flights
-                .join::<Fetched<T>, E>(&self.keys.value, engine.core.tags.mark())
-            {
-                Role::Lead(leader) => break Some(leader),
-                Role::Alone => break None,
-                Role::Follow(follower) => {
-                    match engine.follow(follower, &self.keys, self.started).await {
-                        Some(outcome) => return outcome,
-                        // The leader went away, or its value is one this call must not get
-                        // (an invalidation since it started): try to lead.
-                        None => continue,
-                    }
+        let value = if envelope.negative {
+            Err(String::from_utf8_lossy(envelope.payload).into_owned())
+        } else {
+            match codec.decode(envelope.payload) {
+                Ok(value) => Ok(value),
+                Err(e) => {
+                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
+                    return None;
                 }
             }
         };
-        let outcome = self.load(start).await;
-        if let Some(leader) = leader {
-            leader.finish(&outcome);
-        }
-        outcome
+        Some(StoredEntry {
+            value,
+            fresh_until_ms: envelope.fresh_until_ms,
+            compute_ms: envelope.compute_ms,
+            fence: envelope.fence,
+            throttled: envelope.fallback,
+            born: envelope.born,
+            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
+        })
     }
 
-    /// The distributed part: read the value or take the lock; compute under it, or wait for the
-    /// holder and read again. `start` says what the call has seen already (a value past its
-    /// stale window, or the lock held).
-    async fn load(self, start: Start) -> Result<Fetched<T>, Error> {
-        let engine = self.engine;
-        // Writes of this key still queued (auto-recovery) go first, checked again here: Redis
-        // may have come back since the first read failed, and must not answer this key with
-        // the value the queued write replaces.
-        if let Err(e) = engine.replay_queued(&[&self.keys]).await {
-            return self.without_cache("replay", e).await;
+    /// The epochs a read of `keys` asks for with the values: the namespace's, the handle's
+    /// tags', and those the keys' values carried when last read.
+    pub(crate) fn read_names(&self, keys: &[&EntryKeys]) -> Arc<[String]> {
+        let mut names: Option<Vec<String>> = None;
+        for keys in keys {
+            let Some(seen) = self.core.tags.seen(&keys.value) else {
+                continue;
+            };
+            // A key whose tags the handle names (the common tagged hit) adds nothing: the
+            // handle's names are shared, not copied.
+            for name in seen.iter() {
+                if self.tagging.names.contains(name) {
+                    continue;
+                }
+                let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
+                if names.len() - self.tagging.names.len() >= SEEN_PER_BATCH {
+                    break;
+                }
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
         }
-        match engine.claim::<T>(&self.keys, self.started, start).await {
-            Claim::Found(entry, found) => self.serve(entry, found),
-            Claim::Locked(held, kept) => self.compute_within(held, kept).await,
-            Claim::Fallback(value) => Ok(engine.serve_fallback(value)),
-            Claim::Failed(e) => Err(e),
-            Claim::Backend(e) => self.without_cache("read-or-lock", e).await,
+        names.map_or_else(|| Arc::clone(&self.tagging.names), Into::into)
+    }
+
+    /// Remembers the tags the value of `keys` carries (`tags`, as read or as written), for the
+    /// next read of the key (and for a follower of its computation: see
+    /// [`computed_before_no_invalidation`](Self::computed_before_no_invalidation)).
+    pub(crate) fn saw_tags(&self, keys: &EntryKeys, tags: &[String]) {
+        // A tagless value (the common hit) costs nothing here. A key whose value lost its tags
+        // keeps its remembered names until they are evicted: they only cost its reads a few
+        // more keys in their `MGET`.
+        if tags.is_empty() {
+            return;
+        }
+        // Unchanged since last seen (the common tagged hit): nothing is built or written.
+        if let Some(held) = self.core.tags.seen(&keys.value) {
+            let same = |(held, tag): (&String, &String)| {
+                self.epoch_name(tag).is_ok_and(|name| *held == name)
+            };
+            if held.len() == tags.len() && held.iter().zip(tags).all(same) {
+                return;
+            }
+        }
+        let names = self.tag_epoch_names(tags).unwrap_or_default();
+        self.core.tags.remember(&keys.value, names);
+    }
+
+    /// Reads the value of `keys` with the epochs [`read_names`](Self::read_names) gives, in one
+    /// round trip.
+    pub(crate) async fn read_with_epochs(
+        &self,
+        keys: &EntryKeys,
+    ) -> StoreResult<(Option<Blob>, Epochs)> {
+        let names = self.read_names(&[keys]);
+        let (bytes, values) = self.core.store.get_with_epochs(keys, &names).await?;
+        let epochs = Epochs::of(&names, values);
+        self.core.tags.note(&epochs);
+        Ok((bytes, epochs))
+    }
+
+    /// Reads, in one request, the epochs `entries` need that `epochs` lacks (tags the handle
+    /// did not name: one more round trip).
+    pub(crate) async fn complete_epochs<'e, T: 'e>(
+        &self,
+        entries: impl IntoIterator<Item = &'e StoredEntry<T>>,
+        epochs: &mut Epochs,
+    ) -> StoreResult<()> {
+        let mut missing: Vec<String> = Vec::new();
+        let mut need = |name: &str| {
+            if epochs.get(name).is_none() && !missing.iter().any(|held| held == name) {
+                missing.push(name.to_owned());
+            }
+        };
+        for entry in entries {
+            // A tagless value (the common hit) needs the namespace's epoch alone: no names
+            // are built for it.
+            if entry.tags.is_empty() {
+                need(&self.tagging.names[0]);
+                continue;
+            }
+            for name in self.epoch_names(&entry.tags).into_iter().flatten() {
+                need(&name);
+            }
+        }
+        if !missing.is_empty() {
+            let values = self.core.store.epochs(&missing).await?;
+            epochs.add(missing, values);
+            self.core.tags.note(epochs);
+        }
+        Ok(())
+    }
+
+    /// Whether `entry` was born after the namespace's epoch and each of its tags' in `epochs`;
+    /// an epoch `epochs` lacks counts as raised.
+    pub(crate) fn alive_by<T>(&self, entry: &StoredEntry<T>, epochs: &Epochs) -> bool {
+        if entry.tags.is_empty() {
+            // The namespace's epoch alone judges it: no names to build.
+            return epochs
+                .get(&self.tagging.names[0])
+                .is_some_and(|epoch| outlived(entry.born, epoch));
+        }
+        // Each name looked up as it is made: an invalid tag (no name) makes the value gone.
+        let alive = |name: &str| {
+            epochs
+                .get(name)
+                .is_some_and(|epoch| outlived(entry.born, epoch))
+        };
+        alive(&self.tagging.names[0])
+            && (entry.tags.iter()).all(|tag| self.epoch_name(tag).is_ok_and(|name| alive(&name)))
+    }
+
+    /// Whether `entry` is alive, reading the epochs `epochs` lacks.
+    pub(crate) async fn alive<T>(
+        &self,
+        entry: &StoredEntry<T>,
+        epochs: &mut Epochs,
+    ) -> StoreResult<bool> {
+        self.complete_epochs([entry], epochs).await?;
+        Ok(self.alive_by(entry, epochs))
+    }
+
+    /// [`read_stored`](Self::read_stored), then [`alive`](Self::alive): a value invalidated by
+    /// a tag or a clear is no value (logged at debug), and neither is one whose epochs could
+    /// not be read: it is replaced under the lock, as bytes that do not decode are (on a
+    /// cluster the epochs' node may be down while the value's answers).
+    pub(crate) async fn read_live<T: DeserializeOwned + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &[u8],
+        epochs: &mut Epochs,
+    ) -> Option<StoredEntry<T>> {
+        let entry = self.read_stored::<T>(keys, bytes)?;
+        self.saw_tags(keys, &entry.tags);
+        match self.alive(&entry, epochs).await {
+            Ok(true) => Some(entry),
+            Ok(false) => {
+                tracing::debug!(key = %keys.user, "the value was invalidated by a tag or a clear; treating it as a miss");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(key = %keys.user, error = %e, "could not read the value's epochs; treating it as a miss");
+                None
+            }
+        }
+    }
+
+    /// Where `entry` stands for this handle's options, by the store's clock now.
+    pub(crate) fn worth_of<T>(&self, entry: &StoredEntry<T>) -> Worth {
+        let stale_ms = u64::try_from(self.options.stale_for.as_millis()).unwrap_or(u64::MAX);
+        worth(
+            self.core.store.now_ms(),
+            entry.fresh_until_ms,
+            entry.throttled,
+            stale_ms,
+            self.options.fail_safe(),
+        )
+    }
+
+    /// Sorts a stored entry for this caller: serve it (live, or a throttled fallback), or it is
+    /// past its stale window: compute.
+    pub(crate) fn sort<T>(&self, entry: StoredEntry<T>) -> Sorted<T> {
+        if self.worth_of(&entry).served() {
+            Sorted::Serve(entry)
+        } else {
+            Sorted::Past(entry)
+        }
+    }
+
+    /// What serving `entry` (found as `fresh` says) takes, decided before anything is prepared
+    /// for a refresh, so that every path (a single key's, each key of a batch) decides alike:
+    /// a remembered failure, a throttled fail-safe copy and a value neither stale nor drawn by
+    /// XFetch are served as they are; any other value is served with a background refresh.
+    pub(crate) fn judge_entry<T>(
+        &self,
+        entry: StoredEntry<T>,
+        key: &str,
+        fresh: Source,
+    ) -> Judged<T> {
+        let value = match entry.value {
+            Ok(value) => value,
+            Err(message) => {
+                return Judged::Served(Err(Error::RecentFailure {
+                    key: key.to_owned(),
+                    message,
+                }))
+            }
+        };
+        if entry.throttled {
+            // Sorted for serving, so within its throttle: the source failed a moment ago.
+            return Judged::Served(Ok(self.serve_fallback(value)));
+        }
+        let beta = self.options.early_refresh_beta;
+        // Draw only when XFetch is on: the hit path stays free of the random number generator.
+        let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
+        let worth = judge(
+            self.core.store.now_ms(),
+            entry.fresh_until_ms,
+            entry.compute_ms,
+            beta,
+            draw,
+        );
+        let served = |source| Fetched { value, source };
+        match worth {
+            Worth::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
+            Worth::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+            // `judge` says fresh, refreshed early or stale of a served value.
+            Worth::Fresh | Worth::Kept | Worth::Dead => Judged::Served(Ok(served(fresh))),
         }
     }
 }
 
-/// What an in-process follower reports: the leader's computation or read is, for it, a wait.
-fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
-    // A follower read nothing itself: the leader's hit was read when the leader asked, which
-    // may be before this call began (a flight can last a computation, or a process pause).
-    // What the value is (stale, a fallback, uncached, held) still shows.
-    let source = match fetched.source {
-        Source::Computed | Source::Hit => Source::Waited,
-        other => other,
-    };
-    Fetched { source, ..fetched }
+/// Where the wait-or-lock loop of a key starts (`Engine::claim`).
+pub(crate) enum Start {
+    /// Nothing read says otherwise: read the value or take the lock.
+    Read,
+    /// What the key holds must be replaced: a value past its stale window or bytes that do not
+    /// decode. The lock is taken over it (the fallback is read once the lock is taken).
+    Replace,
+    /// The lock was found held, expiring in this long: wait for its holder first.
+    Held(Option<Duration>),
+}
+
+/// A stored entry, sorted by `Engine::sort`.
+pub(crate) enum Sorted<T> {
+    /// Serve it (`KeyCall::serve` decides fresh, stale or throttled fallback).
+    Serve(StoredEntry<T>),
+    /// Past its stale window: take the lock over it and compute (`Engine::keep` makes it the
+    /// fallback, once the lock is taken).
+    Past(StoredEntry<T>),
+}
+
+/// How a stored entry is served (`Engine::judge_entry`).
+pub(crate) enum Judged<T> {
+    /// As it is.
+    Served(Result<Fetched<T>, Error>),
+    /// With a background refresh of the entry written under this fence.
+    Refresh(Fetched<T>, u64),
 }

@@ -289,11 +289,7 @@ impl<C: Codec> Engine<C> {
         let breaker = self.core.breaker.as_deref();
         let breaker_state = breaker.map_or(BreakerState::Closed, |b| b.state());
         let fallbacks = Fallbacks {
-            held_copies: self
-                .core
-                .tiers
-                .near()
-                .is_some_and(|near| near.serves_held()),
+            held_copies: self.core.near().is_some_and(|near| near.serves_held()),
             uncached: self.options.on_backend_error == OnBackendError::ComputeUncached,
             queued_writes: self.core.recovery.is_some(),
         };
@@ -304,8 +300,8 @@ impl<C: Codec> Engine<C> {
             reachable,
             breaker: breaker_state,
             failing_for: breaker.and_then(|b| b.failing_for()),
-            near_feed_proven: self.core.tiers.near().map(|near| near.proven()),
-            near_tracking: self.core.tiers.near().map(|near| near.tracking()),
+            near_feed_proven: self.core.near().map(|near| near.proven()),
+            near_tracking: self.core.near().map(|near| near.tracking()),
             recovery_queued: self.core.recovery.as_ref().map_or(0, |r| r.len()),
         }
     }

@@ -27,7 +27,8 @@ impl<C: Codec> Engine<C> {
         self.check_tags()?;
         // The near tier first, as for every read: a copy it serves is fresh, and judged by the
         // epochs of its namespace and tags.
-        if let Some(value) = self.core.tiers.near_read::<T>(key) {
+        if let Some(value) = (self.core.tiers.as_ref()).and_then(|tiers| tiers.near_read::<T>(key))
+        {
             return Ok(Some(value));
         }
         // A write of this key still queued goes first: Redis may hold what it replaced.
@@ -72,7 +73,7 @@ impl<C: Codec> Engine<C> {
             .set(&keys, bytes, stored_for, self.options.lease)
             .await;
         // Also after a failure: the write may have been applied.
-        self.core.tiers.forget(&keys);
+        self.core.forget_near(&keys);
         let error = match written {
             Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
             Err(e) => e,
@@ -93,7 +94,7 @@ impl<C: Codec> Engine<C> {
         let keys = EntryKeys::new(&self.core.namespace, key)?;
         let done = self.core.store.invalidate(&keys, self.options.lease).await;
         // Also after a failure: the invalidation may have been applied.
-        self.core.tiers.forget(&keys);
+        self.core.forget_near(&keys);
         let error = match done {
             Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
             Err(e) => e,
@@ -130,7 +131,7 @@ impl<C: Codec> Engine<C> {
             .await;
         // Also after a failure: some invalidations may have been applied.
         for keys in &entries {
-            self.core.tiers.forget(keys);
+            self.core.forget_near(keys);
         }
         let error = match done {
             Ok(()) => return Ok(self.written(&entries)),

@@ -274,7 +274,7 @@ impl Recovery {
 
     /// Replays the intent queued for `keys`, if any, here and now (a read of the key must not
     /// see Redis before its replay).
-    async fn replay(&self, keys: &EntryKeys) -> StoreResult<()> {
+    pub(crate) async fn replay(&self, keys: &EntryKeys) -> StoreResult<()> {
         if self.len() == 0 {
             return Ok(());
         }

@@ -19,16 +19,20 @@ use crate::store::{Blob, MemoryStore, StoreError};
 use crate::wire::key::EntryKeys;
 use crate::{Fetched, Source};
 
-/// The near tier and the embedded store, when the cache has them.
-#[derive(Default)]
+/// The near tier and the embedded store, when the cache has one of them (a cache with neither
+/// holds no `Tiers`: its calls consult nothing in process).
 pub(crate) struct Tiers {
     near: Option<Arc<NearTier>>,
     memory: Option<Arc<MemoryStore>>,
 }
 
 impl Tiers {
-    pub(crate) fn new(near: Option<Arc<NearTier>>, memory: Option<Arc<MemoryStore>>) -> Self {
-        Tiers { near, memory }
+    /// The tiers of a cache with `near` and `memory`; `None` when it has neither.
+    pub(crate) fn new(
+        near: Option<Arc<NearTier>>,
+        memory: Option<Arc<MemoryStore>>,
+    ) -> Option<Self> {
+        (near.is_some() || memory.is_some()).then_some(Tiers { near, memory })
     }
 
     /// The near tier, if there is one.

@@ -10,8 +10,10 @@ use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
 use super::{Batch, Outcome, Settled, Step};
-use crate::cache::claim::{Claim, Start};
-use crate::cache::failsafe::{Kept, Sorted};
+use crate::cache::claim::Claim;
+use crate::cache::failsafe::Kept;
+use crate::cache::fetch::Sorted;
+use crate::cache::fetch::Start;
 use crate::cache::tags::Epochs;
 use crate::join::join_all;
 use crate::lock::lease::{Acquiring, HeldLock};

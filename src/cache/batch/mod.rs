@@ -55,7 +55,7 @@ use tokio::time::Instant;
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
-use crate::cache::serve::Judged;
+use crate::cache::fetch::Judged;
 use crate::join::join_all;
 use crate::store::BoxFuture;
 use crate::wire::codec::Codec;

@@ -9,7 +9,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use super::{Batch, Outcome};
 use crate::cache::entry::StoredEntry;
-use crate::cache::failsafe::Sorted;
+use crate::cache::fetch::Sorted;
 use crate::cache::tags::Epochs;
 use crate::cache::tiers::Read;
 use crate::store::Blob;
@@ -51,7 +51,9 @@ where
             .zip(remote)
             .map(|(bytes, &slot)| {
                 let keys = &distinct[slot];
-                cache.core.tiers.reached(keys);
+                if let Some(tiers) = &cache.core.tiers {
+                    tiers.reached(keys);
+                }
                 let entry = bytes.as_ref().and_then(|b| cache.read_stored::<T>(keys, b));
                 if let Some(entry) = &entry {
                     cache.saw_tags(keys, &entry.tags);
@@ -81,7 +83,7 @@ where
         cache.clock_ready().await;
         let tickets: Vec<_> = remote
             .iter()
-            .map(|&slot| cache.core.tiers.ticket(&distinct[slot]))
+            .map(|&slot| (cache.core.tiers.as_ref())?.ticket(&distinct[slot]))
             .collect();
         let entries: Vec<&EntryKeys> = remote.iter().map(|&slot| &*distinct[slot]).collect();
         // Writes of these keys still queued go first (auto-recovery); failing, they fail the read.

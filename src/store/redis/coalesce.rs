@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use redis::aio::ConnectionLike;
 use tokio::sync::oneshot;
 
+use super::mget;
 use crate::join::join_all;
 use crate::store::{Blob, StoreResult};
 use crate::sync::lock;
@@ -29,12 +30,12 @@ pub(crate) const MAX_READS: usize = 128;
 pub(crate) type Answer = (Option<Blob>, Vec<u64>);
 
 /// One queued read.
-pub(crate) struct Read {
+struct Read {
     /// The value key.
-    pub(crate) value: String,
+    value: String,
     /// The epochs read with it.
-    pub(crate) names: Arc<[String]>,
-    pub(crate) answer: oneshot::Sender<StoreResult<Answer>>,
+    names: Arc<[String]>,
+    answer: oneshot::Sender<StoreResult<Answer>>,
 }
 
 /// The reads waiting for the next `MGET` of one store.
@@ -62,13 +63,13 @@ impl Coalescer {
 
     /// Takes the turn to send if no batch is out (then the queue is empty): the caller reads
     /// alone, at once, and hands the turn on when answered (see [`drain_in_task`]).
-    pub(crate) fn lead(&self) -> bool {
+    fn lead(&self) -> bool {
         let mut state = lock(&self.state);
         !std::mem::replace(&mut state.sending, true)
     }
 
     /// Queues `read`. If no batch is out, the caller is to send the queue now: returned.
-    pub(crate) fn enqueue(&self, read: Read) -> Option<Vec<Read>> {
+    fn enqueue(&self, read: Read) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
         state.queued.push(read);
         if state.sending {
@@ -89,7 +90,7 @@ impl Coalescer {
 
     /// After a batch was answered: the reads queued meanwhile, to send next; `None` when
     /// there are none (then no batch is out).
-    pub(crate) fn next(&self) -> Option<Vec<Read>> {
+    fn next(&self) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
         if state.queued.is_empty() {
             state.sending = false;
@@ -99,9 +100,86 @@ impl Coalescer {
     }
 }
 
+/// The value `value` and the epochs `names`, read with the other single-key reads that arrive
+/// while one is out, through `coalescer` (without one, alone): the one read of a hit.
+pub(crate) async fn read<C>(
+    conn: &C,
+    coalescer: Option<&Arc<Coalescer>>,
+    per_slot: bool,
+    value: &str,
+    names: &Arc<[String]>,
+) -> StoreResult<Answer>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let Some(coalescer) = coalescer else {
+        return read_alone(conn, per_slot, value, names).await;
+    };
+    if coalescer.lead() {
+        // Nothing was out: this caller reads now, alone (no company waited for). Dropped
+        // before it returns, its guard hands the turn to a task, as when answered.
+        let handover = Handover { conn, coalescer };
+        let read = read_alone(conn, per_slot, value, names).await;
+        drop(handover);
+        return read;
+    }
+    let (answer, answered) = oneshot::channel();
+    let read = Read {
+        value: value.to_owned(),
+        names: Arc::clone(names),
+        answer,
+    };
+    if let Some(batch) = coalescer.enqueue(read) {
+        // The batch out came back meanwhile: this caller sends the queue now. Dropped before
+        // it returns, its guard hands the queue to a task.
+        let handover = Handover { conn, coalescer };
+        send(conn, batch, per_slot).await;
+        // Answered: the reads queued meanwhile go out from a task.
+        drop(handover);
+    }
+    match answered.await {
+        Ok(answer) => answer,
+        // The caller that carried this read went away with it: read alone.
+        Err(_) => read_alone(conn, per_slot, value, names).await,
+    }
+}
+
+/// One read by itself: on one server an `MGET` sized up front and taken apart in place; on a
+/// cluster one per slot (the epochs may lie on other slots than the value).
+async fn read_alone<C>(
+    conn: &C,
+    per_slot: bool,
+    value: &str,
+    names: &[String],
+) -> StoreResult<Answer>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    if per_slot {
+        let (mut values, epochs) = mget::values_and_epochs(conn, &[value], names, true).await?;
+        return Ok((values.pop().flatten().map(Blob::Owned), epochs));
+    }
+    let (found, epochs) = mget::value_with_epochs(conn, value, names).await?;
+    Ok((found.map(Blob::Owned), epochs))
+}
+
+/// Hands the queue of a coalescer to a task when the caller that sent its batch returns (the
+/// reads queued meanwhile go next) or is dropped while its `MGET` is out.
+/// Borrowed: the connection is cloned only if there is a queue to hand on.
+struct Handover<'s, C: ConnectionLike + Clone + Send + Sync + 'static> {
+    conn: &'s C,
+    coalescer: &'s Arc<Coalescer>,
+}
+
+impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handover<'_, C> {
+    fn drop(&mut self) {
+        drain_in_task(self.conn, self.coalescer);
+    }
+}
+
 /// Sends the queue of `coalescer` until it is empty, in a task of its own: the caller whose
 /// read was answered (or who went away) goes back to its own work.
-pub(crate) fn drain_in_task<C>(conn: &C, coalescer: &Arc<Coalescer>)
+fn drain_in_task<C>(conn: &C, coalescer: &Arc<Coalescer>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -153,7 +231,7 @@ impl Drop for Turn {
 
 /// Sends `batch`: one `MGET` per [`MAX_READS`] reads (all at once; on a cluster, `per_slot`, one
 /// per slot of each), each answering its reads.
-pub(crate) async fn send<C>(conn: &C, batch: Vec<Read>, per_slot: bool)
+async fn send<C>(conn: &C, batch: Vec<Read>, per_slot: bool)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -177,7 +255,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let keys = Keys::of(&reads);
-    let answered = super::mget::mget(conn, &keys.names, per_slot).await;
+    let answered = mget::mget(conn, &keys.names, per_slot).await;
     let answers: Vec<StoreResult<Answer>> = reads
         .iter()
         .map(|read| {
@@ -187,7 +265,7 @@ where
             let epochs = read
                 .names
                 .iter()
-                .map(|name| super::mget::parse_epoch(name, at(name).and_then(|v| v.as_deref())))
+                .map(|name| mget::parse_epoch(name, at(name).and_then(|v| v.as_deref())))
                 .collect();
             Ok((value, epochs))
         })

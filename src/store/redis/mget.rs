@@ -56,6 +56,30 @@ where
     Ok(values)
 }
 
+/// The values of `values` in order, then each epoch of `names` read as a number (0 when
+/// absent; bytes that are not a number are another program's: read as the highest epoch, so
+/// every value it judges is gone, until `raise_epochs` repairs it), in one `MGET` (per slot
+/// on a cluster).
+pub(crate) async fn values_and_epochs<C>(
+    conn: &C,
+    values: &[&str],
+    names: &[String],
+    per_slot: bool,
+) -> StoreResult<(Vec<Option<Vec<u8>>>, Vec<u64>)>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let keys: Vec<&str> = (values.iter().copied())
+        .chain(names.iter().map(String::as_str))
+        .collect();
+    let mut found = mget(conn, &keys, per_slot).await?;
+    let epochs = (found.split_off(values.len()).iter())
+        .zip(names)
+        .map(|(epoch, name)| parse_epoch(name, epoch.as_deref()))
+        .collect();
+    Ok((found, epochs))
+}
+
 /// One `MGET` (the keys share a slot, or the server is not a cluster).
 async fn mget_one_slot<C>(conn: &C, keys: &[&str]) -> StoreResult<Vec<Option<Vec<u8>>>>
 where

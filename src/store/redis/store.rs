@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::Value;
-use tokio::sync::oneshot;
 
 use super::clock::ServerClock;
 use super::cluster::LazyCluster;
-use super::coalesce::{self, Coalescer, Read};
+use super::coalesce::{self, Coalescer};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
-use super::mget::{self, parse_epoch};
+use super::mget;
 use super::pubsub::PubSub;
 use super::replicas::{Acks, ReplicaWait};
 use super::scripts::{
@@ -299,98 +298,18 @@ where
             .collect()
     }
 
-    /// The value of `keys` and the epochs `names`, read with the other single-key reads that
-    /// arrive while one is out (see [`coalesce`](super::coalesce)).
-    async fn read_coalesced(
-        &self,
-        coalescer: &Arc<Coalescer>,
-        keys: &EntryKeys,
-        names: &Arc<[String]>,
-    ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
-        if coalescer.lead() {
-            // Nothing was out: this caller reads now, alone (no company waited for). Dropped
-            // before it returns, its guard hands the turn to a task, as when answered.
-            let handover = Handover {
-                conn: &self.conn,
-                coalescer,
-            };
-            let read = self.read_one(keys, names).await;
-            drop(handover);
-            return read;
-        }
-        let (answer, answered) = oneshot::channel();
-        let read = Read {
-            value: keys.value.clone(),
-            names: Arc::clone(names),
-            answer,
-        };
-        if let Some(batch) = coalescer.enqueue(read) {
-            // The batch out came back meanwhile: this caller sends the queue now. Dropped before it returns, its
-            // guard hands the queue to a task.
-            let handover = Handover {
-                conn: &self.conn,
-                coalescer,
-            };
-            coalesce::send(&self.conn, batch, self.per_slot).await;
-            // Answered: the reads queued meanwhile go out from a task.
-            drop(handover);
-        }
-        match answered.await {
-            Ok(answer) => answer,
-            // The caller that carried this read went away with it: read alone.
-            Err(_) => self.read_one(keys, names).await,
-        }
-    }
-
-    /// One `MGET` of the value of `keys` and the epochs `names`.
-    async fn read_one(
-        &self,
-        keys: &EntryKeys,
-        names: &[String],
-    ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
-        if self.per_slot {
-            let (mut values, epochs) = self.mget(&[keys], names).await?;
-            return Ok((values.pop().flatten(), epochs));
-        }
-        let (value, epochs) = mget::value_with_epochs(&self.conn, &keys.value, names).await?;
-        Ok((value.map(Blob::Owned), epochs))
-    }
-
     /// One `MGET` of the values of `entries` (at most [`CHUNK_KEYS`] of them) and the epochs
     /// `names`: the values in order, then each epoch read as a number, 0 when absent. Epoch
     /// bytes that are not a number are another program's: read as the highest epoch (every
     /// value it judges is gone) until `raise_epochs` repairs it.
     async fn mget(&self, entries: &[&EntryKeys], names: &[String]) -> StoreResult<ManyWithEpochs> {
-        let keys: Vec<&str> = entries
-            .iter()
-            .map(|keys| keys.value.as_str())
-            .chain(names.iter().map(String::as_str))
-            .collect();
-        let mut values = mget::mget(&self.conn, &keys, self.per_slot).await?;
-        let epochs = values
-            .split_off(entries.len())
-            .iter()
-            .zip(names)
-            .map(|(epoch, name)| parse_epoch(name, epoch.as_deref()))
-            .collect();
+        let values: Vec<&str> = entries.iter().map(|keys| keys.value.as_str()).collect();
+        let (values, epochs) =
+            mget::values_and_epochs(&self.conn, &values, names, self.per_slot).await?;
         Ok((
             values.into_iter().map(|v| v.map(Blob::Owned)).collect(),
             epochs,
         ))
-    }
-}
-
-/// Hands the queue of a coalescer to a task when the caller that sent its batch returns (the
-/// reads queued meanwhile go next) or is dropped while its `MGET` is out.
-/// Borrowed: the connection is cloned only if there is a queue to hand on.
-struct Handover<'s, C: ConnectionLike + Clone + Send + Sync + 'static> {
-    conn: &'s Answered<C>,
-    coalescer: &'s Arc<Coalescer>,
-}
-
-impl<C: ConnectionLike + Clone + Send + Sync + 'static> Drop for Handover<'_, C> {
-    fn drop(&mut self) {
-        coalesce::drain_in_task(self.conn, self.coalescer);
     }
 }
 
@@ -530,13 +449,11 @@ where
         keys: &EntryKeys,
         names: &Arc<[String]>,
     ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
-        if let Some(coalescer) = &self.coalescer {
-            return self.read_coalesced(coalescer, keys, names).await;
-        }
-        if names.is_empty() {
+        let coalescer = self.coalescer.as_ref();
+        if coalescer.is_none() && names.is_empty() {
             return Ok((self.get(keys).await?, Vec::new()));
         }
-        self.read_one(keys, names).await
+        coalesce::read(&self.conn, coalescer, self.per_slot, &keys.value, names).await
     }
 
     async fn get_many_with_epochs(

@@ -1,0 +1,159 @@
+//! A miss of the single-key path: this process's flight of the key, followed or led, then the
+//! distributed part (`Engine::claim`: read the value or take the lock; compute under it, or
+//! wait for the holder and read again). The hit before it is `fetch.rs`.
+//!
+//! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
+
+use std::future::Future;
+
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+
+use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::claim::Claim;
+use crate::cache::engine::Engine;
+use crate::cache::fetch::KeyCall;
+use crate::cache::fetch::Start;
+use crate::stats::Event;
+use crate::time::later_by;
+use crate::wait::flight::{Follower, Role};
+use crate::wire::codec::Codec;
+use crate::wire::key::EntryKeys;
+use crate::{Computed, Error, Fetched, Lease, Source};
+
+impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+where
+    C: Codec,
+    T: CacheValue,
+    E: ComputeFailure,
+    F: FnOnce(Lease) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+{
+    /// A miss: this process's flight of the key, followed or led (then [`load`](Self::load)).
+    pub(crate) async fn share_or_load(mut self, start: Start) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
+        self.started = Instant::now();
+        let leader = loop {
+            match engine
+                .core
+                .flights
+                .join::<Fetched<T>, E>(&self.keys.value, engine.core.tags.mark())
+            {
+                Role::Lead(leader) => break Some(leader),
+                Role::Alone => break None,
+                Role::Follow(follower) => {
+                    match engine.follow(follower, &self.keys, self.started).await {
+                        Some(outcome) => return outcome,
+                        // The leader went away, or its value is one this call must not get
+                        // (an invalidation since it started): try to lead.
+                        None => continue,
+                    }
+                }
+            }
+        };
+        let outcome = self.load(start).await;
+        if let Some(leader) = leader {
+            leader.finish(&outcome);
+        }
+        outcome
+    }
+
+    /// The distributed part: read the value or take the lock; compute under it, or wait for the
+    /// holder and read again. `start` says what the call has seen already (a value past its
+    /// stale window, or the lock held).
+    async fn load(self, start: Start) -> Result<Fetched<T>, Error> {
+        let engine = self.engine;
+        // Writes of this key still queued (auto-recovery) go first, checked again here: Redis
+        // may have come back since the first read failed, and must not answer this key with
+        // the value the queued write replaces.
+        if let Err(e) = engine.replay_queued(&[&self.keys]).await {
+            return self.without_cache("replay", e).await;
+        }
+        match engine.claim::<T>(&self.keys, self.started, start).await {
+            Claim::Found(entry, found) => self.serve(entry, found),
+            Claim::Locked(held, kept) => self.compute_within(held, kept).await,
+            Claim::Fallback(value) => Ok(engine.serve_fallback(value)),
+            Claim::Failed(e) => Err(e),
+            Claim::Backend(e) => self.without_cache("read-or-lock", e).await,
+        }
+    }
+}
+
+impl<C: Codec> Engine<C> {
+    /// Waits for this process's leader of the key: its outcome, or `None` if it went away
+    /// without one. Bounded by the wait bound, and with the fail-safe by the soft timeout, when
+    /// the key is read again for a fallback.
+    pub(crate) async fn follow<T>(
+        &self,
+        follower: Follower<Fetched<T>>,
+        keys: &EntryKeys,
+        started: Instant,
+    ) -> Option<Result<Fetched<T>, Error>>
+    where
+        T: DeserializeOwned + Clone + Send + Sync + 'static,
+    {
+        let bound = later_by(started, self.options.wait_timeout);
+        let mark = follower.mark();
+        let outcome = follower.outcome();
+        tokio::pin!(outcome);
+        if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
+            if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
+                return self.shared(outcome, keys, mark).await;
+            }
+            if let Some(Err(kept)) = self.look_again::<T>(keys).await {
+                self.core.counters.record(Event::SoftTimeout);
+                return Some(Ok(self.serve_fallback(kept.value)));
+            }
+        }
+        match tokio::time::timeout_at(bound, outcome).await {
+            Ok(outcome) => self.shared(outcome, keys, mark).await,
+            Err(_) => {
+                let error = Error::WaitTimeout {
+                    key: keys.user.clone(),
+                    waited: started.elapsed(),
+                };
+                let kept = match self.look_again::<T>(keys).await {
+                    Some(Err(kept)) => Some(kept),
+                    _ => None,
+                };
+                Some(self.fall_back(error, kept, keys))
+            }
+        }
+    }
+
+    /// What a follower takes of its leader's `outcome` (`None`: lead again): a value the leader
+    /// computed or read from the store only if none of its tags was invalidated since the
+    /// leader started, knowing the epoch mark `mark` (see `cache/tags.rs`). A leader that read
+    /// the value judged it when it read it, which may be before an invalidation the follower
+    /// must not miss. Fallbacks (held, uncached, fail-safe) are shared as they are.
+    async fn shared<T>(
+        &self,
+        outcome: Option<Result<Fetched<T>, Error>>,
+        keys: &EntryKeys,
+        mark: u64,
+    ) -> Option<Result<Fetched<T>, Error>> {
+        match outcome {
+            Some(Ok(fetched))
+                if matches!(
+                    fetched.source,
+                    Source::Computed | Source::Hit | Source::Waited | Source::Stale
+                ) && !self.outlives_invalidations_since(keys, mark).await =>
+            {
+                None
+            }
+            outcome => outcome.map(|outcome| outcome.map(waited)),
+        }
+    }
+}
+
+/// What an in-process follower reports: the leader's computation or read is, for it, a wait.
+fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
+    // A follower read nothing itself: the leader's hit was read when the leader asked, which
+    // may be before this call began (a flight can last a computation, or a process pause).
+    // What the value is (stale, a fallback, uncached, held) still shows.
+    let source = match fetched.source {
+        Source::Computed | Source::Hit => Source::Waited,
+        other => other,
+    };
+    Fetched { source, ..fetched }
+}
