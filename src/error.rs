@@ -1166,20 +1166,25 @@ mod tests {
     use super::*;
     use std::io;
 
-    /// An error like sqlx's `Error::Io`: a driver's type whose source is the socket's error.
+    /// A library's error over another: its own message, and the error it wraps as its source.
     #[derive(Debug)]
-    struct Driver(io::Error);
+    struct Wrapping<E>(&'static str, E);
 
-    impl fmt::Display for Driver {
+    impl<E> fmt::Display for Wrapping<E> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("error communicating with database")
+            f.write_str(self.0)
         }
     }
 
-    impl std::error::Error for Driver {
+    impl<E: std::error::Error + 'static> std::error::Error for Wrapping<E> {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
+            Some(&self.1)
         }
+    }
+
+    /// An error like sqlx's `Error::Io`: a driver's type whose source is the socket's error.
+    fn driver(socket: io::Error) -> Wrapping<io::Error> {
+        Wrapping("error communicating with database", socket)
     }
 
     fn failed<E>(e: E) -> Error
@@ -1227,10 +1232,10 @@ mod tests {
             );
             // Behind a driver's error, boxed: what a sqlx computation returning a boxed error
             // gives during a database outage.
-            let nested = failed(boxed(Driver(io::Error::from(kind))));
+            let nested = failed(boxed(driver(io::Error::from(kind))));
             assert!(nested.is_source_unavailable(), "{kind:?}");
         }
-        let denied = failed(boxed(Driver(io::Error::from(
+        let denied = failed(boxed(driver(io::Error::from(
             io::ErrorKind::PermissionDenied,
         ))));
         assert!(!denied.is_source_unavailable());
@@ -1239,27 +1244,16 @@ mod tests {
     #[test]
     fn a_mark_anywhere_in_the_chain_is_found() {
         // Behind a driver's error, boxed and shared.
-        #[derive(Debug)]
-        struct Outer(SourceUnavailable);
-        impl fmt::Display for Outer {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("loading the report")
-            }
-        }
-        impl std::error::Error for Outer {
-            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-                Some(&self.0)
-            }
-        }
+        let loading = |marked: SourceUnavailable| Wrapping("loading the report", marked);
         let hint = Some(Duration::from_secs(3));
         let marked =
             || SourceUnavailable::new("pool timed out").retry_after(Duration::from_secs(3));
-        let outer = failed(boxed(Outer(marked())));
+        let outer = failed(boxed(loading(marked())));
         assert_eq!(
             outer.unavailable_source().map(|u| u.retry_after),
             Some(hint)
         );
-        let shared: Arc<dyn std::error::Error + Send + Sync> = Arc::new(Outer(marked()));
+        let shared: Arc<dyn std::error::Error + Send + Sync> = Arc::new(loading(marked()));
         assert_eq!(
             failed(shared).unavailable_source().map(|u| u.retry_after),
             Some(hint)
@@ -1279,7 +1273,7 @@ mod tests {
         assert!(!failed(boxed(io::Error::from(io::ErrorKind::InvalidData))).is_source_unavailable());
         // Opaque to the crate: a driver's error that is not boxed (the bound is Display + Debug).
         assert!(
-            !failed(Driver(io::Error::from(io::ErrorKind::ConnectionRefused)))
+            !failed(driver(io::Error::from(io::ErrorKind::ConnectionRefused)))
                 .is_source_unavailable()
         );
         // The crate's own outages are backend errors, not the computation's source.
@@ -1292,27 +1286,20 @@ mod tests {
 
     #[test]
     fn the_chain_goes_on_through_errors_the_crate_can_see_into() {
-        let down = failed(boxed(Driver(io::Error::from(
-            io::ErrorKind::ConnectionRefused,
-        ))));
-        assert_eq!(
-            down.chain().to_string(),
-            format!(
-                "the computation failed: error communicating with database: {}",
-                io::Error::from(io::ErrorKind::ConnectionRefused)
-            )
-        );
+        use io::ErrorKind::{ConnectionRefused, TimedOut};
+        let down = failed(boxed(driver(io::Error::from(ConnectionRefused))));
         // Marking an outage changes nothing in what the logs say.
-        let marked = failed(SourceUnavailable::new(Driver(io::Error::from(
-            io::ErrorKind::TimedOut,
-        ))));
-        assert_eq!(
-            marked.chain().to_string(),
-            format!(
-                "the computation failed: error communicating with database: {}",
-                io::Error::from(io::ErrorKind::TimedOut)
-            )
-        );
+        let marked = failed(SourceUnavailable::new(driver(io::Error::from(TimedOut))));
+        for (failure, kind) in [(down, ConnectionRefused), (marked, TimedOut)] {
+            assert_eq!(
+                failure.chain().to_string(),
+                format!(
+                    "the computation failed: error communicating with database: {}",
+                    io::Error::from(kind)
+                ),
+                "{kind:?}"
+            );
+        }
         // An opaque error ends the chain, as before.
         assert_eq!(
             failed("x".to_owned()).chain().to_string(),

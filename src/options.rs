@@ -9,6 +9,35 @@ use crate::time::{add, saturate};
 /// The namespace of caches and locks built without one.
 pub(crate) const DEFAULT_NAMESPACE: &str = "stampede";
 
+/// Consuming setters of builders and option structs: each `name: Type` becomes
+/// `pub fn name(mut self, name: Type) -> Self` storing its argument in the field `name`, as
+/// given or as `= expression` says (a bound, a saturation: the one place a value from the user
+/// is made representable); each `name: [impl Into<String>]` takes any list of strings and
+/// stores them collected. A setter that writes another field is written out beside the block.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: [impl Into<String>];)+) => {$(
+        $(#[$doc])*
+        pub fn $name<I, S>(mut self, $name: I) -> Self
+        where
+            I: IntoIterator<Item = S>,
+            S: Into<String>,
+        {
+            self.$name = $name.into_iter().map(Into::into).collect();
+            self
+        }
+    )+};
+    ($($(#[$doc:meta])* $name:ident: $ty:ty $(= $kept:expr)?;)+) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, $name: $ty) -> Self {
+            self.$name = $crate::options::setters!(@kept $name $(, $kept)?);
+            self
+        }
+    )+};
+    (@kept $name:ident) => { $name };
+    (@kept $name:ident, $kept:expr) => { $kept };
+}
+pub(crate) use setters;
+
 /// How a call behaves: the lock's lease, how long to wait for another caller, how to back off, and
 /// what to do when the backend is down.
 ///
@@ -94,87 +123,69 @@ impl Default for CallOptions {
 }
 
 impl CallOptions {
-    /// How long the lock lives unless renewed. A holder that dies keeps others waiting at most this
-    /// long; a holder that pauses longer than this (without renewal) loses the lock. Values under
-    /// 30 ms are raised to 30 ms.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = saturate(lease).max(Duration::from_millis(30));
-        self
-    }
+    crate::options::setters! {
+        /// How long the lock lives unless renewed. A holder that dies keeps others waiting at most
+        /// this long; a holder that pauses longer than this (without renewal) loses the lock.
+        /// Values under 30 ms are raised to 30 ms.
+        lease: Duration = saturate(lease).max(Duration::from_millis(30));
 
-    /// Whether the holder extends its lease every `lease / 3` while it computes (default on).
-    /// Turned off, a computation that outlasts the lease loses the lock, and its result is not
-    /// written over a newer holder's.
-    pub fn renew(mut self, renew: bool) -> Self {
-        self.renew = renew;
-        self
-    }
+        /// Whether the holder extends its lease every `lease / 3` while it computes (default on).
+        /// Turned off, a computation that outlasts the lease loses the lock, and its result is not
+        /// written over a newer holder's.
+        renew: bool;
 
-    /// How long a caller waits for another caller's computation before giving up with
-    /// [`Error::WaitTimeout`](crate::Error::WaitTimeout).
-    pub fn wait_timeout(mut self, wait: Duration) -> Self {
-        self.wait_timeout = saturate(wait);
-        self
-    }
+        /// How long a caller waits for another caller's computation before giving up with
+        /// [`Error::WaitTimeout`](crate::Error::WaitTimeout).
+        wait_timeout: Duration = saturate(wait_timeout);
 
-    /// The re-check schedule used while waiting, when no wake-up notification arrives.
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
+        /// The re-check schedule used while waiting, when no wake-up notification arrives.
+        backoff: Backoff;
 
-    /// What a cache call does when the backend cannot be reached: fail, or fail open (compute
-    /// without the cache, read a miss, skip a write); `invalidate` and a [`Lock`](crate::Lock)
-    /// always return the error. The table on [`OnBackendError`] gives each call.
-    pub fn on_backend_error(mut self, fallback: OnBackendError) -> Self {
-        self.on_backend_error = fallback;
-        self
-    }
+        /// What a cache call does when the backend cannot be reached: fail, or fail open (compute
+        /// without the cache, read a miss, skip a write); `invalidate` and a [`Lock`](crate::Lock)
+        /// always return the error. The table on [`OnBackendError`] gives each call.
+        on_backend_error: OnBackendError;
 
-    /// The longest a lock is held (default: no bound): the **hard timeout** of a computation.
-    ///
-    /// - A computation of the `get_or_compute` family (in the foreground, after a
-    ///   [`soft_timeout`](Self::soft_timeout), or refreshing in the background) still running
-    ///   this long after its lock was taken is cancelled (its future dropped) and its lock freed
-    ///   at once, so a waiter takes over without waiting for the lease. Its callers get the
-    ///   fail-safe fallback if there is one ([`fail_safe_for`](Self::fail_safe_for)), else
-    ///   [`Error::ComputeTimeout`](crate::Error::ComputeTimeout). Its value never lands: the
-    ///   future is gone, and a write under its fencing token would be refused anyway.
-    /// - A [`Lock`](crate::Lock) (and a leader's term) cannot cancel the caller's code: it stops
-    ///   renewing at this time, and the lease runs out at most one lease later.
-    ///
-    /// It bounds the holder; [`wait_timeout`](Self::wait_timeout) bounds the callers waiting
-    /// for it. A waiter of a holder cut by its hard timeout is woken by the release and takes
-    /// the lock itself.
-    ///
-    /// ```
-    /// use stampede_guard::{Cache, CallOptions, Error};
-    /// use std::time::Duration;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let cache = Cache::in_memory()
-    ///     .with_options(CallOptions::default().max_hold(Some(Duration::from_millis(50))));
-    /// let slow = cache
-    ///     .get_or_compute("2019-05", Duration::from_secs(60), || async {
-    ///         tokio::time::sleep(Duration::from_secs(10)).await;
-    ///         Ok::<_, std::io::Error>(1u32)
-    ///     })
-    ///     .await;
-    /// assert!(matches!(slow, Err(Error::ComputeTimeout { .. })));
-    /// # }
-    /// ```
-    pub fn max_hold(mut self, max_hold: Option<Duration>) -> Self {
-        self.max_hold = max_hold.map(saturate);
-        self
-    }
+        /// The longest a lock is held (default: no bound): the **hard timeout** of a computation.
+        ///
+        /// - A computation of the `get_or_compute` family (in the foreground, after a
+        ///   [`soft_timeout`](Self::soft_timeout), or refreshing in the background) still running
+        ///   this long after its lock was taken is cancelled (its future dropped) and its lock
+        ///   freed at once, so a waiter takes over without waiting for the lease. Its callers get
+        ///   the fail-safe fallback if there is one ([`fail_safe_for`](Self::fail_safe_for)), else
+        ///   [`Error::ComputeTimeout`](crate::Error::ComputeTimeout). Its value never lands: the
+        ///   future is gone, and a write under its fencing token would be refused anyway.
+        /// - A [`Lock`](crate::Lock) (and a leader's term) cannot cancel the caller's code: it
+        ///   stops renewing at this time, and the lease runs out at most one lease later.
+        ///
+        /// It bounds the holder; [`wait_timeout`](Self::wait_timeout) bounds the callers waiting
+        /// for it. A waiter of a holder cut by its hard timeout is woken by the release and takes
+        /// the lock itself.
+        ///
+        /// ```
+        /// use stampede_guard::{Cache, CallOptions, Error};
+        /// use std::time::Duration;
+        ///
+        /// # #[tokio::main(flavor = "current_thread")]
+        /// # async fn main() {
+        /// let cache = Cache::in_memory()
+        ///     .with_options(CallOptions::default().max_hold(Some(Duration::from_millis(50))));
+        /// let slow = cache
+        ///     .get_or_compute("2019-05", Duration::from_secs(60), || async {
+        ///         tokio::time::sleep(Duration::from_secs(10)).await;
+        ///         Ok::<_, std::io::Error>(1u32)
+        ///     })
+        ///     .await;
+        /// assert!(matches!(slow, Err(Error::ComputeTimeout { .. })));
+        /// # }
+        /// ```
+        max_hold: Option<Duration> = max_hold.map(saturate);
 
-    /// After the TTL, keep serving the old value for this much longer (stale-while-revalidate):
-    /// a read of a stale value returns it at once, and one caller in the fleet refreshes it in a
-    /// background task. Default zero: a value expires at its TTL and the next caller computes.
-    pub fn stale_for(mut self, stale_for: Duration) -> Self {
-        self.stale_for = saturate(stale_for);
-        self
+        /// After the TTL, keep serving the old value for this much longer (stale-while-revalidate):
+        /// a read of a stale value returns it at once, and one caller in the fleet refreshes it in
+        /// a background task. Default zero: a value expires at its TTL and the next caller
+        /// computes.
+        stale_for: Duration = saturate(stale_for);
     }
 
     /// Probabilistic early refresh (XFetch, Vattani, Chierichetti and Lowenstein, VLDB 2015): a
@@ -191,126 +202,109 @@ impl CallOptions {
         self
     }
 
-    /// Whether a failed background refresh keeps the stale value in place until its hard expiry
-    /// (default on; the failure is logged). Off, the stale value is removed and the next caller
-    /// computes in the foreground and sees the error. The removal is fenced, in one step with
-    /// the release of the refresh's lock: a value that another caller wrote (or a `set`) while
-    /// the refresh ran is kept.
-    pub fn serve_stale_on_error(mut self, serve: bool) -> Self {
-        self.serve_stale_on_error = serve;
-        self
+    crate::options::setters! {
+        /// Whether a failed background refresh keeps the stale value in place until its hard expiry
+        /// (default on; the failure is logged). Off, the stale value is removed and the next caller
+        /// computes in the foreground and sees the error. The removal is fenced, in one step with
+        /// the release of the refresh's lock: a value that another caller wrote (or a `set`) while
+        /// the refresh ran is kept.
+        serve_stale_on_error: bool;
+
+        /// Remember a failed computation for this long (negative caching, default off): callers in
+        /// other processes then get [`Error::RecentFailure`](crate::Error::RecentFailure) with the
+        /// error's message at once, instead of running a failing query one after another.
+        negative_ttl: Option<Duration> = negative_ttl.map(saturate);
+
+        /// Fail-safe (default off): keep a value this much longer after its TTL and stale window,
+        /// as a fallback. It is **not** served as a normal hit: past its stale window the next
+        /// caller computes, as after any expiry. But when that computation fails, is cut by the
+        /// hard timeout ([`max_hold`](Self::max_hold)), or runs past the
+        /// [`soft_timeout`](Self::soft_timeout), the callers get the kept value
+        /// ([`Source::FailSafe`](crate::Source::FailSafe)) instead of the error or the wait; so do
+        /// callers waiting on that computation, in this process or another, at their own soft
+        /// timeout or [`wait_timeout`](Self::wait_timeout). After a failure the kept value is
+        /// rewritten as a *throttled* copy, served as the fallback for
+        /// [`fail_safe_throttle`](Self::fail_safe_throttle) without calling the source, and kept at
+        /// least that long.
+        ///
+        /// Callers of one key should agree on [`stale_for`](Self::stale_for): each judges where the
+        /// stale window ends by its own. The value's life in the store is TTL + stale window +
+        /// fail-safe duration.
+        ///
+        /// ```
+        /// use stampede_guard::{Cache, CallOptions, Computed, Source};
+        /// use std::time::Duration;
+        ///
+        /// # #[tokio::main(flavor = "current_thread")]
+        /// # async fn main() -> Result<(), stampede_guard::Error> {
+        /// tokio::time::pause();
+        /// let cache = Cache::in_memory()
+        ///     .with_options(CallOptions::default().fail_safe_for(Duration::from_secs(3600)));
+        /// let ttl = Duration::from_secs(60);
+        /// cache.get_or_compute("2019-05", ttl, || async { Ok::<_, String>(1234u64) }).await?;
+        /// tokio::time::advance(Duration::from_secs(120)).await; // expired; the database is down
+        /// let report = cache
+        ///     .fetch("2019-05", ttl, |_| async { Err::<Computed<u64>, _>("database down") })
+        ///     .await?;
+        /// assert_eq!((report.value, report.source), (1234, Source::FailSafe));
+        /// # Ok(())
+        /// # }
+        /// ```
+        fail_safe_for: Duration = saturate(fail_safe_for);
+
+        /// After a failed or timed-out computation of a key with a fallback, how long every caller
+        /// (in every process) is answered with the fallback before the source is called again
+        /// (default 5 s): a source that is down is called at most once per throttle per key. Values
+        /// under 1 ms are raised to 1 ms.
+        fail_safe_throttle: Duration = saturate(fail_safe_throttle).max(Duration::from_millis(1));
+
+        /// The latency budget of a call that has a fallback at hand (default none): once the call
+        /// has run this long, computing or waiting for another caller's computation, it returns the
+        /// fail-safe fallback ([`Source::FailSafe`](crate::Source::FailSafe)). A computation goes
+        /// on in the background under its lock and heartbeat, and its value lands as usual (unless
+        /// the hard timeout, [`max_hold`](Self::max_hold), cuts it). Without a fallback (fail-safe
+        /// off, or no kept value) it does nothing.
+        ///
+        /// ```
+        /// use stampede_guard::CallOptions;
+        /// use std::time::Duration;
+        ///
+        /// let budget = CallOptions::default()
+        ///     .fail_safe_for(Duration::from_secs(3600))
+        ///     .soft_timeout(Some(Duration::from_millis(100)))
+        ///     .max_hold(Some(Duration::from_secs(30)));
+        /// # let _ = budget;
+        /// ```
+        soft_timeout: Option<Duration> = soft_timeout.map(saturate);
     }
 
-    /// Remember a failed computation for this long (negative caching, default off): callers in
-    /// other processes then get [`Error::RecentFailure`](crate::Error::RecentFailure) with the
-    /// error's message at once, instead of running a failing query one after another.
-    pub fn negative_ttl(mut self, ttl: Option<Duration>) -> Self {
-        self.negative_ttl = ttl.map(saturate);
-        self
-    }
-
-    /// Fail-safe (default off): keep a value this much longer after its TTL and stale window,
-    /// as a fallback. It is **not** served as a normal hit: past its stale window the next
-    /// caller computes, as after any expiry. But when that computation fails, is cut by the hard
-    /// timeout ([`max_hold`](Self::max_hold)), or runs past the
-    /// [`soft_timeout`](Self::soft_timeout), the callers get the kept value
-    /// ([`Source::FailSafe`](crate::Source::FailSafe)) instead of the error or the wait; so do
-    /// callers waiting on that computation, in this process or another, at their own soft
-    /// timeout or [`wait_timeout`](Self::wait_timeout). After a failure the kept value is
-    /// rewritten as a *throttled* copy, served as the fallback for
-    /// [`fail_safe_throttle`](Self::fail_safe_throttle) without calling the source, and kept
-    /// at least that long.
-    ///
-    /// Callers of one key should agree on [`stale_for`](Self::stale_for): each judges where the
-    /// stale window ends by its own. The value's life in the store is TTL + stale window +
-    /// fail-safe duration.
-    ///
-    /// ```
-    /// use stampede_guard::{Cache, CallOptions, Computed, Source};
-    /// use std::time::Duration;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), stampede_guard::Error> {
-    /// tokio::time::pause();
-    /// let cache = Cache::in_memory()
-    ///     .with_options(CallOptions::default().fail_safe_for(Duration::from_secs(3600)));
-    /// let ttl = Duration::from_secs(60);
-    /// cache.get_or_compute("2019-05", ttl, || async { Ok::<_, String>(1234u64) }).await?;
-    /// tokio::time::advance(Duration::from_secs(120)).await; // expired; the database is down
-    /// let report = cache
-    ///     .fetch("2019-05", ttl, |_| async { Err::<Computed<u64>, _>("database down") })
-    ///     .await?;
-    /// assert_eq!((report.value, report.source), (1234, Source::FailSafe));
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn fail_safe_for(mut self, keep: Duration) -> Self {
-        self.fail_safe_for = saturate(keep);
-        self
-    }
-
-    /// After a failed or timed-out computation of a key with a fallback, how long every caller
-    /// (in every process) is answered with the fallback before the source is called again
-    /// (default 5 s): a source that is down is called at most once per throttle per key. Values
-    /// under 1 ms are raised to 1 ms.
-    pub fn fail_safe_throttle(mut self, throttle: Duration) -> Self {
-        self.fail_safe_throttle = saturate(throttle).max(Duration::from_millis(1));
-        self
-    }
-
-    /// The latency budget of a call that has a fallback at hand (default none): once the call
-    /// has run this long, computing or waiting for another caller's computation, it returns the
-    /// fail-safe fallback ([`Source::FailSafe`](crate::Source::FailSafe)). A computation goes on
-    /// in the background under its lock and heartbeat, and its value lands as usual (unless the
-    /// hard timeout, [`max_hold`](Self::max_hold), cuts it). Without a fallback (fail-safe off,
-    /// or no kept value) it does nothing.
-    ///
-    /// ```
-    /// use stampede_guard::CallOptions;
-    /// use std::time::Duration;
-    ///
-    /// let budget = CallOptions::default()
-    ///     .fail_safe_for(Duration::from_secs(3600))
-    ///     .soft_timeout(Some(Duration::from_millis(100)))
-    ///     .max_hold(Some(Duration::from_secs(30)));
-    /// # let _ = budget;
-    /// ```
-    pub fn soft_timeout(mut self, budget: Option<Duration>) -> Self {
-        self.soft_timeout = budget.map(saturate);
-        self
-    }
-
-    /// Tags every value written through the handle carries (computed, or `set`), besides those
-    /// of its [`Computed::tags`](crate::Computed::tags): [`Cache::invalidate_tag`](crate::Cache::invalidate_tag)
-    /// of any of them invalidates the value. They replace the tags given before.
-    ///
-    /// Reads through the handle read these tags' epochs with the value, in the same round trip;
-    /// a value's other tags too, once this instance has seen them (otherwise they cost one more
-    /// round trip, once). At most [`MAX_TAGS`](crate::MAX_TAGS) per value; an
-    /// empty tag, or one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), makes every call of the
-    /// handle fail with [`Error::InvalidKey`](crate::Error::InvalidKey). See `docs/tags.md`.
-    ///
-    /// ```
-    /// use stampede_guard::{Cache, CallOptions};
-    /// use std::time::Duration;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), stampede_guard::Error> {
-    /// let cache = Cache::in_memory();
-    /// let tenant = cache.with_options(CallOptions::default().tags(["tenant:42"]));
-    /// let _ = tenant.set("2019-05", &7u32, Duration::from_secs(60)).await?;
-    /// cache.invalidate_tag("tenant:42").await?;
-    /// assert_eq!(tenant.get::<u32>("2019-05").await?, None);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn tags<I, S>(mut self, tags: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.tags = tags.into_iter().map(Into::into).collect();
-        self
+    crate::options::setters! {
+        /// Tags every value written through the handle carries (computed, or `set`), besides those
+        /// of its [`Computed::tags`](crate::Computed::tags):
+        /// [`Cache::invalidate_tag`](crate::Cache::invalidate_tag) of any of them invalidates the
+        /// value. They replace the tags given before.
+        ///
+        /// Reads through the handle read these tags' epochs with the value, in the same round trip;
+        /// a value's other tags too, once this instance has seen them (otherwise they cost one more
+        /// round trip, once). At most [`MAX_TAGS`](crate::MAX_TAGS) per value; an empty tag, or one
+        /// over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), makes every call of the handle fail with
+        /// [`Error::InvalidKey`](crate::Error::InvalidKey). See `docs/tags.md`.
+        ///
+        /// ```
+        /// use stampede_guard::{Cache, CallOptions};
+        /// use std::time::Duration;
+        ///
+        /// # #[tokio::main(flavor = "current_thread")]
+        /// # async fn main() -> Result<(), stampede_guard::Error> {
+        /// let cache = Cache::in_memory();
+        /// let tenant = cache.with_options(CallOptions::default().tags(["tenant:42"]));
+        /// let _ = tenant.set("2019-05", &7u32, Duration::from_secs(60)).await?;
+        /// cache.invalidate_tag("tenant:42").await?;
+        /// assert_eq!(tenant.get::<u32>("2019-05").await?, None);
+        /// # Ok(())
+        /// # }
+        /// ```
+        tags: [impl Into<String>];
     }
 
     /// The tags in force.

@@ -240,29 +240,26 @@ impl TrackingState {
     }
 }
 
-impl std::fmt::Display for TrackingState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// `Display` and `serde::Serialize` for state enums whose text is their `as_str` word, so a log
+/// line, a status page's JSON and `as_str` can never disagree.
+macro_rules! text_is_as_str {
+    ($($state:ty),+ $(,)?) => {$(
+        impl std::fmt::Display for $state {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
 
-impl serde::Serialize for TrackingState {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
+        impl serde::Serialize for $state {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.as_str())
+            }
+        }
+    )+};
 }
+pub(crate) use text_is_as_str;
 
-impl std::fmt::Display for BreakerState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl serde::Serialize for BreakerState {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
+text_is_as_str!(TrackingState, BreakerState);
 
 /// Values a cache computed and returned but could not store, by reason: a full Redis, a
 /// refused write, a fence lost to a newer writer, a backend that failed. Each is also logged,

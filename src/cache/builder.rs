@@ -82,38 +82,13 @@ impl CacheBuilder {
 }
 
 impl<C: Codec> CacheBuilder<C> {
-    /// The prefix of every key (default `"stampede"`): caches with different namespaces never
-    /// see each other's values or locks. Printable ASCII without `{`, `}`, `%` or spaces.
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
+    crate::options::setters! {
+        /// The prefix of every key (default `"stampede"`): caches with different namespaces never
+        /// see each other's values or locks. Printable ASCII without `{`, `}`, `%` or spaces.
+        namespace: impl Into<String> = namespace.into();
     }
 
-    /// Use the Redis server at `url` (`redis://[user:password@]host:port/db`). The connection is
-    /// made on first use and re-made automatically after it drops.
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.backend = Backend::RedisUrl(url.into());
-        self
-    }
-
-    /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
-    /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
-    /// one slot; wake-ups use sharded pub/sub (Redis 7). Like a single server, the cluster is
-    /// connected on first use: a cache built while it is down works as soon as it answers.
-    pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.backend = Backend::RedisCluster(seeds.into_iter().map(Into::into).collect());
-        self
-    }
-
-    /// Use the Redis server of an existing client.
-    pub fn redis_client(mut self, client: redis::Client) -> Self {
-        self.backend = Backend::RedisClient(client);
-        self
-    }
+    crate::lock::redis_backend_setters!();
 
     /// The embedded in-memory store (the default), with the default [`MemoryLimits`].
     pub fn in_memory(self) -> Self {
@@ -140,42 +115,35 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
-    /// The options of every call made through the built cache (see [`CallOptions`]).
-    pub fn options(mut self, options: CallOptions) -> Self {
-        self.options = options;
-        self
+    crate::options::setters! {
+        /// The options of every call made through the built cache (see [`CallOptions`]).
+        options: CallOptions;
+
+        /// How to reach Redis: time-outs and reconnection attempts (see [`ConnectionOptions`] for
+        /// the defaults). Applies to the backend and to every [`redlock`](Self::redlock) node.
+        ///
+        /// ```
+        /// use stampede_guard::{Cache, ConnectionOptions};
+        /// use std::time::Duration;
+        ///
+        /// let builder = Cache::builder().connection(
+        ///     ConnectionOptions::default().connect_timeout(Duration::from_millis(500)),
+        /// );
+        /// # let _ = builder;
+        /// ```
+        connection: ConnectionOptions;
     }
 
-    /// How to reach Redis: time-outs and reconnection attempts (see [`ConnectionOptions`] for
-    /// the defaults). Applies to the backend and to every [`redlock`](Self::redlock) node.
-    ///
-    /// ```
-    /// use stampede_guard::{Cache, ConnectionOptions};
-    /// use std::time::Duration;
-    ///
-    /// let builder = Cache::builder()
-    ///     .connection(ConnectionOptions::default().connect_timeout(Duration::from_millis(500)));
-    /// # let _ = builder;
-    /// ```
-    pub fn connection(mut self, connection: ConnectionOptions) -> Self {
-        self.connection = connection;
-        self
-    }
-
-    /// Take the per-key locks through a Redlock over these independent Redis masters (an odd
-    /// number, at least 3), while values stay on the backend. The fencing rule holds across the
-    /// two: the backend refuses a value whose token is lower than one it has accepted, and `set`
-    /// and `invalidate` draw their fencing numbers from the quorum. Worth it only when the lock
-    /// must survive the loss of the value store's server, which is rare for a cache (see the
-    /// guide's [Redlock](https://github.com/stampede-guard/stampede-guard/blob/main/docs/cluster-and-redlock.md#redlock)
-    /// section).
-    pub fn redlock<I, S>(mut self, nodes: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.redlock = nodes.into_iter().map(Into::into).collect();
-        self
+    crate::options::setters! {
+        /// Take the per-key locks through a Redlock over these independent Redis masters (an odd
+        /// number, at least 3), while values stay on the backend. The fencing rule holds across the
+        /// two: the backend refuses a value whose token is lower than one it has accepted, and
+        /// `set` and `invalidate` draw their fencing numbers from the quorum. Worth it only when
+        /// the lock must survive the loss of the value store's server, which is rare for a cache
+        /// (see the guide's
+        /// [Redlock](https://github.com/stampede-guard/stampede-guard/blob/main/docs/cluster-and-redlock.md#redlock)
+        /// section).
+        redlock: [impl Into<String>];
     }
 
     /// Another payload codec (see [`Codec`]).
@@ -287,31 +255,31 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
-    /// The circuit breaker in front of Redis (on by default: see [`BreakerOptions`] for its
-    /// settings, [`BreakerOptions::disabled`] to turn it off). After a run of unreachable or busy
-    /// answers it opens, and every call fails fast with [`Error::Backend`] (unreachable), or takes
-    /// its fallback ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached),
-    /// [`serve_while_down`](NearCacheOptions::serve_while_down)), instead of paying a time-out
-    /// each; a probe in the background closes it when Redis answers again. The embedded store
-    /// has none (it cannot fail).
-    ///
-    /// ```
-    /// use stampede_guard::{BreakerOptions, Cache};
-    /// use std::time::Duration;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), stampede_guard::Error> {
-    /// let cache = Cache::builder()
-    ///     .breaker(BreakerOptions::default().cool_down(Duration::from_millis(500)))
-    ///     .build() // .redis_url(..) for Redis
-    ///     .await?;
-    /// # let _ = cache;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn breaker(mut self, breaker: BreakerOptions) -> Self {
-        self.breaker = breaker;
-        self
+    crate::options::setters! {
+        /// The circuit breaker in front of Redis (on by default: see [`BreakerOptions`] for its
+        /// settings, [`BreakerOptions::disabled`] to turn it off). After a run of unreachable or
+        /// busy answers it opens, and every call fails fast with [`Error::Backend`] (unreachable),
+        /// or takes its fallback
+        /// ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached),
+        /// [`serve_while_down`](NearCacheOptions::serve_while_down)), instead of paying a time-out
+        /// each; a probe in the background closes it when Redis answers again. The embedded store
+        /// has none (it cannot fail).
+        ///
+        /// ```
+        /// use stampede_guard::{BreakerOptions, Cache};
+        /// use std::time::Duration;
+        ///
+        /// # #[tokio::main(flavor = "current_thread")]
+        /// # async fn main() -> Result<(), stampede_guard::Error> {
+        /// let cache = Cache::builder()
+        ///     .breaker(BreakerOptions::default().cool_down(Duration::from_millis(500)))
+        ///     .build() // .redis_url(..) for Redis
+        ///     .await?;
+        /// # let _ = cache;
+        /// # Ok(())
+        /// # }
+        /// ```
+        breaker: BreakerOptions;
     }
 
     /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:

@@ -69,17 +69,7 @@ impl HealthState {
     }
 }
 
-impl std::fmt::Display for HealthState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl serde::Serialize for HealthState {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
+crate::stats::text_is_as_str!(HealthState);
 
 /// Why a [`Health`] is not [`Healthy`](HealthState::Healthy), and what answers meanwhile.
 /// Serialized as its [`as_str`](Self::as_str) name.
@@ -131,17 +121,7 @@ impl HealthReason {
     }
 }
 
-impl std::fmt::Display for HealthReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl serde::Serialize for HealthReason {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
+crate::stats::text_is_as_str!(HealthReason);
 
 /// What [`Cache::health`](crate::Cache::health) found. Serialized (for a status page) under its
 /// field names, with `failing_for` as `failing_for_seconds` (a number, or null), plus `ready`

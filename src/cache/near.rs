@@ -864,6 +864,18 @@ mod tests {
         (tier, counters)
     }
 
+    /// A tier proven for 400 ms at a time that holds its copies for 1 s past a lapse.
+    fn holding() -> NearCacheOptions {
+        NearCacheOptions::new(100)
+            .max_staleness(Duration::from_millis(400))
+            .serve_while_down(Duration::from_secs(1))
+    }
+
+    /// The copy of `key` the tier holds for a call while Redis is unreachable.
+    fn held(tier: &NearTier, key: &str) -> Option<String> {
+        tier.held_copy(key, Duration::ZERO)
+    }
+
     /// Inserts a copy born at 1 with no tags, and the namespace's epoch (0) the read found.
     #[allow(clippy::too_many_arguments)]
     fn insert(
@@ -1074,13 +1086,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn with_serve_while_down_a_copy_is_held_past_a_lapse_and_a_reconnection_never_a_hit() {
-        let config = NearCacheOptions::new(100)
-            .max_staleness(Duration::from_millis(400))
-            .serve_while_down(Duration::from_secs(1));
+        let config = holding();
         let (tier, counters) = live_tier(&config);
         put(&tier, KEY, "v", 1);
         put(&tier, "other", "o", 2);
-        let held = |tier: &NearTier, key: &str| tier.held_copy::<String>(key, Duration::ZERO);
         assert_eq!(
             held(&tier, KEY),
             Some("v".to_owned()),
@@ -1143,10 +1152,7 @@ mod tests {
     /// heard 24 ms before its stream was partitioned.)
     #[tokio::test(start_paused = true)]
     async fn a_held_copy_is_not_served_past_an_epoch_the_tier_heard_change() {
-        let config = NearCacheOptions::new(100)
-            .max_staleness(Duration::from_millis(400))
-            .serve_while_down(Duration::from_secs(1));
-        let held = |tier: &NearTier, key: &str| tier.held_copy::<String>(key, Duration::ZERO);
+        let config = holding();
         let lapse = || tokio::time::advance(Duration::from_millis(500));
 
         // Untouched epochs: held past the lapse, judged by the epochs known when it came.
@@ -1197,9 +1203,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn reconnection_attempts_without_a_proof_keep_one_bound() {
-        let config = NearCacheOptions::new(100)
-            .max_staleness(Duration::from_millis(400))
-            .serve_while_down(Duration::from_secs(1));
+        let config = holding();
         let (tier, _) = live_tier(&config);
         put(&tier, KEY, "v", 1);
         // A long outage: the feed tries again and again, never proven.
@@ -1213,10 +1217,7 @@ mod tests {
             bounds,
             "one bound for all the attempts"
         );
-        assert_eq!(
-            tier.held_copy::<String>(KEY, Duration::ZERO).as_deref(),
-            Some("v")
-        );
+        assert_eq!(held(&tier, KEY).as_deref(), Some("v"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -60,26 +60,22 @@ impl Default for RecoveryOptions {
 }
 
 impl RecoveryOptions {
-    /// At most this many keys wait for the backend at once (default 10,000).
-    ///
-    /// ```
-    /// let options = stampede_guard::RecoveryOptions::default().max_entries(100);
-    /// assert_eq!(options.get_max_entries(), 100);
-    /// ```
-    pub fn max_entries(mut self, max_entries: usize) -> Self {
-        self.max_entries = max_entries;
-        self
-    }
+    crate::options::setters! {
+        /// At most this many keys wait for the backend at once (default 10,000).
+        ///
+        /// ```
+        /// let options = stampede_guard::RecoveryOptions::default().max_entries(100);
+        /// assert_eq!(options.get_max_entries(), 100);
+        /// ```
+        max_entries: usize;
 
-    /// At most this many bytes of encoded values wait at once (default 64 MiB).
-    ///
-    /// ```
-    /// let options = stampede_guard::RecoveryOptions::default().max_bytes(1 << 20);
-    /// assert_eq!(options.get_max_bytes(), 1 << 20);
-    /// ```
-    pub fn max_bytes(mut self, max_bytes: usize) -> Self {
-        self.max_bytes = max_bytes;
-        self
+        /// At most this many bytes of encoded values wait at once (default 64 MiB).
+        ///
+        /// ```
+        /// let options = stampede_guard::RecoveryOptions::default().max_bytes(1 << 20);
+        /// assert_eq!(options.get_max_bytes(), 1 << 20);
+        /// ```
+        max_bytes: usize;
     }
 
     /// The bound on keys.

@@ -72,18 +72,9 @@ impl Role {
     }
 }
 
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A string, the word of [`Role::as_str`], so a status page's JSON reads `"leader": "active"`.
-impl serde::Serialize for Role {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(self.as_str())
-    }
-}
+// `Display` and `serde` both give the word of [`Role::as_str`], so a status page's JSON reads
+// `"leader": "active"`.
+crate::stats::text_is_as_str!(Role);
 
 /// What a job run sees of its term as the active instance.
 ///

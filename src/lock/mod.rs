@@ -367,56 +367,65 @@ impl std::fmt::Debug for LockBuilder {
     }
 }
 
+/// The setters that choose a Redis backend, on each builder with a `backend: Backend` field
+/// (a cache's, a lock's): written once, so that the two builders reach Redis the same way.
+macro_rules! redis_backend_setters {
+    () => {
+        /// Use the Redis server at `url` (`redis://[user:password@]host:port/db`). The connection
+        /// is made on first use and re-made automatically after it drops.
+        pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+            self.backend = $crate::store::Backend::RedisUrl(url.into());
+            self
+        }
+
+        /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the
+        /// other nodes are discovered). Every key of an entry shares one hash tag, so each script
+        /// runs on one slot; wake-ups use sharded pub/sub (Redis 7). Like a single server, the
+        /// cluster is connected on first use: what is built while it is down works as soon as it
+        /// answers.
+        pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
+        where
+            I: IntoIterator<Item = S>,
+            S: Into<String>,
+        {
+            self.backend =
+                $crate::store::Backend::RedisCluster(seeds.into_iter().map(Into::into).collect());
+            self
+        }
+
+        /// Use the Redis server of an existing client.
+        pub fn redis_client(mut self, client: redis::Client) -> Self {
+            self.backend = $crate::store::Backend::RedisClient(client);
+            self
+        }
+    };
+}
+pub(crate) use redis_backend_setters;
+
 impl LockBuilder {
-    /// The key prefix (default `"stampede"`), as for [`CacheBuilder::namespace`](crate::CacheBuilder::namespace).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
+    crate::options::setters! {
+        /// The key prefix (default `"stampede"`), as for
+        /// [`CacheBuilder::namespace`](crate::CacheBuilder::namespace).
+        namespace: impl Into<String> = namespace.into();
     }
 
-    /// Use the Redis server at `url`; connected on first use, reconnected automatically.
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
-        self.backend = Backend::RedisUrl(url.into());
-        self
-    }
+    redis_backend_setters!();
 
-    /// Use a Redis Cluster reached through these seed nodes (`redis://host:port` each; the other
-    /// nodes are discovered). Every key of an entry shares one hash tag, so each script runs on
-    /// one slot; wake-ups use sharded pub/sub (Redis 7). Connected on first use, like a single
-    /// server.
-    pub fn redis_cluster<I, S>(mut self, seeds: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.backend = Backend::RedisCluster(seeds.into_iter().map(Into::into).collect());
-        self
-    }
+    crate::options::setters! {
+        /// The lease, renewal, maximum hold, wait bound and backoff (see [`CallOptions`]).
+        options: CallOptions;
 
-    /// Use the Redis server of an existing client.
-    pub fn redis_client(mut self, client: redis::Client) -> Self {
-        self.backend = Backend::RedisClient(client);
-        self
-    }
-
-    /// The lease, renewal, maximum hold, wait bound and backoff (see [`CallOptions`]).
-    pub fn options(mut self, options: CallOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// How to reach Redis: time-outs and reconnection attempts (see [`ConnectionOptions`] for
-    /// the defaults).
-    ///
-    /// ```
-    /// use stampede_guard::{ConnectionOptions, Lock};
-    ///
-    /// let builder = Lock::builder("sync").connection(ConnectionOptions::default().reconnect_retries(0));
-    /// # let _ = builder;
-    /// ```
-    pub fn connection(mut self, connection: ConnectionOptions) -> Self {
-        self.connection = connection;
-        self
+        /// How to reach Redis: time-outs and reconnection attempts (see [`ConnectionOptions`] for
+        /// the defaults).
+        ///
+        /// ```
+        /// use stampede_guard::{ConnectionOptions, Lock};
+        ///
+        /// let builder =
+        ///     Lock::builder("sync").connection(ConnectionOptions::default().reconnect_retries(0));
+        /// # let _ = builder;
+        /// ```
+        connection: ConnectionOptions;
     }
 
     /// Builds the lock. An in-memory lock (the default backend) is shared by its clones only;

@@ -98,50 +98,36 @@ impl std::fmt::Debug for RedlockBuilder {
 }
 
 impl RedlockBuilder {
-    /// The URLs of the independent masters (an odd number, at least 3).
-    pub fn nodes<I, S>(mut self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.nodes = urls.into_iter().map(Into::into).collect();
-        self
+    crate::options::setters! {
+        /// The URLs of the independent masters (an odd number, at least 3).
+        nodes: [impl Into<String>];
     }
 
-    /// The key prefix (default `"stampede"`).
-    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
-        self.namespace = namespace.into();
-        self
-    }
+    crate::options::setters! {
+        /// The key prefix (default `"stampede"`).
+        namespace: impl Into<String> = namespace.into();
 
-    /// The lease, renewal, maximum hold, wait bound and backoff (see [`CallOptions`]).
-    pub fn options(mut self, options: CallOptions) -> Self {
-        self.options = options;
-        self
-    }
+        /// The lease, renewal, maximum hold, wait bound and backoff (see [`CallOptions`]).
+        options: CallOptions;
 
-    /// How long one node may take to answer before it counts as down (default: 1/20 of the lease,
-    /// between 10 and 250 ms). Short, so that a dead node does not eat the lease.
-    pub fn node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = Some(timeout);
-        self
-    }
+        /// How long one node may take to answer before it counts as down (default: 1/20 of the
+        /// lease, between 10 and 250 ms). Short, so that a dead node does not eat the lease.
+        node_timeout: Duration = Some(node_timeout);
 
-    /// How to reach each node: time-outs and reconnection attempts (see [`ConnectionOptions`]
-    /// for the defaults). The [`node_timeout`](Self::node_timeout) still bounds each node's
-    /// part of an acquisition; these bound the connection underneath it.
-    ///
-    /// ```
-    /// use stampede_guard::{ConnectionOptions, Redlock};
-    /// use std::time::Duration;
-    ///
-    /// let builder = Redlock::builder("sync")
-    ///     .connection(ConnectionOptions::default().connect_timeout(Duration::from_millis(100)));
-    /// # let _ = builder;
-    /// ```
-    pub fn connection(mut self, connection: ConnectionOptions) -> Self {
-        self.connection = connection;
-        self
+        /// How to reach each node: time-outs and reconnection attempts (see [`ConnectionOptions`]
+        /// for the defaults). The [`node_timeout`](Self::node_timeout) still bounds each node's
+        /// part of an acquisition; these bound the connection underneath it.
+        ///
+        /// ```
+        /// use stampede_guard::{ConnectionOptions, Redlock};
+        /// use std::time::Duration;
+        ///
+        /// let builder = Redlock::builder("sync").connection(
+        ///     ConnectionOptions::default().connect_timeout(Duration::from_millis(100)),
+        /// );
+        /// # let _ = builder;
+        /// ```
+        connection: ConnectionOptions;
     }
 
     /// Builds the lock. Connections are made on first use.

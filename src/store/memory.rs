@@ -639,9 +639,38 @@ mod tests {
         }
     }
 
+    /// The fence of a lock that must be free, taken by `token` (reading a value there first if
+    /// `read_value`).
+    async fn free_lock(
+        store: &MemoryStore,
+        k: &EntryKeys,
+        token: &str,
+        lease: Duration,
+        read_value: bool,
+    ) -> u64 {
+        granted(
+            store.read_or_lock(k, token, lease, read_value).await,
+            "a free lock must be granted",
+        )
+    }
+
     /// What a write-and-release did.
     fn stored(written: bool, released: bool) -> Stored {
         Stored { written, released }
+    }
+
+    /// A write-and-release through `store` by `token` under `fence`: what it did.
+    async fn write_back(
+        store: &MemoryStore,
+        k: &EntryKeys,
+        token: &str,
+        fence: u64,
+        write: Write,
+    ) -> Stored {
+        store
+            .store_and_unlock(k, token, fence, write)
+            .await
+            .unwrap()
     }
 
     fn value(bytes: &[u8], ttl: Duration) -> Write {
@@ -774,10 +803,10 @@ mod tests {
             "the lock is still A's"
         );
         // The holder's write is accepted: its fencing counter was kept.
-        let out = store
-            .store_and_unlock(&locked, "A", fence, value(b"new", HOUR))
-            .await;
-        assert_eq!(out.unwrap(), stored(true, true));
+        assert_eq!(
+            write_back(&store, &locked, "A", fence, value(b"new", HOUR)).await,
+            stored(true, true)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -835,23 +864,14 @@ mod tests {
         let lease = Duration::from_millis(100);
         for (name, ttl) in [("hour", Duration::from_secs(3600)), ("forever", FOREVER)] {
             let k = keys(name);
-            let fence = granted(
-                store.read_or_lock(&k, "A", lease, true).await,
-                "a free lock must be granted",
-            );
-            let stored = store
-                .store_and_unlock(&k, "A", fence, value(b"v", ttl))
-                .await
-                .unwrap();
+            let fence = free_lock(&store, &k, "A", lease, true).await;
+            let stored = write_back(&store, &k, "A", fence, value(b"v", ttl)).await;
             assert!(stored.written);
             // Many leases later the counter still guards the value: an acquisition continues it.
             tokio::time::advance(lease * 50).await;
             let (fence_until, value_until) = expiries(&store, &k);
             assert_eq!(fence_until, value_until, "{name}");
-            let next = granted(
-                store.read_or_lock(&k, "B", lease, false).await,
-                "a free lock must be granted",
-            );
+            let next = free_lock(&store, &k, "B", lease, false).await;
             assert_eq!(
                 next,
                 fence + 1,
@@ -860,10 +880,7 @@ mod tests {
             // A bump with a short retention does not shorten it either.
             assert_eq!(expiries(&store, &k), (fence_until, value_until), "{name}");
             // A late writer with the old token is refused.
-            let late = store
-                .store_and_unlock(&k, "A", fence, value(b"late", ttl))
-                .await
-                .unwrap();
+            let late = write_back(&store, &k, "A", fence, value(b"late", ttl)).await;
             assert!(!late.written, "{name}");
         }
     }
@@ -875,24 +892,17 @@ mod tests {
         let lease = Duration::from_secs(5);
         let hour = Duration::from_secs(3600);
         store.set(&k, b"old".to_vec(), hour, lease).await.unwrap();
-        let fence = granted(
-            store.read_or_lock(&k, "A", lease, false).await,
-            "a free lock must be granted",
-        );
+        let fence = free_lock(&store, &k, "A", lease, false).await;
         // Another writer lands while A computes: A's delete must not remove it.
         store.set(&k, b"new".to_vec(), hour, lease).await.unwrap();
-        let out = store.store_and_unlock(&k, "A", fence, Write::Delete).await;
-        assert_eq!(out.unwrap(), stored(false, true));
+        assert_eq!(
+            write_back(&store, &k, "A", fence, Write::Delete).await,
+            stored(false, true)
+        );
         assert_eq!(store.get(&k).await.unwrap().as_deref(), Some(&b"new"[..]));
         // Nobody in between: the delete goes through.
-        let fence = granted(
-            store.read_or_lock(&k, "A", lease, false).await,
-            "a free lock must be granted",
-        );
-        let out = store
-            .store_and_unlock(&k, "A", fence, Write::Delete)
-            .await
-            .unwrap();
+        let fence = free_lock(&store, &k, "A", lease, false).await;
+        let out = write_back(&store, &k, "A", fence, Write::Delete).await;
         assert!(out.written && out.released);
         assert!(store.get(&k).await.unwrap().is_none());
     }
@@ -921,10 +931,7 @@ mod tests {
         let store = MemoryStore::default();
         let k = keys("a");
         let lease = Duration::from_secs(5);
-        let first = granted(
-            store.read_or_lock(&k, "A", lease, true).await,
-            "a free lock must be granted",
-        );
+        let first = free_lock(&store, &k, "A", lease, true).await;
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(
             store.read_or_lock(&k, "B", lease, true).await.unwrap(),
@@ -942,14 +949,14 @@ mod tests {
             !store.extend(&k, "A", lease).await.unwrap(),
             "A lost the lease"
         );
-        let out = store
-            .store_and_unlock(&k, "A", first, value(b"old", lease))
-            .await;
-        assert_eq!(out.unwrap(), stored(false, false));
-        let out = store
-            .store_and_unlock(&k, "B", second, value(b"new", lease))
-            .await;
-        assert_eq!(out.unwrap(), stored(true, true));
+        assert_eq!(
+            write_back(&store, &k, "A", first, value(b"old", lease)).await,
+            stored(false, false)
+        );
+        assert_eq!(
+            write_back(&store, &k, "B", second, value(b"new", lease)).await,
+            stored(true, true)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -957,15 +964,12 @@ mod tests {
         let store = MemoryStore::default();
         let k = keys("a");
         let lease = Duration::from_secs(5);
-        let fence = granted(
-            store.read_or_lock(&k, "A", lease, true).await,
-            "a free lock must be granted",
-        );
+        let fence = free_lock(&store, &k, "A", lease, true).await;
         store.invalidate(&k, lease).await.unwrap();
-        let out = store
-            .store_and_unlock(&k, "A", fence, value(b"v", lease))
-            .await;
-        assert_eq!(out.unwrap(), stored(false, true));
+        assert_eq!(
+            write_back(&store, &k, "A", fence, value(b"v", lease)).await,
+            stored(false, true)
+        );
         assert!(store.get(&k).await.unwrap().is_none());
     }
 

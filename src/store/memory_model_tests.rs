@@ -527,6 +527,15 @@ fn directed() -> Vec<Vec<Step>> {
         })
     };
     let pause = || Step::Op(Advance(PAUSE_MS));
+    let next_fence = |key, lease| Step::NextFence { key, lease };
+    let keep_fence = |key, lease| Step::KeepFence { key, lease };
+    let fenced = |key, rel, value, ttl, lease| Step::WriteFenced {
+        key,
+        rel,
+        value,
+        ttl,
+        lease,
+    };
     let long = 600_000;
     let keep = |value, at_least| Step::KeepFenced {
         key: 0,
@@ -555,61 +564,28 @@ fn directed() -> Vec<Vec<Step>> {
         // one, or one kept for ever, its life is not shortened; over nothing, it is written.
         vec![
             keep(1, long),
-            Step::NextFence {
-                key: 0,
-                lease: long,
-            },
-            Step::WriteFenced {
-                key: 0,
-                rel: 0,
-                value: Some(2),
-                ttl: SHORT_MS,
-                lease: long,
-            },
+            next_fence(0, long),
+            fenced(0, 0, Some(2), SHORT_MS, long),
             keep(3, long),
             pause(),
             Step::Op(Get(0)),
-            Step::WriteFenced {
-                key: 0,
-                rel: 0,
-                value: Some(4),
-                ttl: long,
-                lease: long,
-            },
+            fenced(0, 0, Some(4), long, long),
             keep(5, SHORT_MS),
             pause(),
             Step::Op(Get(0)),
-            Step::WriteFenced {
-                key: 0,
-                rel: 0,
-                value: Some(6),
-                ttl: FOREVER_MS,
-                lease: long,
-            },
+            fenced(0, 0, Some(6), FOREVER_MS, long),
             keep(7, SHORT_MS),
             pause(),
             pause(),
             Step::Op(Get(0)),
         ],
         vec![
-            Step::KeepFence {
-                key: 1,
-                lease: long,
-            },
-            Step::NextFence {
-                key: 1,
-                lease: SHORT_MS,
-            },
+            keep_fence(1, long),
+            next_fence(1, SHORT_MS),
             lock(0, 0, SHORT_MS, false),
-            Step::KeepFence {
-                key: 0,
-                lease: long,
-            },
+            keep_fence(0, long),
             pause(),
-            Step::NextFence {
-                key: 0,
-                lease: SHORT_MS,
-            },
+            next_fence(0, SHORT_MS),
         ],
         vec![
             lock(0, 0, SHORT_MS, false),
@@ -619,10 +595,7 @@ fn directed() -> Vec<Vec<Step>> {
                 lease: long,
             },
             pause(),
-            Step::NextFence {
-                key: 0,
-                lease: SHORT_MS,
-            },
+            next_fence(0, SHORT_MS),
         ],
         vec![
             Step::Op(Set {
@@ -657,29 +630,11 @@ fn directed() -> Vec<Vec<Step>> {
             Step::Op(Get(1)),
         ],
         vec![
-            Step::NextFence {
-                key: 0,
-                lease: SHORT_MS,
-            },
-            Step::WriteFenced {
-                key: 0,
-                rel: 1,
-                value: Some(4),
-                ttl: FOREVER_MS,
-                lease: SHORT_MS,
-            },
+            next_fence(0, SHORT_MS),
+            fenced(0, 1, Some(4), FOREVER_MS, SHORT_MS),
             pause(),
-            Step::NextFence {
-                key: 0,
-                lease: SHORT_MS,
-            },
-            Step::WriteFenced {
-                key: 0,
-                rel: -1,
-                value: None,
-                ttl: SHORT_MS,
-                lease: SHORT_MS,
-            },
+            next_fence(0, SHORT_MS),
+            fenced(0, -1, None, SHORT_MS, SHORT_MS),
             Step::Op(Get(0)),
         ],
         vec![

@@ -207,6 +207,16 @@ mod tests {
         }
     }
 
+    /// The header every earlier format opens with, as [`sample`]'s fields fill it: magic,
+    /// `version`, codec 1, no flags, fresh-until, compute time, fence.
+    fn previous_header(version: u8) -> Vec<u8> {
+        let mut header = vec![b'S', b'G', version, 1, 0];
+        header.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
+        header.extend_from_slice(&7u32.to_be_bytes());
+        header.extend_from_slice(&42u64.to_be_bytes());
+        header
+    }
+
     #[test]
     fn round_trips() {
         let env = sample(b"hi");
@@ -259,10 +269,7 @@ mod tests {
     /// for a shape.
     #[test]
     fn the_previous_format_is_refused() {
-        let mut old = b"SG\x01\x01\x00".to_vec();
-        old.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
-        old.extend_from_slice(&7u32.to_be_bytes());
-        old.extend_from_slice(&42u64.to_be_bytes());
+        let mut old = previous_header(1);
         // A payload shorter than the new header's extra 8 bytes: still named by its version.
         assert_eq!(Envelope::decode(&old, 1), Err(Foreign::Version(1)));
         old.extend_from_slice(&[0x55; 16]);
@@ -285,10 +292,7 @@ mod tests {
     /// A value written by the previous release (format 2) stays a hit: born at 0, no tags.
     #[test]
     fn the_previous_format_is_read_as_born_at_zero_without_tags() {
-        let mut old = b"SG\x02\x01\x00".to_vec();
-        old.extend_from_slice(&1_700_000_000_000u64.to_be_bytes());
-        old.extend_from_slice(&7u32.to_be_bytes());
-        old.extend_from_slice(&42u64.to_be_bytes());
+        let mut old = previous_header(2);
         old.extend_from_slice(&0x5eedu64.to_be_bytes());
         old.extend_from_slice(b"payload");
         let read = Envelope::decode(&old, 1).unwrap();

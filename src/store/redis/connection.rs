@@ -90,39 +90,28 @@ impl Default for ConnectionOptions {
 }
 
 impl ConnectionOptions {
-    /// How long one attempt to open a connection may take (default 2 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout.min(MAX_TIMEOUT);
-        self
-    }
+    crate::options::setters! {
+        /// How long one attempt to open a connection may take (default 2 s).
+        connect_timeout: Duration = connect_timeout.min(MAX_TIMEOUT);
 
-    /// How long one command may wait for its answer (default 5 s). Keep it above the time your
-    /// largest value takes to transfer.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout.min(MAX_TIMEOUT);
-        self
-    }
+        /// How long one command may wait for its answer (default 5 s). Keep it above the time your
+        /// largest value takes to transfer.
+        response_timeout: Duration = response_timeout.min(MAX_TIMEOUT);
 
-    /// How many more attempts to connect after a failed one, before the call that needed the
-    /// connection fails (default 2; 0 means one attempt).
-    pub fn reconnect_retries(mut self, retries: usize) -> Self {
-        self.reconnect_retries = retries;
-        self
-    }
+        /// How many more attempts to connect after a failed one, before the call that needed the
+        /// connection fails (default 2; 0 means one attempt).
+        reconnect_retries: usize;
 
-    /// Whether concurrent single-key reads of one cache are coalesced (default on): a read that
-    /// finds no other in flight is sent at once, by itself; reads that arrive while one is out
-    /// wait for it and go out together as one `MGET`, so under load the server runs one
-    /// command for many hits. Off: one command per read, as before (measured in
-    /// `docs/performance.md`).
-    ///
-    /// ```
-    /// let options = stampede_guard::ConnectionOptions::default().coalesce_reads(false);
-    /// assert!(!options.get_coalesce_reads());
-    /// ```
-    pub fn coalesce_reads(mut self, coalesce: bool) -> Self {
-        self.coalesce_reads = coalesce;
-        self
+        /// Whether concurrent single-key reads of one cache are coalesced (default on): a read that
+        /// finds no other in flight is sent at once, by itself; reads that arrive while one is out
+        /// wait for it and go out together as one `MGET`, so under load the server runs one command
+        /// for many hits. Off: one command per read, as before (measured in `docs/performance.md`).
+        ///
+        /// ```
+        /// let options = stampede_guard::ConnectionOptions::default().coalesce_reads(false);
+        /// assert!(!options.get_coalesce_reads());
+        /// ```
+        coalesce_reads: bool;
     }
 
     /// Makes lock writes failover-safe, as far as Redis replication can (off by default): every
