@@ -16,6 +16,7 @@ use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::claim::{Claim, Start};
 use crate::cache::engine::Engine;
 use crate::cache::failsafe::Sorted;
+use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::tags::Epochs;
 use crate::cache::tiers::Read;
 use crate::stats::Event;
@@ -193,7 +194,12 @@ impl<C: Codec> Engine<C> {
             if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
                 return self.shared(outcome, keys, mark).await;
             }
-            if let Some(Err(kept)) = self.look_again::<T>(keys).await {
+            let kept = match self.look_again::<T>(keys).await {
+                Some(Err(kept)) => Some(kept),
+                _ => None,
+            };
+            let has = AtHand::kept(kept.is_some());
+            if let (Answer::ServeKept, Some(kept)) = (decide(Failure::SoftTimeout, has), kept) {
                 self.core.counters.record(Event::SoftTimeout);
                 return Some(Ok(self.serve_fallback(kept.value)));
             }
@@ -314,13 +320,13 @@ where
             }
             Ok((None, _)) => {}
             Err(e) => {
-                if let Some(held) = engine.held_copy::<T>(&keys.user, &e) {
-                    return Ok(held);
+                let held = engine.held_copy::<T>(&keys.user, &e);
+                match (engine.on_backend_failure(&e, held.is_some()), held) {
+                    (Answer::ServeHeld, Some(held)) => return Ok(held),
+                    // The fallback applies in `load`, under the single flight.
+                    (Answer::ComputeUncached, _) => {}
+                    _ => return Err(Error::backend("get", e)),
                 }
-                if !e.falls_back(engine.options.on_backend_error) {
-                    return Err(Error::backend("get", e));
-                }
-                // The fallback applies in `load`, under the single flight.
             }
         }
         self.share_or_load(start).await
