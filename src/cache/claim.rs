@@ -18,6 +18,7 @@ use tokio::time::Instant;
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::Kept;
+use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::{Sorted, Start};
 use crate::cache::tags::Epochs;
 use crate::lock::lease::{Acquiring, HeldLock, Renewal};
@@ -204,28 +205,34 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
 
     /// The soft timeout or the wait bound cut a wait: read the key again, for a value that
     /// landed or the fallback kept in the store (this one, or the throttled copy a failed
-    /// computation elsewhere left). Without one, the soft timeout is spent and does nothing,
-    /// and the wait bound is the call's error.
+    /// computation elsewhere left), which the table (`cache/fallback.rs`) serves. Without one,
+    /// the soft timeout is spent and does nothing, and the wait bound is the call's error.
     async fn after_cut<T: DeserializeOwned + 'static>(
         &mut self,
         cut: Cut,
     ) -> ControlFlow<Claim<T>> {
-        match self.cache.look_again::<T>(self.keys).await {
+        let kept = match self.cache.look_again::<T>(self.keys).await {
             Some(Ok(entry)) => return Break(Claim::Found(entry, self.found)),
-            Some(Err(kept)) => {
+            Some(Err(kept)) => Some(kept),
+            None => None,
+        };
+        let failure = match cut {
+            Cut::Budget => Failure::SoftTimeout,
+            Cut::Bound(_) => Failure::WaitTimeout,
+        };
+        match (decide(failure, AtHand::kept(kept.is_some())), kept, cut) {
+            (Answer::ServeKept, Some(kept), cut) => {
                 if matches!(cut, Cut::Budget) {
                     self.cache.core.counters.record(Event::SoftTimeout);
                 }
-                return Break(Claim::Fallback(kept.value));
+                Break(Claim::Fallback(kept.value))
             }
-            None => {}
-        }
-        match cut {
-            Cut::Budget => {
+            (_, _, Cut::Bound(e)) => Break(Claim::Failed(e)),
+            // The table's answer to a soft timeout without a fallback: go on, the budget spent.
+            (_, _, Cut::Budget) => {
                 self.soft = None;
                 Continue(())
             }
-            Cut::Bound(e) => Break(Claim::Failed(e)),
         }
     }
 

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
+use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
 use crate::lock::lease::HeldLock;
 use crate::stats::{Event, NotStoredReason};
@@ -28,10 +29,11 @@ use crate::{Computed, Error, Fetched, Lease, Source};
 /// What a computation that fails does with the lock and the value it was to replace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OnFailure {
-    /// The fail-safe: write a throttled copy of the kept value (these are its stored bytes),
-    /// fenced, and let the lock go.
+    /// A fail-safe value is kept (these are its stored bytes): the table (`cache/fallback.rs`)
+    /// serves it, and a throttled copy of it is written, fenced, as the lock goes.
     Throttle(Vec<u8>),
-    /// Remember the failure for the negative TTL if one is set; else let the lock go.
+    /// No fallback is kept: the failure is remembered for the negative TTL where the table says
+    /// so (a failure of `f` with negative caching on); else the lock just goes.
     Remember,
     /// Let the lock go; the current value stays (a failed refresh that serves stale on error).
     Release,
@@ -111,8 +113,10 @@ where
             ttl,
             f,
         };
+        // The table serves the kept value at the soft timeout; without one, the call goes on.
+        let at_soft = decide(Failure::SoftTimeout, AtHand::kept(kept.is_some()));
         let (kept, soft) = match (kept, soft) {
-            (Some(kept), Some(soft)) => (kept, soft),
+            (Some(kept), Some(soft)) if at_soft == Answer::ServeKept => (kept, soft),
             (kept, _) => {
                 let outcome = computation.compute_and_store(held, on_failure).await;
                 return outcome
@@ -279,17 +283,29 @@ impl<C: Codec> Engine<C> {
         born: u64,
     ) {
         let store = self.core.store.as_ref();
-        let released = match (on_failure, self.options.negative_ttl, error) {
-            // The fail-safe: the kept value stays, as a throttled copy (this wins over negative
-            // caching, which would replace the fallback with the error).
-            (OnFailure::Throttle(kept), _, _) => match self.throttled_copy(&kept, held.fence()) {
-                Some(write) => held
-                    .store_and_unlock(store, write)
-                    .await
-                    .map(|stored| stored.released),
-                None => held.release().await,
-            },
-            (OnFailure::Remember, Some(negative_ttl), Some(e)) => {
+        let failure = match error {
+            Some(_) => Failure::SourceFailed,
+            None => Failure::HardTimeout,
+        };
+        let negative_ttl = self.options.negative_ttl;
+        let has = AtHand {
+            kept: matches!(on_failure, OnFailure::Throttle(_)),
+            negative: negative_ttl.is_some(),
+            ..AtHand::default()
+        };
+        let released = match (on_failure, decide(failure, has), negative_ttl, error) {
+            // The fail-safe: the kept value stays, as a throttled copy (the table puts it before
+            // negative caching, which would replace the fallback with the error).
+            (OnFailure::Throttle(kept), Answer::ServeKept, _, _) => {
+                match self.throttled_copy(&kept, held.fence()) {
+                    Some(write) => held
+                        .store_and_unlock(store, write)
+                        .await
+                        .map(|stored| stored.released),
+                    None => held.release().await,
+                }
+            }
+            (OnFailure::Remember, Answer::Remember, Some(negative_ttl), Some(e)) => {
                 let tags = self.options.get_tags();
                 let bytes =
                     self.encode_failure::<T, E>(e, negative_ttl, held.fence(), (born, tags));
@@ -299,11 +315,11 @@ impl<C: Codec> Engine<C> {
                 };
                 held.store_and_unlock(store, write).await.map(|_| true)
             }
-            (OnFailure::Delete, _, _) => held
+            (OnFailure::Delete, ..) => held
                 .store_and_unlock(store, Write::Delete)
                 .await
                 .map(|stored| stored.released),
-            (OnFailure::Remember | OnFailure::Release, _, _) => held.release().await,
+            _ => held.release().await,
         };
         if let Err(err) = released {
             tracing::warn!(key = %keys.user, error = %err,

@@ -4,8 +4,8 @@
 //! - where a stored entry stands for this caller (`Engine::worth_of`): live, a throttled
 //!   fallback, or past its stale window (then kept as a [`Kept`] fallback);
 //! - when a caller's soft timeout falls (`Engine::soft_deadline`);
-//! - which errors the fallback answers ([`falls_back`]) and how it is served
-//!   (`Engine::serve_fallback`).
+//! - how the fallback is served (`Engine::serve_fallback`, `Engine::fall_back`), when the table
+//!   of `cache/fallback.rs` answers a failure with it.
 //!
 //! Invariants: a kept value is served only as [`Source::FailSafe`], never as a hit, and never
 //! enters the near tier; a throttled copy is written only under the computing caller's lock and
@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
+use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::Sorted;
 use crate::time::later_by;
 use crate::wire::codec::Codec;
@@ -28,16 +29,6 @@ pub(crate) struct Kept<T> {
     pub value: T,
     /// Its stored bytes, from which a throttled copy is made after a failure.
     pub bytes: Vec<u8>,
-}
-
-/// Whether `error` is one the fail-safe answers with the fallback: the computation failed, hit
-/// its hard timeout, or the wait for another's outlasted the wait bound. Not a backend failure
-/// (the fallback lives in the backend) nor a bug of the caller's (a key, an encoding).
-pub(crate) fn falls_back(error: &Error) -> bool {
-    matches!(
-        error,
-        Error::Compute(_) | Error::ComputeTimeout { .. } | Error::WaitTimeout { .. }
-    )
 }
 
 impl<C: Codec> Engine<C> {
@@ -54,9 +45,11 @@ impl<C: Codec> Engine<C> {
     }
 
     /// When a call that started at `started` stops waiting and answers with its fallback: at
-    /// its soft timeout, if the fail-safe is on and a soft timeout is set.
+    /// its soft timeout, if a soft timeout is set and the table serves a fail-safe value then,
+    /// which it can only keep with the fail-safe on (without one, the call goes on).
     pub(crate) fn soft_deadline(&self, started: Instant) -> Option<Instant> {
-        if !self.options.fail_safe() {
+        let has = AtHand::kept(self.options.fail_safe());
+        if decide(Failure::SoftTimeout, has) != Answer::ServeKept {
             return None;
         }
         self.options
@@ -72,16 +65,19 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// A computation or a wait ended with `error`: the fallback if the fail-safe answers it and
-    /// one is kept, else the error.
+    /// A computation or a wait ended with `error`: the fallback if one is kept and the table
+    /// (`cache/fallback.rs`) serves it for this error, else the error. Only the kept value is
+    /// at hand here: a failure to remember was written when the lock was let go.
     pub(crate) fn fall_back<T>(
         &self,
         error: Error,
         kept: Option<Kept<T>>,
         keys: &EntryKeys,
     ) -> Result<Fetched<T>, Error> {
-        match kept {
-            Some(kept) if falls_back(&error) => {
+        let has = AtHand::kept(kept.is_some());
+        let answer = Failure::of(&error).map(|failure| decide(failure, has));
+        match (answer, kept) {
+            (Some(Answer::ServeKept), Some(kept)) => {
                 tracing::warn!(key = %keys.user, error = %error.chain(), "serving the fail-safe value");
                 Ok(self.serve_fallback(kept.value))
             }

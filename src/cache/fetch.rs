@@ -22,6 +22,7 @@ use tracing::Instrument;
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
+use crate::cache::fallback::Answer;
 use crate::cache::freshness::{judge, unit_draw, worth, Worth};
 use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
 use crate::cache::tiers::Read;
@@ -109,13 +110,13 @@ where
             }
             Ok((None, _)) => {}
             Err(e) => {
-                if let Some(held) = engine.held_copy::<T>(&keys.user, &e) {
-                    return Ok(held);
+                let held = engine.held_copy::<T>(&keys.user, &e);
+                match (engine.on_backend_failure(&e, held.is_some()), held) {
+                    (Answer::ServeHeld, Some(held)) => return Ok(held),
+                    // The fallback applies in `load`, under the single flight.
+                    (Answer::ComputeUncached, _) => {}
+                    _ => return Err(Error::backend("get", e)),
                 }
-                if !e.falls_back(engine.options.on_backend_error) {
-                    return Err(Error::backend("get", e));
-                }
-                // The fallback applies in `load`, under the single flight.
             }
         }
         self.share_or_load(start).await

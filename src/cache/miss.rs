@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::claim::Claim;
 use crate::cache::engine::Engine;
+use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
 use crate::cache::fetch::Start;
 use crate::stats::Event;
@@ -100,7 +101,12 @@ impl<C: Codec> Engine<C> {
             if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
                 return self.shared(outcome, keys, mark).await;
             }
-            if let Some(Err(kept)) = self.look_again::<T>(keys).await {
+            let kept = match self.look_again::<T>(keys).await {
+                Some(Err(kept)) => Some(kept),
+                _ => None,
+            };
+            let has = AtHand::kept(kept.is_some());
+            if let (Answer::ServeKept, Some(kept)) = (decide(Failure::SoftTimeout, has), kept) {
                 self.core.counters.record(Event::SoftTimeout);
                 return Some(Ok(self.serve_fallback(kept.value)));
             }

@@ -30,6 +30,7 @@ pub(crate) mod engine;
 pub(crate) mod entry;
 pub(crate) mod epochs;
 pub(crate) mod failsafe;
+pub(crate) mod fallback;
 pub(crate) mod fetch;
 pub(crate) mod freshness;
 pub(crate) mod health;

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::cache::entry::StoredEntry;
+use crate::cache::fallback::Failure;
 use crate::cache::near::{Fill, NearTier, Ticket};
 use crate::cache::tags::Epochs;
-use crate::error::BackendErrorKind;
 use crate::stats::{Counters, Event};
 use crate::store::StoreExt;
 use crate::store::{Blob, MemoryStore, StoreError};
@@ -79,8 +79,9 @@ impl Tiers {
         near.get::<T>(key)
     }
 
-    /// The backend failed with `error`: if that is an outage (unreachable or busy, or the
-    /// circuit breaker failing fast) and the near tier holds a copy it may serve while the
+    /// The backend failed with `error`: if a held copy answers that failure (an outage:
+    /// unreachable or busy, or the circuit breaker failing fast, by the table of
+    /// `cache/fallback.rs`) and the near tier holds a copy it may serve while the
     /// backend is down ([`serve_while_down`](crate::NearCacheOptions::serve_while_down)), that
     /// copy, as [`Source::Held`], at most `past_fresh` (the call's fail-safe window) past its
     /// fresh-until.
@@ -90,10 +91,7 @@ impl Tiers {
         error: &StoreError,
         past_fresh: Duration,
     ) -> Option<Fetched<T>> {
-        if !matches!(
-            error.kind(),
-            BackendErrorKind::Unreachable | BackendErrorKind::Busy
-        ) {
+        if !Failure::of_store(error).serves_held() {
             return None;
         }
         let value = self.near.as_ref()?.held_copy::<T>(key, past_fresh)?;

@@ -1,13 +1,15 @@
 //! When the backend fails before a key is read or locked: serve a copy held while it is down,
 //! fail, or compute without the cache
-//! ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)), as the call's
-//! options and the failure's kind say (the table in `docs/guarantees.md`).
+//! ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)), as the table
+//! of `cache/fallback.rs` answers the failure's kind with what the call has at hand.
 
 use std::future::Future;
 
 use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::engine::Engine;
+use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
+use crate::options::OnBackendError;
 use crate::stats::{Event, NotStoredReason};
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
@@ -16,8 +18,8 @@ use crate::{Computed, Error, Fetched, Lease, Source};
 
 impl<C: Codec> Engine<C> {
     /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
-    /// with [`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached), logged and answered
-    /// as what a cache may always do (`instead`: forget a value, or never have had it).
+    /// where the table (`cache/fallback.rs`) computes uncached, logged and answered as what a
+    /// cache may always do (`instead`: forget a value, or never have had it).
     pub(crate) fn fail_open(
         &self,
         op: &'static str,
@@ -26,7 +28,8 @@ impl<C: Codec> Engine<C> {
         instead: &'static str,
     ) -> Result<(), Error> {
         self.core.counters.record(Event::BackendError);
-        if !error.falls_back(self.options.on_backend_error) {
+        // `get` and `set` look for no held copy: only the `get_or_compute` family serves one.
+        if self.on_backend_failure(&error, false) != Answer::ComputeUncached {
             return Err(Error::backend(op, error));
         }
         // Not a warning per call: an outage would log every call (the circuit breaker logs
@@ -34,6 +37,17 @@ impl<C: Codec> Engine<C> {
         tracing::debug!(key = %keys.user, op, kind = %error.kind(), error = %error,
             "backend unavailable; {instead}");
         Ok(())
+    }
+
+    /// The table's answer to the backend failure `error` for this handle's options, with a
+    /// held near copy at hand if `held` (a step that looked for one and found it).
+    pub(crate) fn on_backend_failure(&self, error: &StoreError, held: bool) -> Answer {
+        let has = AtHand {
+            held,
+            uncached: self.options.on_backend_error == OnBackendError::ComputeUncached,
+            ..AtHand::default()
+        };
+        decide(Failure::of_store(error), has)
     }
 
     /// A value computed without the cache because the backend failed with `error`: counted and
@@ -53,19 +67,19 @@ where
     F: FnOnce(Lease) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
 {
-    /// The backend failed during `op`: fail, or compute without the cache, as configured and
-    /// as the failure's kind allows (a refusal is surfaced whatever the fallback).
+    /// The backend failed during `op`: serve a held copy, fail, or compute without the cache,
+    /// as the table (`cache/fallback.rs`) answers the failure with what the call has at hand.
     pub(crate) async fn without_cache(
         self,
         op: &'static str,
         error: StoreError,
     ) -> Result<Fetched<T>, Error> {
         let (engine, keys) = (self.engine, &self.keys);
-        if let Some(held) = engine.held_copy::<T>(&keys.user, &error) {
-            return Ok(held);
-        }
-        if !error.falls_back(engine.options.on_backend_error) {
-            return Err(Error::backend(op, error));
+        let held = engine.held_copy::<T>(&keys.user, &error);
+        match (engine.on_backend_failure(&error, held.is_some()), held) {
+            (Answer::ServeHeld, Some(held)) => return Ok(held),
+            (Answer::ComputeUncached, _) => {}
+            _ => return Err(Error::backend(op, error)),
         }
         // Not a warning per call: a value computed here is counted and logged as not stored,
         // at most once a minute per reason (a full or unreachable Redis would log every miss).

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use self::wakeup::Listener;
 use crate::error::{BackendErrorKind, Error};
-use crate::options::OnBackendError;
 use crate::wire::key::EntryKeys;
 
 mod backend;
@@ -136,13 +135,6 @@ impl StoreError {
             *about = Some(key.to_owned());
         }
         self
-    }
-
-    /// Whether `fallback` answers this failure by computing without the cache (or a `get` as a
-    /// miss, a `set` as skipped): only [`OnBackendError::ComputeUncached`] does, and only for
-    /// the kinds that pass by themselves (the table in [`BackendErrorKind`]).
-    pub(crate) fn falls_back(&self, fallback: OnBackendError) -> bool {
-        fallback == OnBackendError::ComputeUncached && self.kind().computes_uncached()
     }
 }
 

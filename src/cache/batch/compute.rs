@@ -17,6 +17,7 @@ use super::{unsettled, Batch, BatchFn, Settled};
 use crate::cache::compute::{Detachable, OnFailure};
 use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
+use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::join::join_all;
 use crate::lock::lease::HeldLock;
 use crate::stats::Event;
@@ -57,9 +58,13 @@ where
         let cache = self.cache;
         let (leds, fallbacks, work) = hand_over(locked);
         let run = run_locked(cache.clone(), Arc::clone(&self.f), self.ttl, work);
-        let soft = cache
-            .soft_deadline(self.started)
-            .filter(|_| fallbacks.iter().all(Option::is_some));
+        // A batch returns all its keys at once: it answers at the soft timeout only if the
+        // table serves every key's fallback then.
+        let soft = cache.soft_deadline(self.started).filter(|_| {
+            fallbacks.iter().all(|kept| {
+                decide(Failure::SoftTimeout, AtHand::kept(kept.is_some())) == Answer::ServeKept
+            })
+        });
         let results = match soft {
             None => Some(run.await),
             Some(soft) => self.until_soft_timeout(run, soft, leds.len()).await,

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 use super::{Batch, Outcome, Settled, Step};
 use crate::cache::claim::Claim;
 use crate::cache::failsafe::Kept;
-use crate::cache::fetch::Sorted;
-use crate::cache::fetch::Start;
+use crate::cache::fallback::Answer;
+use crate::cache::fetch::{Sorted, Start};
 use crate::cache::tags::Epochs;
 use crate::join::join_all;
 use crate::lock::lease::{Acquiring, HeldLock};
@@ -183,7 +183,8 @@ where
                 // The request may have been granted anyway: the guard frees it as it goes.
                 acquiring.failed(&e);
                 drop(acquiring);
-                if e.falls_back(cache.options.on_backend_error) {
+                // No held copy is looked for: the batch's read looked before.
+                if cache.on_backend_failure(&e, false) == Answer::ComputeUncached {
                     // Counted (and logged at most once a minute per reason) as not stored when
                     // it goes to the uncached computation, not warned once per key.
                     cache.not_stored_uncached(&l.keys.user, &e);
@@ -308,7 +309,7 @@ where
             }
             Claim::Fallback(value) => Ok(cache.serve_fallback(value)),
             Claim::Failed(e) => Err(e),
-            Claim::Backend(e) if e.falls_back(cache.options.on_backend_error) => {
+            Claim::Backend(e) if cache.on_backend_failure(&e, false) == Answer::ComputeUncached => {
                 cache.not_stored_uncached(&keys.user, &e);
                 return self.compute_uncached(vec![led]).await;
             }

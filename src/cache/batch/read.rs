@@ -9,6 +9,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use super::{Batch, Outcome};
 use crate::cache::entry::StoredEntry;
+use crate::cache::fallback::Answer;
 use crate::cache::fetch::Sorted;
 use crate::cache::tags::Epochs;
 use crate::cache::tiers::Read;
@@ -126,12 +127,12 @@ where
             Err(e) => {
                 // Copies held while the backend is down answer their keys; the others fail,
                 // or take the fallback when locking, under the single flight, as for one key.
-                let falls_back = e.falls_back(cache.options.on_backend_error);
                 for &slot in &remote {
-                    if let Some(held) = cache.held_copy::<T>(&distinct[slot].user, &e) {
-                        outcomes[slot] = Some(Ok(held));
-                    } else if !falls_back {
-                        outcomes[slot] = Some(Err(Error::backend("get", e.clone())));
+                    let held = cache.held_copy::<T>(&distinct[slot].user, &e);
+                    match (cache.on_backend_failure(&e, held.is_some()), held) {
+                        (Answer::ServeHeld, Some(held)) => outcomes[slot] = Some(Ok(held)),
+                        (Answer::ComputeUncached, _) => {}
+                        _ => outcomes[slot] = Some(Err(Error::backend("get", e.clone()))),
                     }
                 }
             }
