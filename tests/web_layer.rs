@@ -19,7 +19,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use stampede_guard::web::ResponseCacheLayer;
-use stampede_guard::{Cache, CallOptions};
+use stampede_guard::{Cache, CallOptions, OnBackendError};
 use support::RedisServer;
 
 /// How many times each handler ran, by request path, over every server of a test.
@@ -400,6 +400,8 @@ async fn a_server_error_without_a_kept_response_is_passed_on_and_not_stored() {
             (500, "database down")
         );
         assert_eq!(response.header("x-cache"), Some("pass"));
+        // Not stored: no tag a client could send back for a 304.
+        assert_eq!(response.header("etag"), None, "{response:?}");
         assert_eq!(runs.of("/fails-after-first"), n);
     }
 }
@@ -486,4 +488,24 @@ async fn with_redis_down_the_handler_answers_uncached() {
         assert_eq!(response.header("x-cache"), Some("uncached"));
     }
     assert_eq!(runs.of("/slow/11"), 3);
+}
+
+/// Computed while Redis is down (`ComputeUncached`): served, but stored nowhere, so no `ETag`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_computed_without_the_cache_has_no_etag() {
+    let mut redis = RedisServer::start();
+    let runs = Runs::default();
+    let options = CallOptions::default().on_backend_error(OnBackendError::ComputeUncached);
+    let addr = instance(&redis, &runs, options).await;
+    let stored = http_client::get(&addr, "/slow/12").await;
+    assert_eq!(stored.header("x-cache"), Some("computed"));
+    assert!(stored.header("etag").is_some(), "{stored:?}");
+    redis.kill();
+    let uncached = http_client::get(&addr, "/slow/12").await;
+    assert_eq!(
+        (uncached.status, uncached.body.as_str()),
+        (200, "report 12")
+    );
+    assert_eq!(uncached.header("x-cache"), Some("uncached"), "{uncached:?}");
+    assert_eq!(uncached.header("etag"), None, "{uncached:?}");
 }
