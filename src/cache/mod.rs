@@ -224,6 +224,51 @@ impl<C: Codec> Cache<C> {
         &self.engine.options
     }
 
+    /// A handle on the same cache whose calls add `tags` to this handle's own
+    /// ([`CallOptions::tags`]): what a handler writes for a tenant carries the tenant's tag in
+    /// one call, without spelling out the options. Reads through it check these tags' epochs
+    /// with the value, in the same round trip, as for any handle's tags.
+    ///
+    /// Cheap (no request; the tags' key names are built once, here), so one per request is
+    /// fine. An empty tag, one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), or more than
+    /// [`MAX_TAGS`](crate::MAX_TAGS) in all make every call of the new handle fail with
+    /// [`Error::InvalidKey`] or [`Error::TooManyTags`], as [`CallOptions::tags`] does.
+    ///
+    /// ```
+    /// use stampede_guard::Cache;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let tenant = 42;
+    /// let ttl = Duration::from_secs(300);
+    /// let summary = cache
+    ///     .tagged([format!("tenant:{tenant}")])
+    ///     .get_or_compute("summary:42", ttl, || async { Ok::<_, std::io::Error>(7u32) })
+    ///     .await?;
+    /// assert_eq!(summary, 7);
+    /// // The tenant's data changed: every value written for it goes, on every instance.
+    /// cache.invalidate_tag("tenant:42").await?;
+    /// assert_eq!(cache.get::<u32>("summary:42").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tagged<I, S>(&self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let options = self.engine.options.clone();
+        let all: Vec<String> = options
+            .get_tags()
+            .iter()
+            .cloned()
+            .chain(tags.into_iter().map(Into::into))
+            .collect();
+        self.with_options(options.tags(all))
+    }
+
     /// The namespace that prefixes every key of this cache.
     ///
     /// ```
