@@ -145,7 +145,7 @@ where
     ResBody::Error: Into<BoxError>,
     C: Codec,
 {
-    async fn serve(self, request: Request<ReqBody>) -> Result<Response<Body>, S::Error> {
+    async fn serve(mut self, request: Request<ReqBody>) -> Result<Response<Body>, S::Error> {
         let method = request.method();
         if method != Method::GET && method != Method::HEAD {
             let response = self.inner.oneshot(request).await?;
@@ -220,8 +220,9 @@ where
         self.pass(Request::from_parts(parts, body), word).await
     }
 
-    /// The primary key and what the request asks, or `None` for a request that passes.
-    fn admit(&self, parts: &request::Parts) -> Option<(String, Asked)> {
+    /// The primary key and what the request asks, or `None` for a request that passes. With a
+    /// tag function, the flow's cache becomes a handle carrying the request's tags.
+    fn admit(&mut self, parts: &request::Parts) -> Option<(String, Asked)> {
         if parts.headers.contains_key(header::RANGE) {
             return None;
         }
@@ -248,6 +249,9 @@ where
         let primary = key::primary(&self.config.prefix, parts, extra.as_deref());
         if primary.len() > crate::MAX_KEY_BYTES {
             return None;
+        }
+        if let Some(tag_fn) = &self.config.tag_fn {
+            self.cache = super::tags::tagged(&self.cache, tag_fn, parts)?;
         }
         let mut conditional = HeaderMap::new();
         for value in parts.headers.get_all(header::IF_NONE_MATCH) {
