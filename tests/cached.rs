@@ -1,6 +1,8 @@
 //! `#[stampede_guard::cached]` (feature `macros`) at run time, on the embedded store and on a
 //! real redis-server: one run of the body for concurrent calls, the key built from the
 //! arguments, a method whose cache is a field of `self`, and errors that keep their type.
+// The expansion must not make a one-expression body's braces a warning (`month_len`).
+#![deny(unused_braces)]
 
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
@@ -85,6 +87,12 @@ impl Reports {
         Err(AppError::NotFound(month))
     }
 }
+
+/// A one-expression body on one line: its braces are the expansion's, so no `unused_braces`
+/// (denied in this file) on the user's function.
+#[rustfmt::skip]
+#[cached(cache = cache, key = "len:{month}", ttl_secs = 300)]
+async fn month_len(cache: &Cache, month: String) -> Result<u64, Error> { Ok(month.len() as u64) }
 
 /// Waits for a permit of `gate` and uses it up: each permit lets one body finish.
 async fn pass(gate: &Semaphore) {
@@ -217,6 +225,9 @@ async fn memory_ten_calls_run_the_body_once() {
 #[tokio::test]
 async fn memory_the_key_is_the_template_filled_in() {
     the_key_is_the_template_filled_in(Cache::in_memory()).await;
+    let cache = Cache::in_memory();
+    assert_eq!(month_len(&cache, "2019-05".into()).await.unwrap(), 7);
+    assert_eq!(cache.get::<u64>("len:2019-05").await.unwrap(), Some(7));
 }
 
 #[tokio::test]

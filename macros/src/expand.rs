@@ -37,6 +37,7 @@ pub(crate) fn expand(args: Args, mut function: ItemFn) -> syn::Result<TokenStrea
     };
 
     let (body, uses_self) = rename_self(function.block.to_token_stream());
+    let body = braces_of_the_expansion(body);
     let mut inputs = Inputs::default();
     for input in &sig.inputs {
         inputs.read(input, &body)?;
@@ -204,6 +205,22 @@ impl Inputs {
         });
         Ok(())
     }
+}
+
+/// The body with its outer braces spanned as the expansion's own, its contents untouched:
+/// handed as an argument (`identity::<R>({ .. })`), a one-expression body's braces would
+/// otherwise be the user's, and `unused_braces` would warn on every such function.
+fn braces_of_the_expansion(body: TokenStream) -> TokenStream {
+    body.into_iter()
+        .map(|token| match token {
+            TokenTree::Group(group) => {
+                let mut outer = Group::new(group.delimiter(), group.stream());
+                outer.set_span(Span::call_site());
+                TokenTree::Group(outer)
+            }
+            other => other,
+        })
+        .collect()
 }
 
 /// Whether `name` appears in `tokens` (perhaps as a field or a shadowing binding: a copy too
