@@ -540,6 +540,14 @@ async fn invalidating_a_tag_from_the_tag_function_removes_the_tenants_responses(
         assert_eq!(ask(&b, tenant).await.header("x-cache"), Some("hit"));
     }
     assert_eq!(runs.of("/slow/20"), 2);
+    // A resource that varies is reached too (its marker and its entries carry the tag).
+    let varying = |addr: &str| {
+        let addr = addr.to_owned();
+        let headers = [("x-tenant", "7"), ("Accept-Language", "fr")];
+        async move { http_client::send("GET", &addr, "/vary", &headers).await }
+    };
+    assert_eq!(varying(&a).await.header("x-cache"), Some("computed"));
+    assert_eq!(varying(&b).await.header("x-cache"), Some("hit"));
 
     let writer = cache(&redis, CallOptions::default()).await;
     writer.invalidate_tag("tenant:7").await.unwrap();
@@ -552,6 +560,12 @@ async fn invalidating_a_tag_from_the_tag_function_removes_the_tenants_responses(
     assert_eq!(ask(&a, "7").await.header("x-cache"), Some("hit"));
     assert_eq!(ask(&a, "8").await.header("x-cache"), Some("hit"));
     assert_eq!(runs.of("/slow/20"), 3);
+    let again = varying(&a).await;
+    assert_eq!(
+        (again.body.as_str(), again.header("x-cache")),
+        ("in fr", Some("computed"))
+    );
+    assert_eq!(runs.of("/vary"), 2);
 }
 
 /// A tag function that gives no tags, or a tag the cache refuses, passes the request through
