@@ -1,6 +1,7 @@
 //! The expansion: the function keeps its signature, and its body becomes one call of
-//! `stampede_guard::__cached::run` with the cache, the key, the TTL, the options and the
-//! original body as an `async move` block.
+//! `stampede_guard::__cached::run` with the cache, the key, the TTL, the options, the
+//! original body as an `async move` block, and how the error type is written as text and made
+//! from the cache's own (`error_handling`: where the error type is concrete).
 //!
 //! The body becomes a `'static` future because the cache may run it in a task of its own (a
 //! refresh in the background outlives the call). So what it borrows is copied first: a
