@@ -684,11 +684,13 @@ pub struct BodyFailed {
 
 #[cfg(feature = "macros")]
 impl BodyFailed {
-    pub(crate) fn of<E: fmt::Display + fmt::Debug + 'static>(error: &E) -> Self {
+    /// The copy of `error`, written as `display` and `debug` (its `Display` and `Debug`, or
+    /// what stands for them: `src/cached.rs`).
+    pub(crate) fn of<E: 'static>(error: &E, display: String, debug: String) -> Self {
         let crate_error = (error as &dyn std::any::Any).downcast_ref::<Error>();
         BodyFailed {
-            display: error.to_string(),
-            debug: format!("{error:?}"),
+            display,
+            debug,
             unavailable: crate_error.and_then(Error::unavailable_source),
         }
     }

@@ -243,8 +243,11 @@ pub use wire::key::{MAX_KEY_BYTES, MAX_TAGS};
 ///
 /// # What the function may be
 /// An `async fn` or method returning `Result<T, E>`, where `T` is a [`CacheValue`] and
-/// `E: From<Error> + Display + Debug + Send + 'static` (your application's error, `anyhow::Error`,
-/// `Box<dyn std::error::Error + Send + Sync>`, or [`Error`] itself).
+/// `E: From<Error> + Send + 'static`: your application's error (an axum error enum as it is,
+/// with no `Display` or `Debug` needed), `anyhow::Error`,
+/// `Box<dyn std::error::Error + Send + Sync>`, or [`Error`] itself. Without `From<Error>`, the
+/// compile error says so on the return type, and why: the cache's own failures come back
+/// through it.
 ///
 /// The body may run in a task of its own after the call returns (a refresh in the background,
 /// with [`CallOptions::stale_for`]), so it owns what it uses; the expansion makes it so:
@@ -288,8 +291,9 @@ pub use wire::key::{MAX_KEY_BYTES, MAX_TAGS};
 ///   [`CallOptions::negative_ttl`] remembers the failure) and the next call runs the body again;
 /// - **the body failed in another call of this process that this one waited on**:
 ///   `E::from(Error::Compute(..))`, whose source's message is the failed body's error's
-///   `Display` (its value went to the caller that ran it; a shared [`ComputeError`] can give
-///   its error back only by reference, which for an `E` that is not `Clone` is no `E`);
+///   `Display` (else its `Debug`, else its type's name; its value went to the caller that ran
+///   it: a shared [`ComputeError`] can give its error back only by reference, which for an `E`
+///   that is not `Clone` is no `E`);
 /// - **the cache failed** (Redis down, a wait time-out, an invalid key, a remembered failure):
 ///   `E::from` that [`Error`], exactly as [`Cache::get_or_compute`] returns it.
 ///
@@ -314,6 +318,9 @@ pub use wire::key::{MAX_KEY_BYTES, MAX_TAGS};
 ///                 Ok(month.len() as u64 * 1_000)
 ///             })
 ///         },
+///         // The error's text for the callers that waited (its `Display`, else its `Debug`,
+///         // else its type's name), and `From<Error>`, both named on the return type.
+///         (|error: &<Result<u64, Error> as Returns>::Error| /* ... */, from_error::<..>),
 ///     )
 ///     .await
 /// }
@@ -330,7 +337,7 @@ pub use stampede_guard_macros::cached;
 #[cfg(feature = "macros")]
 #[doc(hidden)]
 pub mod __cached {
-    pub use crate::cached::run;
+    pub use crate::cached::{from_error, run, text, CachedError, Describe, Returns};
     pub use crate::error::BodyFailed;
 }
 

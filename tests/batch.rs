@@ -1040,3 +1040,71 @@ async fn a_call_over_the_key_limit_is_refused_whole() {
     let _ = cache.invalidate_many(at).await.expect("at the limit");
     assert_eq!(cache.get::<String>("day-0").await.unwrap(), None);
 }
+
+/// `get_or_compute_many_with` takes an `FnOnce` whose captures (the tenant, a map from each key
+/// back to its month) move into its future, and runs a clone of it for each call of the batch:
+/// the first, and the background refresh of each stale key, on a real server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_with_form_runs_a_clone_of_its_fnonce_computation_per_call() {
+    let redis = RedisServer::start();
+    let options = CallOptions::default().stale_for(Duration::from_secs(60));
+    let cache = cache(&redis, "with-form", options).await;
+    let tenant = String::from("acme");
+    let months: HashMap<String, usize> =
+        (0..3).map(|i| (format!("acme:{}", month(i)), i)).collect();
+    let mut keys: Vec<String> = months.keys().cloned().collect();
+    keys.sort();
+    let calls = Calls::default();
+    let recorded = calls.clone();
+    let f = move |missing: Vec<String>, prices: Arc<Vec<u64>>| async move {
+        calls.record(&missing);
+        let call = calls.count();
+        let values = missing.into_iter().map(|key| {
+            let value = format!("{tenant} {} call {call}", prices[months[&key]]);
+            (key, value)
+        });
+        Ok::<_, std::io::Error>(values.collect::<Vec<_>>())
+    };
+    let prices = Arc::new(vec![10u64, 20, 30]);
+    let ttl = Duration::from_secs(1);
+    let first: Vec<String> = cache
+        .get_or_compute_many_with(&keys, ttl, &prices, f.clone())
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        first,
+        ["acme 10 call 1", "acme 20 call 1", "acme 30 call 1"]
+    );
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let stale: Vec<String> = cache
+        .get_or_compute_many_with(&keys, ttl, &prices, f)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(stale, first, "served stale while each key is refreshed");
+    // One refresh per stale key, each a call of its own clone of `f`, alone; its values land.
+    let mut refreshed = Vec::new();
+    for _ in 0..500 {
+        refreshed.clear();
+        for key in &keys {
+            refreshed.push(cache.get::<String>(key).await.unwrap().unwrap_or_default());
+        }
+        if refreshed.iter().all(|value| !value.ends_with("call 1")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for (value, price) in refreshed.iter().zip([10, 20, 30]) {
+        assert!(
+            value.starts_with(&format!("acme {price} call ")),
+            "{refreshed:?}"
+        );
+        assert!(!value.ends_with("call 1"), "{refreshed:?}");
+    }
+    assert_eq!(recorded.count(), 4, "{:?}", recorded.per_key());
+    assert!(recorded.per_key().values().all(|&n| n == 2));
+}

@@ -1,6 +1,8 @@
 //! `#[stampede_guard::cached]` (feature `macros`) at run time, on the embedded store and on a
 //! real redis-server: one run of the body for concurrent calls, the key built from the
 //! arguments, a method whose cache is a field of `self`, and errors that keep their type.
+// The expansion must not make a one-expression body's braces a warning (`month_len`).
+#![deny(unused_braces)]
 
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
@@ -85,6 +87,12 @@ impl Reports {
         Err(AppError::NotFound(month))
     }
 }
+
+/// A one-expression body on one line: its braces are the expansion's, so no `unused_braces`
+/// (denied in this file) on the user's function.
+#[rustfmt::skip]
+#[cached(cache = cache, key = "len:{month}", ttl_secs = 300)]
+async fn month_len(cache: &Cache, month: String) -> Result<u64, Error> { Ok(month.len() as u64) }
 
 /// Waits for a permit of `gate` and uses it up: each permit lets one body finish.
 async fn pass(gate: &Semaphore) {
@@ -217,6 +225,9 @@ async fn memory_ten_calls_run_the_body_once() {
 #[tokio::test]
 async fn memory_the_key_is_the_template_filled_in() {
     the_key_is_the_template_filled_in(Cache::in_memory()).await;
+    let cache = Cache::in_memory();
+    assert_eq!(month_len(&cache, "2019-05".into()).await.unwrap(), 7);
+    assert_eq!(cache.get::<u64>("len:2019-05").await.unwrap(), Some(7));
 }
 
 #[tokio::test]
@@ -262,4 +273,119 @@ async fn redis_a_backend_failure_is_the_functions_error_too() {
         0,
         "no body ran without the cache"
     );
+}
+
+/// An error type with `From<Error>` and nothing else: no `Display`, no `Debug` (an axum
+/// handler's error enum often has neither). `#[cached]` takes it as it is.
+enum Bare {
+    Missing(String),
+    Cache(Error),
+}
+
+impl From<Error> for Bare {
+    fn from(error: Error) -> Self {
+        Bare::Cache(error)
+    }
+}
+
+/// `Debug` only: the cache's copy of its text is its `Debug`.
+#[derive(Debug)]
+enum DebugOnly {
+    Missing(String),
+    Cache(Error),
+}
+
+impl From<Error> for DebugOnly {
+    fn from(error: Error) -> Self {
+        DebugOnly::Cache(error)
+    }
+}
+
+#[cached(cache = cache, key = "bare:{month}", ttl_secs = 300)]
+async fn bare(cache: &Cache, gate: Arc<Semaphore>, month: String) -> Result<u64, Bare> {
+    pass(&gate).await;
+    Err(Bare::Missing(month))
+}
+
+#[cached(cache = cache, key = "debug:{month}", ttl_secs = 300)]
+async fn debug_only(cache: &Cache, gate: Arc<Semaphore>, month: String) -> Result<u64, DebugOnly> {
+    pass(&gate).await;
+    Err(DebugOnly::Missing(month))
+}
+
+/// Two overlapping calls of `call` for `month`: the first runs the body, the second waits on
+/// it; then the gate opens for the one body. Returns (the first's result, the second's).
+async fn overlapping<T, F, Fut>(cache: &Cache, month: &str, call: F) -> (T, T)
+where
+    T: Send + 'static,
+    F: Fn(Cache, Arc<Semaphore>, String) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let gate = Arc::new(Semaphore::new(0));
+    let first = tokio::spawn(call(cache.clone(), gate.clone(), month.to_owned()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = tokio::spawn(call(cache.clone(), gate.clone(), month.to_owned()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.add_permits(1);
+    (first.await.unwrap(), second.await.unwrap())
+}
+
+/// Two overlapping calls of `call` for `month` whose body fails: what the body's own error
+/// named (its caller's), and the text of the cache's error the waiter got. `split` tells the
+/// body's own error (`Ok`, the month it names) from the cache's (`Err`).
+async fn own_and_shared<E, F, Fut>(
+    cache: &Cache,
+    month: &str,
+    call: F,
+    split: fn(E) -> Result<String, Error>,
+) -> (String, String)
+where
+    E: Send + 'static,
+    F: Fn(Cache, Arc<Semaphore>, String) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, E>> + Send + 'static,
+{
+    let (own, waited) = overlapping(cache, month, call).await;
+    let (Err(own), Err(waited)) = (own, waited) else {
+        panic!("the body fails");
+    };
+    let own = split(own).unwrap_or_else(|e| panic!("the body's own error, not {e:?}"));
+    let shared = split(waited).expect_err("the cache's error for the waiter");
+    assert!(shared.is_compute(), "{shared:?}");
+    let text = std::error::Error::source(&shared).expect("the body's error");
+    (own, text.to_string())
+}
+
+/// A function whose error type has only `From<Error>` returns it: the body's own error to the
+/// call that ran it, and the cache's `Error` (its text: the type's name, or its `Debug` when
+/// it has one) to a call that waited on that run.
+async fn an_error_type_needs_only_from_error(cache: Cache) {
+    let from_bare = |cache: Cache, gate, month| async move { bare(&cache, gate, month).await };
+    let split_bare = |e| match e {
+        Bare::Missing(month) => Ok(month),
+        Bare::Cache(error) => Err(error),
+    };
+    let texts = own_and_shared(&cache, "2019-07", from_bare, split_bare).await;
+    let name = "the #[cached] body failed with a cached::Bare";
+    assert_eq!(texts, ("2019-07".to_owned(), name.to_owned()));
+
+    let from_debug =
+        |cache: Cache, gate, month| async move { debug_only(&cache, gate, month).await };
+    let split_debug = |e| match e {
+        DebugOnly::Missing(month) => Ok(month),
+        DebugOnly::Cache(error) => Err(error),
+    };
+    let texts = own_and_shared(&cache, "2019-08", from_debug, split_debug).await;
+    assert_eq!(
+        texts,
+        ("2019-08".to_owned(), "Missing(\"2019-08\")".to_owned())
+    );
+}
+
+/// On the embedded store, then on a real server.
+#[tokio::test]
+async fn an_error_type_needs_only_from_error_on_either_store() {
+    an_error_type_needs_only_from_error(Cache::in_memory()).await;
+    let server = RedisServer::start();
+    let options = CallOptions::default();
+    an_error_type_needs_only_from_error(support::cache(&server, "bare", options).await).await;
 }

@@ -130,6 +130,39 @@ async fn an_invalidated_tag_takes_every_value_that_carries_it_and_nothing_else()
     assert!(cache.get::<String>("a").await.unwrap().is_some());
 }
 
+/// `Cache::tagged` adds tags to the handle's own in one call: what it writes carries both,
+/// either invalidates it, and the handle it came from is unchanged.
+#[tokio::test]
+async fn a_tagged_handle_adds_its_tags_to_the_handles_own() {
+    let server = RedisServer::start();
+    let options = CallOptions::default().tags(["region:eu"]);
+    let region = cache(&server, "tagged", options).await;
+    let reader = Counted::new();
+    let tenant = region.tagged(["tenant:7"]);
+    assert_eq!(tenant.options().get_tags(), ["region:eu", "tenant:7"]);
+    assert_eq!(region.options().get_tags(), ["region:eu"]);
+    reader.read(&tenant, "a", &[]).await;
+    reader.read(&region.tagged(["tenant:8"]), "b", &[]).await;
+    reader.read(&tenant, "c", &[]).await;
+
+    region.invalidate_tag("tenant:7").await.unwrap();
+    assert_eq!(region.get::<String>("a").await.unwrap(), None);
+    assert_eq!(region.get::<String>("c").await.unwrap(), None);
+    assert!(region.get::<String>("b").await.unwrap().is_some());
+    // The handle's own tag is still carried by what the tagged handle writes.
+    assert_eq!(reader.read(&tenant, "a", &[]).await.1, Source::Computed);
+    region.invalidate_tag("region:eu").await.unwrap();
+    assert_eq!(tenant.get::<String>("a").await.unwrap(), None);
+    assert_eq!(region.get::<String>("b").await.unwrap(), None);
+
+    // A bad tag fails every call of that handle, as in `CallOptions::tags`.
+    let empty = region.tagged([""]);
+    assert!(matches!(
+        empty.get::<String>("a").await,
+        Err(Error::InvalidKey { .. })
+    ));
+}
+
 #[tokio::test]
 async fn a_computation_that_started_before_the_invalidation_does_not_survive_it() {
     let server = RedisServer::start();

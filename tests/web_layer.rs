@@ -5,6 +5,8 @@
 mod http_client;
 /// The shared helpers this file uses, one module each (tests/support/).
 mod support {
+    pub mod logged;
+    pub mod logs;
     pub mod server;
     pub use server::*;
 }
@@ -19,7 +21,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use stampede_guard::web::ResponseCacheLayer;
-use stampede_guard::{Cache, CallOptions};
+use stampede_guard::{Cache, CallOptions, OnBackendError};
 use support::RedisServer;
 
 /// How many times each handler ran, by request path, over every server of a test.
@@ -400,6 +402,8 @@ async fn a_server_error_without_a_kept_response_is_passed_on_and_not_stored() {
             (500, "database down")
         );
         assert_eq!(response.header("x-cache"), Some("pass"));
+        // Not stored: no tag a client could send back for a 304.
+        assert_eq!(response.header("etag"), None, "{response:?}");
         assert_eq!(runs.of("/fails-after-first"), n);
     }
 }
@@ -486,4 +490,152 @@ async fn with_redis_down_the_handler_answers_uncached() {
         assert_eq!(response.header("x-cache"), Some("uncached"));
     }
     assert_eq!(runs.of("/slow/11"), 3);
+}
+
+/// Computed while Redis is down (`ComputeUncached`): served, but stored nowhere, so no `ETag`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_computed_without_the_cache_has_no_etag() {
+    let mut redis = RedisServer::start();
+    let runs = Runs::default();
+    let options = CallOptions::default().on_backend_error(OnBackendError::ComputeUncached);
+    let addr = instance(&redis, &runs, options).await;
+    let stored = http_client::get(&addr, "/slow/12").await;
+    assert_eq!(stored.header("x-cache"), Some("computed"));
+    assert!(stored.header("etag").is_some(), "{stored:?}");
+    redis.kill();
+    let uncached = http_client::get(&addr, "/slow/12").await;
+    assert_eq!(
+        (uncached.status, uncached.body.as_str()),
+        (200, "report 12")
+    );
+    assert_eq!(uncached.header("x-cache"), Some("uncached"), "{uncached:?}");
+    assert_eq!(uncached.header("etag"), None, "{uncached:?}");
+}
+
+/// The layer over a cache on `redis`, its key and tags naming the request's `x-tenant`.
+async fn per_tenant(redis: &RedisServer, runs: &Runs) -> String {
+    let tenant = |request: &axum::http::request::Parts| {
+        Some(request.headers.get("x-tenant")?.to_str().ok()?.to_owned())
+    };
+    let layer = ResponseCacheLayer::new(cache(redis, CallOptions::default()).await)
+        .key_fn(tenant)
+        .tag_fn(move |request| Some([format!("tenant:{}", tenant(request)?)]));
+    serve(layer, runs).await
+}
+
+/// `invalidate_tag` of a tenant reaches the responses the layer stored for that tenant, on
+/// every instance, and no other tenant's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidating_a_tag_from_the_tag_function_removes_the_tenants_responses() {
+    let redis = RedisServer::start();
+    let runs = Runs::default();
+    let a = per_tenant(&redis, &runs).await;
+    let b = per_tenant(&redis, &runs).await;
+    let ask = |addr: &str, tenant: &'static str| {
+        let addr = addr.to_owned();
+        async move { http_client::send("GET", &addr, "/slow/20", &[("x-tenant", tenant)]).await }
+    };
+    for tenant in ["7", "8"] {
+        assert_eq!(ask(&a, tenant).await.header("x-cache"), Some("computed"));
+        assert_eq!(ask(&b, tenant).await.header("x-cache"), Some("hit"));
+    }
+    assert_eq!(runs.of("/slow/20"), 2);
+    // A resource that varies is reached too (its marker and its entries carry the tag).
+    let varying = |addr: &str| {
+        let addr = addr.to_owned();
+        let headers = [("x-tenant", "7"), ("Accept-Language", "fr")];
+        async move { http_client::send("GET", &addr, "/vary", &headers).await }
+    };
+    assert_eq!(varying(&a).await.header("x-cache"), Some("computed"));
+    assert_eq!(varying(&b).await.header("x-cache"), Some("hit"));
+
+    let writer = cache(&redis, CallOptions::default()).await;
+    writer.invalidate_tag("tenant:7").await.unwrap();
+    let seven = ask(&b, "7").await;
+    assert_eq!(
+        (seven.body.as_str(), seven.header("x-cache")),
+        ("report 20", Some("computed")),
+        "the other instance computes tenant 7's response again"
+    );
+    assert_eq!(ask(&a, "7").await.header("x-cache"), Some("hit"));
+    assert_eq!(ask(&a, "8").await.header("x-cache"), Some("hit"));
+    assert_eq!(runs.of("/slow/20"), 3);
+    let again = varying(&a).await;
+    assert_eq!(
+        (again.body.as_str(), again.header("x-cache")),
+        ("in fr", Some("computed"))
+    );
+    assert_eq!(runs.of("/vary"), 2);
+}
+
+/// A tag function that gives no tags, or a tag the cache refuses, passes the request through
+/// uncached, and that is logged once (then once a minute). The only test of this binary that
+/// makes a tag function fail: the log throttle is the process's.
+#[test]
+fn a_failing_tag_function_passes_the_request_and_logs_once() {
+    use tower::ServiceExt;
+
+    let runs = Runs::default();
+    let layer = ResponseCacheLayer::new(Cache::in_memory()).tag_fn(|request| {
+        let tenant = request.headers.get("x-tenant")?.to_str().ok()?;
+        // "bad" stands for a tag built from nothing: empty.
+        let tag = if tenant == "bad" {
+            String::new()
+        } else {
+            format!("tenant:{tenant}")
+        };
+        Some([tag])
+    });
+    let app = router(runs.clone()).layer(layer);
+    let ask = |tenant: Option<&str>| {
+        let mut request = axum::http::Request::get("/slow/30");
+        if let Some(tenant) = tenant {
+            request = request.header("x-tenant", tenant);
+        }
+        let request = request.body(axum::body::Body::empty()).unwrap();
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            let header = |name| response.headers().get(name).cloned();
+            (header("x-cache").unwrap(), header("etag"))
+        }
+    };
+    // A current-thread runtime: the layer runs on this thread, where the logs are read.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ((), text) = support::logged::logged(|| {
+        runtime.block_on(async {
+            for tenant in [None, Some("bad"), None, Some("bad")] {
+                assert_eq!(
+                    ask(tenant).await,
+                    ("pass".parse().unwrap(), None),
+                    "{tenant:?}"
+                );
+            }
+            assert_eq!(
+                runs.of("/slow/30"),
+                4,
+                "every passing request ran the handler"
+            );
+            // A good tag is cached as usual.
+            assert_eq!(ask(Some("7")).await.0, "computed");
+            assert_eq!(ask(Some("7")).await.0, "hit");
+        })
+    });
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("tag function"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one line for four refusals within the minute: {text}"
+    );
+    assert!(
+        lines[0].contains("WARN") && lines[0].contains("count=1"),
+        "{text}"
+    );
+    assert!(lines[0].contains("passed uncached"), "{text}");
 }

@@ -4,30 +4,16 @@
 
 use axum::response::IntoResponse;
 use stampede_guard::{web, ComputeError, Error, SourceUnavailable};
-use support::logs::Captured;
+use support::logged::logged;
 
 /// The shared helpers this file uses, one module each (tests/support/).
 mod support {
+    pub mod logged;
     pub mod logs;
 }
 
 /// Must never reach the client: it stands for a database error with internals in it.
 const SECRET: &str = "password=hunter2 host=db.internal";
-
-/// What `f` logs at `info` and above.
-fn logged<R>(f: impl FnOnce() -> R) -> (R, String) {
-    let logs = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .with_ansi(false)
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    (out, text)
-}
 
 /// One test, in order: the throttle's state is the process's.
 #[test]

@@ -1,6 +1,7 @@
 //! The expansion: the function keeps its signature, and its body becomes one call of
-//! `stampede_guard::__cached::run` with the cache, the key, the TTL, the options and the
-//! original body as an `async move` block.
+//! `stampede_guard::__cached::run` with the cache, the key, the TTL, the options, the
+//! original body as an `async move` block, and how the error type is written as text and made
+//! from the cache's own (`error_handling`: where the error type is concrete).
 //!
 //! The body becomes a `'static` future because the cache may run it in a task of its own (a
 //! refresh in the background outlives the call). So what it borrows is copied first: a
@@ -9,7 +10,8 @@
 //! `self` reads it (as `async-trait` does, the body's `self` tokens are renamed).
 
 use proc_macro2::{Group, Ident, Spacing, Span, TokenStream, TokenTree};
-use quote::{format_ident, quote, ToTokens};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
 use syn::{FnArg, ItemFn, Pat, ReturnType, Type};
 
 use crate::args::{Args, Ttl};
@@ -36,6 +38,7 @@ pub(crate) fn expand(args: Args, mut function: ItemFn) -> syn::Result<TokenStrea
     };
 
     let (body, uses_self) = rename_self(function.block.to_token_stream());
+    let body = braces_of_the_expansion(body);
     let mut inputs = Inputs::default();
     for input in &sig.inputs {
         inputs.read(input, &body)?;
@@ -62,6 +65,7 @@ pub(crate) fn expand(args: Args, mut function: ItemFn) -> syn::Result<TokenStrea
         None => quote!(::core::option::Option::None),
     };
     let (before, inside) = (inputs.before, inputs.inside);
+    let errors = error_handling(returns);
     // `identity::<R>` names the block's type, so that `?` and `return` in the body convert to
     // the function's own `Result` as they did before.
     function.block = syn::parse_quote!({
@@ -75,10 +79,36 @@ pub(crate) fn expand(args: Args, mut function: ItemFn) -> syn::Result<TokenStrea
                 #inside
                 ::core::convert::identity::<#returns>(#body)
             },
+            #errors,
         )
         .await
     });
     Ok(function.into_token_stream())
+}
+
+/// How `run` writes a failed body's error as text, and makes the function's error from the
+/// cache's: a closure that picks `Display`, `Debug` or the type's name by what the error type
+/// has (auto-ref: the first trait whose bound holds), and `From<Error>`. Both name the error
+/// type through the return type, spanned on it, so a type without `From<Error>` is one
+/// compile error there, with the bound explained (`stampede_guard::__cached::CachedError`).
+fn error_handling(returns: &Type) -> TokenStream {
+    let span = returns.span();
+    let error = quote_spanned!(span=>
+        <#returns as ::stampede_guard::__cached::Returns>::Error
+    );
+    let from = quote_spanned!(span=> ::stampede_guard::__cached::from_error::<#error>);
+    quote!((
+        |error: &#error| {
+            #[allow(unused_imports)]
+            use ::stampede_guard::__cached::text::{
+                DebugByDebug as _, DebugByDisplay as _, DebugByName as _,
+                DisplayByDebug as _, DisplayByDisplay as _, DisplayByName as _,
+            };
+            let text = ::stampede_guard::__cached::text::Text(error);
+            ((&&&text).display_text(), (&&&text).debug_text())
+        },
+        #from,
+    ))
 }
 
 /// What the arguments need: their names (for the key template) and the statements that make
@@ -178,6 +208,22 @@ impl Inputs {
     }
 }
 
+/// The body with its outer braces spanned as the expansion's own, its contents untouched:
+/// handed as an argument (`identity::<R>({ .. })`), a one-expression body's braces would
+/// otherwise be the user's, and `unused_braces` would warn on every such function.
+fn braces_of_the_expansion(body: TokenStream) -> TokenStream {
+    body.into_iter()
+        .map(|token| match token {
+            TokenTree::Group(group) => {
+                let mut outer = Group::new(group.delimiter(), group.stream());
+                outer.set_span(Span::call_site());
+                TokenTree::Group(outer)
+            }
+            other => other,
+        })
+        .collect()
+}
+
 /// Whether `name` appears in `tokens` (perhaps as a field or a shadowing binding: a copy too
 /// many costs a clone, one too few would not compile).
 fn mentions(tokens: &TokenStream, name: &Ident) -> bool {
@@ -221,7 +267,7 @@ fn rename_self(tokens: TokenStream) -> (TokenStream, bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{expand, rename_self};
+    use super::{error_handling, expand, rename_self};
     use crate::args::Args;
     use proc_macro2::TokenStream;
     use quote::quote;
@@ -250,6 +296,7 @@ mod tests {
             ),
         )
         .unwrap();
+        let errors = error_handling(&syn::parse_quote!(Result<u64, Error>));
         let expected = quote!(
             async fn total(month: &str) -> Result<u64, Error> {
                 let __owned_month = ::std::borrow::ToOwned::to_owned(month);
@@ -263,6 +310,7 @@ mod tests {
                         let month: &str = ::std::borrow::Borrow::borrow(&__owned_month);
                         ::core::convert::identity::<Result<u64, Error>>({ Ok(month.len() as u64) })
                     },
+                    #errors,
                 )
                 .await
             }
@@ -270,6 +318,26 @@ mod tests {
         // Compared without spaces: `> >` and `>>` are the same tokens, spelt apart or joint.
         let plain = |s: &str| s.replace(' ', "");
         assert_eq!(plain(&out), plain(&expected.to_string()));
+    }
+
+    #[test]
+    fn the_error_type_is_named_through_the_return_type_for_its_text_and_from() {
+        let out = error_handling(&syn::parse_quote!(AppResult<u64>)).to_string();
+        let plain = out.replace(' ', "");
+        assert!(
+            plain.contains("|error:&<AppResult<u64>as::stampede_guard::__cached::Returns>::Error|"),
+            "{out}"
+        );
+        assert!(
+            plain.contains("((&&&text).display_text(),(&&&text).debug_text())"),
+            "{out}"
+        );
+        assert!(
+            plain.contains(
+                "::stampede_guard::__cached::from_error::<<AppResult<u64>as::stampede_guard::__cached::Returns>::Error>"
+            ),
+            "{out}"
+        );
     }
 
     #[test]

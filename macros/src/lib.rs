@@ -3,7 +3,8 @@
 //! syntax, the error contract and examples, is there.
 //!
 //! The expansion is one call of `stampede_guard::__cached::run` (the cache, the key, the TTL,
-//! the options and the body as a future), so `cargo expand` shows a few lines per function.
+//! the options, the body as a future, and the error type's text and `From`), so `cargo expand`
+//! shows a few lines per function.
 #![deny(missing_docs, missing_debug_implementations)]
 #![warn(rust_2018_idioms, unreachable_pub)]
 

@@ -225,6 +225,51 @@ impl<C: Codec> Cache<C> {
         &self.engine.options
     }
 
+    /// A handle on the same cache whose calls add `tags` to this handle's own
+    /// ([`CallOptions::tags`]): what a handler writes for a tenant carries the tenant's tag in
+    /// one call, without spelling out the options. Reads through it check these tags' epochs
+    /// with the value, in the same round trip, as for any handle's tags.
+    ///
+    /// Cheap (no request; the tags' key names are built once, here), so one per request is
+    /// fine. An empty tag, one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES), or more than
+    /// [`MAX_TAGS`](crate::MAX_TAGS) in all make every call of the new handle fail with
+    /// [`Error::InvalidKey`] or [`Error::TooManyTags`], as [`CallOptions::tags`] does.
+    ///
+    /// ```
+    /// use stampede_guard::Cache;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let tenant = 42;
+    /// let ttl = Duration::from_secs(300);
+    /// let summary = cache
+    ///     .tagged([format!("tenant:{tenant}")])
+    ///     .get_or_compute("summary:42", ttl, || async { Ok::<_, std::io::Error>(7u32) })
+    ///     .await?;
+    /// assert_eq!(summary, 7);
+    /// // The tenant's data changed: every value written for it goes, on every instance.
+    /// cache.invalidate_tag("tenant:42").await?;
+    /// assert_eq!(cache.get::<u32>("summary:42").await?, None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tagged<I, S>(&self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let options = self.engine.options.clone();
+        let all: Vec<String> = options
+            .get_tags()
+            .iter()
+            .cloned()
+            .chain(tags.into_iter().map(Into::into))
+            .collect();
+        self.with_options(options.tags(all))
+    }
+
     /// The namespace that prefixes every key of this cache.
     ///
     /// ```
@@ -948,25 +993,45 @@ impl<C: Codec> Cache<C> {
     }
 
     /// [`get_or_compute_many`](Self::get_or_compute_many), with `f` given the missing keys and
-    /// a clone of `ctx` on each call (a batch may call it more than once: see there).
+    /// its own clone of `ctx`, taken by reference here.
+    ///
+    /// `f` is `FnOnce`: it may move what it captures (a tenant, a map from each key back to
+    /// what it stands for) into its future, with no clone written by hand. A batch may call it
+    /// more than once (the keys another process was computing when that process went away,
+    /// a background refresh of one key; see [`get_or_compute_many`](Self::get_or_compute_many)),
+    /// so each call runs a clone of `f` with a clone of `ctx`; hence `Clone` on both, which a
+    /// closure is when what it captures is (wrap the rest in an `Arc`).
     ///
     /// ```
     /// use stampede_guard::Cache;
+    /// use std::collections::HashMap;
     /// use std::sync::Arc;
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let (cache, prices) = (Cache::in_memory(), Arc::new(vec![10u64, 20, 30]));
-    /// let months = ["2019-01", "2019-02"];
+    /// let tenant = String::from("acme");
+    /// // Each key, and the month it stands for: no parsing the month back out of the key.
+    /// let months: HashMap<String, u32> =
+    ///     (1..=2).map(|m| (format!("{tenant}:2019-{m:02}"), m)).collect();
+    /// let keys: Vec<String> = months.keys().cloned().collect();
     /// let totals: Vec<u64> = cache
-    ///     .get_or_compute_many_with(months, Duration::from_secs(300), &prices, |missing, prices| async move {
-    ///         Ok::<_, std::io::Error>(missing.into_iter().map(|m| (m, prices[0])).collect::<Vec<_>>())
+    ///     .get_or_compute_many_with(&keys, Duration::from_secs(300), &prices, move |missing, prices| async move {
+    ///         // `tenant` and `months` moved in: the closure is `FnOnce`.
+    ///         assert!(missing.iter().all(|key| key.starts_with(tenant.as_str())));
+    ///         let priced = missing.into_iter().map(|key| {
+    ///             let month = months[&key] as usize;
+    ///             (key, prices[month - 1])
+    ///         });
+    ///         Ok::<_, std::io::Error>(priced.collect::<Vec<_>>())
     ///     })
     ///     .await
     ///     .into_iter()
     ///     .collect::<Result<_, _>>()?;
-    /// assert_eq!(totals, [10, 10]);
+    /// let mut sorted = totals.clone();
+    /// sorted.sort();
+    /// assert_eq!(sorted, [10, 20]);
     /// # Ok(())
     /// # }
     /// ```
@@ -983,12 +1048,12 @@ impl<C: Codec> Cache<C> {
         D: Clone + Send + Sync + 'static,
         T: CacheValue,
         E: ComputeFailure,
-        F: Fn(Vec<String>, D) -> Fut + Send + Sync + 'static,
+        F: FnOnce(Vec<String>, D) -> Fut + Clone + Send + Sync + 'static,
         Fut: Future<Output = Result<I, E>> + Send + 'static,
         I: IntoIterator<Item = (String, T)>,
     {
         let ctx = ctx.clone();
-        self.get_or_compute_many(keys, ttl, move |missing| f(missing, ctx.clone()))
+        self.get_or_compute_many(keys, ttl, move |missing| (f.clone())(missing, ctx.clone()))
             .await
     }
 }

@@ -10,6 +10,7 @@ mod directives;
 mod key;
 mod service;
 mod stored;
+mod tags;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,10 @@ use crate::{Bincode, Cache, Codec};
 
 /// A key function's type: a request's head in, the key's extra part out (`None`: do not cache).
 type KeyFn = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
+
+/// A tag function's type: a request's head in, the tags of what is stored for it out (`None`:
+/// do not cache).
+type TagFn = Arc<dyn Fn(&request::Parts) -> Option<Vec<String>> + Send + Sync>;
 
 /// Caches whole responses of the services it wraps, through a [`Cache`]: the first request for
 /// a key runs the handler, and every other request for it, on this instance or another one
@@ -46,6 +51,9 @@ type KeyFn = Arc<dyn Fn(&request::Parts) -> Option<String> + Send + Sync>;
 ///   [`cache_credentialed`](Self::cache_credentialed)), only a response that says `public`,
 ///   `s-maxage` or `must-revalidate` is stored (RFC 9111 §3.5).
 /// - It is kept for its `s-maxage`, else its `max-age`, else the layer's [`ttl`](Self::ttl).
+/// - It carries the tags the [tag function](Self::tag_fn) gives for the request (a tenant, a
+///   report), besides the cache handle's own: [`Cache::invalidate_tag`](crate::Cache::invalidate_tag)
+///   of one removes it, on every instance.
 /// - A response that is not stored marks its key as passing for
 ///   [`pass_ttl`](Self::pass_ttl): requests for it go straight to the handler, concurrently,
 ///   instead of waiting in turn for a response that will not be shared.
@@ -130,6 +138,7 @@ pub(crate) struct Config {
     header: HeaderName,
     prefix: String,
     key_fn: Option<KeyFn>,
+    tag_fn: Option<TagFn>,
     request_cache_control: bool,
     /// Whether requests with `Authorization` or `Cookie` go through the cache (the key function
     /// names the user); by default they pass.
@@ -158,6 +167,7 @@ impl<C: Codec> ResponseCacheLayer<C> {
                 header: HeaderName::from_static(super::SOURCE_HEADER),
                 prefix: "http:".to_owned(),
                 key_fn: None,
+                tag_fn: None,
                 request_cache_control: false,
                 credentialed: false,
             }),
@@ -271,6 +281,63 @@ impl<C: Codec> ResponseCacheLayer<C> {
         self.with(|c| c.key_fn = Some(key))
     }
 
+    /// Tags for what is stored for a request, read from its head (the tenant, the resource),
+    /// so that [`Cache::invalidate_tag`](crate::Cache::invalidate_tag) after a change removes
+    /// the responses that showed the old data, on every instance, whatever their paths and
+    /// `Vary` values: no key to rebuild by hand. A hit checks the tags' epochs in the same
+    /// round trip as the response (`docs/tags.md`); the function runs once per request that
+    /// goes through the cache.
+    ///
+    /// `None`, an empty tag, one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) or more than
+    /// [`MAX_TAGS`](crate::MAX_TAGS) (with the cache handle's own) pass the request through
+    /// uncached (`x-cache: pass`): a response stored without the tag it should carry would
+    /// outlive the invalidation meant for it. That is logged at `warn` once a minute at most,
+    /// with the count of such requests since the last line.
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use stampede_guard::{web::ResponseCacheLayer, Cache};
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = Cache::in_memory();
+    /// let tenant = |request: &axum::http::request::Parts| {
+    ///     Some(request.headers.get("x-tenant")?.to_str().ok()?.to_owned())
+    /// };
+    /// let app: Router = Router::new()
+    ///     .route("/summary", get(|| async { "the tenant's summary" }))
+    ///     .layer(
+    ///         ResponseCacheLayer::new(cache.clone())
+    ///             .key_fn(move |request| tenant(request))
+    ///             .tag_fn(move |request| Some([format!("tenant:{}", tenant(request)?)])),
+    ///     );
+    /// let get = || {
+    ///     axum::http::Request::get("/summary")
+    ///         .header("x-tenant", "7")
+    ///         .body(axum::body::Body::empty())
+    ///         .unwrap()
+    /// };
+    /// let first = app.clone().oneshot(get()).await.unwrap();
+    /// assert_eq!(first.headers()["x-cache"], "computed");
+    /// // Tenant 7's data changed: its cached responses go.
+    /// cache.invalidate_tag("tenant:7").await?;
+    /// let again = app.oneshot(get()).await.unwrap();
+    /// assert_eq!(again.headers()["x-cache"], "computed");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tag_fn<F, I>(self, tags: F) -> Self
+    where
+        F: Fn(&request::Parts) -> Option<I> + Send + Sync + 'static,
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        let tags: TagFn =
+            Arc::new(move |parts| Some(tags(parts)?.into_iter().map(Into::into).collect()));
+        self.with(|c| c.tag_fn = Some(tags))
+    }
+
     /// Whether the request's `Cache-Control` (`no-store`, `no-cache`, `max-age`) is honoured
     /// (no by default: any client could otherwise skip the single flight).
     ///
@@ -306,8 +373,9 @@ impl<C> ResponseCacheLayer<C> {
     /// [key function](Self::key_fn), `extra` is the part it gives for the requests concerned.
     ///
     /// A resource whose responses vary (`Vary`) keeps one entry per value of the named headers
-    /// besides this one, and only this one is named here: give such resources a short TTL, or
-    /// make the key function's part change with the data (a version number).
+    /// besides this one, and only this one is named here: give such resources a short TTL, a
+    /// [tag function](Self::tag_fn) (then [`invalidate_tag`](crate::Cache::invalidate_tag)
+    /// reaches every entry), or make the key function's part change with the data.
     ///
     /// ```
     /// use stampede_guard::{web::ResponseCacheLayer, Cache};
@@ -354,6 +422,7 @@ impl std::fmt::Debug for Config {
             .field("header", &self.header)
             .field("prefix", &self.prefix)
             .field("key_fn", &self.key_fn.is_some())
+            .field("tag_fn", &self.tag_fn.is_some())
             .field("request_cache_control", &self.request_cache_control)
             .field("credentialed", &self.credentialed)
             .finish()

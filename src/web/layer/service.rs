@@ -145,7 +145,7 @@ where
     ResBody::Error: Into<BoxError>,
     C: Codec,
 {
-    async fn serve(self, request: Request<ReqBody>) -> Result<Response<Body>, S::Error> {
+    async fn serve(mut self, request: Request<ReqBody>) -> Result<Response<Body>, S::Error> {
         let method = request.method();
         if method != Method::GET && method != Method::HEAD {
             let response = self.inner.oneshot(request).await?;
@@ -220,8 +220,9 @@ where
         self.pass(Request::from_parts(parts, body), word).await
     }
 
-    /// The primary key and what the request asks, or `None` for a request that passes.
-    fn admit(&self, parts: &request::Parts) -> Option<(String, Asked)> {
+    /// The primary key and what the request asks, or `None` for a request that passes. With a
+    /// tag function, the flow's cache becomes a handle carrying the request's tags.
+    fn admit(&mut self, parts: &request::Parts) -> Option<(String, Asked)> {
         if parts.headers.contains_key(header::RANGE) {
             return None;
         }
@@ -248,6 +249,9 @@ where
         let primary = key::primary(&self.config.prefix, parts, extra.as_deref());
         if primary.len() > crate::MAX_KEY_BYTES {
             return None;
+        }
+        if let Some(tag_fn) = &self.config.tag_fn {
+            self.cache = super::tags::tagged(&self.cache, tag_fn, parts)?;
         }
         let mut conditional = HeaderMap::new();
         for value in parts.headers.get_all(header::IF_NONE_MATCH) {
@@ -300,6 +304,12 @@ where
 
     /// A stored response as this request gets it: whole, without its body, or 304.
     fn reply(&self, stored: StoredResponse, source: Source, asked: &Asked) -> Response<Body> {
+        // Computed while the backend was down: nothing was stored for an `ETag` to name.
+        let stored = if source == Source::Uncached {
+            stored.into_unstored()
+        } else {
+            stored
+        };
         let age = stored.age();
         let mut response = if stored.matches(&asked.conditional) {
             stored.not_modified()
@@ -384,7 +394,7 @@ where
                 !said.private && !said.no_store && !parts.headers.contains_key(header::SET_COOKIE);
             let failed = match body::read(body, self.config.max_body_bytes).await {
                 Read::Whole(bytes) => {
-                    let stored = StoredResponse::new(&parts, bytes, &self.config.header);
+                    let stored = StoredResponse::unstored(&parts, bytes, &self.config.header);
                     self.keep(Ok(stored.clone().into_response(self.head)), "pass");
                     shareable.then_some(stored)
                 }
@@ -418,22 +428,26 @@ where
                 if self.names.is_empty() {
                     // Learned here: the names under the primary key, this response under its
                     // own values' key, where the requests waiting with the same values read it.
-                    if let Some(secondary) = key::secondary(&self.primary, &vary, headers) {
-                        store(
-                            &self.cache,
-                            &secondary,
-                            &Entry::Response(stored.clone()),
-                            ttl,
-                        )
-                        .await;
-                    }
+                    let written = match key::secondary(&self.primary, &vary, headers) {
+                        Some(secondary) => {
+                            let entry = Entry::Response(stored.clone());
+                            store(&self.cache, &secondary, &entry, ttl).await
+                        }
+                        None => false,
+                    };
+                    let stored = if written {
+                        stored
+                    } else {
+                        stored.into_unstored()
+                    };
                     self.keep(Ok(stored.into_response(self.head)), "computed");
                     Ok(Computed::new(Entry::Vary(vary)).ttl(ttl))
                 } else {
                     // The resource now varies on other headers: later requests build their
                     // keys from the new names; this key holds nothing it could mislead with.
                     store(&self.cache, &self.primary, &Entry::Vary(vary), ttl).await;
-                    self.keep(Ok(stored.into_response(self.head)), "pass");
+                    let unstored = stored.into_unstored();
+                    self.keep(Ok(unstored.into_response(self.head)), "pass");
                     Ok(self.passing())
                 }
             }
@@ -490,10 +504,14 @@ where
     }
 }
 
-/// A write beside the one the fetch makes. Best effort: if it fails, the next request for the
-/// key computes it.
-async fn store<C: Codec>(cache: &Cache<C>, key: &str, entry: &Entry, ttl: Duration) {
-    if let Err(e) = cache.set(key, entry, ttl).await {
-        tracing::debug!(key, error = %e, "response cache: a write beside the fetch failed");
+/// A write beside the one the fetch makes, and whether it was made. Best effort: if it fails,
+/// the next request for the key computes it.
+async fn store<C: Codec>(cache: &Cache<C>, key: &str, entry: &Entry, ttl: Duration) -> bool {
+    match cache.set(key, entry, ttl).await {
+        Ok(written) => written.is_applied(),
+        Err(e) => {
+            tracing::debug!(key, error = %e, "response cache: a write beside the fetch failed");
+            false
+        }
     }
 }

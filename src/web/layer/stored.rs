@@ -59,17 +59,55 @@ impl StoredResponse {
     /// The response `parts` with `body`, ready to store; its `ETag` is the response's own or
     /// a strong one made from the status and body.
     pub(super) fn new(parts: &response::Parts, body: Bytes, source_header: &HeaderName) -> Self {
+        Self::build(parts, body, source_header, true)
+    }
+
+    /// The response `parts` with `body`, handed to requests but not stored (a 5xx shared with
+    /// the requests that waited for it): no `ETag` is made, since a client would send back a
+    /// tag that names nothing the cache holds; the response's own is kept.
+    pub(super) fn unstored(
+        parts: &response::Parts,
+        body: Bytes,
+        source_header: &HeaderName,
+    ) -> Self {
+        Self::build(parts, body, source_header, false)
+    }
+
+    /// This response, made to be stored but served without having been (computed while the
+    /// backend was down, or its write failed): the `ETag` made for it is taken off again.
+    pub(super) fn into_unstored(mut self) -> Self {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::OK);
+        if self.etag == made_etag(status, &self.body) {
+            self.headers
+                .retain(|(name, _)| name.as_str() != header::ETAG.as_str());
+            self.etag.clear();
+        }
+        self
+    }
+
+    fn build(
+        parts: &response::Parts,
+        body: Bytes,
+        source_header: &HeaderName,
+        make_etag: bool,
+    ) -> Self {
         let etag = match parts.headers.get(header::ETAG).map(|v| v.to_str()) {
             Some(Ok(etag)) => etag.to_owned(),
-            _ => made_etag(parts.status, &body),
+            _ if make_etag => made_etag(parts.status, &body),
+            _ => String::new(),
         };
+        // A stored response's tag goes last, in the one form `matches` compares; an unstored
+        // one keeps the handler's header as it came.
         let mut headers: Vec<(String, Vec<u8>)> = parts
             .headers
             .iter()
-            .filter(|(name, _)| is_stored(name, source_header) && *name != header::ETAG)
+            .filter(|(name, _)| is_stored(name, source_header))
+            .filter(|(name, _)| !make_etag || *name != header::ETAG)
             .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
             .collect();
-        headers.push((header::ETAG.as_str().to_owned(), etag.clone().into_bytes()));
+        if make_etag {
+            headers.push((header::ETAG.as_str().to_owned(), etag.clone().into_bytes()));
+        }
         StoredResponse {
             status: parts.status.as_u16(),
             headers,
@@ -87,6 +125,9 @@ impl StoredResponse {
     /// Whether `If-None-Match` in `request` names this response's tag (the weak comparison of
     /// RFC 9110 §13.1.2, which is the one for `If-None-Match`), or is `*`.
     pub(super) fn matches(&self, request: &HeaderMap) -> bool {
+        if self.etag.is_empty() {
+            return false; // nothing stored to be unchanged
+        }
         let ours = self.etag.trim_start_matches("W/");
         request
             .get_all(header::IF_NONE_MATCH)
@@ -327,5 +368,33 @@ mod tests {
         assert!(a.matches(&request));
         let own = stored(&[("etag", "\"v7\"")], b"a");
         assert_eq!(own.etag, "\"v7\"");
+    }
+
+    #[test]
+    fn a_response_not_stored_carries_no_made_etag_and_keeps_its_own() {
+        let etag_of = |response: StoredResponse| {
+            let response = response.into_response(false);
+            response.headers().get(header::ETAG).cloned()
+        };
+        let (made, own) = (stored(&[], b"a"), stored(&[("etag", "\"v7\"")], b"a"));
+        assert!(etag_of(made.clone()).is_some());
+        assert_eq!(etag_of(made.clone().into_unstored()), None);
+        assert!(!made.into_unstored().matches(&{
+            let mut request = HeaderMap::new();
+            request.insert(header::IF_NONE_MATCH, HeaderValue::from_static("*"));
+            request
+        }));
+        assert_eq!(
+            etag_of(own.into_unstored()),
+            Some(HeaderValue::from_static("\"v7\""))
+        );
+        let (parts, ()) = Response::builder()
+            .status(503)
+            .body(())
+            .unwrap()
+            .into_parts();
+        let header = HeaderName::from_static("x-cache");
+        let failed = StoredResponse::unstored(&parts, Bytes::from_static(b"down"), &header);
+        assert_eq!(etag_of(failed), None);
     }
 }
