@@ -1,11 +1,8 @@
-//! The stored entry through the codec, for the engine: bytes read decoded into a
-//! [`StoredEntry`], and the bytes written (a value, a remembered failure, a fail-safe's
-//! throttled copy), each stamped with its fresh-until by the store's clock.
-//!
-//! Every path that reads or writes a key (the single-key path, the batch, the plain `get` and
-//! `set`, the fail-safe) goes through these few functions, so the envelope's rules are applied
-//! in one place: bytes that are not ours, or that were written for another shape of `T`, are a
-//! miss, never a value.
+//! The bytes written for a key (a value, a remembered failure, a fail-safe's throttled copy),
+//! each in its envelope and stamped with its fresh-until by the store's clock. Every path that
+//! writes a key goes through these few functions; the read side (`Engine::read_stored`, where
+//! bytes that are not ours, or were written for another shape of `T`, are a miss) is a step of
+//! the hit, in `fetch.rs`.
 
 use std::fmt::Display;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
-//! The engine's side of tags and clear (the rule is in `tags.rs`): the epochs a read asks for
-//! and remembers, an entry judged by them, a value's birth and tags, and the raise of an
-//! epoch by `invalidate_tag` and `clear`.
+//! The engine's side of tags and clear (the rule is in `tags.rs`): the epoch names of a value's
+//! tags, a follower's check that no tag moved since its leader started, a value's birth and
+//! tags, and the raise of an epoch by `invalidate_tag` and `clear`. What a read asks for and
+//! how an entry is judged by its epochs are steps of the hit, in `fetch.rs`.
 
 use std::borrow::Cow;
 

@@ -1,8 +1,8 @@
 //! The fail-safe's decisions, one small function each, so that every path that reads, waits or
 //! computes (the single-key path here, the batch path per key) takes them the same way:
 //!
-//! - where a stored entry stands for this caller (`Engine::worth_of`): live, a throttled
-//!   fallback, or past its stale window (then kept as a [`Kept`] fallback);
+//! - keeping an entry past its stale window (`Engine::sort` in `fetch.rs` found it so) as a
+//!   [`Kept`] fallback, and reading it again for one (`Engine::look_again`);
 //! - when a caller's soft timeout falls (`Engine::soft_deadline`);
 //! - how the fallback is served (`Engine::serve_fallback`, `Engine::fall_back`), when the table
 //!   of `cache/fallback.rs` answers a failure with it.

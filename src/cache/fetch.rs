@@ -37,7 +37,7 @@ use crate::{Computed, Error, Fetched, Lease, Source};
 
 /// One call of the single-key path, from its first read to its outcome: the engine it runs on,
 /// its keys, its TTL, when it began to wait (the in-process flight or the lock) and its
-/// computation. Its steps are the methods below and those of `serve.rs`, `compute.rs` and
+/// computation. Its steps are the methods below (a hit) and those of `miss.rs`, `compute.rs` and
 /// `uncached.rs`; the batch's counterpart is `Batch`.
 pub(crate) struct KeyCall<'e, C, F> {
     pub(crate) engine: &'e Engine<C>,
@@ -75,7 +75,8 @@ where
     }
 
     /// The call's first read: a near copy's ticket first, for the answer to go into the near
-    /// tier; one GET; on a miss, the in-process single flight, then [`load`](Self::load).
+    /// tier; one read of the value with its epochs; on a miss, the in-process single flight
+    /// ([`share_or_load`](Self::share_or_load), in `miss.rs`).
     async fn read_first(self) -> Result<Fetched<T>, Error> {
         let engine = self.engine;
         let keys = &*self.keys;
@@ -147,41 +148,6 @@ impl<C: Codec> Engine<C> {
         (core.tiers.as_ref())?.quick_hit(&core.namespace, key, &core.counters)
     }
 
-    /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
-    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
-        let synced = self.core.store.clock_synced();
-        (self.core.tiers.as_ref())?.near_copy(key, synced)
-    }
-
-    /// What a read found goes into the near tier, with the epochs of its tags.
-    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(&self, read: Read<'_, T>) {
-        // Without a near tier there is nothing to remember: not even the clock is read.
-        let Some(tiers) = self
-            .core
-            .tiers
-            .as_ref()
-            .filter(|tiers| tiers.near().is_some())
-        else {
-            return;
-        };
-        let tags = &read.entry.tags;
-        let now_ms = self.core.store.now_ms();
-        tiers.remember(read, || self.tag_epoch_names(tags), now_ms);
-    }
-
-    /// The embedded store keeps a value it handed out decoded, for this handle's quick hits
-    /// (only without XFetch, which never takes them).
-    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &Blob,
-        entry: &StoredEntry<T>,
-    ) {
-        if let (Some(tiers), 0.0) = (&self.core.tiers, self.options.early_refresh_beta) {
-            tiers.keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
-        }
-    }
-
     /// `Cache::fetch` once [`quick_hit`](Self::quick_hit) found nothing: the call's span and
     /// its outcome counted.
     pub(crate) async fn fetch_beyond_quick_hit<T, E, F, Fut>(
@@ -224,6 +190,353 @@ impl<C: Codec> Engine<C> {
             }
         }
         result
+    }
+
+    /// The single-key path after the quick hits (`fetch`'s near and memory hits): a near copy
+    /// when XFetch is on, else the call's first read ([`KeyCall::read_first`]). `started`: when
+    /// the call began.
+    pub(crate) async fn fetch_entry<T, E, F, Fut>(
+        &self,
+        key: &str,
+        ttl: Duration,
+        started: Instant,
+        f: F,
+    ) -> Result<Fetched<T>, Error>
+    where
+        T: CacheValue,
+        E: ComputeFailure,
+        F: FnOnce(Lease) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+    {
+        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
+        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
+        if self.options.early_refresh_beta > 0.0 {
+            if let Some(entry) = self.near_copy::<T>(key) {
+                let keys = EntryKeys::new(&self.core.namespace, key)?;
+                return KeyCall::new(self, keys, ttl, started, f).serve(entry, Source::Hit);
+            }
+        }
+        let keys = EntryKeys::new(&self.core.namespace, key)?;
+        KeyCall::new(self, keys, ttl, started, f).read_first().await
+    }
+
+    /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
+    pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
+        let synced = self.core.store.clock_synced();
+        (self.core.tiers.as_ref())?.near_copy(key, synced)
+    }
+
+    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
+    /// (once per cache; after that, an atomic load).
+    pub(crate) async fn clock_ready(&self) {
+        let store = &self.core.store;
+        if !store.clock_synced() {
+            store.sync_clock().await;
+        }
+    }
+
+    /// The one read of a single key, with its epochs (`get`, and `fetch` before its flight):
+    /// one `MGET` on Redis. A write of this key still queued goes first (auto-recovery;
+    /// failing, it fails the read), and an answer drops what the near tier held of the key from
+    /// before an outage.
+    pub(crate) async fn first_read(&self, keys: &EntryKeys) -> StoreResult<(Option<Blob>, Epochs)> {
+        // Asked here rather than through `replay_queued`: a cache without auto-recovery asks
+        // nothing on its hit path.
+        if let Some(recovery) = &self.core.recovery {
+            recovery.replay(keys).await?;
+        }
+        let read = self.read_with_epochs(keys).await;
+        if read.is_ok() {
+            if let Some(tiers) = &self.core.tiers {
+                tiers.reached(keys);
+            }
+        }
+        read
+    }
+
+    /// The epochs a read of `keys` asks for with the values: the namespace's, the handle's
+    /// tags', and those the keys' values carried when last read.
+    pub(crate) fn read_names(&self, keys: &[&EntryKeys]) -> Arc<[String]> {
+        let mut names: Option<Vec<String>> = None;
+        for keys in keys {
+            let Some(seen) = self.core.tags.seen(&keys.value) else {
+                continue;
+            };
+            // A key whose tags the handle names (the common tagged hit) adds nothing: the
+            // handle's names are shared, not copied.
+            for name in seen.iter() {
+                if self.tagging.names.contains(name) {
+                    continue;
+                }
+                let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
+                if names.len() - self.tagging.names.len() >= SEEN_PER_BATCH {
+                    break;
+                }
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        names.map_or_else(|| Arc::clone(&self.tagging.names), Into::into)
+    }
+
+    /// Reads the value of `keys` with the epochs [`read_names`](Self::read_names) gives, in one
+    /// round trip.
+    pub(crate) async fn read_with_epochs(
+        &self,
+        keys: &EntryKeys,
+    ) -> StoreResult<(Option<Blob>, Epochs)> {
+        let names = self.read_names(&[keys]);
+        let (bytes, values) = self.core.store.get_with_epochs(keys, &names).await?;
+        let epochs = Epochs::of(&names, values);
+        self.core.tags.note(&epochs);
+        Ok((bytes, epochs))
+    }
+
+    /// [`read_stored`](Self::read_stored), then [`alive`](Self::alive): a value invalidated by
+    /// a tag or a clear is no value (logged at debug), and neither is one whose epochs could
+    /// not be read: it is replaced under the lock, as bytes that do not decode are (on a
+    /// cluster the epochs' node may be down while the value's answers).
+    pub(crate) async fn read_live<T: DeserializeOwned + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &[u8],
+        epochs: &mut Epochs,
+    ) -> Option<StoredEntry<T>> {
+        let entry = self.read_stored::<T>(keys, bytes)?;
+        self.saw_tags(keys, &entry.tags);
+        match self.alive(&entry, epochs).await {
+            Ok(true) => Some(entry),
+            Ok(false) => {
+                tracing::debug!(key = %keys.user, "the value was invalidated by a tag or a clear; treating it as a miss");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(key = %keys.user, error = %e, "could not read the value's epochs; treating it as a miss");
+                None
+            }
+        }
+    }
+
+    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
+    /// value written for another shape of `T` (another deploy's version of the type): decoding
+    /// it could succeed and give garbage (bincode is positional).
+    pub(crate) fn read_stored<T: DeserializeOwned + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &[u8],
+    ) -> Option<StoredEntry<T>> {
+        let codec = &self.core.codec;
+        let envelope = match Envelope::decode(bytes, codec.id()) {
+            Ok(envelope) => envelope,
+            Err(foreign) => {
+                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
+                return None;
+            }
+        };
+        // A compare of two numbers: the shape of `T` was traced on its first use, not here.
+        if envelope.shape != shape::fingerprint::<T>() {
+            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
+                "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
+            return None;
+        }
+        let value = if envelope.negative {
+            Err(String::from_utf8_lossy(envelope.payload).into_owned())
+        } else {
+            match codec.decode(envelope.payload) {
+                Ok(value) => Ok(value),
+                Err(e) => {
+                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
+                    return None;
+                }
+            }
+        };
+        Some(StoredEntry {
+            value,
+            fresh_until_ms: envelope.fresh_until_ms,
+            compute_ms: envelope.compute_ms,
+            fence: envelope.fence,
+            throttled: envelope.fallback,
+            born: envelope.born,
+            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
+        })
+    }
+
+    /// Remembers the tags the value of `keys` carries (`tags`, as read or as written), for the
+    /// next read of the key (and for a follower of its computation: see
+    /// [`computed_before_no_invalidation`](Self::computed_before_no_invalidation)).
+    pub(crate) fn saw_tags(&self, keys: &EntryKeys, tags: &[String]) {
+        // A tagless value (the common hit) costs nothing here. A key whose value lost its tags
+        // keeps its remembered names until they are evicted: they only cost its reads a few
+        // more keys in their `MGET`.
+        if tags.is_empty() {
+            return;
+        }
+        // Unchanged since last seen (the common tagged hit): nothing is built or written.
+        if let Some(held) = self.core.tags.seen(&keys.value) {
+            let same = |(held, tag): (&String, &String)| {
+                self.epoch_name(tag).is_ok_and(|name| *held == name)
+            };
+            if held.len() == tags.len() && held.iter().zip(tags).all(same) {
+                return;
+            }
+        }
+        let names = self.tag_epoch_names(tags).unwrap_or_default();
+        self.core.tags.remember(&keys.value, names);
+    }
+
+    /// Whether `entry` is alive, reading the epochs `epochs` lacks.
+    pub(crate) async fn alive<T>(
+        &self,
+        entry: &StoredEntry<T>,
+        epochs: &mut Epochs,
+    ) -> StoreResult<bool> {
+        self.complete_epochs([entry], epochs).await?;
+        Ok(self.alive_by(entry, epochs))
+    }
+
+    /// Reads, in one request, the epochs `entries` need that `epochs` lacks (tags the handle
+    /// did not name: one more round trip).
+    pub(crate) async fn complete_epochs<'e, T: 'e>(
+        &self,
+        entries: impl IntoIterator<Item = &'e StoredEntry<T>>,
+        epochs: &mut Epochs,
+    ) -> StoreResult<()> {
+        let mut missing: Vec<String> = Vec::new();
+        let mut need = |name: &str| {
+            if epochs.get(name).is_none() && !missing.iter().any(|held| held == name) {
+                missing.push(name.to_owned());
+            }
+        };
+        for entry in entries {
+            // A tagless value (the common hit) needs the namespace's epoch alone: no names
+            // are built for it.
+            if entry.tags.is_empty() {
+                need(&self.tagging.names[0]);
+                continue;
+            }
+            for name in self.epoch_names(&entry.tags).into_iter().flatten() {
+                need(&name);
+            }
+        }
+        if !missing.is_empty() {
+            let values = self.core.store.epochs(&missing).await?;
+            epochs.add(missing, values);
+            self.core.tags.note(epochs);
+        }
+        Ok(())
+    }
+
+    /// Whether `entry` was born after the namespace's epoch and each of its tags' in `epochs`;
+    /// an epoch `epochs` lacks counts as raised.
+    pub(crate) fn alive_by<T>(&self, entry: &StoredEntry<T>, epochs: &Epochs) -> bool {
+        if entry.tags.is_empty() {
+            // The namespace's epoch alone judges it: no names to build.
+            return epochs
+                .get(&self.tagging.names[0])
+                .is_some_and(|epoch| outlived(entry.born, epoch));
+        }
+        // Each name looked up as it is made: an invalid tag (no name) makes the value gone.
+        let alive = |name: &str| {
+            epochs
+                .get(name)
+                .is_some_and(|epoch| outlived(entry.born, epoch))
+        };
+        alive(&self.tagging.names[0])
+            && (entry.tags.iter()).all(|tag| self.epoch_name(tag).is_ok_and(|name| alive(&name)))
+    }
+
+    /// Sorts a stored entry for this caller: serve it (live, or a throttled fallback), or it is
+    /// past its stale window: compute.
+    pub(crate) fn sort<T>(&self, entry: StoredEntry<T>) -> Sorted<T> {
+        if self.worth_of(&entry).served() {
+            Sorted::Serve(entry)
+        } else {
+            Sorted::Past(entry)
+        }
+    }
+
+    /// Where `entry` stands for this handle's options, by the store's clock now.
+    pub(crate) fn worth_of<T>(&self, entry: &StoredEntry<T>) -> Worth {
+        let stale_ms = u64::try_from(self.options.stale_for.as_millis()).unwrap_or(u64::MAX);
+        worth(
+            self.core.store.now_ms(),
+            entry.fresh_until_ms,
+            entry.throttled,
+            stale_ms,
+            self.options.fail_safe(),
+        )
+    }
+
+    /// What a read found goes into the near tier, with the epochs of its tags.
+    pub(crate) fn remember_near<T: Clone + Send + Sync + 'static>(&self, read: Read<'_, T>) {
+        // Without a near tier there is nothing to remember: not even the clock is read.
+        let Some(tiers) = self
+            .core
+            .tiers
+            .as_ref()
+            .filter(|tiers| tiers.near().is_some())
+        else {
+            return;
+        };
+        let tags = &read.entry.tags;
+        let now_ms = self.core.store.now_ms();
+        tiers.remember(read, || self.tag_epoch_names(tags), now_ms);
+    }
+
+    /// The embedded store keeps a value it handed out decoded, for this handle's quick hits
+    /// (only without XFetch, which never takes them).
+    pub(crate) fn keep_decoded<T: Clone + Send + Sync + 'static>(
+        &self,
+        keys: &EntryKeys,
+        bytes: &Blob,
+        entry: &StoredEntry<T>,
+    ) {
+        if let (Some(tiers), 0.0) = (&self.core.tiers, self.options.early_refresh_beta) {
+            tiers.keep_decoded(keys, bytes, entry, || self.epoch_names(&entry.tags));
+        }
+    }
+
+    /// What serving `entry` (found as `fresh` says) takes, decided before anything is prepared
+    /// for a refresh, so that every path (a single key's, each key of a batch) decides alike:
+    /// a remembered failure, a throttled fail-safe copy and a value neither stale nor drawn by
+    /// XFetch are served as they are; any other value is served with a background refresh.
+    pub(crate) fn judge_entry<T>(
+        &self,
+        entry: StoredEntry<T>,
+        key: &str,
+        fresh: Source,
+    ) -> Judged<T> {
+        let value = match entry.value {
+            Ok(value) => value,
+            Err(message) => {
+                return Judged::Served(Err(Error::RecentFailure {
+                    key: key.to_owned(),
+                    message,
+                }))
+            }
+        };
+        if entry.throttled {
+            // Sorted for serving, so within its throttle: the source failed a moment ago.
+            return Judged::Served(Ok(self.serve_fallback(value)));
+        }
+        let beta = self.options.early_refresh_beta;
+        // Draw only when XFetch is on: the hit path stays free of the random number generator.
+        let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
+        let worth = judge(
+            self.core.store.now_ms(),
+            entry.fresh_until_ms,
+            entry.compute_ms,
+            beta,
+            draw,
+        );
+        let served = |source| Fetched { value, source };
+        match worth {
+            Worth::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
+            Worth::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
+            // `judge` says fresh, refreshed early or stale of a served value.
+            Worth::Fresh | Worth::Kept | Worth::Dead => Judged::Served(Ok(served(fresh))),
+        }
     }
 
     /// Counts a call's outcome (a call that `started` then) and names it for the span.
@@ -284,318 +597,6 @@ impl<C: Codec> Engine<C> {
                 miss();
                 "error"
             }
-        }
-    }
-
-    /// The single-key path after the quick hits (`fetch`'s near and memory hits): a near copy
-    /// when XFetch is on, else the call's first read ([`KeyCall::read_first`]). `started`: when
-    /// the call began.
-    pub(crate) async fn fetch_entry<T, E, F, Fut>(
-        &self,
-        key: &str,
-        ttl: Duration,
-        started: Instant,
-        f: F,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: CacheValue,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
-        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
-        if self.options.early_refresh_beta > 0.0 {
-            if let Some(entry) = self.near_copy::<T>(key) {
-                let keys = EntryKeys::new(&self.core.namespace, key)?;
-                return KeyCall::new(self, keys, ttl, started, f).serve(entry, Source::Hit);
-            }
-        }
-        let keys = EntryKeys::new(&self.core.namespace, key)?;
-        KeyCall::new(self, keys, ttl, started, f).read_first().await
-    }
-
-    /// The one read of a single key, with its epochs (`get`, and `fetch` before its flight):
-    /// one `MGET` on Redis. A write of this key still queued goes first (auto-recovery;
-    /// failing, it fails the read), and an answer drops what the near tier held of the key from
-    /// before an outage.
-    pub(crate) async fn first_read(&self, keys: &EntryKeys) -> StoreResult<(Option<Blob>, Epochs)> {
-        // Asked here rather than through `replay_queued`: a cache without auto-recovery asks
-        // nothing on its hit path.
-        if let Some(recovery) = &self.core.recovery {
-            recovery.replay(keys).await?;
-        }
-        let read = self.read_with_epochs(keys).await;
-        if read.is_ok() {
-            if let Some(tiers) = &self.core.tiers {
-                tiers.reached(keys);
-            }
-        }
-        read
-    }
-
-    /// Freshness is stamped and judged by the store's clock: calibrate it before the first use
-    /// (once per cache; after that, an atomic load).
-    pub(crate) async fn clock_ready(&self) {
-        let store = &self.core.store;
-        if !store.clock_synced() {
-            store.sync_clock().await;
-        }
-    }
-
-    /// Bytes that are not ours are a miss: logged, then recomputed and overwritten. So is a
-    /// value written for another shape of `T` (another deploy's version of the type): decoding
-    /// it could succeed and give garbage (bincode is positional).
-    pub(crate) fn read_stored<T: DeserializeOwned + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &[u8],
-    ) -> Option<StoredEntry<T>> {
-        let codec = &self.core.codec;
-        let envelope = match Envelope::decode(bytes, codec.id()) {
-            Ok(envelope) => envelope,
-            Err(foreign) => {
-                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
-                return None;
-            }
-        };
-        // A compare of two numbers: the shape of `T` was traced on its first use, not here.
-        if envelope.shape != shape::fingerprint::<T>() {
-            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
-                "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
-            return None;
-        }
-        let value = if envelope.negative {
-            Err(String::from_utf8_lossy(envelope.payload).into_owned())
-        } else {
-            match codec.decode(envelope.payload) {
-                Ok(value) => Ok(value),
-                Err(e) => {
-                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
-                    return None;
-                }
-            }
-        };
-        Some(StoredEntry {
-            value,
-            fresh_until_ms: envelope.fresh_until_ms,
-            compute_ms: envelope.compute_ms,
-            fence: envelope.fence,
-            throttled: envelope.fallback,
-            born: envelope.born,
-            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
-        })
-    }
-
-    /// The epochs a read of `keys` asks for with the values: the namespace's, the handle's
-    /// tags', and those the keys' values carried when last read.
-    pub(crate) fn read_names(&self, keys: &[&EntryKeys]) -> Arc<[String]> {
-        let mut names: Option<Vec<String>> = None;
-        for keys in keys {
-            let Some(seen) = self.core.tags.seen(&keys.value) else {
-                continue;
-            };
-            // A key whose tags the handle names (the common tagged hit) adds nothing: the
-            // handle's names are shared, not copied.
-            for name in seen.iter() {
-                if self.tagging.names.contains(name) {
-                    continue;
-                }
-                let names = names.get_or_insert_with(|| self.tagging.names.to_vec());
-                if names.len() - self.tagging.names.len() >= SEEN_PER_BATCH {
-                    break;
-                }
-                if !names.contains(name) {
-                    names.push(name.clone());
-                }
-            }
-        }
-        names.map_or_else(|| Arc::clone(&self.tagging.names), Into::into)
-    }
-
-    /// Remembers the tags the value of `keys` carries (`tags`, as read or as written), for the
-    /// next read of the key (and for a follower of its computation: see
-    /// [`computed_before_no_invalidation`](Self::computed_before_no_invalidation)).
-    pub(crate) fn saw_tags(&self, keys: &EntryKeys, tags: &[String]) {
-        // A tagless value (the common hit) costs nothing here. A key whose value lost its tags
-        // keeps its remembered names until they are evicted: they only cost its reads a few
-        // more keys in their `MGET`.
-        if tags.is_empty() {
-            return;
-        }
-        // Unchanged since last seen (the common tagged hit): nothing is built or written.
-        if let Some(held) = self.core.tags.seen(&keys.value) {
-            let same = |(held, tag): (&String, &String)| {
-                self.epoch_name(tag).is_ok_and(|name| *held == name)
-            };
-            if held.len() == tags.len() && held.iter().zip(tags).all(same) {
-                return;
-            }
-        }
-        let names = self.tag_epoch_names(tags).unwrap_or_default();
-        self.core.tags.remember(&keys.value, names);
-    }
-
-    /// Reads the value of `keys` with the epochs [`read_names`](Self::read_names) gives, in one
-    /// round trip.
-    pub(crate) async fn read_with_epochs(
-        &self,
-        keys: &EntryKeys,
-    ) -> StoreResult<(Option<Blob>, Epochs)> {
-        let names = self.read_names(&[keys]);
-        let (bytes, values) = self.core.store.get_with_epochs(keys, &names).await?;
-        let epochs = Epochs::of(&names, values);
-        self.core.tags.note(&epochs);
-        Ok((bytes, epochs))
-    }
-
-    /// Reads, in one request, the epochs `entries` need that `epochs` lacks (tags the handle
-    /// did not name: one more round trip).
-    pub(crate) async fn complete_epochs<'e, T: 'e>(
-        &self,
-        entries: impl IntoIterator<Item = &'e StoredEntry<T>>,
-        epochs: &mut Epochs,
-    ) -> StoreResult<()> {
-        let mut missing: Vec<String> = Vec::new();
-        let mut need = |name: &str| {
-            if epochs.get(name).is_none() && !missing.iter().any(|held| held == name) {
-                missing.push(name.to_owned());
-            }
-        };
-        for entry in entries {
-            // A tagless value (the common hit) needs the namespace's epoch alone: no names
-            // are built for it.
-            if entry.tags.is_empty() {
-                need(&self.tagging.names[0]);
-                continue;
-            }
-            for name in self.epoch_names(&entry.tags).into_iter().flatten() {
-                need(&name);
-            }
-        }
-        if !missing.is_empty() {
-            let values = self.core.store.epochs(&missing).await?;
-            epochs.add(missing, values);
-            self.core.tags.note(epochs);
-        }
-        Ok(())
-    }
-
-    /// Whether `entry` was born after the namespace's epoch and each of its tags' in `epochs`;
-    /// an epoch `epochs` lacks counts as raised.
-    pub(crate) fn alive_by<T>(&self, entry: &StoredEntry<T>, epochs: &Epochs) -> bool {
-        if entry.tags.is_empty() {
-            // The namespace's epoch alone judges it: no names to build.
-            return epochs
-                .get(&self.tagging.names[0])
-                .is_some_and(|epoch| outlived(entry.born, epoch));
-        }
-        // Each name looked up as it is made: an invalid tag (no name) makes the value gone.
-        let alive = |name: &str| {
-            epochs
-                .get(name)
-                .is_some_and(|epoch| outlived(entry.born, epoch))
-        };
-        alive(&self.tagging.names[0])
-            && (entry.tags.iter()).all(|tag| self.epoch_name(tag).is_ok_and(|name| alive(&name)))
-    }
-
-    /// Whether `entry` is alive, reading the epochs `epochs` lacks.
-    pub(crate) async fn alive<T>(
-        &self,
-        entry: &StoredEntry<T>,
-        epochs: &mut Epochs,
-    ) -> StoreResult<bool> {
-        self.complete_epochs([entry], epochs).await?;
-        Ok(self.alive_by(entry, epochs))
-    }
-
-    /// [`read_stored`](Self::read_stored), then [`alive`](Self::alive): a value invalidated by
-    /// a tag or a clear is no value (logged at debug), and neither is one whose epochs could
-    /// not be read: it is replaced under the lock, as bytes that do not decode are (on a
-    /// cluster the epochs' node may be down while the value's answers).
-    pub(crate) async fn read_live<T: DeserializeOwned + 'static>(
-        &self,
-        keys: &EntryKeys,
-        bytes: &[u8],
-        epochs: &mut Epochs,
-    ) -> Option<StoredEntry<T>> {
-        let entry = self.read_stored::<T>(keys, bytes)?;
-        self.saw_tags(keys, &entry.tags);
-        match self.alive(&entry, epochs).await {
-            Ok(true) => Some(entry),
-            Ok(false) => {
-                tracing::debug!(key = %keys.user, "the value was invalidated by a tag or a clear; treating it as a miss");
-                None
-            }
-            Err(e) => {
-                tracing::debug!(key = %keys.user, error = %e, "could not read the value's epochs; treating it as a miss");
-                None
-            }
-        }
-    }
-
-    /// Where `entry` stands for this handle's options, by the store's clock now.
-    pub(crate) fn worth_of<T>(&self, entry: &StoredEntry<T>) -> Worth {
-        let stale_ms = u64::try_from(self.options.stale_for.as_millis()).unwrap_or(u64::MAX);
-        worth(
-            self.core.store.now_ms(),
-            entry.fresh_until_ms,
-            entry.throttled,
-            stale_ms,
-            self.options.fail_safe(),
-        )
-    }
-
-    /// Sorts a stored entry for this caller: serve it (live, or a throttled fallback), or it is
-    /// past its stale window: compute.
-    pub(crate) fn sort<T>(&self, entry: StoredEntry<T>) -> Sorted<T> {
-        if self.worth_of(&entry).served() {
-            Sorted::Serve(entry)
-        } else {
-            Sorted::Past(entry)
-        }
-    }
-
-    /// What serving `entry` (found as `fresh` says) takes, decided before anything is prepared
-    /// for a refresh, so that every path (a single key's, each key of a batch) decides alike:
-    /// a remembered failure, a throttled fail-safe copy and a value neither stale nor drawn by
-    /// XFetch are served as they are; any other value is served with a background refresh.
-    pub(crate) fn judge_entry<T>(
-        &self,
-        entry: StoredEntry<T>,
-        key: &str,
-        fresh: Source,
-    ) -> Judged<T> {
-        let value = match entry.value {
-            Ok(value) => value,
-            Err(message) => {
-                return Judged::Served(Err(Error::RecentFailure {
-                    key: key.to_owned(),
-                    message,
-                }))
-            }
-        };
-        if entry.throttled {
-            // Sorted for serving, so within its throttle: the source failed a moment ago.
-            return Judged::Served(Ok(self.serve_fallback(value)));
-        }
-        let beta = self.options.early_refresh_beta;
-        // Draw only when XFetch is on: the hit path stays free of the random number generator.
-        let draw = if beta > 0.0 { unit_draw() } else { 1.0 };
-        let worth = judge(
-            self.core.store.now_ms(),
-            entry.fresh_until_ms,
-            entry.compute_ms,
-            beta,
-            draw,
-        );
-        let served = |source| Fetched { value, source };
-        match worth {
-            Worth::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
-            Worth::Stale => Judged::Refresh(served(Source::Stale), entry.fence),
-            // `judge` says fresh, refreshed early or stale of a served value.
-            Worth::Fresh | Worth::Kept | Worth::Dead => Judged::Served(Ok(served(fresh))),
         }
     }
 }

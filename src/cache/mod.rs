@@ -2,17 +2,18 @@
 //! work to the engine in a few lines. The handle holds an `Engine` and nothing else.
 //!
 //! The machinery, one job per file:
-//! - `engine.rs`: the engine (`Engine`: the shared `Core` and a handle's options and tags),
-//!   and how a call uses the tiers (quick hits, fills);
-//! - `fetch.rs`: the single-key path, as a per-call object (`KeyCall`: first read, in-process
-//!   flight, the distributed part); `serve.rs` serves a stored entry, `compute.rs` computes under
-//!   the lock (`Computation`), `uncached.rs` computes without the cache when the backend fails;
-//! - `claim.rs`: the wait-or-lock loop (`WaitOrLock`); `failsafe.rs`: the fail-safe's decisions;
-//!   `freshness.rs`: how fresh a stored value is;
+//! - `engine.rs`: the engine (`Engine`: the shared `Core` and a handle's options and tags);
+//! - `fetch.rs`: the single-key path as a per-call object (`KeyCall`) and a hit's steps in the
+//!   order they run (quick hits, the read with its epochs, the entry judged, the tiers fed,
+//!   served); `miss.rs`: a miss (the in-process flight, the distributed part); `compute.rs`
+//!   computes under the lock (`Computation`), `uncached.rs` computes without the cache when the
+//!   backend fails;
+//! - `claim.rs`: the wait-or-lock loop (`WaitOrLock`); `failsafe.rs`: the fail-safe's steps;
+//!   `fallback.rs`: what a call does on each failure; `freshness.rs`: how fresh a stored value is;
 //! - `refresh.rs`: background refreshes, `refreshes.rs`: those running in this process;
 //! - `tiers.rs`: the near tier (`near.rs`) and the embedded store's decoded values, as one type;
-//! - `tags.rs`: the rule of tags and clear and its data; `epochs.rs`: reading and raising epochs;
-//! - `entry.rs`: the stored entry; `encoding.rs`: entries through the codec;
+//! - `tags.rs`: the rule of tags and clear and its data; `epochs.rs`: epoch names, births and raises;
+//! - `entry.rs`: the stored entry; `encoding.rs`: values and failures encoded for the store;
 //! - `plain.rs`: `get`, `set` and the invalidations; `batch/`: many keys in one call;
 //! - `recovery.rs` (and `recovery/gate.rs`): writes queued while the backend is unreachable;
 //! - `health.rs`: the health report; `builder.rs` builds the handle; `bounds.rs` names the bounds.
