@@ -327,3 +327,68 @@ async fn a_refused_write_is_not_queued() {
     assert!(refused.is_refused(), "{refused:?}");
     assert_eq!(cache.stats().recovery_queued, 0);
 }
+
+/// A key whose write waits for Redis is computed once per process while Redis is down, under
+/// the in-process flight, and that value is served (as `Held`) to every later call until the
+/// replay, so the source sees one query per key per instance per outage, not one per request.
+/// A newer write of the key drops what was held; once Redis is back, the key is read and
+/// computed through it as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_with_a_queued_write_is_computed_once_while_redis_is_down() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use stampede_guard::{Computed, OnBackendError, Source};
+
+    let mut server = RedisServer::start();
+    let uncached = CallOptions::default().on_backend_error(OnBackendError::ComputeUncached);
+    let cache = recovering(server.url(), "held", RecoveryOptions::default())
+        .await
+        .with_options(uncached);
+    assert_eq!(cache.set("k", &1u32, TTL).await.unwrap(), Written::Applied);
+    server.kill();
+    assert_eq!(cache.set("k", &2u32, TTL).await.unwrap(), Written::Queued);
+
+    let computed = Arc::new(AtomicU32::new(0));
+    let fetch = |cache: Cache, computed: Arc<AtomicU32>| async move {
+        cache
+            .fetch("k", TTL, move |_| async move {
+                let n = computed.fetch_add(1, Ordering::SeqCst) + 1;
+                // Slow enough that the concurrent calls below join this one.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                Ok::<_, String>(Computed::new(10 * n))
+            })
+            .await
+            .expect("a value while Redis is down")
+    };
+    // Ten calls at once: one computes, the others join it.
+    let calls: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(fetch(cache.clone(), Arc::clone(&computed))))
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().value, 10);
+    }
+    // Later calls: the value held for the key, not another query.
+    for _ in 0..5 {
+        let fetched = fetch(cache.clone(), Arc::clone(&computed)).await;
+        assert_eq!((fetched.value, fetched.source), (10, Source::Held));
+    }
+    assert_eq!(computed.load(Ordering::SeqCst), 1, "one query while down");
+    assert!(cache.stats().held_served >= 5);
+
+    // A newer write of the key: what was held is older than it.
+    assert_eq!(cache.invalidate("k").await.unwrap(), Written::Queued);
+    let fetched = fetch(cache.clone(), Arc::clone(&computed)).await;
+    assert_eq!((fetched.value, fetched.source), (20, Source::Uncached));
+    let fetched = fetch(cache.clone(), Arc::clone(&computed)).await;
+    assert_eq!((fetched.value, fetched.source), (20, Source::Held));
+
+    // Redis back (empty): the write is replayed and the key goes through Redis again.
+    server.restart();
+    assert!(drained(&cache).await, "the queue drained");
+    let fetched = fetch(cache.clone(), Arc::clone(&computed)).await;
+    assert_eq!((fetched.value, fetched.source), (30, Source::Computed));
+    let fetched = fetch(cache.clone(), Arc::clone(&computed)).await;
+    assert_eq!((fetched.value, fetched.source), (30, Source::Hit));
+    assert_eq!(computed.load(Ordering::SeqCst), 3);
+}

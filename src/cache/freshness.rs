@@ -134,10 +134,12 @@ pub enum Source {
     /// | a throttled copy (a computation failed less than a throttle ago) | the kept value, `FailSafe`, without computing |
     /// | gone (never written, invalidated, or past the fail-safe window), the computation fails | the error |
     FailSafe,
-    /// A copy this process held, served because the backend was unreachable
-    /// ([`NearCacheOptions::serve_while_down`](crate::NearCacheOptions::serve_while_down)): it
-    /// may miss changes made up to that bound plus `max_staleness` before the call. Nothing
-    /// was computed.
+    /// A copy this process held, served because the backend was unreachable: a near copy
+    /// ([`NearCacheOptions::serve_while_down`](crate::NearCacheOptions::serve_while_down)),
+    /// which may miss changes made up to that bound plus `max_staleness` before the call; or,
+    /// for a key whose write waits in the [auto-recovery](crate::CacheBuilder::auto_recovery)
+    /// queue, the value this process computed without the cache after that write, held until
+    /// the write is replayed. Nothing was computed by this call.
     Held,
 }
 

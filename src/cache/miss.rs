@@ -5,6 +5,7 @@
 //! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
 
 use std::future::Future;
+use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -15,7 +16,9 @@ use crate::cache::engine::Engine;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
 use crate::cache::fetch::Start;
+use crate::cache::recovery::Held;
 use crate::stats::Event;
+use crate::store::StoreError;
 use crate::time::later_by;
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
@@ -68,7 +71,7 @@ where
         // may have come back since the first read failed, and must not answer this key with
         // the value the queued write replaces.
         if let Err(e) = engine.replay_queued(&[&self.keys]).await {
-            return self.without_cache("replay", e).await;
+            return self.while_queued(e).await;
         }
         match engine.claim::<T>(&self.keys, self.started, start).await {
             Claim::Found(entry, found) => self.serve(entry, found),
@@ -77,6 +80,42 @@ where
             Claim::Failed(e) => Err(e),
             Claim::Backend(e) => self.without_cache("read-or-lock", e).await,
         }
+    }
+
+    /// A write of this key waits for the backend, which still fails with `error`: the value
+    /// this process computed for the key since that write was queued, if there is one (as
+    /// `Source::Held`); else the fallback of any backend failure, and a value it computes
+    /// without the cache is held until the replay. So a key with a queued write costs its
+    /// source one computation per instance per outage, not one per request (this call runs
+    /// under the in-process flight: its followers share it).
+    async fn while_queued(self, error: StoreError) -> Result<Fetched<T>, Error> {
+        let Some(recovery) = &self.engine.core.recovery else {
+            return self.without_cache("replay", error).await;
+        };
+        let seq = match recovery.held::<T>(&self.keys) {
+            // A held copy, as the table of `fallback.rs` serves one for this failure.
+            Held::Value(value)
+                if self.engine.on_backend_failure(&error, true) == Answer::ServeHeld =>
+            {
+                self.engine.core.counters.record(Event::HeldServed);
+                let source = Source::Held;
+                return Ok(Fetched { value, source });
+            }
+            Held::Value(_) => return self.without_cache("replay", error).await,
+            Held::Computing(seq) => seq,
+            // Replayed meanwhile: the next call reads Redis again.
+            Held::NotQueued => return self.without_cache("replay", error).await,
+        };
+        let keys = Arc::clone(&self.keys);
+        let outcome = self.without_cache("replay", error).await;
+        if let Ok(Fetched {
+            value,
+            source: Source::Uncached,
+        }) = &outcome
+        {
+            recovery.hold(&keys, seq, value.clone());
+        }
+        outcome
     }
 }
 

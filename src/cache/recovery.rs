@@ -19,6 +19,8 @@ use tokio::sync::Notify;
 use queue::Queue;
 pub(crate) use queue::{Intent, Queued};
 
+use std::any::Any;
+
 use crate::error::BackendErrorKind;
 use crate::stats::{Counters, Event};
 use crate::store::{Store, StoreError, StoreResult};
@@ -268,6 +270,29 @@ impl Recovery {
         });
     }
 
+    /// What this process holds for `keys` while a write of theirs waits for the backend (see
+    /// [`Held`]).
+    pub(crate) fn held<T: Clone + 'static>(&self, keys: &EntryKeys) -> Held<T> {
+        if self.len() == 0 {
+            return Held::NotQueued;
+        }
+        let held = crate::sync::lock(&self.shared.queue).held(&keys.value);
+        match held {
+            None => Held::NotQueued,
+            Some((seq, value)) => match value.and_then(|held| held.downcast_ref::<T>().cloned()) {
+                Some(value) => Held::Value(value),
+                None => Held::Computing(seq),
+            },
+        }
+    }
+
+    /// Holds `value`, computed while the write `seq` of `keys` waited, until that write is
+    /// replayed (or a newer one replaces it).
+    pub(crate) fn hold<T: Send + Sync + 'static>(&self, keys: &EntryKeys, seq: u64, value: T) {
+        let value: Arc<dyn Any + Send + Sync> = Arc::new(value);
+        crate::sync::lock(&self.shared.queue).hold(&keys.value, seq, value);
+    }
+
     /// Replays the intent queued for `keys`, if any, here and now (a read of the key must not
     /// see Redis before its replay).
     pub(crate) async fn replay(&self, keys: &EntryKeys) -> StoreResult<()> {
@@ -278,6 +303,20 @@ impl Recovery {
             .await
             .map(drop)
     }
+}
+
+/// What a process holds for a key whose write waits for the backend: while the write is queued,
+/// Redis still holds what that write replaces, so the key is computed without the cache once
+/// (under the in-process flight) and that value is served to every later read until the replay,
+/// as [`Source::Held`](crate::Source::Held): one computation per key and instance per outage,
+/// not one per request.
+pub(crate) enum Held<T> {
+    /// No write of the key is queued.
+    NotQueued,
+    /// A write is queued (this sequence number) and nothing is held for it yet.
+    Computing(u64),
+    /// The value held for it.
+    Value(T),
 }
 
 /// Whether a write that failed with `error` is queued: the backend was unreachable or busy, which

@@ -10,6 +10,7 @@
 //! - a key's gate (the async mutex one replay of the key holds) outlives the replacement of its
 //!   intent, so two replays of one key never overlap.
 
+use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,13 +47,30 @@ pub(crate) struct Queued {
     pub(crate) lease: Duration,
 }
 
+/// A value this process computed for a key while its write waited, served in its place until
+/// the replay (typed by the caller: `Recovery::held` hands it back only as the type it was held
+/// as).
+pub(crate) type Held = Arc<dyn Any + Send + Sync>;
+
 /// A key's place in the queue.
-#[derive(Debug)]
 struct Slot {
     seq: u64,
     queued: Queued,
     /// Held by the one replay of this key in progress (the background task's or a reader's).
     gate: Arc<tokio::sync::Mutex<()>>,
+    /// The value computed for the key since this intent was queued: it lives exactly as long
+    /// as the intent (a newer write, a replay or a direct write drops it with the slot).
+    held: Option<Held>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slot")
+            .field("seq", &self.seq)
+            .field("queued", &self.queued)
+            .field("held", &self.held.is_some())
+            .finish()
+    }
 }
 
 /// A key's intent, as a replay takes it: its sequence number (to complete exactly it), the
@@ -143,10 +161,21 @@ impl Queue {
                 self.order.remove(&slot.seq);
                 slot.seq = seq;
                 slot.queued = queued;
+                // A newer write: what was computed before it is older than the caller's write.
+                slot.held = None;
             }
             None => {
                 let gate = Arc::default();
-                self.slots.insert(key.clone(), Slot { seq, queued, gate });
+                let held = None;
+                self.slots.insert(
+                    key.clone(),
+                    Slot {
+                        seq,
+                        queued,
+                        gate,
+                        held,
+                    },
+                );
             }
         }
         self.order.insert(seq, key);
@@ -172,6 +201,20 @@ impl Queue {
     pub(crate) fn pending(&self, key: &str) -> Option<Pending> {
         let slot = self.slots.get(key)?;
         Some((slot.seq, slot.queued.clone(), Arc::clone(&slot.gate)))
+    }
+
+    /// Whether `key` has an intent queued: its sequence number and the value held for it.
+    pub(crate) fn held(&self, key: &str) -> Option<(u64, Option<Held>)> {
+        let slot = self.slots.get(key)?;
+        Some((slot.seq, slot.held.clone()))
+    }
+
+    /// Holds `value` for `key` while its intent `seq` waits (not for a newer one: the value was
+    /// computed before that write).
+    pub(crate) fn hold(&mut self, key: &str, seq: u64, value: Held) {
+        if let Some(slot) = self.slots.get_mut(key).filter(|slot| slot.seq == seq) {
+            slot.held = Some(value);
+        }
     }
 
     /// The oldest queued key.
