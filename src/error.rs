@@ -8,9 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod backend;
+mod not_shared;
 
 pub use backend::BackendError;
 pub(crate) use backend::BreakerOpen;
+pub(crate) use not_shared::marked_not_shared;
+pub use not_shared::NotShared;
 
 /// Everything that can go wrong in a call of this crate.
 ///
@@ -598,6 +601,11 @@ impl ComputeError {
         (*self.0).as_any().is::<E>()
     }
 
+    /// Whether the computation's error is marked [`NotShared`] (its caller's alone).
+    pub(crate) fn is_not_shared(&self) -> bool {
+        marked_not_shared((*self.0).as_any())
+    }
+
     /// Whether `a` and `b` are the same failure (shared by callers that waited on one
     /// computation), not merely equal-looking ones.
     ///
@@ -614,29 +622,7 @@ impl ComputeError {
     /// The computation's error as a standard error, when it is one of the types the crate can
     /// see into (the bound is only `Display + Debug`, so this is a fixed list of downcasts).
     fn as_std_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        let any = (*self.0).as_any();
-        if let Some(e) = any.downcast_ref::<SourceUnavailable>() {
-            return Some(e);
-        }
-        if let Some(e) = any.downcast_ref::<std::io::Error>() {
-            return Some(e);
-        }
-        if let Some(e) = any.downcast_ref::<Box<dyn std::error::Error + Send + Sync>>() {
-            return Some(&**e);
-        }
-        if let Some(e) = any.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
-            return Some(&**e);
-        }
-        // A computation that returns the crate's own error (a `#[cached]` function's, a nested
-        // cache call's): its chain goes on into the computation's error it wraps.
-        if let Some(e) = any.downcast_ref::<Error>() {
-            return Some(e);
-        }
-        #[cfg(feature = "sqlx")]
-        if let Some(e) = any.downcast_ref::<sqlx::Error>() {
-            return Some(e);
-        }
-        None
+        std_error_of((*self.0).as_any())
     }
 
     /// What the computation's error says of its unavailable source, if it says so.
@@ -852,6 +838,36 @@ impl std::error::Error for SourceUnavailable {
     }
 }
 
+/// A computation's error (`any`) as a standard error, when it is one of the types the crate can
+/// see into: the bound on it is only `Display + Debug`, so this is a fixed list of downcasts.
+fn std_error_of(any: &dyn Any) -> Option<&(dyn std::error::Error + 'static)> {
+    if let Some(e) = any.downcast_ref::<NotShared>() {
+        return Some(e);
+    }
+    if let Some(e) = any.downcast_ref::<SourceUnavailable>() {
+        return Some(e);
+    }
+    if let Some(e) = any.downcast_ref::<std::io::Error>() {
+        return Some(e);
+    }
+    if let Some(e) = any.downcast_ref::<Box<dyn std::error::Error + Send + Sync>>() {
+        return Some(&**e);
+    }
+    if let Some(e) = any.downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>() {
+        return Some(&**e);
+    }
+    // A computation that returns the crate's own error (a `#[cached]` function's, a nested
+    // cache call's): its chain goes on into the computation's error it wraps.
+    if let Some(e) = any.downcast_ref::<Error>() {
+        return Some(e);
+    }
+    #[cfg(feature = "sqlx")]
+    if let Some(e) = any.downcast_ref::<sqlx::Error>() {
+        return Some(e);
+    }
+    None
+}
+
 /// What a computation's error said of its unavailable source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Unavailable {
@@ -861,7 +877,7 @@ pub(crate) struct Unavailable {
 
 /// How many links of a chain of sources are looked at: chains are short, and a bound keeps a
 /// (buggy) cyclic chain from looping forever.
-const MAX_CHAIN: usize = 64;
+pub(crate) const MAX_CHAIN: usize = 64;
 
 /// The first sign in `error`'s chain that its source is unavailable: a [`SourceUnavailable`],
 /// or an I/O error of a lost connection.

@@ -192,7 +192,9 @@ pub use cache::near::NearCacheOptions;
 pub use cache::recovery::{RecoveryOptions, Written};
 pub use cache::Cache;
 pub use error::BackendError;
-pub use error::{BackendErrorKind, ComputeError, Error, RecoveryLimit, SourceUnavailable};
+pub use error::{
+    BackendErrorKind, ComputeError, Error, NotShared, RecoveryLimit, SourceUnavailable,
+};
 pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};

@@ -212,7 +212,10 @@ impl CallOptions {
 
         /// Remember a failed computation for this long (negative caching, default off): callers in
         /// other processes then get [`Error::RecentFailure`](crate::Error::RecentFailure) with the
-        /// error's message at once, instead of running a failing query one after another.
+        /// error's message at once, instead of running a failing query one after another. The
+        /// message is cut to 1 KiB. An error marked [`NotShared`](crate::NotShared) (the caller's
+        /// own: a permission, a quota) is never remembered, nor handed to this process's waiting
+        /// callers.
         negative_ttl: Option<Duration> = negative_ttl.map(saturate);
 
         /// Fail-safe (default off): keep a value this much longer after its TTL and stale window,

@@ -332,3 +332,70 @@ async fn on_redis_a_remembered_failure_reaches_other_instances_without_a_second_
     );
     assert_eq!(computes.load(Ordering::SeqCst), 1);
 }
+
+/// A failure marked `NotShared` (the caller's own: a permission, a quota) is neither remembered
+/// for another instance nor handed to this process's waiting callers: each computes for itself.
+/// A remembered failure's message is bounded, whatever the error printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_failure_marked_not_shared_stays_with_its_caller() {
+    use stampede_guard::NotShared;
+
+    let server = RedisServer::start();
+    let options = CallOptions::default().negative_ttl(Some(60 * SECOND));
+    let (a, b) = (
+        cache(&server, "markers", options.clone()).await,
+        cache(&server, "markers", options).await,
+    );
+    let computes = Arc::new(AtomicUsize::new(0));
+    let denied = |computes: Arc<AtomicUsize>| {
+        move || async move {
+            computes.fetch_add(1, Ordering::SeqCst);
+            // Slow enough that the concurrent calls below join this one's flight.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Err::<u32, _>(NotShared::new("user 7 may not see this report"))
+        }
+    };
+    // Three calls at once in one instance: each gets its own computation's error.
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let (a, computes) = (a.clone(), computes.clone());
+            tokio::spawn(async move {
+                a.get_or_compute("2019-05", 60 * SECOND, denied(computes))
+                    .await
+            })
+        })
+        .collect();
+    for call in calls {
+        let outcome = call.await.unwrap();
+        assert!(matches!(outcome, Err(Error::Compute(_))), "{outcome:?}");
+    }
+    assert_eq!(
+        computes.load(Ordering::SeqCst),
+        3,
+        "not shared in the process"
+    );
+    // Another instance: nothing remembered, it computes for itself.
+    let other = b
+        .get_or_compute("2019-05", 60 * SECOND, || async { Ok::<_, String>(42u32) })
+        .await;
+    assert_eq!(other.unwrap(), 42);
+
+    // A shared failure with a huge message: remembered, cut to a bounded size.
+    let huge = "x".repeat(100_000);
+    let first = a
+        .get_or_compute("2019-06", 60 * SECOND, move || async move {
+            Err::<u32, _>(huge)
+        })
+        .await;
+    assert!(matches!(first, Err(Error::Compute(_))), "{first:?}");
+    let remembered = b
+        .get_or_compute("2019-06", 60 * SECOND, || async { Ok::<_, String>(1u32) })
+        .await;
+    match remembered {
+        Err(Error::RecentFailure { message, .. }) => {
+            assert!(message.len() <= 1024, "{} bytes", message.len());
+            assert!(message.starts_with("xxx") && message.ends_with('…'));
+        }
+        other => panic!("expected the remembered failure, got {other:?}"),
+    }
+}

@@ -18,6 +18,7 @@ use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
+use crate::error::marked_not_shared;
 use crate::lock::lease::HeldLock;
 use crate::stats::{Event, NotStoredReason};
 use crate::store::{Stored, Write};
@@ -274,7 +275,7 @@ impl<C: Codec> Engine<C> {
     /// Lets the lock go after the computation under it failed with `error`, or hit its hard
     /// timeout (`None`), doing with the value it was to replace what `on_failure` says; fenced
     /// by the lock's token, in one step with the release.
-    pub(crate) async fn after_failure<T: DeserializeOwned + 'static, E: Display>(
+    pub(crate) async fn after_failure<T: DeserializeOwned + 'static, E: Display + 'static>(
         &self,
         held: HeldLock,
         keys: &EntryKeys,
@@ -288,9 +289,11 @@ impl<C: Codec> Engine<C> {
             None => Failure::HardTimeout,
         };
         let negative_ttl = self.options.negative_ttl;
+        // An error marked as its caller's alone is never remembered for the others.
+        let shared = !error.is_some_and(|e| marked_not_shared(e));
         let has = AtHand {
             kept: matches!(on_failure, OnFailure::Throttle(_)),
-            negative: negative_ttl.is_some(),
+            negative: negative_ttl.is_some() && shared,
             ..AtHand::default()
         };
         let released = match (on_failure, decide(failure, has), negative_ttl, error) {

@@ -64,7 +64,7 @@ impl<C: Codec> Engine<C> {
         fence: u64,
         (born, tags): (u64, &[String]),
     ) -> Vec<u8> {
-        let message = error.to_string();
+        let message = bounded(error.to_string());
         Envelope {
             codec: self.core.codec.id(),
             negative: true,
@@ -105,5 +105,42 @@ impl<C: Codec> Engine<C> {
     fn fresh_until(&self, ttl: Duration) -> u64 {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         self.core.store.now_ms().saturating_add(ttl_ms)
+    }
+}
+
+/// The most bytes of a failure's message that are remembered (negative caching): every reader
+/// of the key, in every instance, gets it; an error that prints a whole response body or query
+/// must not make each of them read that much.
+pub(crate) const MAX_FAILURE_BYTES: usize = 1024;
+
+/// `message`, cut to at most [`MAX_FAILURE_BYTES`] at a character boundary (marked with `…`).
+fn bounded(mut message: String) -> String {
+    const MARK: &str = "…";
+    if message.len() <= MAX_FAILURE_BYTES {
+        return message;
+    }
+    let mut end = MAX_FAILURE_BYTES - MARK.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    message.push_str(MARK);
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        let short = "no such table: sales".to_string();
+        assert_eq!(bounded(short.clone()), short);
+        // Two-byte characters across the cut: never half of one.
+        let long = "é".repeat(MAX_FAILURE_BYTES);
+        let cut = bounded(long);
+        assert!(cut.len() <= MAX_FAILURE_BYTES);
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
     }
 }

@@ -178,6 +178,8 @@ impl<C: Codec> Engine<C> {
         mark: u64,
     ) -> Option<Result<Fetched<T>, Error>> {
         match outcome {
+            // The leader's own error (`NotShared`): this call computes for itself.
+            Some(Err(Error::Compute(e))) if e.is_not_shared() => None,
             Some(Ok(fetched))
                 if matches!(
                     fetched.source,
