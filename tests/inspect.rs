@@ -1,5 +1,5 @@
-//! `Cache::inspect` against a real redis-server: a held lock (its holder's fencing token and
-//! lease left), a stale value (its age and windows), a value a tag invalidated (seen from an
+//! `Cache::inspect` against real redis-servers: a held lock (its holder's fencing token and
+//! lease left, on one server and over Redlock), a stale value (its age and windows), a value a tag invalidated (seen from an
 //! instance that never saw the tag), a near copy (held, since when), a missing key and bytes
 //! that are not ours; and `web::inspector`'s JSON over a real socket, the key redacted unless
 //! asked.
@@ -31,7 +31,34 @@ async fn a_running_computation_shows_its_lock_holder_token_and_lease_left() {
     let lease = Duration::from_secs(10);
     let computing = cache(&server, "inspect", CallOptions::default().lease(lease)).await;
     let on_call = cache(&server, "inspect", CallOptions::default()).await;
+    shows_the_running_computation(computing, &on_call, lease).await;
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_redlock_the_holder_is_the_one_a_majority_of_the_lock_nodes_holds() {
+    let values = RedisServer::start();
+    let lock_nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = lock_nodes.iter().map(RedisServer::url).collect();
+    let lease = Duration::from_secs(10);
+    let redlocked = |options: CallOptions| {
+        Cache::builder()
+            .redis_url(values.url())
+            .redlock(urls.clone())
+            .namespace("inspect")
+            .options(options)
+            .build()
+    };
+    let computing = redlocked(CallOptions::default().lease(lease))
+        .await
+        .unwrap();
+    let on_call = redlocked(CallOptions::default()).await.unwrap();
+    shows_the_running_computation(computing, &on_call, lease).await;
+}
+
+/// Starts a computation of `report` on `computing` (under `lease`) and holds it: `on_call`
+/// sees its lock's holder with its token and lease left, then, once it ends, the lock free
+/// and the value it wrote under that token.
+async fn shows_the_running_computation(computing: Cache, on_call: &Cache, lease: Duration) {
     let (token_tx, token_rx) = oneshot::channel();
     let done = std::sync::Arc::new(Notify::new());
     let finish = done.clone();
