@@ -188,6 +188,7 @@ pub use cache::bounds::{CacheValue, ComputeFailure};
 pub use cache::builder::CacheBuilder;
 pub use cache::freshness::{Computed, Fetched, Source};
 pub use cache::health::{Health, HealthReason, HealthState};
+pub use cache::inspect::{Inspection, LockHolder, NearCopy, Standing, StoredValue};
 pub use cache::near::NearCacheOptions;
 pub use cache::recovery::{RecoveryOptions, Written};
 pub use cache::Cache;

@@ -1,6 +1,8 @@
 //! The stored entry: what a key's bytes decode to ([`StoredEntry`]). The bytes are read and
 //! written by `encoding.rs`.
 
+use crate::wire::envelope::Envelope;
+
 /// A stored entry, decoded: a value, or a remembered failure's message.
 pub(crate) struct StoredEntry<T> {
     /// The value, or the message of a remembered failure (negative caching).
@@ -17,4 +19,20 @@ pub(crate) struct StoredEntry<T> {
     pub born: u64,
     /// Its tags.
     pub tags: Vec<String>,
+}
+
+impl<T> StoredEntry<T> {
+    /// The entry `envelope` holds, with `value` decoded from its payload (or the failure's
+    /// message).
+    pub(crate) fn of(envelope: &Envelope<'_>, value: Result<T, String>) -> Self {
+        StoredEntry {
+            value,
+            fresh_until_ms: envelope.fresh_until_ms,
+            compute_ms: envelope.compute_ms,
+            fence: envelope.fence,
+            throttled: envelope.fallback,
+            born: envelope.born,
+            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
+        }
+    }
 }

@@ -351,15 +351,7 @@ impl<C: Codec> Engine<C> {
                 }
             }
         };
-        Some(StoredEntry {
-            value,
-            fresh_until_ms: envelope.fresh_until_ms,
-            compute_ms: envelope.compute_ms,
-            fence: envelope.fence,
-            throttled: envelope.fallback,
-            born: envelope.born,
-            tags: envelope.tags.iter().map(|tag| (*tag).to_owned()).collect(),
-        })
+        Some(StoredEntry::of(&envelope, value))
     }
 
     /// Remembers the tags the value of `keys` carries (`tags`, as read or as written), for the

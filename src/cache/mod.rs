@@ -16,7 +16,8 @@
 //! - `entry.rs`: the stored entry; `encoding.rs`: values and failures encoded for the store;
 //! - `plain.rs`: `get`, `set` and the invalidations; `batch/`: many keys in one call;
 //! - `recovery.rs` (and `recovery/gate.rs`): writes queued while the backend is unreachable;
-//! - `health.rs`: the health report; `builder.rs` builds the handle; `bounds.rs` names the bounds.
+//! - `health.rs`: the health report; `inspect.rs`: what the cache holds for a key (`inspect`);
+//!   `builder.rs` builds the handle; `bounds.rs` names the bounds.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol), `docs/guarantees.md` (what each
 //! call promises) and `docs/batch.md` (many keys at once).
@@ -35,6 +36,7 @@ pub(crate) mod fallback;
 pub(crate) mod fetch;
 pub(crate) mod freshness;
 pub(crate) mod health;
+pub(crate) mod inspect;
 mod miss;
 pub(crate) mod near;
 mod plain;
@@ -301,6 +303,46 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub async fn health(&self) -> crate::Health {
         self.engine.health_report().await
+    }
+
+    /// What the cache holds for `key`, for on-call, without computing, refreshing, waiting or
+    /// changing anything: the stored value's age, what is left of its TTL, stale and fail-safe
+    /// windows (by this handle's options), its tags and whether a tag or a clear has
+    /// invalidated it since; the lock's holder (its fencing token and lease left) if the key
+    /// is being computed; the fencing counter; and whether this instance's near tier holds a
+    /// copy, since when. See [`Inspection`](crate::Inspection); served as JSON (the key
+    /// redacted unless asked) by [`web::inspector`](crate::web::inspector) with feature `axum`.
+    ///
+    /// One round trip on Redis (the value with its epochs and the lock, sent at once), plus one
+    /// for the epochs of tags this instance has not seen before. Nothing is counted in
+    /// [`stats`](Self::stats), and the value is never decoded: any key of the namespace can be
+    /// inspected, whatever its type.
+    ///
+    /// ```
+    /// use stampede_guard::Standing;
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// assert_eq!(cache.inspect("2019-05").await?.value, None);
+    /// let tenant = cache.tagged(["tenant:42"]);
+    /// let _ = tenant.set("2019-05", &1234u64, Duration::from_secs(60)).await?;
+    /// cache.invalidate_tag("tenant:42").await?;
+    /// let value = cache.inspect("2019-05").await?.value.expect("still stored");
+    /// assert!(value.invalidated);
+    /// assert_eq!(value.state, Standing::Invalidated);
+    /// assert_eq!(value.tags, ["tenant:42"]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for an empty or over-long key; [`Error::Backend`] (or
+    /// [`Error::NoQuorum`]) when the backend fails, whatever the handle's
+    /// [`OnBackendError`](crate::OnBackendError): an inspection has no fallback.
+    pub async fn inspect(&self, key: &str) -> Result<crate::Inspection, Error> {
+        self.engine.inspect(key).await
     }
 
     /// How many keys this process is computing or waiting for right now, through this cache.

@@ -136,6 +136,8 @@ struct NearCopy {
     /// The version of the tags' epochs ([`NearTier::tag_epochs_version`]) at which it was last
     /// found alive by them: while that holds, a hit need not look them up again.
     alive_at: AtomicU64,
+    /// When it went in, for `Cache::inspect` (an on-call's "since when").
+    inserted: Instant,
 }
 
 /// A copy of `value` boxed, for [`NearCopy::clone_out`]: made where `T: Clone` is known.
@@ -156,6 +158,18 @@ pub(crate) struct Fill<'a, T> {
     /// Its birth, and the names of its tags' epochs.
     pub(crate) born: u64,
     pub(crate) tag_epochs: Box<[String]>,
+}
+
+/// What the tier holds of a key ([`NearTier::peek`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NearPeek {
+    /// How long ago the copy went in.
+    pub(crate) held_for: Duration,
+    /// The fence of the write it is a copy of.
+    pub(crate) fence: u64,
+    /// Whether a read now would be answered by it (fresh, of the current era, its epochs held
+    /// and outlived); otherwise it is only held (for `serve_while_down`) until dropped.
+    pub(crate) servable: bool,
 }
 
 /// Taken before a read from Redis whose answer may go into the tier.
@@ -389,6 +403,23 @@ impl NearTier {
             Event::NearMiss
         });
         served
+    }
+
+    /// What the tier holds of `key`, whatever its type, for `Cache::inspect`: serves nothing
+    /// and counts nothing (the look-up does count as a use for the tier's eviction policy).
+    pub(crate) fn peek(&self, key: &str) -> Option<NearPeek> {
+        let copy = self.copies.get(key)?;
+        let at = Instant::now();
+        let now = self.nanos(at);
+        let servable = self.live_at(now)
+            && copy.era == self.era.load(Ordering::Acquire)
+            && copy.fresh_until_nanos > now
+            && self.outlived_epochs(&copy);
+        Some(NearPeek {
+            held_for: at.saturating_duration_since(copy.inserted),
+            fence: copy.fence,
+            servable,
+        })
     }
 
     /// Whether `copy` was born after the epochs that judge it, all held: the namespace's (one
@@ -680,6 +711,7 @@ impl NearTier {
             born,
             tag_epochs,
             alive_at: AtomicU64::new(u64::MAX),
+            inserted: Instant::now(),
         });
         self.copies.insert(key.to_owned(), copy);
         // After the insert: an announcement that bumped the stripe before this check dropped

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::op::{answer, FromReply};
 use super::{
-    Acquire, Blob, BoxFuture, LockOp, LockStore, ManyWithEpochs, Op, ReadOrLock, Reply, Store,
-    StoreResult, Stored, Write,
+    Acquire, Blob, BoxFuture, LockOp, LockPeek, LockStore, ManyWithEpochs, Op, ReadOrLock, Reply,
+    Store, StoreResult, Stored, Write,
 };
 use crate::wire::key::EntryKeys;
 
@@ -90,6 +90,14 @@ pub(crate) trait LockStoreExt: LockStore {
         keys: &'a EntryKeys,
     ) -> impl Future<Output = StoreResult<Option<Duration>>> + Send + 'a {
         self.ask(LockOp::SinceLastRun { keys })
+    }
+
+    /// [`LockOp::Peek`].
+    fn peek<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+    ) -> impl Future<Output = StoreResult<LockPeek>> + Send + 'a {
+        self.ask(LockOp::Peek { keys })
     }
 }
 

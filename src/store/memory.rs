@@ -39,8 +39,8 @@ use self::entry::{deadline, Decoded, Entry, Expiring};
 use self::shard::{Shard, Step, Totals};
 use super::calls::one_by_one;
 use super::{
-    retention, Blob, BoxFuture, LockOp, LockStore, Op, ReadOrLock, Reply, Store, StoreExt,
-    StoreResult, Stored, Write,
+    retention, Blob, BoxFuture, LockOp, LockPeek, LockStore, Op, ReadOrLock, Reply, Store,
+    StoreExt, StoreResult, Stored, Write,
 };
 use crate::store::wakeup::{Listener, Wakeups};
 use crate::sync::lock;
@@ -391,6 +391,19 @@ impl MemoryStore {
         })
     }
 
+    fn peek_now(&self, keys: &EntryKeys) -> LockPeek {
+        self.read(keys, |e, now| {
+            let Some(e) = e else {
+                return LockPeek::default();
+            };
+            LockPeek {
+                holder: (e.lock(now))
+                    .map(|held| (held.item.clone(), held.until.map(|until| until - now))),
+                fence: e.fence(now),
+            }
+        })
+    }
+
     /// Bumps the fencing counter of `keys`: the new token.
     fn next_fence_now(&self, keys: &EntryKeys, lease: Duration) -> u64 {
         self.update(keys, |e, now| self.bump(e, lease, now))
@@ -546,6 +559,7 @@ impl LockStore for MemoryStore {
                 Reply::Flag(self.record_run_now(keys, fence, keep))
             }
             LockOp::SinceLastRun { keys } => Reply::Since(self.since_last_run_now(keys)),
+            LockOp::Peek { keys } => Reply::Peek(self.peek_now(keys)),
         };
         Box::pin(std::future::ready(Ok(reply)))
     }
@@ -708,6 +722,28 @@ mod tests {
 
     const HOUR: Duration = Duration::from_secs(3600);
     const LEASE: Duration = Duration::from_secs(10);
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peek_sees_the_holder_its_lease_left_and_the_counter_and_changes_nothing() {
+        let store = MemoryStore::default();
+        let k = keys("a");
+        assert_eq!(store.peek(&k).await.unwrap(), LockPeek::default());
+        let lease = Duration::from_secs(10);
+        let fence = granted(store.read_or_lock(&k, "A", lease, false).await, "free");
+        tokio::time::advance(Duration::from_secs(4)).await;
+        let peek = store.peek(&k).await.unwrap();
+        let left = Some(Duration::from_secs(6));
+        assert_eq!(peek.holder, Some(("A".to_owned(), left)));
+        assert_eq!(peek.fence, Some(fence));
+        assert_eq!(
+            store.peek(&k).await.unwrap(),
+            peek,
+            "a peek changes nothing"
+        );
+        assert!(store.unlock(&k, "A").await.unwrap());
+        let peek = store.peek(&k).await.unwrap();
+        assert_eq!((peek.holder, peek.fence), (None, Some(fence)));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn values_are_bounded_by_count_and_by_bytes() {

@@ -490,6 +490,10 @@ enum Step {
     Judge {
         tag: Option<usize>,
     },
+    /// `peek`: the lock's holder, its lease left and the counter, read without a change.
+    Peek {
+        key: usize,
+    },
 }
 
 fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
@@ -510,6 +514,7 @@ fn comparable_ops() -> impl Strategy<Value = Vec<Step>> {
         1 => Just(Step::Born),
         1 => proptest::option::of(0..2usize).prop_map(|tag| Step::Raise { tag }),
         2 => proptest::option::of(0..2usize).prop_map(|tag| Step::Judge { tag }),
+        2 => key().prop_map(|key| Step::Peek { key }),
     ];
     proptest::collection::vec(step, 24)
 }
@@ -544,7 +549,28 @@ fn directed() -> Vec<Vec<Step>> {
         at_least,
         lease: SHORT_MS,
     };
+    let peek = |key| Step::Peek { key };
     vec![
+        // A peek: nothing, then a holder with its token and the counter, a lease that runs
+        // out (the counter outlives it), a `set` that moves the counter, a lock for ever.
+        vec![
+            peek(0),
+            lock(0, 0, long, false),
+            peek(0),
+            peek(1),
+            lock(1, 1, SHORT_MS, false),
+            pause(),
+            peek(1),
+            Step::Op(Set {
+                key: 0,
+                value: 1,
+                ttl: long,
+                lease: long,
+            }),
+            peek(0),
+            lock(1, 2, FOREVER_MS, false),
+            peek(1),
+        ],
         // Epochs: a birth before a raise is judged gone by it, one after it outlives it; a raise
         // twice in a row rises still; an epoch never raised reads 0.
         vec![
@@ -798,10 +824,37 @@ async fn answers(store: &dyn Store, ns: &str, steps: &[Step], paused: bool) -> V
                 let written: bool = take(send(store, Command::Run(kept)).await);
                 format!("kept {written}")
             }
+            Step::Peek { key } => {
+                let peek = LockOp::Peek { keys: &keys[key] };
+                peeked(
+                    take(send(store, Command::Lock(peek)).await),
+                    last_token.get(&key),
+                )
+            }
         };
         out.push(answer);
     }
     out
+}
+
+/// A peek as it compares across stores: the holder, its lease as short, long or for ever, and
+/// the counter as absent, the key's last token seen, or another (a `set` or an invalidation
+/// moved it: to the clock on Redis, by one in memory).
+fn peeked(peek: LockPeek, last: Option<&u64>) -> String {
+    let lease = |left: Option<Duration>| match left {
+        None => "for ever",
+        Some(d) if d.as_secs() < 1 => "short",
+        Some(_) => "long",
+    };
+    let holder = peek
+        .holder
+        .map(|(token, left)| format!("{token} {}", lease(left)));
+    let fence = match peek.fence {
+        None => "none",
+        Some(fence) if Some(&fence) == last => "the last token",
+        Some(_) => "another",
+    };
+    format!("peek: held by {holder:?}, fence {fence}")
 }
 
 /// A pause of `ms`: tokio's paused clock moved on, or real time slept.

@@ -325,6 +325,17 @@ impl From<Acquire> for ReadOrLock {
     }
 }
 
+/// What a look at an entry's lock found ([`LockOp::Peek`]), without changing it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct LockPeek {
+    /// The holder's owner token and its lease left (`None`: no expiry, which this crate never
+    /// sets), if the lock is held.
+    pub holder: Option<(String, Option<Duration>)>,
+    /// The fencing counter, if it exists: the last token handed out (by an acquisition, a
+    /// `set` or an invalidation).
+    pub fence: Option<u64>,
+}
+
 /// What a lock needs of a backend: the lock operations, as values, and the wake-up feed.
 /// Implementations: every [`Store`], and the Redlock quorum over several stores. The typed
 /// calls (`try_lock`, `extend`, ...) are [`LockStoreExt`]'s.
@@ -372,6 +383,13 @@ pub(crate) trait Clock: Send + Sync {
     /// freshness; afterwards a background task keeps it calibrated.
     fn sync(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::ready(()))
+    }
+
+    /// Whether the store's births ([`Op::Born`]) are a time, in microseconds since the Unix
+    /// epoch (Redis: the server's `TIME`), so that a value's age can be told from its birth;
+    /// the embedded store counts births instead.
+    fn births_are_micros(&self) -> bool {
+        false
     }
 }
 

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Acquire, Blob, ManyWithEpochs, ReadOrLock, StoreError, StoreResult, Stored, Write};
+use super::{
+    Acquire, Blob, LockPeek, ManyWithEpochs, ReadOrLock, StoreError, StoreResult, Stored, Write,
+};
 use crate::wire::key::EntryKeys;
 
 /// What a wrapper in front of a backend must know of an operation.
@@ -71,6 +73,9 @@ pub(crate) enum LockOp<'a> {
     },
     /// How long ago the last recorded run started, by the store's clock: [`Reply::Since`].
     SinceLastRun { keys: &'a EntryKeys },
+    /// Who holds the lock, for how long more, and the fencing counter, changing nothing
+    /// (`Cache::inspect`): [`Reply::Peek`].
+    Peek { keys: &'a EntryKeys },
 }
 
 impl<'a> LockOp<'a> {
@@ -84,6 +89,7 @@ impl<'a> LockOp<'a> {
             LockOp::RaiseFence { .. } => "raise_fence",
             LockOp::RecordRun { .. } => "record_run",
             LockOp::SinceLastRun { .. } => "since_last_run",
+            LockOp::Peek { .. } => "peek",
         }
     }
 
@@ -95,7 +101,9 @@ impl<'a> LockOp<'a> {
             | LockOp::NextFence { .. }
             | LockOp::RaiseFence { .. } => Class::LockWrite,
             LockOp::Unlock { .. } => Class::CleanUp,
-            LockOp::RecordRun { .. } | LockOp::SinceLastRun { .. } => Class::Plain,
+            LockOp::RecordRun { .. } | LockOp::SinceLastRun { .. } | LockOp::Peek { .. } => {
+                Class::Plain
+            }
         }
     }
 }
@@ -260,6 +268,8 @@ pub(crate) enum Reply {
     ValueWithEpochs((Option<Blob>, Vec<u64>)),
     /// Values' bytes and epochs.
     ValuesWithEpochs(ManyWithEpochs),
+    /// A lock's holder and the fencing counter, as a look found them.
+    Peek(LockPeek),
 }
 
 impl Reply {
@@ -279,6 +289,7 @@ impl Reply {
             Reply::Epochs(_) => "Epochs",
             Reply::ValueWithEpochs(_) => "ValueWithEpochs",
             Reply::ValuesWithEpochs(_) => "ValuesWithEpochs",
+            Reply::Peek(_) => "Peek",
         }
     }
 }
@@ -315,6 +326,7 @@ from_reply! {
     Vec<u64> => Epochs,
     (Option<Blob>, Vec<u64>) => ValueWithEpochs,
     ManyWithEpochs => ValuesWithEpochs,
+    LockPeek => Peek,
 }
 
 impl FromReply for () {

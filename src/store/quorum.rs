@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::op::FromReply;
 use super::{
-    Acquire, Backend, BoxFuture, ConnectionOptions, LockOp, LockStore, LockStoreExt, Reply,
-    StoreError, StoreResult,
+    Acquire, Backend, BoxFuture, ConnectionOptions, LockOp, LockPeek, LockStore, LockStoreExt,
+    Reply, StoreError, StoreResult,
 };
 use crate::error::Error;
 use crate::join::join_all;
@@ -169,6 +169,25 @@ impl QuorumStore {
         Ok(fence)
     }
 
+    /// What the nodes' looks say together: the lock is held by the token a majority holds
+    /// (for the least lease left among them), and the counter is the highest (every token a
+    /// majority handed out is at most it).
+    fn held_by_majority(&self, peeks: Vec<LockPeek>) -> LockPeek {
+        let fence = peeks.iter().filter_map(|peek| peek.fence).max();
+        let holders: Vec<&(String, Option<Duration>)> = peeks
+            .iter()
+            .filter_map(|peek| peek.holder.as_ref())
+            .collect();
+        let holder = holders.iter().find_map(|(token, _)| {
+            let same: Vec<Option<Duration>> = (holders.iter())
+                .filter(|(other, _)| other == token)
+                .map(|(_, left)| *left)
+                .collect();
+            (same.len() >= self.quorum()).then(|| (token.clone(), same.into_iter().flatten().min()))
+        });
+        LockPeek { holder, fence }
+    }
+
     async fn raise_fence_on_majority(
         &self,
         keys: &EntryKeys,
@@ -209,6 +228,10 @@ impl LockStore for QuorumStore {
                 LockOp::SinceLastRun { .. } => {
                     let since: Vec<Option<Duration>> = self.majority(self.on_all(op).await)?;
                     Reply::Since(since.into_iter().flatten().min())
+                }
+                LockOp::Peek { .. } => {
+                    let peeks: Vec<LockPeek> = self.majority(self.on_all(op).await)?;
+                    Reply::Peek(self.held_by_majority(peeks))
                 }
             })
         })
@@ -429,5 +452,23 @@ mod tests {
         let since = store.since_last_run(&k).await.unwrap();
         assert_eq!(since, Some(Duration::from_secs(1)));
         assert!(!store.record_run(&k, 7, keep).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_peek_names_the_holder_of_a_majority_and_the_highest_counter() {
+        let (store, memory) = quorum(&[FAILS]);
+        let k = keys();
+        let Acquire::Acquired { fence } = store.try_lock(&k, "A", LEASE).await.unwrap() else {
+            panic!("a free lock is taken");
+        };
+        let peek = store.peek(&k).await.unwrap();
+        let (holder, left) = peek.holder.expect("held on both live nodes");
+        assert_eq!((holder.as_str(), peek.fence), ("A", Some(fence)));
+        assert!(left.is_some_and(|left| left <= LEASE));
+
+        // Freed behind the quorum's back on one of the two live nodes: no majority holds it.
+        assert!(memory[0].unlock(&k, "A").await.unwrap());
+        let peek = store.peek(&k).await.unwrap();
+        assert_eq!((peek.holder, peek.fence), (None, Some(fence)));
     }
 }

@@ -145,7 +145,8 @@ fn lock_keys<'a>(op: &LockOp<'a>) -> &'a EntryKeys {
         | LockOp::NextFence { keys, .. }
         | LockOp::RaiseFence { keys, .. }
         | LockOp::RecordRun { keys, .. }
-        | LockOp::SinceLastRun { keys } => keys,
+        | LockOp::SinceLastRun { keys }
+        | LockOp::Peek { keys } => keys,
     }
 }
 

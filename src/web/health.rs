@@ -62,7 +62,7 @@ pub fn probes<S: Clone + Send + Sync + 'static>(cache: Cache) -> axum::Router<S>
 
 /// A probe's JSON answer, never stored by a cache in front (the response cache, a CDN): a
 /// probe wants now.
-fn json(status: StatusCode, body: String) -> Response {
+pub(super) fn json(status: StatusCode, body: String) -> Response {
     (
         status,
         [

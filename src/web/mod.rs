@@ -7,6 +7,7 @@
 //! | [`JsonError`], [`json_response`] | the JSON responses under their earlier names |
 //! | [`IntoResponse`] for [`Fetched`](crate::Fetched), [`IntoResponseParts`](axum::response::IntoResponseParts) for [`Source`](crate::Source), [`SOURCE_HEADER`] | where a handler's value came from, as an `x-cache` header: `hit`, `stale`, `fallback`, `computed`, `waited`... |
 //! | [`IntoResponse`] for [`Health`](crate::Health), [`probes`], [`liveness`] | a readiness handler: 200 while the instance serves ([`Health::is_ready`](crate::Health::is_ready): healthy, or degraded with Redis down), 503 when it cannot, the report as JSON; `/livez` and `/readyz` for Kubernetes |
+//! | [`inspector`] | an admin route's JSON of [`Cache::inspect`](crate::Cache::inspect): what the cache holds for a key (value, windows, tags, lock holder, fence, near copy), the key redacted unless asked |
 //! | [`Shutdown`], [`shutdown_signal`] | one Ctrl-C/SIGTERM signal that `axum::serve(..).with_graceful_shutdown` and [`Leader::run`](crate::leader::Leader::run) both await |
 //! | `ResponseCacheLayer` (feature `tower`) | a `tower::Layer` that caches whole `GET`/`HEAD` responses through the crate: one handler execution per key across the fleet |
 //!
@@ -104,6 +105,7 @@
 
 mod error;
 mod health;
+mod inspect;
 mod json;
 #[cfg(feature = "tower")]
 mod layer;
@@ -112,6 +114,7 @@ mod source;
 
 pub use error::{retry_after, status, text_response};
 pub use health::{liveness, probes};
+pub use inspect::inspector;
 pub use json::{json_response, response, JsonError};
 #[cfg(feature = "tower")]
 pub use layer::{ResponseCache, ResponseCacheLayer};

@@ -18,8 +18,8 @@ use super::pubsub::PubSub;
 use super::replicas::{Acks, ReplicaWait};
 use super::scripts::{
     self, unexpected, ClockCall, ExtendCall, InvalidateCall, InvalidateManyCall, NextFenceCall,
-    RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall, ScriptCall,
-    Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, Told, UnlockCall, WakeCall,
+    PeekCall, RaiseEpochCall, RaiseFenceCall, ReadOrLockCall, ReadOrLockManyCall, RecordRunCall,
+    ScriptCall, Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, Told, UnlockCall, WakeCall,
     WriteFencedCall,
 };
 use crate::join::join_all;
@@ -635,6 +635,7 @@ where
                 LockOp::SinceLastRun { keys } => {
                     Reply::Since(self.script(SinceLastRunCall { keys }).await?)
                 }
+                LockOp::Peek { keys } => Reply::Peek(self.script(PeekCall { keys }).await?),
             })
         })
     }
@@ -713,6 +714,11 @@ where
 
     fn sync(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.clock.sync(&self.conn))
+    }
+
+    /// Births are the `TIME` of the namespace's clock node (`ClockCall`).
+    fn births_are_micros(&self) -> bool {
+        true
     }
 }
 
