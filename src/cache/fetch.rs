@@ -74,6 +74,19 @@ where
         }
     }
 
+    /// The call after the quick hits (`fetch`'s near and memory hits): a near copy when XFetch
+    /// is on, else the first read.
+    async fn first(self) -> Result<Fetched<T>, Error> {
+        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
+        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
+        if self.engine.options.early_refresh_beta > 0.0 {
+            if let Some(entry) = self.engine.near_copy::<T>(&self.keys.user) {
+                return self.serve(entry, Source::Hit);
+            }
+        }
+        self.read_first().await
+    }
+
     /// The call's first read: a near copy's ticket first, for the answer to go into the near
     /// tier; one read of the value with its epochs; on a miss, the in-process single flight
     /// ([`share_or_load`](Self::share_or_load), in `miss.rs`).
@@ -175,12 +188,16 @@ impl<C: Codec> Engine<C> {
         let started = tokio::time::Instant::now();
         // Without a subscriber for it, the span is disabled: then no wrapper is polled, entered
         // and exited on every poll of the call.
-        let result = if span.is_disabled() {
-            self.fetch_entry(key, ttl, started, f).await
-        } else {
-            (self.fetch_entry(key, ttl, started, f))
-                .instrument(span.clone())
-                .await
+        let result = match EntryKeys::new(&self.core.namespace, key) {
+            Ok(keys) => {
+                let call = KeyCall::new(self, keys, ttl, started, f);
+                if span.is_disabled() {
+                    call.first().await
+                } else {
+                    call.first().instrument(span.clone()).await
+                }
+            }
+            Err(e) => Err(e),
         };
         let outcome = self.count_outcome(&result, started);
         if !span.is_disabled() {
@@ -190,34 +207,6 @@ impl<C: Codec> Engine<C> {
             }
         }
         result
-    }
-
-    /// The single-key path after the quick hits (`fetch`'s near and memory hits): a near copy
-    /// when XFetch is on, else the call's first read ([`KeyCall::read_first`]). `started`: when
-    /// the call began.
-    pub(crate) async fn fetch_entry<T, E, F, Fut>(
-        &self,
-        key: &str,
-        ttl: Duration,
-        started: Instant,
-        f: F,
-    ) -> Result<Fetched<T>, Error>
-    where
-        T: CacheValue,
-        E: ComputeFailure,
-        F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
-    {
-        // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
-        // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
-        if self.options.early_refresh_beta > 0.0 {
-            if let Some(entry) = self.near_copy::<T>(key) {
-                let keys = EntryKeys::new(&self.core.namespace, key)?;
-                return KeyCall::new(self, keys, ttl, started, f).serve(entry, Source::Hit);
-            }
-        }
-        let keys = EntryKeys::new(&self.core.namespace, key)?;
-        KeyCall::new(self, keys, ttl, started, f).read_first().await
     }
 
     /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
