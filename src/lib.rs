@@ -171,6 +171,7 @@ mod cached;
 mod error;
 mod join;
 mod lock;
+mod log;
 mod options;
 #[cfg(feature = "sqlx")]
 mod sqlx_source;

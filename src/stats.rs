@@ -21,10 +21,10 @@
 //! Explained in the guide: `docs/observability.md`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::BackendErrorKind;
+use crate::log::LogThrottle;
 
 /// A snapshot of what a cache has done since it was built (shared by all its handles).
 ///
@@ -346,46 +346,6 @@ impl NotStoredReason {
 /// How often at most a reason for values not stored is logged: one line with the count since
 /// the last, instead of one per call (a full Redis would otherwise log on every miss).
 const NOT_STORED_LOG_EVERY: Duration = Duration::from_secs(60);
-
-/// A log line written at most once per period, with the count of the events since the last
-/// one: an outage must not write a line per call.
-#[derive(Debug)]
-pub(crate) struct LogThrottle {
-    /// Events since the last line.
-    pending: AtomicU64,
-    /// When the last line was written; `None` before the first.
-    last: Mutex<Option<Instant>>,
-}
-
-impl Default for LogThrottle {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl LogThrottle {
-    /// A throttle whose first event is logged at once (`const`, for a `static`).
-    pub(crate) const fn new() -> Self {
-        LogThrottle {
-            pending: AtomicU64::new(0),
-            last: Mutex::new(None),
-        }
-    }
-
-    /// Counts one event; `Some(events since the last line, this one included)` when a line is
-    /// due (the first event, then at most once per `every`), `None` otherwise.
-    pub(crate) fn due(&self, every: Duration) -> Option<u64> {
-        self.pending.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        let mut last = crate::sync::lock(&self.last);
-        if last.is_some_and(|at| now.duration_since(at) < every) {
-            return None;
-        }
-        *last = Some(now);
-        drop(last);
-        Some(self.pending.swap(0, Ordering::Relaxed))
-    }
-}
 
 // By hand rather than derived: no proc-macro dependency for users, and the duration gets a
 // name that carries its unit.
@@ -732,9 +692,9 @@ mod tests {
         // The first of each reason was logged (its count taken); the next two wait for the
         // next line, a minute later, which will say 2.
         let oom = &counters.not_stored_log[NotStoredReason::OutOfMemory.index()];
-        assert_eq!(oom.pending.load(Ordering::Relaxed), 2);
+        assert_eq!(oom.pending(), 2);
         let fence = &counters.not_stored_log[NotStoredReason::FenceLost.index()];
-        assert_eq!(fence.pending.load(Ordering::Relaxed), 0);
+        assert_eq!(fence.pending(), 0);
     }
 
     #[test]

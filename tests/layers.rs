@@ -24,6 +24,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("join", 0),
     ("options", 0),
     ("stats", 0),
+    ("log", 0),
 ];
 
 fn rank(module: &str) -> Option<u8> {

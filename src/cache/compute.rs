@@ -205,7 +205,7 @@ where
             None => {
                 let after = computing.elapsed();
                 engine.core.counters.record(Event::HardTimeout);
-                tracing::warn!(key = %keys.user, ?after,
+                crate::log::throttled!(warn, key = %keys.user, ?after,
                     "hard timeout: the computation is cancelled and its lock freed");
                 engine
                     .after_failure::<T, E>(held, &keys, on_failure, None, born)
@@ -325,7 +325,7 @@ impl<C: Codec> Engine<C> {
             _ => held.release().await,
         };
         if let Err(err) = released {
-            tracing::warn!(key = %keys.user, error = %err,
+            crate::log::throttled!(warn, key = %keys.user, error = %err,
                 "could not free the lock after a failed computation; it frees itself when its lease runs out");
         }
     }

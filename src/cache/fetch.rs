@@ -319,13 +319,13 @@ impl<C: Codec> Engine<C> {
         let envelope = match Envelope::decode(bytes, codec.id()) {
             Ok(envelope) => envelope,
             Err(foreign) => {
-                tracing::warn!(key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
+                crate::log::throttled!(warn, key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
                 return None;
             }
         };
         // A compare of two numbers: the shape of `T` was traced on its first use, not here.
         if envelope.shape != shape::fingerprint::<T>() {
-            tracing::warn!(key = %keys.user, r#type = std::any::type_name::<T>(),
+            crate::log::throttled!(warn, key = %keys.user, r#type = std::any::type_name::<T>(),
                 "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
             return None;
         }
@@ -335,7 +335,7 @@ impl<C: Codec> Engine<C> {
             match codec.decode(envelope.payload) {
                 Ok(value) => Ok(value),
                 Err(e) => {
-                    tracing::warn!(key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
+                    crate::log::throttled!(warn, key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
                     return None;
                 }
             }

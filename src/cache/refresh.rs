@@ -86,7 +86,7 @@ impl<C: Codec> Engine<C> {
                         f,
                     };
                     if let Err(e) = computation.compute_and_store(held, on_failure).await {
-                        tracing::warn!(key = %keys.user, error = %e.chain(), "background refresh failed");
+                        crate::log::throttled!(warn, key = %keys.user, error = %e.chain(), "background refresh failed");
                     }
                 }
                 Ok(ReadOrLock::Held { expires_in }) => {
@@ -95,7 +95,7 @@ impl<C: Codec> Engine<C> {
                 }
                 Ok(ReadOrLock::Value(_)) => {}
                 Err(e) => {
-                    tracing::warn!(key = %keys.user, error = %e, "background refresh could not reach the backend");
+                    crate::log::throttled!(warn, key = %keys.user, error = %e, "background refresh could not reach the backend");
                 }
             }
             drop(claim);

@@ -214,7 +214,7 @@ impl Leader {
                 Ok(guard) => guard,
                 Err(Error::WaitTimeout { .. }) => continue,
                 Err(e) => {
-                    tracing::warn!(lock = %name, error = %e.chain(), "standby: cannot reach the lock; retrying");
+                    crate::log::throttled!(warn, lock = %name, error = %e.chain(), "standby: cannot reach the lock; retrying");
                     let delay = self.lock.options().backoff.delay(failures);
                     failures = failures.saturating_add(1);
                     tokio::select! {
@@ -232,7 +232,7 @@ impl Leader {
                 .await
             {
                 TermEnd::LeaseLost => {
-                    tracing::warn!(lock = %name, fencing_token, "lease lost: job cancelled, standing by");
+                    crate::log::throttled!(warn, lock = %name, fencing_token, "lease lost: job cancelled, standing by");
                     drop(guard);
                 }
                 TermEnd::Shutdown => {
@@ -286,7 +286,7 @@ impl Leader {
                 // A newer term has run: this one is over, whatever the lease says.
                 Ok(false) => return TermEnd::LeaseLost,
                 Err(e) => {
-                    tracing::warn!(lock = %self.lock.name(), error = %e.chain(),
+                    crate::log::throttled!(warn, lock = %self.lock.name(), error = %e.chain(),
                         "could not record the run's start; a new leader may run it early");
                 }
             }
@@ -304,7 +304,7 @@ impl Leader {
                 () = lease.lost() => return TermEnd::LeaseLost,
                 outcome = job(ctx) => {
                     if let Err(e) = outcome {
-                        tracing::warn!(lock = %self.lock.name(), error = %e, "job run failed");
+                        crate::log::throttled!(warn, lock = %self.lock.name(), error = %e, "job run failed");
                     }
                 }
             }
@@ -322,7 +322,7 @@ impl Leader {
             Ok(Some(since)) => now + self.every.saturating_sub(since),
             Ok(None) => now,
             Err(e) => {
-                tracing::warn!(lock = %self.lock.name(), error = %e.chain(),
+                crate::log::throttled!(warn, lock = %self.lock.name(), error = %e.chain(),
                     "could not read when the job last ran; running it now");
                 now
             }

@@ -19,8 +19,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::log::LogThrottle;
 use crate::options::CallOptions;
-use crate::stats::{Counters, Event, LogThrottle};
+use crate::stats::{Counters, Event};
 use crate::store::LockStoreExt;
 use crate::store::StoreExt;
 use crate::store::{LockStore, Store, StoreError, StoreResult, Stored, Write};
@@ -317,15 +318,15 @@ impl Renewing {
                 Renewed::GoOn
             }
             Ok(Ok(false)) => {
-                tracing::warn!(key = %keys.user, "lease lost: the lock is no longer ours");
+                crate::log::throttled!(warn, key = %keys.user, "lease lost: the lock is no longer ours");
                 Renewed::Taken
             }
             Ok(Err(e)) => {
-                tracing::warn!(key = %keys.user, error = %e, "lease renewal failed; retrying");
+                crate::log::throttled!(warn, key = %keys.user, error = %e, "lease renewal failed; retrying");
                 Renewed::GoOn
             }
             Err(_) => {
-                tracing::warn!(key = %keys.user, "lease renewal timed out; retrying");
+                crate::log::throttled!(warn, key = %keys.user, "lease renewal timed out; retrying");
                 Renewed::GoOn
             }
         }
@@ -450,7 +451,7 @@ const ABANDONED_LOG_EVERY: Duration = Duration::from_secs(60);
 /// lease running out is the backstop. Harmless when the lock is not (or no longer) `token`'s.
 fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: &Arc<str>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(key = %keys.user, "lock dropped outside a runtime; it frees itself when its lease runs out");
+        crate::log::throttled!(warn, key = %keys.user, "lock dropped outside a runtime; it frees itself when its lease runs out");
         return;
     };
     let store = Arc::clone(store);

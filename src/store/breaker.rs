@@ -346,7 +346,8 @@ impl Breaker {
         spell.since.get_or_insert(quiet_since);
         self.open(spell, now);
         let quiet_ms = quiet.as_millis();
-        tracing::warn!(
+        crate::log::throttled!(
+            warn,
             waiting,
             quiet_ms,
             "circuit breaker open: {waiting} requests waited {quiet_ms} ms with no answer from \
@@ -472,7 +473,7 @@ impl Breaker {
         match self.state.load(Ordering::Acquire) {
             CLOSED if in_a_row >= self.options.failures => {
                 self.open(spell, now);
-                tracing::warn!(failures = in_a_row, kind = %e.kind(), error = %e,
+                crate::log::throttled!(warn, failures = in_a_row, kind = %e.kind(), error = %e,
                     "circuit breaker open: the backend failed {in_a_row} times in a row; \
                      calls fail fast (or take their fallback) until a probe finds it answering");
             }

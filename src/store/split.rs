@@ -87,7 +87,7 @@ impl SplitStore {
                 // The value is the answer; a lock that cannot be freed now frees itself at
                 // the end of its lease, which must not turn this read into an error.
                 if let Err(e) = self.unlock_across(keys, token).await {
-                    tracing::warn!(key = %keys.user, error = %e, "could not free a lock taken over a value that had landed; it frees itself when its lease runs out");
+                    crate::log::throttled!(warn, key = %keys.user, error = %e, "could not free a lock taken over a value that had landed; it frees itself when its lease runs out");
                 }
                 return Ok(ReadOrLock::Value(value.to_vec()));
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::stats::LogThrottle;
+use crate::log::LogThrottle;
 use crate::Error;
 
 /// The HTTP status for `error`, as the [`IntoResponse`] implementation uses it (the table in the

@@ -338,7 +338,7 @@ where
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
     E: Display + Debug + Send + Sync + 'static,
 {
-    tracing::warn!(keys = locked.len(), after = ?took,
+    crate::log::throttled!(warn, keys = locked.len(), after = ?took,
         "hard timeout: the batch computation is cancelled and its locks freed");
     let failures = locked
         .into_iter()
@@ -359,9 +359,9 @@ where
 /// A key the computation left out: its lock goes at once (waking its waiters), nothing is
 /// cached, and the key's callers get [`Error::MissingFromBatch`].
 async fn missing(held: HeldLock, keys: &EntryKeys) -> Error {
-    tracing::warn!(key = %keys.user, "the batch computation returned no value for this key");
+    crate::log::throttled!(warn, key = %keys.user, "the batch computation returned no value for this key");
     if let Err(e) = held.release().await {
-        tracing::warn!(key = %keys.user, error = %e,
+        crate::log::throttled!(warn, key = %keys.user, error = %e,
             "could not free the lock of a key left out; it frees itself when its lease runs out");
     }
     Error::MissingFromBatch {

@@ -173,7 +173,7 @@ impl Feed {
                     } else {
                         " (it needs RESP3, Redis 6 or later)"
                     };
-                    tracing::warn!(error = %e,
+                    crate::log::throttled!(warn, error = %e,
                         "near tier: its feed connection failed{hint}; its copies are not \
                          served until the feed is back");
                 }
@@ -357,7 +357,7 @@ impl Feed {
             }
             Err(e) => {
                 if !std::mem::replace(warned, true) {
-                    tracing::warn!(error = %e,
+                    crate::log::throttled!(warn, error = %e,
                         "near tier: the server refused CLIENT TRACKING, so changes made outside \
                          this crate (other programs' writes, DEL, expiry, eviction, FLUSHDB) are \
                          not seen: a copy of such a value may be served until its own \

@@ -177,7 +177,7 @@ pub(crate) fn parse_epoch(name: &str, bytes: Option<&[u8]>) -> u64 {
     {
         Some(epoch) => epoch,
         None => {
-            tracing::warn!(epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
+            crate::log::throttled!(warn, epoch = %name, "the epoch holds bytes that are not a number (another program's?); every value it judges counts as gone until it is raised again");
             u64::MAX
         }
     }

@@ -260,7 +260,7 @@ where
     /// running out frees it.
     async fn release_unacked(&self, keys: &EntryKeys, token: &str) {
         if let Err(e) = self.unlock(keys, token).await {
-            tracing::warn!(key = %keys.user, error = %e, "could not release a lock that too few replicas acknowledged; it expires with its lease");
+            crate::log::throttled!(warn, key = %keys.user, error = %e, "could not release a lock that too few replicas acknowledged; it expires with its lease");
         }
     }
 
@@ -430,7 +430,7 @@ where
             Ok(v) => Ok(v.map(Blob::Owned)),
             // Another type under our key is foreign data: a miss, replaced on the next write.
             Err(e) if e.code() == Some("WRONGTYPE") => {
-                tracing::warn!(key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
+                crate::log::throttled!(warn, key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
                 Ok(None)
             }
             Err(e) => Err(StoreError::from(e).about(&keys.value)),

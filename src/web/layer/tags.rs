@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::http::request;
 
 use super::TagFn;
-use crate::stats::LogThrottle;
+use crate::log::LogThrottle;
 use crate::{Cache, Codec, Error};
 
 /// How often at most the refusals of a process are logged, with their count since the last line.
