@@ -537,6 +537,11 @@ impl Counters {
             // By design: a newer write won while this value was computed.
             tracing::info!(reason = label, count, last_key = %key,
                 "computed values returned but not stored: the key was invalidated, set or taken over meanwhile (count since the last such line)");
+        } else if reason == NotStoredReason::BackendFailed {
+            // The fallback of an outage (`ComputeUncached`) doing what it says: the outage
+            // itself is the warning (the breaker's, the store's).
+            tracing::info!(reason = label, count, last_key = %key, error = %error,
+                "computed values returned but not stored: the backend is unreachable (count since the last such line)");
         } else {
             tracing::warn!(reason = label, count, last_key = %key, error = %error,
                 "computed values returned but not stored in the cache (count since the last such line)");

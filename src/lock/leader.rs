@@ -286,7 +286,8 @@ impl Leader {
                 // A newer term has run: this one is over, whatever the lease says.
                 Ok(false) => return TermEnd::LeaseLost,
                 Err(e) => {
-                    crate::log::throttled!(warn, lock = %self.lock.name(), error = %e.chain(),
+                    // The backend is away: the lease is lost next, logged at `warn` then.
+                    crate::log::throttled!(info, lock = %self.lock.name(), error = %e.chain(),
                         "could not record the run's start; a new leader may run it early");
                 }
             }

@@ -322,11 +322,12 @@ impl Renewing {
                 Renewed::Taken
             }
             Ok(Err(e)) => {
-                crate::log::throttled!(warn, key = %keys.user, error = %e, "lease renewal failed; retrying");
+                // Retried by itself: what matters is a lease lost, logged at `warn` by its holder.
+                crate::log::throttled!(info, key = %keys.user, error = %e, "lease renewal failed; retrying");
                 Renewed::GoOn
             }
             Err(_) => {
-                crate::log::throttled!(warn, key = %keys.user, "lease renewal timed out; retrying");
+                crate::log::throttled!(info, key = %keys.user, "lease renewal timed out; retrying");
                 Renewed::GoOn
             }
         }
@@ -462,7 +463,8 @@ fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: 
             // An outage fails every such clean-up: one line a minute, with the count.
             static FAILED: LogThrottle = LogThrottle::new();
             match FAILED.due(ABANDONED_LOG_EVERY) {
-                Some(count) => tracing::warn!(key = %keys.user, count, error = %e,
+                // Self-healing (the lease runs out): `info`, not a warning.
+                Some(count) => tracing::info!(key = %keys.user, count, error = %e,
                     "could not free abandoned locks (count since the last such line); each frees itself when its lease runs out"),
                 None => tracing::debug!(key = %keys.user, error = %e,
                     "could not free an abandoned lock; it frees itself when its lease runs out"),
