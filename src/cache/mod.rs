@@ -253,7 +253,7 @@ impl<C: Codec> Cache<C> {
     ///     .await?;
     /// assert_eq!(summary, 7);
     /// // The tenant's data changed: every value written for it goes, on every instance.
-    /// cache.invalidate_tag("tenant:42").await?;
+    /// let _ = cache.invalidate_tag("tenant:42").await?;
     /// assert_eq!(cache.get::<u32>("summary:42").await?, None);
     /// # Ok(())
     /// # }

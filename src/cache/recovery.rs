@@ -30,7 +30,8 @@ use crate::Error;
 
 /// The bounds of the auto-recovery queue ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)).
 ///
-/// Defaults: 10,000 keys and 64 MiB of queued value bytes (an invalidation holds none). A write
+/// Defaults: 10,000 keys (a tag or a clear waiting counts as one) and 64 MiB of queued value
+/// bytes (an invalidation holds none). A write
 /// that would pass either bound is refused with [`Error::RecoveryQueueFull`]: the queue never
 /// grows past them, and never drops a write it accepted to make room. A bound of 0 refuses
 /// every write that could not be applied (recovery in name only).
