@@ -19,8 +19,8 @@ mod support {
 use std::time::{Duration, Instant};
 
 use stampede_guard::{
-    Cache, CallOptions, ConnectionOptions, Error, NearCacheOptions, RecoveryLimit, RecoveryOptions,
-    Written,
+    Cache, CacheBuilder, CallOptions, ConnectionOptions, Error, NearCacheOptions, OnBackendError,
+    RecoveryLimit, RecoveryOptions, Written,
 };
 use support::proxy::{Mode, Proxy};
 use support::RedisServer;
@@ -33,11 +33,22 @@ const REPLAYED_WITHIN: Duration = Duration::from_secs(15);
 
 /// A cache on `url` with auto-recovery bounded by `recovery`, failing fast on a dead server.
 async fn recovering(url: String, namespace: &str, recovery: RecoveryOptions) -> Cache {
-    Cache::builder()
+    recovering_with(url, namespace, recovery, |builder| builder).await
+}
+
+/// [`recovering`], with more of the builder's settings.
+async fn recovering_with(
+    url: String,
+    namespace: &str,
+    recovery: RecoveryOptions,
+    more: impl FnOnce(CacheBuilder) -> CacheBuilder,
+) -> Cache {
+    let builder = Cache::builder()
         .redis_url(url)
         .namespace(namespace)
         .connection(fast_failing())
-        .auto_recovery(recovery)
+        .auto_recovery(recovery);
+    more(builder)
         .build()
         .await
         .expect("a cache on the test server")
@@ -420,16 +431,12 @@ async fn no_read_is_served_from_redis_before_a_queued_clear() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_tag_stops_the_near_tier_serving_its_values() {
     let mut server = RedisServer::start();
-    let cache = Cache::builder()
-        .redis_url(server.url())
-        .namespace("near-tag")
-        .connection(fast_failing())
-        // Long: the copies would be served through the whole test if nothing stopped them.
-        .near_cache(NearCacheOptions::new(100).max_staleness(Duration::from_secs(60)))
-        .auto_recovery(RecoveryOptions::default())
-        .build()
-        .await
-        .expect("a cache on the test server");
+    // Long: the copies would be served through the whole test if nothing stopped them.
+    let near = NearCacheOptions::new(100).max_staleness(Duration::from_secs(60));
+    let cache = recovering_with(server.url(), "near-tag", RecoveryOptions::default(), |b| {
+        b.near_cache(near)
+    })
+    .await;
     support::near_ready::wait_for_near_feeds(std::slice::from_ref(&cache), false).await;
     let tagged = cache.with_options(CallOptions::default().tags(["t"]));
     for key in ["tagged", "other"] {
@@ -458,6 +465,49 @@ async fn a_queued_tag_stops_the_near_tier_serving_its_values() {
         let read = read.await;
         assert!(!matches!(read, Ok(1)), "{key}: served {read:?}");
     }
+}
+
+/// A call that starts after a tag was queued does not share the computation of one that started
+/// before it (in this process, computing without the cache while Redis is down): that value may
+/// predate the change the tag's invalidation stands for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_after_a_queued_tag_does_not_share_an_older_computation() {
+    let mut server = RedisServer::start();
+    let options = CallOptions::default().on_backend_error(OnBackendError::ComputeUncached);
+    let cache = recovering_with(server.url(), "flight", RecoveryOptions::default(), |b| {
+        b.options(options)
+    })
+    .await;
+    server.kill();
+
+    let (started, has_started) = tokio::sync::oneshot::channel();
+    let (go_on, may_go_on) = tokio::sync::oneshot::channel::<()>();
+    let before = tokio::spawn({
+        let cache = cache.clone();
+        async move {
+            cache
+                .get_or_compute("k", TTL, move || async move {
+                    let _ = started.send(());
+                    let _ = may_go_on.await;
+                    Ok::<_, String>("before".to_owned())
+                })
+                .await
+        }
+    });
+    has_started.await.expect("the first computation started");
+    assert_eq!(cache.invalidate_tag("t").await.unwrap(), Written::Queued);
+    let after = tokio::spawn({
+        let cache = cache.clone();
+        async move {
+            let computed = || async { Ok::<_, String>("after".to_owned()) };
+            cache.get_or_compute("k", TTL, computed).await
+        }
+    });
+    // Let the second call join the first's flight, if it would.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = go_on.send(());
+    assert_eq!(before.await.unwrap().unwrap(), "before");
+    assert_eq!(after.await.unwrap().unwrap(), "after");
 }
 
 /// A replayed raise only raises: an epoch another instance raised meanwhile, past the floor the
