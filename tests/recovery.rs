@@ -652,3 +652,50 @@ async fn a_key_with_a_queued_write_is_computed_once_while_redis_is_down() {
     assert_eq!((fetched.value, fetched.source), (30, Source::Hit));
     assert_eq!(computed.load(Ordering::SeqCst), 3);
 }
+
+/// A value held for a key while its write waits was computed before a tag or a clear queued
+/// after it: the tag's raise may kill it, so it is held no more, and the key is computed again
+/// (once), as after a newer write of the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_tag_or_clear_drops_the_values_held_while_redis_is_down() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    use stampede_guard::{Computed, Source};
+
+    let mut server = RedisServer::start();
+    let options = CallOptions::default()
+        .on_backend_error(OnBackendError::ComputeUncached)
+        .tags(["t"]);
+    let cache = recovering(server.url(), "held-tag", RecoveryOptions::default())
+        .await
+        .with_options(options);
+    server.kill();
+    assert_eq!(cache.invalidate("k").await.unwrap(), Written::Queued);
+
+    let computed = Arc::new(AtomicU32::new(0));
+    let fetch = || {
+        let computed = Arc::clone(&computed);
+        let compute = move || async move {
+            Ok::<_, String>(Computed::new(computed.fetch_add(1, Ordering::SeqCst)))
+        };
+        let cache = cache.clone();
+        async move {
+            let fetched = cache.fetch("k", TTL, move |_| compute()).await;
+            let fetched = fetched.expect("a value while Redis is down");
+            (fetched.value, fetched.source)
+        }
+    };
+    assert_eq!(fetch().await, (0, Source::Uncached));
+    assert_eq!(fetch().await, (0, Source::Held));
+
+    assert_eq!(cache.invalidate_tag("t").await.unwrap(), Written::Queued);
+    assert_eq!(fetch().await, (1, Source::Uncached), "held before the tag");
+    assert_eq!(fetch().await, (1, Source::Held));
+    assert_eq!(cache.clear().await.unwrap(), Written::Queued);
+    assert_eq!(
+        fetch().await,
+        (2, Source::Uncached),
+        "held before the clear"
+    );
+}

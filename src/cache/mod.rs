@@ -328,7 +328,7 @@ impl<C: Codec> Cache<C> {
     /// assert_eq!(cache.inspect("2019-05").await?.value, None);
     /// let tenant = cache.tagged(["tenant:42"]);
     /// let _ = tenant.set("2019-05", &1234u64, Duration::from_secs(60)).await?;
-    /// cache.invalidate_tag("tenant:42").await?;
+    /// let _ = cache.invalidate_tag("tenant:42").await?;
     /// let value = cache.inspect("2019-05").await?.value.expect("still stored");
     /// assert!(value.invalidated);
     /// assert_eq!(value.state, Standing::Invalidated);

@@ -588,7 +588,10 @@ mod tests {
         q.hold(&value_key("a"), seq_a, Arc::new(1u32));
         let (seq_b, _) = q.held(&value_key("b")).unwrap();
         q.push(vec![tag("ns:{%t:t}")]).unwrap();
-        assert!(q.held(&value_key("a")).unwrap().1.is_none(), "computed before the tag");
+        assert!(
+            q.held(&value_key("a")).unwrap().1.is_none(),
+            "computed before the tag"
+        );
         // b's computation started before the tag: its value is not held when it lands.
         q.hold(&value_key("b"), seq_b, Arc::new(2u32));
         assert!(q.held(&value_key("b")).unwrap().1.is_none());
