@@ -111,7 +111,7 @@ impl Reads {
     /// once before, so their epoch keys exist, as they do in a cache that uses them.
     async fn write(cache: &Cache) -> Self {
         let by_handle = tagged(cache, &TAGS);
-        cache.invalidate_tags(TAGS).await.expect("invalidate_tags");
+        let _ = cache.invalidate_tags(TAGS).await.expect("invalidate_tags");
         let _ = cache.set("plain", &value(), TTL).await.expect("set");
         let _ = by_handle
             .set("handle-tags", &value(), TTL)
@@ -426,8 +426,10 @@ async fn invalidate(server: &RedisServer) {
     );
 
     support::reset_command_stats(server);
-    let first =
-        timed_once(async { cache.invalidate_tag(TAG).await.expect("invalidate_tag") }).await;
+    let first = timed_once(async {
+        let _ = cache.invalidate_tag(TAG).await.expect("invalidate_tag");
+    })
+    .await;
     let commands = support::commands_since_reset(server);
     println!(
         "tags_invalidate: invalidate_tag over {TAGGED_VALUES} values: {}, {}",
@@ -446,7 +448,7 @@ async fn invalidate(server: &RedisServer) {
     );
 
     let (samples, commands) = repeated(server, REPEATS, || async {
-        cache.invalidate_tag(TAG).await.expect("invalidate_tag");
+        let _ = cache.invalidate_tag(TAG).await.expect("invalidate_tag");
     })
     .await;
     println!(
@@ -525,7 +527,10 @@ async fn clear(server: &RedisServer) {
     );
 
     support::reset_command_stats(server);
-    let first = timed_once(async { cache.clear().await.expect("clear") }).await;
+    let first = timed_once(async {
+        let _ = cache.clear().await.expect("clear");
+    })
+    .await;
     let commands = support::commands_since_reset(server);
     println!(
         "tags_clear: clear() over {CLEARED_VALUES} values: {}, {}",
@@ -539,7 +544,7 @@ async fn clear(server: &RedisServer) {
     );
 
     let (samples, commands) = repeated(server, REPEATS, || async {
-        cache.clear().await.expect("clear");
+        let _ = cache.clear().await.expect("clear");
     })
     .await;
     println!(
@@ -623,7 +628,7 @@ async fn near_tiers(server: &RedisServer, clearer: &Cache, keys: &[String]) {
     for _ in 0..CLEAR_ROUNDS {
         let old = hold_copies(&tiers, keys).await;
         let clear = Instant::now();
-        clearer.clear().await.expect("clear");
+        let _ = clearer.clear().await.expect("clear");
         let cleared = Instant::now();
         clears.push(cleared - clear);
         let mut polls = tokio::task::JoinSet::new();

@@ -302,7 +302,7 @@ impl CallOptions {
         /// let cache = Cache::in_memory();
         /// let tenant = cache.with_options(CallOptions::default().tags(["tenant:42"]));
         /// let _ = tenant.set("2019-05", &7u32, Duration::from_secs(60)).await?;
-        /// cache.invalidate_tag("tenant:42").await?;
+        /// let _ = cache.invalidate_tag("tenant:42").await?;
         /// assert_eq!(tenant.get::<u32>("2019-05").await?, None);
         /// # Ok(())
         /// # }

@@ -160,7 +160,11 @@ async fn a_value_a_tag_invalidated_is_shown_invalidated_on_an_instance_that_neve
     assert!(!value.invalidated);
     assert_eq!(value.state, Standing::Fresh);
 
-    writer.invalidate_tag("tenant:42").await.unwrap();
+    assert!(writer
+        .invalidate_tag("tenant:42")
+        .await
+        .unwrap()
+        .is_applied());
     let after = on_call.inspect("summary:42").await.unwrap();
     let value = after.value.expect("still stored: invalidation is by epoch");
     assert!(value.invalidated);

@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::Commands;
-use stampede_guard::{Cache, CallOptions, Computed, Error, NearCacheOptions, Source, MAX_TAGS};
+use stampede_guard::{
+    Cache, CallOptions, Computed, Error, NearCacheOptions, Source, Written, MAX_TAGS,
+};
 use support::{
     cache, cluster_cache, commands_since_reset, reset_command_stats, RedisCluster, RedisServer,
 };
@@ -90,10 +92,8 @@ async fn an_invalidated_tag_takes_every_value_that_carries_it_and_nothing_else()
         assert_eq!(reader.read(&cache, key, &[]).await.1, Source::Hit, "{key}");
     }
 
-    cache
-        .invalidate_tag("tenant:7")
-        .await
-        .expect("invalidate_tag");
+    let written = cache.invalidate_tag("tenant:7").await;
+    assert_eq!(written.expect("invalidate_tag"), Written::Applied);
 
     for key in ["a", "b", "c"] {
         assert_eq!(
@@ -121,10 +121,8 @@ async fn an_invalidated_tag_takes_every_value_that_carries_it_and_nothing_else()
     assert_eq!(reader.computed(), 6);
 
     // Several tags at once; repeated tags are harmless.
-    cache
-        .invalidate_tags(["year:2019", "year:2020", "year:2019"])
-        .await
-        .expect("invalidate_tags");
+    let written = cache.invalidate_tags(["year:2019", "year:2020", "year:2019"]);
+    assert_eq!(written.await.expect("invalidate_tags"), Written::Applied);
     assert_eq!(cache.get::<String>("b").await.unwrap(), None);
     assert_eq!(cache.get::<String>("c").await.unwrap(), None);
     assert!(cache.get::<String>("a").await.unwrap().is_some());
@@ -145,13 +143,19 @@ async fn a_tagged_handle_adds_its_tags_to_the_handles_own() {
     reader.read(&region.tagged(["tenant:8"]), "b", &[]).await;
     reader.read(&tenant, "c", &[]).await;
 
-    region.invalidate_tag("tenant:7").await.unwrap();
+    assert_eq!(
+        region.invalidate_tag("tenant:7").await.unwrap(),
+        Written::Applied
+    );
     assert_eq!(region.get::<String>("a").await.unwrap(), None);
     assert_eq!(region.get::<String>("c").await.unwrap(), None);
     assert!(region.get::<String>("b").await.unwrap().is_some());
     // The handle's own tag is still carried by what the tagged handle writes.
     assert_eq!(reader.read(&tenant, "a", &[]).await.1, Source::Computed);
-    region.invalidate_tag("region:eu").await.unwrap();
+    assert_eq!(
+        region.invalidate_tag("region:eu").await.unwrap(),
+        Written::Applied
+    );
     assert_eq!(tenant.get::<String>("a").await.unwrap(), None);
     assert_eq!(region.get::<String>("b").await.unwrap(), None);
 
@@ -182,7 +186,10 @@ async fn a_computation_that_started_before_the_invalidation_does_not_survive_it(
         }
     });
     started.await.expect("the computation started");
-    cache.invalidate_tag("t").await.expect("invalidate_tag");
+    assert_eq!(
+        cache.invalidate_tag("t").await.expect("invalidate_tag"),
+        Written::Applied
+    );
     go.send(()).expect("the computation waits");
     let fetched = slow.await.unwrap().expect("its caller gets its value");
     assert_eq!(
@@ -257,7 +264,10 @@ async fn not_shared_after_an_invalidation(server: &RedisServer, ns: &str, option
     let cache = cache(server, ns, options).await;
     for (key, invalidator) in [("here", &cache), ("elsewhere", &elsewhere)] {
         let (leader, go) = slow_old_value(&cache, key).await;
-        invalidator.invalidate_tag("t").await.unwrap();
+        assert_eq!(
+            invalidator.invalidate_tag("t").await.unwrap(),
+            Written::Applied
+        );
         let after = call(&cache, key);
         tokio::time::sleep(Duration::from_millis(100)).await;
         go.send(()).unwrap();
@@ -267,7 +277,7 @@ async fn not_shared_after_an_invalidation(server: &RedisServer, ns: &str, option
     }
     // A clear, the same.
     let (leader, go) = slow_old_value(&cache, "cleared").await;
-    elsewhere.clear().await.unwrap();
+    assert_eq!(elsewhere.clear().await.unwrap(), Written::Applied);
     let after = call(&cache, "cleared");
     tokio::time::sleep(Duration::from_millis(100)).await;
     go.send(()).unwrap();
@@ -293,7 +303,7 @@ async fn clear_takes_the_whole_namespace_and_no_other() {
     }
     let keys_before: Vec<String> = server.conn().keys("*").unwrap();
 
-    cache.clear().await.expect("clear");
+    assert_eq!(cache.clear().await.expect("clear"), Written::Applied);
 
     for key in ["a", "b", "c"] {
         assert_eq!(cache.get::<u32>(key).await.unwrap(), None, "{key}");
@@ -318,9 +328,12 @@ async fn invalidating_and_clearing_cost_two_commands_whatever_the_number_of_valu
         let _ = tagged.set(key, &1u8, TTL).await.unwrap();
     }
     // The scripts are loaded once per server; counted from the second call on.
-    cache.invalidate_tag("warm-up").await.unwrap();
+    assert_eq!(
+        cache.invalidate_tag("warm-up").await.unwrap(),
+        Written::Applied
+    );
     reset_command_stats(&server);
-    cache.invalidate_tag("big").await.unwrap();
+    assert_eq!(cache.invalidate_tag("big").await.unwrap(), Written::Applied);
     // `commandstats` counts the commands a script runs too (its GET, SET, TIME, PUBLISH): the
     // client sent the two scripts, and nothing touched the values.
     let calls = commands_of_the_cache(&server);
@@ -329,7 +342,7 @@ async fn invalidating_and_clearing_cost_two_commands_whatever_the_number_of_valu
         assert!(!calls.contains_key(per_value), "{calls:?}");
     }
     reset_command_stats(&server);
-    cache.clear().await.unwrap();
+    assert_eq!(cache.clear().await.unwrap(), Written::Applied);
     let calls = commands_of_the_cache(&server);
     assert_eq!(calls.get("evalsha"), Some(&2), "{calls:?}");
     for key in keys.iter().step_by(50) {
@@ -441,7 +454,7 @@ async fn a_batch_reads_its_keys_tags_in_the_same_round_trips_and_skips_invalidat
     let calls = commands_of_the_cache(&server);
     assert_eq!(calls, BTreeMap::from([("mget".to_owned(), 2)]), "{calls:?}");
 
-    cache.invalidate_tag("odd").await.unwrap();
+    assert_eq!(cache.invalidate_tag("odd").await.unwrap(), Written::Applied);
     let after = run(year.clone(), Arc::clone(&computed), keys.clone()).await;
     for (key, result) in keys.iter().zip(&after) {
         let month: u32 = key[5..].parse().unwrap();
@@ -473,7 +486,7 @@ async fn an_invalidated_value_is_served_neither_stale_nor_as_the_fail_safe_fallb
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    cache.invalidate_tag("t").await.unwrap();
+    assert_eq!(cache.invalidate_tag("t").await.unwrap(), Written::Applied);
     // In its stale window: not served stale; a failing computation gets no fallback.
     let failed = cache
         .fetch("k", TTL, |_lease| async {
@@ -550,7 +563,10 @@ async fn bad_tags_are_clear_errors_and_tags_stay_in_their_namespace() {
         .await
         .unwrap();
     for sneaky in ["}", "t}", "x}:other:{%t:t", "other:{%t:t}", "%c"] {
-        cache.invalidate_tag(sneaky).await.unwrap();
+        assert_eq!(
+            cache.invalidate_tag(sneaky).await.unwrap(),
+            Written::Applied
+        );
     }
     assert_eq!(other.get::<u8>("k").await.unwrap(), Some(9));
     let names: Vec<String> = server.conn().keys("bad:{%*").unwrap();
@@ -572,10 +588,10 @@ async fn the_embedded_store_honours_tags_and_clear_on_its_decoded_hits() {
     // Decoded hits now.
     assert_eq!(reader.read(&cache, "a", &[]).await.1, Source::Hit);
     assert_eq!(reader.read(&cache, "b", &[]).await.1, Source::Hit);
-    cache.invalidate_tag("t").await.unwrap();
+    assert_eq!(cache.invalidate_tag("t").await.unwrap(), Written::Applied);
     assert_eq!(reader.read(&cache, "a", &[]).await.1, Source::Computed);
     assert_eq!(reader.read(&cache, "b", &[]).await.1, Source::Hit);
-    cache.clear().await.unwrap();
+    assert_eq!(cache.clear().await.unwrap(), Written::Applied);
     assert_eq!(reader.read(&cache, "a", &[]).await.1, Source::Computed);
     assert_eq!(reader.read(&cache, "b", &[]).await.1, Source::Computed);
     assert_eq!(reader.read(&cache, "b", &[]).await.1, Source::Hit);
@@ -632,7 +648,7 @@ async fn near_tiers_of_other_instances_stop_serving_after_a_tag_or_a_clear() {
 
     // The guarantee: a read that starts `max_staleness` after the call returned serves no
     // invalidated value, from any tier.
-    writer.invalidate_tag("t").await.unwrap();
+    assert_eq!(writer.invalidate_tag("t").await.unwrap(), Written::Applied);
     tokio::time::sleep(MAX_STALENESS).await;
     for tier in [&tracking, &announced] {
         let near_hits = tier.stats().near_hits;
@@ -648,7 +664,7 @@ async fn near_tiers_of_other_instances_stop_serving_after_a_tag_or_a_clear() {
         "each tier computed the tagged value at most once: {computed}"
     );
 
-    writer.clear().await.unwrap();
+    assert_eq!(writer.clear().await.unwrap(), Written::Applied);
     tokio::time::sleep(MAX_STALENESS).await;
     for tier in [&tracking, &announced] {
         let (value, _) = reader.read(tier, "plain", &[]).await;
@@ -678,12 +694,15 @@ async fn on_a_cluster_tags_spread_over_slots_and_clear_reaches_every_master() {
     for key in &keys {
         assert_eq!(reader.read(&cache, key, &[]).await.1, Source::Hit);
     }
-    cache.invalidate_tag("tag-1").await.unwrap();
+    assert_eq!(
+        cache.invalidate_tag("tag-1").await.unwrap(),
+        Written::Applied
+    );
     for (i, key) in keys.iter().enumerate() {
         let gone = cache.get::<String>(key).await.unwrap().is_none();
         assert_eq!(gone, i % 3 == 1, "{key}");
     }
-    cache.clear().await.unwrap();
+    assert_eq!(cache.clear().await.unwrap(), Written::Applied);
     for key in &keys {
         assert_eq!(cache.get::<String>(key).await.unwrap(), None, "{key}");
     }

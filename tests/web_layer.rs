@@ -550,7 +550,10 @@ async fn invalidating_a_tag_from_the_tag_function_removes_the_tenants_responses(
     assert_eq!(varying(&b).await.header("x-cache"), Some("hit"));
 
     let writer = cache(&redis, CallOptions::default()).await;
-    writer.invalidate_tag("tenant:7").await.unwrap();
+    assert_eq!(
+        writer.invalidate_tag("tenant:7").await.unwrap(),
+        stampede_guard::Written::Applied
+    );
     let seven = ask(&b, "7").await;
     assert_eq!(
         (seven.body.as_str(), seven.header("x-cache")),

@@ -347,9 +347,10 @@ impl<C: Codec> CacheBuilder<C> {
             guard = Some(breaker);
         }
         // Spawned here, on the caller's runtime; stopped by the cache's drop guard.
-        let recovery = self
-            .recovery
-            .map(|options| Recovery::start(options, Arc::clone(&store), Arc::clone(&counters)));
+        let recovery = self.recovery.map(|options| {
+            let clock = crate::wire::key::clear_key(&self.namespace);
+            Recovery::start(options, Arc::clone(&store), Arc::clone(&counters), clock)
+        });
         Ok(Cache::from_engine(Engine::new(Parts {
             store,
             codec: self.codec,

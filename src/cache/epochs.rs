@@ -110,16 +110,23 @@ impl<C: Codec> Engine<C> {
     /// Raises the epochs `names` to the namespace's clock now: what `invalidate_tag` and
     /// `clear` send (two requests, whatever the number of values).
     pub(crate) async fn raise(&self, names: &[String]) -> StoreResult<()> {
-        let floor = self.core.store.born(&self.tagging.names[0]).await?;
-        // Flights led before this raise are not shared with calls that start after it.
-        self.core.tags.raise_mark(floor);
-        let raised = self.core.store.raise_epochs(names, floor).await;
-        // Also after a failure: the raise may have been applied. Read-your-writes here.
+        let raised = self.raise_from_clock(names).await;
+        // Also after a failure, the clock's read's too: the raise may have been applied, or it
+        // waits in the auto-recovery queue, and a near copy judged by the epoch held now would
+        // be served as if it had not. Read-your-writes here.
         if let Some(near) = self.core.near() {
             for name in names {
                 near.epoch_changed(name);
             }
         }
         raised
+    }
+
+    /// The namespace's clock now, as the floor `names` are raised to.
+    async fn raise_from_clock(&self, names: &[String]) -> StoreResult<()> {
+        let floor = self.core.store.born(&self.tagging.names[0]).await?;
+        // Flights led before this raise are not shared with calls that start after it.
+        self.core.tags.raise_mark(floor);
+        self.core.store.raise_epochs(names, floor).await
     }
 }

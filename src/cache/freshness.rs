@@ -232,7 +232,7 @@ impl<T> Computed<T> {
     ///     })
     ///     .await?;
     /// assert_eq!(report.value, 42);
-    /// cache.invalidate_tag("year:2019").await?;
+    /// let _ = cache.invalidate_tag("year:2019").await?;
     /// assert_eq!(cache.get::<u32>("dashboard:7").await?, None);
     /// # Ok(())
     /// # }

@@ -253,7 +253,7 @@ impl<C: Codec> Cache<C> {
     ///     .await?;
     /// assert_eq!(summary, 7);
     /// // The tenant's data changed: every value written for it goes, on every instance.
-    /// cache.invalidate_tag("tenant:42").await?;
+    /// let _ = cache.invalidate_tag("tenant:42").await?;
     /// assert_eq!(cache.get::<u32>("summary:42").await?, None);
     /// # Ok(())
     /// # }
@@ -328,7 +328,7 @@ impl<C: Codec> Cache<C> {
     /// assert_eq!(cache.inspect("2019-05").await?.value, None);
     /// let tenant = cache.tagged(["tenant:42"]);
     /// let _ = tenant.set("2019-05", &1234u64, Duration::from_secs(60)).await?;
-    /// cache.invalidate_tag("tenant:42").await?;
+    /// let _ = cache.invalidate_tag("tenant:42").await?;
     /// let value = cache.inspect("2019-05").await?.value.expect("still stored");
     /// assert!(value.invalidated);
     /// assert_eq!(value.state, Standing::Invalidated);
@@ -539,15 +539,21 @@ impl<C: Codec> Cache<C> {
     /// Nothing is deleted: the values are left to their TTL (or eviction) and read as misses
     /// until replaced. How it works, and what it costs a read: `docs/tags.md`.
     ///
+    /// Returns [`Written::Applied`] when the backend took it. When the backend is unreachable or
+    /// busy and [auto-recovery](CacheBuilder::auto_recovery) is on, [`Written::Queued`]: the
+    /// raise is replayed when it answers (an epoch only rises: never below one raised meanwhile
+    /// by another instance), and until then every read of this instance replays it before it
+    /// reads Redis, so none serves a value it kills (`docs/after-commit.md`).
+    ///
     /// # Errors
     /// [`Error::InvalidKey`] for an empty tag or one over [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES);
-    /// [`Error::Backend`] when the backend fails, whatever the
+    /// [`Error::RecoveryQueueFull`] when it should be queued and the queue is full;
+    /// [`Error::Backend`] when the backend fails otherwise, whatever the
     /// [`OnBackendError`](crate::OnBackendError) (it may have been applied: retrying is
-    /// harmless). There is no auto-recovery queue for tags: a failed invalidation is the
-    /// caller's to retry.
+    /// harmless).
     ///
     /// ```
-    /// use stampede_guard::{Cache, CallOptions};
+    /// use stampede_guard::{Cache, CallOptions, Written};
     /// use std::time::Duration;
     ///
     /// # #[tokio::main(flavor = "current_thread")]
@@ -559,33 +565,37 @@ impl<C: Codec> Cache<C> {
     ///     year.get_or_compute(month, ttl, || async { Ok::<_, std::io::Error>(1u32) }).await?;
     /// }
     /// // A backfill rewrote 2019: both months go, in one call.
-    /// cache.invalidate_tag("year:2019").await?;
+    /// assert_eq!(cache.invalidate_tag("year:2019").await?, Written::Applied);
     /// assert_eq!(cache.get::<u32>("2019-05").await?, None);
     /// assert_eq!(cache.get::<u32>("2019-06").await?, None);
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn invalidate_tag(&self, tag: &str) -> Result<(), Error> {
+    pub async fn invalidate_tag(&self, tag: &str) -> Result<Written, Error> {
         self.invalidate_tags([tag]).await
     }
 
     /// [`invalidate_tag`](Self::invalidate_tag) for several tags at once: the requests of
-    /// every tag are sent together. Tags may repeat.
+    /// every tag are sent together. Tags may repeat. [`Written::Queued`] as for one tag: every
+    /// tag queued (a tag queued before is one entry still), or none
+    /// ([`Error::RecoveryQueueFull`]).
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for the first invalid tag (then nothing is invalidated),
     /// [`Error::TooManyKeys`] for more than [`MAX_BATCH_KEYS`](crate::MAX_BATCH_KEYS) tags,
-    /// [`Error::Backend`] as for one tag (some tags may have been invalidated: retry the call).
+    /// [`Error::RecoveryQueueFull`], [`Error::Backend`] as for one tag (some tags may have been
+    /// invalidated: retry the call).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = stampede_guard::Cache::in_memory();
-    /// cache.invalidate_tags(["tenant:7", "tenant:8"]).await?;
+    /// let written = cache.invalidate_tags(["tenant:7", "tenant:8"]).await?;
+    /// assert!(written.is_applied());
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn invalidate_tags<I>(&self, tags: I) -> Result<(), Error>
+    pub async fn invalidate_tags<I>(&self, tags: I) -> Result<Written, Error>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
@@ -602,23 +612,30 @@ impl<C: Codec> Cache<C> {
     /// Nothing is deleted: Redis reclaims the space as the values' TTLs run out (or by eviction).
     /// To free it at once, `FLUSHDB` a database the cache has to itself.
     ///
+    /// Returns [`Written::Applied`], or with [auto-recovery](CacheBuilder::auto_recovery) on and
+    /// the backend unreachable or busy, [`Written::Queued`], as for a tag. A queued clear
+    /// covers the tags' raises: those queued leave the queue, and a tag invalidated while it
+    /// waits is the same one entry.
+    ///
     /// # Errors
-    /// [`Error::Backend`] when the backend fails (it may have been applied: retrying is
-    /// harmless).
+    /// [`Error::RecoveryQueueFull`] when it should be queued and the queue is full;
+    /// [`Error::Backend`] when the backend fails otherwise (it may have been applied: retrying
+    /// is harmless).
     ///
     /// ```
+    /// use stampede_guard::Written;
     /// use std::time::Duration;
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), stampede_guard::Error> {
     /// let cache = stampede_guard::Cache::in_memory();
     /// let _ = cache.set("2019-05", &1u8, Duration::from_secs(60)).await?;
     /// // A deploy changed how every report is computed.
-    /// cache.clear().await?;
+    /// assert_eq!(cache.clear().await?, Written::Applied);
     /// assert_eq!(cache.get::<u8>("2019-05").await?, None);
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn clear(&self) -> Result<(), Error> {
+    pub async fn clear(&self) -> Result<Written, Error> {
         self.engine.clear().await
     }
 

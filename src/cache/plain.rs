@@ -79,8 +79,11 @@ impl<C: Codec> Engine<C> {
             Err(e) => e,
         };
         if let Some(bytes) = kept {
-            let intent = Intent::Set { bytes };
-            let batch = vec![self.queued(keys.clone(), intent)];
+            let intent = Intent::Set {
+                keys: keys.clone(),
+                bytes,
+            };
+            let batch = vec![self.queued(intent)];
             if let Some(queued) = self.queue_failed("set", batch, &error) {
                 return queued;
             }
@@ -99,7 +102,7 @@ impl<C: Codec> Engine<C> {
             Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
             Err(e) => e,
         };
-        let batch = vec![self.queued(keys, Intent::Invalidate)];
+        let batch = vec![self.queued(Intent::Invalidate { keys })];
         if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
             return queued;
         }
@@ -141,7 +144,7 @@ impl<C: Codec> Engine<C> {
         // invalidation twice is harmless.
         let batch = entries
             .into_iter()
-            .map(|keys| self.queued(keys, Intent::Invalidate))
+            .map(|keys| self.queued(Intent::Invalidate { keys }))
             .collect();
         if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
             return queued;
@@ -151,7 +154,7 @@ impl<C: Codec> Engine<C> {
     }
 
     /// [`Cache::invalidate_tags`].
-    pub(crate) async fn invalidate_tags<I>(&self, tags: I) -> Result<(), Error>
+    pub(crate) async fn invalidate_tags<I>(&self, tags: I) -> Result<Written, Error>
     where
         I: IntoIterator,
         I::Item: AsRef<str>,
@@ -173,27 +176,53 @@ impl<C: Codec> Engine<C> {
             });
         }
         if names.is_empty() {
-            return Ok(());
+            return Ok(Written::Applied);
         }
-        self.raise(&names).await.map_err(|e| {
-            self.core.counters.record(Event::BackendError);
-            Error::backend("invalidate_tag", e)
-        })
+        self.raise_or_queue("invalidate_tag", names, false).await
     }
 
     /// [`Cache::clear`].
-    pub(crate) async fn clear(&self) -> Result<(), Error> {
-        let names = [self.tagging.names[0].clone()];
-        self.raise(&names).await.map_err(|e| {
-            self.core.counters.record(Event::BackendError);
-            Error::backend("clear", e)
-        })
+    pub(crate) async fn clear(&self) -> Result<Written, Error> {
+        let names = vec![self.tagging.names[0].clone()];
+        self.raise_or_queue("clear", names, true).await
     }
 
-    /// A write of `keys` that could not be made now, for the auto-recovery queue.
-    fn queued(&self, keys: EntryKeys, intent: Intent) -> Queued {
+    /// Raises the epochs `names` (the namespace's when `clear`), or queues the raise when the
+    /// backend is unreachable or busy and auto-recovery is on.
+    async fn raise_or_queue(
+        &self,
+        op: &'static str,
+        names: Vec<String>,
+        clear: bool,
+    ) -> Result<Written, Error> {
+        let error = match self.raise(&names).await {
+            Ok(()) => return Ok(self.raised(&names, clear)),
+            Err(e) => e,
+        };
+        // Every name, raised or not: which ones the backend took is unknown, and raising an
+        // epoch twice only kills what the first raise missed.
+        let batch = names
+            .into_iter()
+            .map(|name| match clear {
+                true => self.queued(Intent::Clear { name }),
+                false => self.queued(Intent::RaiseTag { name }),
+            })
+            .collect();
+        if let Some(queued) = self.queue_failed(op, batch, &error) {
+            // A flight of this process led before this call is not shared with the calls after
+            // it, as after a raise (whose floor is unknown here: any mark above the leader's).
+            self.core
+                .tags
+                .raise_mark(self.core.tags.mark().saturating_add(1));
+            return queued;
+        }
+        self.core.counters.record(Event::BackendError);
+        Err(Error::backend(op, error))
+    }
+
+    /// A write that could not be made now, for the auto-recovery queue.
+    fn queued(&self, intent: Intent) -> Queued {
         Queued {
-            keys,
             intent,
             lease: self.options.lease,
         }

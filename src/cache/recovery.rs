@@ -1,6 +1,7 @@
 //! Auto-recovery ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)): the
-//! writes (`set`, `invalidate`, `invalidate_many`) that could not reach the backend because it
-//! was unreachable or busy are queued in this process and replayed, fenced, when it answers.
+//! writes (`set`, `invalidate`, `invalidate_many`, `invalidate_tag(s)`, `clear`) that could not
+//! reach the backend because it was unreachable or busy are queued in this process and
+//! replayed, fenced, when it answers (an epoch's raise only ever raises it).
 //! The machinery one file down: `recovery/queue.rs` (the bounded queue, locked state only) and
 //! `recovery/replay.rs` (replaying one key, and the background task that drains the queue).
 //!
@@ -29,7 +30,8 @@ use crate::Error;
 
 /// The bounds of the auto-recovery queue ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)).
 ///
-/// Defaults: 10,000 keys and 64 MiB of queued value bytes (an invalidation holds none). A write
+/// Defaults: 10,000 keys (a tag or a clear waiting counts as one) and 64 MiB of queued value
+/// bytes (an invalidation holds none). A write
 /// that would pass either bound is refused with [`Error::RecoveryQueueFull`]: the queue never
 /// grows past them, and never drops a write it accepted to make room. A bound of 0 refuses
 /// every write that could not be applied (recovery in name only).
@@ -101,12 +103,15 @@ impl RecoveryOptions {
 
 /// What became of a write ([`Cache::set`](crate::Cache::set),
 /// [`Cache::invalidate`](crate::Cache::invalidate),
-/// [`Cache::invalidate_many`](crate::Cache::invalidate_many)).
+/// [`Cache::invalidate_many`](crate::Cache::invalidate_many),
+/// [`Cache::invalidate_tag`](crate::Cache::invalidate_tag),
+/// [`Cache::invalidate_tags`](crate::Cache::invalidate_tags), [`Cache::clear`](crate::Cache::clear)).
 ///
 /// A caller after a database commit needs to know: `Applied`, the cache holds the change now;
 /// `Queued`, Redis could not be reached and the change waits in this process's
 /// [auto-recovery](crate::CacheBuilder::auto_recovery) queue, replayed within about a second of
-/// the server answering again, and until then this instance does not serve the key from Redis.
+/// the server answering again, and until then this instance does not serve the key (or, for a
+/// tag or a clear, any value of the namespace) from Redis before replaying it.
 /// Either way the row is committed: answer success, and say which if the client cares (the
 /// guide's [after a commit](https://github.com/stampede-guard/stampede-guard/blob/main/docs/after-commit.md)).
 ///
@@ -182,6 +187,9 @@ pub(crate) struct Shared {
     stopped: AtomicBool,
     store: Arc<dyn Store>,
     counters: Arc<Counters>,
+    /// The namespace's clear key, whose node's clock a replayed raise reads its floor from
+    /// (as `invalidate_tag` does).
+    clock: String,
 }
 
 impl Shared {
@@ -221,6 +229,7 @@ impl Recovery {
         options: RecoveryOptions,
         store: Arc<dyn Store>,
         counters: Arc<Counters>,
+        clock: String,
     ) -> Self {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::new(options.max_entries, options.max_bytes)),
@@ -229,6 +238,7 @@ impl Recovery {
             stopped: AtomicBool::new(false),
             store,
             counters,
+            clock,
         });
         tokio::spawn(replay::drain(Arc::clone(&shared)));
         Recovery { shared }
@@ -293,12 +303,31 @@ impl Recovery {
         crate::sync::lock(&self.shared.queue).hold(&keys.value, seq, value);
     }
 
+    /// Epochs raised directly (`invalidate_tag`, or `clear` when `cleared`): the raises queued
+    /// for them are older, and a clear covers every queued raise.
+    fn forget_raised(&self, names: &[String], cleared: bool) {
+        if self.len() == 0 {
+            return;
+        }
+        self.shared.with_queue(|queue| {
+            if cleared {
+                queue.forget_raises();
+            }
+            for name in names {
+                queue.forget(name);
+            }
+        });
+    }
+
     /// Replays the intent queued for `keys`, if any, here and now (a read of the key must not
-    /// see Redis before its replay).
+    /// see Redis before its replay), after every queued raise of an epoch: which values a
+    /// queued clear or tag kills is only known once they are read, so no read of the
+    /// namespace sees Redis before those raises.
     pub(crate) async fn replay(&self, keys: &EntryKeys) -> StoreResult<()> {
         if self.len() == 0 {
             return Ok(());
         }
+        replay::replay_raises(&self.shared).await?;
         replay::replay_key(&self.shared, &keys.value)
             .await
             .map(drop)

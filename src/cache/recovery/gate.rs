@@ -34,6 +34,15 @@ impl<C: Codec> Engine<C> {
         Written::Applied
     }
 
+    /// Epochs `names` were raised (`clear` when `cleared`): nothing queued for them may be
+    /// replayed over it, and a clear covers every queued raise.
+    pub(crate) fn raised(&self, names: &[String], cleared: bool) -> Written {
+        if let Some(recovery) = &self.core.recovery {
+            recovery.forget_raised(names, cleared);
+        }
+        Written::Applied
+    }
+
     /// A write of `batch` (its keys, its intents) failed with `error` during `op`: queued when
     /// recovery is on and the failure passes by itself; otherwise `None`, and the caller
     /// answers as without recovery.

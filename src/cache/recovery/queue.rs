@@ -1,8 +1,11 @@
-//! The queue of writes that could not reach the backend: per key one intent, the newest; bounded
-//! in count and in value bytes; replayed oldest first. Locked state only: no I/O, no `.await`.
+//! The queue of writes that could not reach the backend: per key (or epoch) one intent, the
+//! newest; bounded in count and in value bytes; replayed oldest first. Locked state only: no
+//! I/O, no `.await`.
 //!
 //! Invariants (kept by every method, under the one mutex of [`Recovery`](super::Recovery)):
 //! - `slots` and `order` name the same keys: `order[slot.seq] == key` for every slot;
+//! - `raises` names exactly the slots whose intent raises an epoch, and while a clear is
+//!   queued no tag's raise is (the clear covers them: see [`Queue::push`]);
 //! - `slots.len() <= max_entries` and `bytes` (the sum of the queued sets' value bytes)
 //!   `<= max_bytes`: a write that does not fit is refused, nothing already queued is dropped;
 //! - a slot's `seq` changes whenever its intent is replaced, so a replay that finishes after a
@@ -11,7 +14,7 @@
 //!   intent, so two replays of one key never overlap.
 
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +26,13 @@ use crate::wire::key::EntryKeys;
 pub(crate) enum Intent {
     /// `set` of these bytes. Replayed as an invalidation (see `replay.rs`): the bytes are
     /// only weighed against `max_bytes`.
-    Set { bytes: Vec<u8> },
+    Set { keys: EntryKeys, bytes: Vec<u8> },
     /// `invalidate` (or one key of `invalidate_many`).
-    Invalidate,
+    Invalidate { keys: EntryKeys },
+    /// `invalidate_tag` (or one tag of `invalidate_tags`): raise the epoch `name`, the tag's.
+    RaiseTag { name: String },
+    /// `clear`: raise the namespace's epoch, `name` (its clear key).
+    Clear { name: String },
 }
 
 impl Intent {
@@ -33,17 +40,30 @@ impl Intent {
     fn bytes(&self) -> usize {
         match self {
             Intent::Set { bytes, .. } => bytes.len(),
-            Intent::Invalidate => 0,
+            _ => 0,
         }
+    }
+
+    /// The key it writes: a value key (`ns:{k}`), or an epoch's key. One slot each.
+    pub(crate) fn slot(&self) -> &str {
+        match self {
+            Intent::Set { keys, .. } | Intent::Invalidate { keys } => &keys.value,
+            Intent::RaiseTag { name } | Intent::Clear { name } => name,
+        }
+    }
+
+    /// Whether it raises an epoch (every read replays those first: see `Recovery::replay`).
+    fn raises(&self) -> bool {
+        matches!(self, Intent::RaiseTag { .. } | Intent::Clear { .. })
     }
 }
 
-/// One queued write of one key.
+/// One queued write of one key or epoch.
 #[derive(Debug, Clone)]
 pub(crate) struct Queued {
-    pub(crate) keys: EntryKeys,
     pub(crate) intent: Intent,
-    /// The call's lease: how long the bumped fence is kept, as the direct write would have.
+    /// The call's lease: how long the bumped fence is kept, as the direct write would have
+    /// (an epoch has no fence: unused by a raise).
     pub(crate) lease: Duration,
 }
 
@@ -84,6 +104,9 @@ pub(crate) struct Queue {
     slots: HashMap<String, Slot>,
     /// The keys oldest first, by the sequence number of their current intent.
     order: BTreeMap<u64, String>,
+    /// The slots whose intent raises an epoch (a tag's or the clear key): a read replays them
+    /// all before it reads anything, so they are found without a walk over every slot.
+    raises: BTreeSet<String>,
     next_seq: u64,
     /// Value bytes of the queued sets.
     bytes: usize,
@@ -96,6 +119,7 @@ impl Queue {
         Queue {
             slots: HashMap::new(),
             order: BTreeMap::new(),
+            raises: BTreeSet::new(),
             next_seq: 0,
             bytes: 0,
             max_entries,
@@ -113,12 +137,24 @@ impl Queue {
     /// A refused batch still leaves no older `set` of its keys behind to be replayed over the
     /// writes the caller could not make: such a set is queued as an invalidation instead (it
     /// always fits: no new key, fewer bytes).
+    ///
+    /// A clear covers the raises of tags: a clear entering drops those queued (and makes room),
+    /// and a tag's raise while a clear waits is queued as that clear again (see [`Queue::covered`]).
     pub(crate) fn push(&mut self, batch: Vec<Queued>) -> Result<(), RecoveryLimit> {
+        let batch = self.covered(batch);
         // The batch's newest intent per key, in the batch's order.
         let mut newest: HashMap<String, usize> = HashMap::new();
         for (i, queued) in batch.iter().enumerate() {
-            newest.insert(queued.keys.value.clone(), i);
+            newest.insert(queued.intent.slot().to_owned(), i);
         }
+        let clears = batch
+            .iter()
+            .any(|queued| matches!(queued.intent, Intent::Clear { .. }));
+        let dropped = if clears {
+            self.tag_raises()
+        } else {
+            Vec::new()
+        };
         let mut new_keys = 0;
         let mut bytes = self.bytes;
         for (key, &i) in &newest {
@@ -128,7 +164,8 @@ impl Queue {
             }
             bytes = bytes.saturating_add(batch[i].intent.bytes());
         }
-        let refused = if self.slots.len().saturating_add(new_keys) > self.max_entries {
+        let entries = (self.slots.len() - dropped.len()).saturating_add(new_keys);
+        let refused = if entries > self.max_entries {
             Some(RecoveryLimit::Entries(self.max_entries))
         } else if bytes > self.max_bytes {
             Some(RecoveryLimit::Bytes(self.max_bytes))
@@ -141,12 +178,79 @@ impl Queue {
             }
             return Err(limit);
         }
+        for key in &dropped {
+            self.forget(key);
+        }
+        let raises = batch.iter().any(|queued| queued.intent.raises());
         for (i, queued) in batch.into_iter().enumerate() {
-            if newest.get(queued.keys.value.as_str()) == Some(&i) {
+            if newest.get(queued.intent.slot()) == Some(&i) {
                 self.replace(queued);
             }
         }
+        if raises {
+            self.renew();
+        }
         Ok(())
+    }
+
+    /// A raise entered: every value held for a key was computed before it, and may be one it
+    /// kills, so none is held any more; and every intent takes a new sequence number (in the
+    /// same order), so that a value being computed now is not held either ([`Queue::hold`]
+    /// checks it). A replay in progress then completes nothing and runs again: harmless.
+    fn renew(&mut self) {
+        for (_, key) in std::mem::take(&mut self.order) {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            if let Some(slot) = self.slots.get_mut(&key) {
+                slot.seq = seq;
+                slot.held = None;
+            }
+            self.order.insert(seq, key);
+        }
+    }
+
+    /// `batch` with each tag's raise turned into the clear, when a clear is queued or in the
+    /// batch: the clear's replay raises the namespace's epoch past every value the tag's would
+    /// kill. Queued anew, the clear takes a new sequence number, so a replay of it that read
+    /// its floor before this call does not complete it: it runs again, after the call.
+    fn covered(&self, batch: Vec<Queued>) -> Vec<Queued> {
+        let queued_clear = self
+            .raises
+            .iter()
+            .filter_map(|key| self.slots.get(key))
+            .map(|slot| &slot.queued);
+        let clear = batch
+            .iter()
+            .chain(queued_clear)
+            .find_map(|queued| match &queued.intent {
+                Intent::Clear { name } => Some(name.clone()),
+                _ => None,
+            });
+        let Some(name) = clear else {
+            return batch;
+        };
+        batch
+            .into_iter()
+            .map(|queued| match queued.intent {
+                Intent::RaiseTag { .. } => Queued {
+                    intent: Intent::Clear { name: name.clone() },
+                    ..queued
+                },
+                _ => queued,
+            })
+            .collect()
+    }
+
+    /// The queued raises of tags (not the clear).
+    fn tag_raises(&self) -> Vec<String> {
+        self.raises
+            .iter()
+            .filter(|key| {
+                (self.slots.get(*key))
+                    .is_some_and(|slot| matches!(slot.queued.intent, Intent::RaiseTag { .. }))
+            })
+            .cloned()
+            .collect()
     }
 
     /// Puts `queued` at the back as its key's one intent.
@@ -154,7 +258,10 @@ impl Queue {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.bytes += queued.intent.bytes();
-        let key = queued.keys.value.clone();
+        let key = queued.intent.slot().to_owned();
+        if queued.intent.raises() {
+            self.raises.insert(key.clone());
+        }
         match self.slots.get_mut(&key) {
             Some(slot) => {
                 self.bytes -= slot.queued.intent.bytes();
@@ -184,17 +291,35 @@ impl Queue {
     /// A queued `set` of `key` becomes an invalidation, in place.
     fn downgrade(&mut self, key: &str) {
         if let Some(slot) = self.slots.get_mut(key) {
-            self.bytes -= slot.queued.intent.bytes();
-            slot.queued.intent = Intent::Invalidate;
+            if let Intent::Set { keys, .. } = &slot.queued.intent {
+                self.bytes -= slot.queued.intent.bytes();
+                slot.queued.intent = Intent::Invalidate { keys: keys.clone() };
+            }
         }
     }
 
-    /// A write of `key` reached the backend directly: it is newer than anything queued for it.
+    /// A write of `key` (a value key or an epoch's) reached the backend directly: it is newer
+    /// than anything queued for it.
     pub(crate) fn forget(&mut self, key: &str) {
         if let Some(slot) = self.slots.remove(key) {
             self.order.remove(&slot.seq);
+            self.raises.remove(key);
             self.bytes -= slot.queued.intent.bytes();
         }
+    }
+
+    /// A clear reached the backend directly: every queued raise (the clear's, the tags') is
+    /// older, and covered by it.
+    pub(crate) fn forget_raises(&mut self) {
+        let raises: Vec<String> = self.raises.iter().cloned().collect();
+        for key in raises {
+            self.forget(&key);
+        }
+    }
+
+    /// The epochs with a raise queued, to replay before any read.
+    pub(crate) fn raises(&self) -> Vec<String> {
+        self.raises.iter().cloned().collect()
     }
 
     /// The intent of `key`, if one is queued.
@@ -248,24 +373,41 @@ mod tests {
     use super::*;
 
     fn set(key: &str, bytes: usize) -> Queued {
-        queued(
-            key,
-            Intent::Set {
-                bytes: vec![7; bytes],
-            },
-        )
+        queued(Intent::Set {
+            keys: keys(key),
+            bytes: vec![7; bytes],
+        })
     }
 
     fn invalidate(key: &str) -> Queued {
-        queued(key, Intent::Invalidate)
+        queued(Intent::Invalidate { keys: keys(key) })
     }
 
-    fn queued(key: &str, intent: Intent) -> Queued {
+    fn tag(name: &str) -> Queued {
+        queued(Intent::RaiseTag {
+            name: name.to_owned(),
+        })
+    }
+
+    fn clear() -> Queued {
+        queued(Intent::Clear {
+            name: "ns:{%c}".to_owned(),
+        })
+    }
+
+    fn keys(key: &str) -> EntryKeys {
+        EntryKeys::new("ns", key).unwrap()
+    }
+
+    fn queued(intent: Intent) -> Queued {
         Queued {
-            keys: EntryKeys::new("ns", key).unwrap(),
             intent,
             lease: Duration::from_secs(30),
         }
+    }
+
+    fn invalidated(key: &str) -> Option<Intent> {
+        Some(Intent::Invalidate { keys: keys(key) })
     }
 
     fn value_key(key: &str) -> String {
@@ -275,6 +417,22 @@ mod tests {
     fn intent_of(q: &Queue, key: &str) -> Option<Intent> {
         q.pending(&value_key(key))
             .map(|(_, queued, _)| queued.intent)
+    }
+
+    /// The slots oldest first, with their intents' kinds, as the replay takes them.
+    fn kinds(q: &Queue) -> Vec<(String, &'static str)> {
+        q.order
+            .values()
+            .map(|key| {
+                let kind = match q.slots[key].queued.intent {
+                    Intent::Set { .. } => "set",
+                    Intent::Invalidate { .. } => "invalidate",
+                    Intent::RaiseTag { .. } => "tag",
+                    Intent::Clear { .. } => "clear",
+                };
+                (key.clone(), kind)
+            })
+            .collect()
     }
 
     /// Keys oldest first, as the replay takes them.
@@ -289,7 +447,7 @@ mod tests {
         q.push(vec![set("b", 4)]).unwrap();
         q.push(vec![invalidate("a")]).unwrap();
         assert_eq!(q.len(), 2);
-        assert_eq!(intent_of(&q, "a"), Some(Intent::Invalidate));
+        assert_eq!(intent_of(&q, "a"), invalidated("a"));
         assert_eq!(order(&q), [value_key("b"), value_key("a")]);
         assert_eq!(q.bytes, 4, "the replaced set's bytes are released");
         q.push(vec![set("a", 5)]).unwrap();
@@ -341,7 +499,7 @@ mod tests {
         q.push(vec![set("a", 5)]).unwrap();
         // The newer value does not fit: the older one must not be written back later.
         assert_eq!(q.push(vec![set("a", 9)]), Err(RecoveryLimit::Bytes(8)));
-        assert_eq!(intent_of(&q, "a"), Some(Intent::Invalidate));
+        assert_eq!(intent_of(&q, "a"), invalidated("a"));
         assert_eq!(q.bytes, 0);
     }
 
@@ -353,7 +511,7 @@ mod tests {
         // A newer write arrives while the replay runs...
         q.push(vec![invalidate("a")]).unwrap();
         assert!(!q.complete(&value_key("a"), seq), "the newer intent stays");
-        assert_eq!(intent_of(&q, "a"), Some(Intent::Invalidate));
+        assert_eq!(intent_of(&q, "a"), invalidated("a"));
         let (seq, _, _) = q.pending(&value_key("a")).unwrap();
         assert!(q.complete(&value_key("a"), seq));
         assert_eq!((q.len(), q.bytes, q.order.len()), (0, 0, 0));
@@ -372,5 +530,75 @@ mod tests {
         let (_, _, same_gate) = q.pending(&value_key("a")).unwrap();
         assert!(Arc::ptr_eq(&gate, &same_gate), "one gate per key");
         assert_eq!(q.bytes, 3);
+    }
+
+    #[tokio::test]
+    async fn a_tag_queued_twice_is_one_entry_and_raises_are_found_without_a_walk() {
+        let mut q = Queue::new(10, 1000);
+        q.push(vec![tag("ns:{%t:a}"), invalidate("k")]).unwrap();
+        q.push(vec![tag("ns:{%t:a}"), tag("ns:{%t:b}"), tag("ns:{%t:a}")])
+            .unwrap();
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.raises(), ["ns:{%t:a}", "ns:{%t:b}"]);
+        q.forget("ns:{%t:a}");
+        assert_eq!(q.raises(), ["ns:{%t:b}"]);
+    }
+
+    #[tokio::test]
+    async fn a_clear_covers_the_queued_tags_and_those_queued_after_it() {
+        let mut q = Queue::new(3, 1000);
+        q.push(vec![tag("ns:{%t:a}"), tag("ns:{%t:b}"), invalidate("k")])
+            .unwrap();
+        // The queue is full, but the clear makes room: the tags it covers leave.
+        q.push(vec![clear()]).unwrap();
+        assert_eq!(
+            kinds(&q),
+            [(value_key("k"), "invalidate"), ("ns:{%c}".into(), "clear")]
+        );
+        let (seq, _, _) = q.pending("ns:{%c}").unwrap();
+        // A tag while the clear waits is the clear again, with a new sequence: a replay of the
+        // clear that started before it does not complete it.
+        q.push(vec![tag("ns:{%t:c}")]).unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.raises(), ["ns:{%c}"]);
+        assert!(!q.complete("ns:{%c}", seq));
+        // A clear applied directly covers every queued raise; keys stay.
+        q.forget_raises();
+        assert_eq!(kinds(&q), [(value_key("k"), "invalidate")]);
+        assert!(q.raises().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_a_tag() {
+        let mut q = Queue::new(1, 1000);
+        q.push(vec![invalidate("k")]).unwrap();
+        assert_eq!(
+            q.push(vec![tag("ns:{%t:a}")]),
+            Err(RecoveryLimit::Entries(1))
+        );
+        assert_eq!(q.push(vec![clear()]), Err(RecoveryLimit::Entries(1)));
+        assert!(q.raises().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_raise_drops_every_held_value_and_what_is_being_computed() {
+        let mut q = Queue::new(10, 1000);
+        q.push(vec![invalidate("a"), invalidate("b")]).unwrap();
+        let (seq_a, _) = q.held(&value_key("a")).unwrap();
+        q.hold(&value_key("a"), seq_a, Arc::new(1u32));
+        let (seq_b, _) = q.held(&value_key("b")).unwrap();
+        q.push(vec![tag("ns:{%t:t}")]).unwrap();
+        assert!(
+            q.held(&value_key("a")).unwrap().1.is_none(),
+            "computed before the tag"
+        );
+        // b's computation started before the tag: its value is not held when it lands.
+        q.hold(&value_key("b"), seq_b, Arc::new(2u32));
+        assert!(q.held(&value_key("b")).unwrap().1.is_none());
+        assert_eq!(
+            order(&q),
+            [value_key("a"), value_key("b"), "ns:{%t:t}".to_owned()],
+            "the order stays"
+        );
     }
 }

@@ -9,6 +9,12 @@
 //! older than that commit. An invalidation is always safe; the next read computes the truth
 //! (FusionCache's lesson #163: the distributed entry is expired on replay).
 //!
+//! A raise of an epoch (a tag's, or the namespace's for a clear) is replayed as the direct call
+//! makes it: its floor is the namespace's clock at the replay, and the script sets the epoch to
+//! the higher of that floor and one above what it holds. An epoch only rises: a replay never
+//! lowers one raised meanwhile by another instance, and it kills every value born before it,
+//! so before the call too (and those born during the outage: a miss, never a stale value).
+//!
 //! Cancellation: a replay dropped half-way (a reader's future dropped) leaves its intent queued;
 //! running it again invalidates again (a miss, never a stale value).
 
@@ -16,11 +22,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::queue::Queued;
+use super::queue::{Intent, Queued};
 use super::{queues, Shared};
 use crate::stats::Event;
 use crate::store::StoreExt;
-use crate::store::{Store, StoreResult};
+use crate::store::StoreResult;
 
 /// The first wait after a failed replay; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -40,11 +46,20 @@ pub(super) async fn replay_key(shared: &Shared, key: &str) -> StoreResult<bool> 
     let Some((seq, queued, _)) = peek(shared, |queue| queue.pending(key)) else {
         return Ok(false);
     };
-    apply(shared.store.as_ref(), &queued).await?;
+    apply(shared, &queued).await?;
     if shared.with_queue(|queue| queue.complete(key, seq)) {
         shared.counters.record(Event::RecoveryReplayed);
     }
     Ok(true)
+}
+
+/// Replays every queued raise of an epoch (the reads of the namespace wait for them: see
+/// `Recovery::replay`). Few: one per tag, and none beside a queued clear.
+pub(super) async fn replay_raises(shared: &Shared) -> StoreResult<()> {
+    for name in peek(shared, |queue| queue.raises()) {
+        replay_key(shared, &name).await?;
+    }
+    Ok(())
 }
 
 /// Reads the queue without publishing its length (nothing changes).
@@ -52,9 +67,19 @@ fn peek<R>(shared: &Shared, f: impl FnOnce(&super::Queue) -> R) -> R {
     f(&crate::sync::lock(&shared.queue))
 }
 
-/// Carries out one queued write: an invalidation, whatever was queued (see the module docs).
-async fn apply(store: &dyn Store, queued: &Queued) -> StoreResult<()> {
-    store.invalidate(&queued.keys, queued.lease).await
+/// Carries out one queued write: an invalidation of a key, whatever was queued for it, or the
+/// raise of an epoch (see the module docs).
+async fn apply(shared: &Shared, queued: &Queued) -> StoreResult<()> {
+    let store = shared.store.as_ref();
+    match &queued.intent {
+        Intent::Set { keys, .. } | Intent::Invalidate { keys } => {
+            store.invalidate(keys, queued.lease).await
+        }
+        Intent::RaiseTag { name } | Intent::Clear { name } => {
+            let floor = store.born(&shared.clock).await?;
+            store.raise_epochs(std::slice::from_ref(name), floor).await
+        }
+    }
 }
 
 /// The background task: replays the oldest queued key while there is one, waits to be woken
