@@ -1,10 +1,19 @@
-//! Near-tier coherence latency: a key changes while instance B holds a near copy of it; each
-//! sample is the time from the change returning to B's first read that no longer returns the
-//! old value (B reads in a loop: from its near tier until the change's announcement or Redis's
-//! tracking report drops the copy, then from Redis). The changes:
-//! - `crate`: instance A's `set` or `invalidate` (every other sample), announced by the crate;
-//! - `DEL`, `SET`, `PEXPIRE 1`, `FLUSHDB`: another program's command, sent straight to the
-//!   server that holds the key (seen through `CLIENT TRACKING`).
+//! Near-tier coherence latency: a key changes while instance B holds a near copy of it; B reads
+//! in a loop (from its near tier until the change's announcement or Redis's tracking report
+//! drops the copy, then from Redis). Two figures per sample, from the change returning:
+//! - *stops serving*: until B's first read that does not return the old value **starts** (the
+//!   copy went before that read looked for it, and after the read before it did), zero when
+//!   B's first read after the change already found it gone: the cross-instance window itself;
+//!   the line counts the samples where it was not zero;
+//! - *returns*: until that read returns, with what it cost (a Redis read; after an
+//!   `invalidate`, the miss: lock, computation, write).
+//!
+//! The changes:
+//! - `set`, `invalidate`: instance A's, announced by the crate (the cross-instance window of
+//!   `docs/after-commit.md`);
+//! - `outside-del`, `outside-set`, `outside-pexpire`, `outside-flushdb`: another program's
+//!   `DEL`, `SET`, `PEXPIRE 1`, `FLUSHDB`, sent straight to the server that holds the key (seen
+//!   through `CLIENT TRACKING`).
 //!
 //! Both instances live in this process, each with its own connections, as two processes would
 //! have. Runs on one server, then on a Redis Cluster of 3 masters and 3 replicas; prints
@@ -13,7 +22,9 @@
 //! works the same), named in each line.
 //!
 //! A custom harness (`harness = false`), since criterion reports means, not tails:
-//! `cargo bench --bench near_coherence`.
+//! `cargo bench --bench near_coherence`. Filters pick measurements by `<target>/<change>`:
+//! `cargo bench --bench near_coherence -- server/invalidate` measures only A's `invalidate` on
+//! one server (`cluster/` the cluster's; a filter naming the bench runs everything).
 
 #[path = "../tests/support"]
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
@@ -32,8 +43,8 @@ use std::time::{Duration, Instant};
 use stampede_guard::{Cache, CacheBuilder, NearCacheOptions};
 use support::{RedisCluster, RedisServer};
 
-/// Samples of the crate's own changes, and of each outside change.
-const SAMPLES: usize = 2_000;
+/// Samples of each of the crate's own changes, and of each outside change.
+const SAMPLES: usize = 1_000;
 const OUTSIDE_SAMPLES: usize = 500;
 const TTL: Duration = Duration::from_secs(300);
 const KEY: &str = "2019-05";
@@ -42,7 +53,8 @@ const VALUE_KEY: &str = "near-bench:{2019-05}";
 /// What changes the key.
 #[derive(Debug, Clone, Copy)]
 enum Change {
-    Crate,
+    CrateSet,
+    CrateInvalidate,
     Del,
     Set,
     Pexpire,
@@ -50,15 +62,44 @@ enum Change {
 }
 
 impl Change {
+    const ALL: [Change; 6] = [
+        Change::CrateSet,
+        Change::CrateInvalidate,
+        Change::Del,
+        Change::Set,
+        Change::Pexpire,
+        Change::Flushdb,
+    ];
+
     fn name(self) -> &'static str {
         match self {
-            Change::Crate => "crate set/invalidate",
+            Change::CrateSet => "A's set",
+            Change::CrateInvalidate => "A's invalidate",
             Change::Del => "outside DEL",
             Change::Set => "outside SET",
             Change::Pexpire => "outside PEXPIRE 1",
             Change::Flushdb => "outside FLUSHDB",
         }
     }
+
+    /// Its name in a filter.
+    fn id(self) -> &'static str {
+        match self {
+            Change::CrateSet => "set",
+            Change::CrateInvalidate => "invalidate",
+            Change::Del => "outside-del",
+            Change::Set => "outside-set",
+            Change::Pexpire => "outside-pexpire",
+            Change::Flushdb => "outside-flushdb",
+        }
+    }
+}
+
+/// Whether the filters `cargo bench` was given select the measurement `id`
+/// (`<target>/<change>`): none, one naming this bench, or one `id` contains.
+fn selected(id: &str) -> bool {
+    !support::bench_filtered_out("near_coherence")
+        || (support::bench_filters().iter()).any(|f| id.contains(f.as_str()))
 }
 
 /// Where the caches and the outside writer connect.
@@ -134,11 +175,12 @@ async fn near_copy(b: &Cache, value: &str) {
     }
 }
 
-async fn measure(target: &Target<'_>, change: Change) -> Vec<Duration> {
+/// Each sample's (stops serving, returns): see the file's comment.
+async fn measure(target: &Target<'_>, change: Change) -> Vec<(Duration, Duration)> {
     let (a, b) = (cache(target).await, cache(target).await);
     let mut outside = target.holder();
     let samples = match change {
-        Change::Crate => SAMPLES,
+        Change::CrateSet | Change::CrateInvalidate => SAMPLES,
         _ => OUTSIDE_SAMPLES,
     };
     let mut taken = Vec::with_capacity(samples);
@@ -151,10 +193,10 @@ async fn measure(target: &Target<'_>, change: Change) -> Vec<Duration> {
                 .expect("the outside command");
         };
         match change {
-            Change::Crate if i % 2 == 0 => {
+            Change::CrateSet => {
                 let _ = a.set(KEY, &format!("w{i}"), TTL).await.expect("set");
             }
-            Change::Crate => {
+            Change::CrateInvalidate => {
                 let _ = a.invalidate(KEY).await.expect("invalidate");
             }
             Change::Del => sent(redis::cmd("DEL").arg(VALUE_KEY)),
@@ -163,52 +205,75 @@ async fn measure(target: &Target<'_>, change: Change) -> Vec<Duration> {
             Change::Flushdb => sent(&mut redis::cmd("FLUSHDB")),
         }
         let changed = Instant::now();
-        while read(&b).await == old {
+        let mut first = true;
+        loop {
+            let started = Instant::now();
+            if read(&b).await != old {
+                // Zero when B's first read already found the copy gone.
+                let stopped = if first {
+                    Duration::ZERO
+                } else {
+                    started - changed
+                };
+                taken.push((stopped, changed.elapsed()));
+                break;
+            }
+            first = false;
             tokio::task::yield_now().await;
         }
-        taken.push(changed.elapsed());
     }
     taken
 }
 
-async fn report(target: &Target<'_>, label: &str) {
+/// Measures the `changes` on `target`.
+async fn report(target: &Target<'_>, label: &str, changes: &[Change]) {
     let server = target.server_version();
-    for change in [
-        Change::Crate,
-        Change::Del,
-        Change::Set,
-        Change::Pexpire,
-        Change::Flushdb,
-    ] {
-        let mut samples = measure(target, change).await;
-        samples.sort_unstable();
-        let pct = |p: f64| support::percentile_ms(&samples, p);
-        println!(
-            "near_coherence ({server}, {label}): {} returns -> B stops serving the old value, \
-             {} samples: p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-            change.name(),
-            samples.len(),
-            pct(50.0),
-            pct(90.0),
-            pct(99.0),
-            pct(100.0)
-        );
+    for &change in changes {
+        let samples = measure(target, change).await;
+        type Pick = fn(&(Duration, Duration)) -> Duration;
+        let figures: [(&str, Pick); 2] = [
+            ("B stops serving the old value", |s| s.0),
+            ("B's first read without it returns", |s| s.1),
+        ];
+        for (what, pick) in figures {
+            let mut taken: Vec<Duration> = samples.iter().map(pick).collect();
+            taken.sort_unstable();
+            let pct = |p: f64| support::percentile_ms(&taken, p);
+            let open = taken.iter().filter(|t| !t.is_zero()).count();
+            println!(
+                "near_coherence ({server}, {label}): {} returns -> {what}, {} samples \
+                 ({open} nonzero): p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+                change.name(),
+                taken.len(),
+                pct(50.0),
+                pct(90.0),
+                pct(99.0),
+                pct(100.0)
+            );
+        }
     }
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; a filter that does not name this bench skips it.
-    if support::bench_filtered_out("near_coherence") {
-        return;
-    }
+    // `cargo bench` passes `--bench`; a filter that names no measurement of this bench skips
+    // it, without starting a server.
+    let on = |target: &str| -> Vec<Change> {
+        (Change::ALL.into_iter())
+            .filter(|change| selected(&format!("{target}/{}", change.id())))
+            .collect()
+    };
+    let (on_server, on_cluster) = (on("server"), on("cluster"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    {
+    if !on_server.is_empty() {
         let server = RedisServer::start();
-        rt.block_on(report(&Target::Server(&server), "one server"));
+        rt.block_on(report(&Target::Server(&server), "one server", &on_server));
     }
-    let cluster = RedisCluster::start();
-    rt.block_on(report(&Target::Cluster(&cluster), "cluster of 3 masters"));
+    if !on_cluster.is_empty() {
+        let cluster = RedisCluster::start();
+        let target = Target::Cluster(&cluster);
+        rt.block_on(report(&target, "cluster of 3 masters", &on_cluster));
+    }
 }

@@ -15,7 +15,9 @@
 //! - `POST /orders/{month}`: record an order (commit a row), then `invalidate` the month's
 //!   report: `201 Created` once the row is committed, whether the cache applied the invalidation
 //!   or queued it while Redis is down (auto-recovery; the `x-cache-invalidation` header and the
-//!   `cache` field say which), so a client that retries on an error never inserts twice;
+//!   `cache` field say which), so a client that retries on an error never inserts twice; with
+//!   `Prefer: return=representation` the answer carries the month's report with the order in
+//!   it, read past the near tier (`CallOptions::skip_near_cache`): the read-after-write;
 //! - `GET /summary`: `get` the year's summary, which a `Leader` job writes: of all the instances
 //!   sharing one Redis, only the active one runs it, every `--summary-every-ms`;
 //! - `GET /health`: the cache's health report, 200 or 503 (`Health: IntoResponse`); `GET /livez` and
@@ -33,10 +35,12 @@
 //! curl -i http://127.0.0.1:3000/report/2019-05
 //! curl -i http://127.0.0.1:3000/report/2019
 //! curl -i -X POST http://127.0.0.1:3000/orders/2019-05
+//! curl -i -X POST -H 'Prefer: return=representation' http://127.0.0.1:3000/orders/2019-05
 //! curl http://127.0.0.1:3000/stats
 //! ```
 //!
 //! Options: `--listen ADDR` (default `127.0.0.1:3000`; port 0 picks a free one), `--redis URL`,
+//! `--near-cache ENTRIES` (with `--redis`: keep up to this many reports in a near tier),
 //! `--query-ms MS` (how long one report query takes, default 200), `--summary-every-ms MS` (the
 //! leader job's interval, default 10000). The first line printed is `listening on http://ADDR`.
 //!
@@ -50,7 +54,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -58,7 +62,7 @@ use sales::{MonthlyReport, SalesDb};
 use serde::{Deserialize, Serialize};
 use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::web::{self, ResponseCacheLayer};
-use stampede_guard::{Cache, RecoveryOptions};
+use stampede_guard::{Cache, NearCacheOptions, RecoveryOptions};
 use tokio::sync::watch;
 
 /// How long a report stays cached. Past months do not change; an hour keeps memory bounded.
@@ -97,14 +101,18 @@ async fn main() -> Result<(), BoxError> {
     let db = Arc::new(SalesDb::open(&url, args.query_time).await?);
     let cache = match &args.redis {
         Some(redis) => {
-            Cache::builder()
+            let builder = Cache::builder()
                 .redis_url(redis.as_str())
                 .namespace("axum-report-example")
                 // An invalidation after a commit that cannot reach Redis waits in this process
                 // and is replayed when Redis answers, instead of failing the request.
-                .auto_recovery(RecoveryOptions::default())
-                .build()
-                .await?
+                .auto_recovery(RecoveryOptions::default());
+            match args.near_cache {
+                Some(entries) => builder.near_cache(NearCacheOptions::new(entries)),
+                None => builder,
+            }
+            .build()
+            .await?
         }
         None => Cache::in_memory(),
     };
@@ -220,15 +228,24 @@ async fn report(State(app): State<App>, Path(month): Path<String>) -> Result<Res
     if !sales::is_month(&month) {
         return Err(AppError::BadMonth(month));
     }
+    let report = month_report(&app.cache, &app.db, &month).await?;
+    Ok(Json(report).into_response())
+}
+
+/// The month's report through `cache`, its query run once fleet-wide however many ask at once.
+async fn month_report(
+    cache: &Cache,
+    db: &Arc<SalesDb>,
+    month: &str,
+) -> Result<MonthlyReport, stampede_guard::Error> {
     // Not `#[stampede_guard::cached]`: requests that wait for another's query would get that
     // query's error as a message, so a database outage (a 503 here) would reach them as a 500.
     // The attribute suits functions whose callers need the error's text, not its kind.
-    let report = (app.cache)
-        .get_or_compute_with(&month, TTL, &app.db, |month, db| async move {
+    cache
+        .get_or_compute_with(month, TTL, db, |month, db| async move {
             db.monthly_report(&month).await // Result<MonthlyReport, sqlx::Error>
         })
-        .await?;
-    Ok(Json(report).into_response())
+        .await
 }
 
 /// The year's twelve monthly reports through one batch call: months in the cache cost no query,
@@ -293,9 +310,14 @@ async fn refresh(
 /// its return, and this instance does not serve the month from Redis meanwhile); if it could not
 /// even be queued (`failed`: the queue is full, or Redis refused), the report's TTL bounds how
 /// long the old one is served, and the log says why.
+///
+/// With `Prefer: return=representation` (RFC 7240) the answer's `report` is the month's report
+/// with the order in it (`null` unless the invalidation was applied: a report read while Redis
+/// is down could not be trusted to include it).
 async fn add_order(
     State(app): State<App>,
     Path(month): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Response, AppError> {
     if !sales::is_month(&month) {
         return Err(AppError::BadMonth(month));
@@ -311,13 +333,45 @@ async fn add_order(
             "failed"
         }
     };
-    let body = serde_json::json!({ "id": id, "month": month, "cache": cache });
+    let report = match cache {
+        "applied" if wants_representation(&headers) => {
+            // The read-after-write. Whichever instance serves it, a read that must see a write
+            // skips the near tier: this instance dropped its own copy as it invalidated, but
+            // another instance's copy is served until the change reaches it (the cross-instance
+            // window: docs/after-commit.md). The order is committed, so a failed read leaves the
+            // report out rather than failing the request.
+            let latest =
+                (app.cache).with_options(app.cache.options().clone().skip_near_cache(true));
+            match month_report(&latest, &app.db, &month).await {
+                Ok(report) => Some(report),
+                Err(e) => {
+                    eprintln!("order {id} committed; reading report {month} failed: {e}");
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
+    let body = serde_json::json!({ "id": id, "month": month, "cache": cache, "report": report });
     Ok((
         StatusCode::CREATED,
         [("x-cache-invalidation", cache)],
         Json(body),
     )
         .into_response())
+}
+
+/// Whether the request asks for the written resource in the answer (`Prefer:
+/// return=representation`, RFC 7240).
+fn wants_representation(headers: &HeaderMap) -> bool {
+    (headers.get_all("prefer").iter())
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|preference| {
+            preference
+                .trim()
+                .eq_ignore_ascii_case("return=representation")
+        })
 }
 
 /// The response cache's keys for the month's and its year's reports.
@@ -400,16 +454,18 @@ impl IntoResponse for AppError {
 struct Args {
     listen: String,
     redis: Option<String>,
+    near_cache: Option<u64>,
     query_time: Duration,
     summary_every: Duration,
 }
 
 fn parse_args() -> Result<Args, String> {
     const USAGE: &str =
-        "usage: axum_report [--listen 127.0.0.1:3000] [--redis redis://host:port/db] [--query-ms MS] [--summary-every-ms MS]";
+        "usage: axum_report [--listen 127.0.0.1:3000] [--redis redis://host:port/db] [--near-cache ENTRIES] [--query-ms MS] [--summary-every-ms MS]";
     let mut args = Args {
         listen: "127.0.0.1:3000".to_owned(),
         redis: None,
+        near_cache: None,
         query_time: Duration::from_millis(200),
         summary_every: Duration::from_secs(10),
     };
@@ -421,6 +477,12 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--listen" => args.listen = value,
             "--redis" => args.redis = Some(value),
+            "--near-cache" => {
+                let entries = value
+                    .parse()
+                    .map_err(|_| format!("--near-cache needs a number\n{USAGE}"))?;
+                args.near_cache = Some(entries);
+            }
             "--query-ms" => {
                 let ms = value
                     .parse()

@@ -433,6 +433,30 @@ async fn an_order_is_committed_and_its_cached_report_invalidated() {
     assert_eq!(service.orders("2019-05").await, Some(before + 1));
 }
 
+/// With `Prefer: return=representation`, `POST /orders/{month}` answers with the month's report
+/// read after the write (past the near tier): the order is in it. Without the header, no report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_asked_with_its_representation_answers_the_report_that_includes_it() {
+    let redis = RedisServer::start();
+    let service = Service::start(&["--redis", &redis.url(), "--near-cache", "1000"]);
+    let before = service.orders("2019-05").await.expect("a report");
+
+    let prefer = [("prefer", "return=representation")];
+    let response = http_client::send("POST", &service.addr, "/orders/2019-05", &prefer).await;
+    assert_eq!(response.status, 201, "{response:?}");
+    assert_eq!(response.json()["cache"], "applied");
+    assert_eq!(
+        response.json()["report"]["orders"],
+        before + 1,
+        "{response:?}"
+    );
+
+    let plain = service.post("/orders/2019-05").await;
+    assert_eq!(plain.status, 201, "{plain:?}");
+    assert!(plain.json()["report"].is_null(), "{plain:?}");
+    assert_eq!(service.orders("2019-05").await, Some(before + 2));
+}
+
 /// With Redis down, an order is still a 201 (the row is committed: a client retrying on an
 /// error would insert it twice), its invalidation queued; once Redis is back with the old
 /// report on disk, the report read includes the order.

@@ -16,7 +16,7 @@ mod support {
 use std::time::Duration;
 
 use redis::Commands;
-use stampede_guard::{Cache, CallOptions, ConnectionOptions, NearCacheOptions};
+use stampede_guard::{BreakerOptions, Cache, CallOptions, ConnectionOptions, NearCacheOptions};
 use support::proxy::{Mode, Proxy};
 use support::{cache, runtime};
 use support::{Monitor, RedisServer};
@@ -436,4 +436,70 @@ async fn dropping_the_cache_stops_its_feed() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// How long the proxy holds each chunk between A and Redis in the read-your-write test: the
+/// change's report reaches A's near tier this long after it was sent, so a read that starts as
+/// the write returns comes well before it.
+const FEED_DELAY: Duration = Duration::from_millis(300);
+
+/// A read through a handle with `skip_near_cache` sees another instance's write as soon as the
+/// write has returned, on every read path (`get_or_compute`, `get`, a batch), for a `set` and an
+/// `invalidate` alike; a plain read meanwhile may still be answered by the old copy.
+#[test]
+fn a_read_that_skips_the_near_tier_sees_another_instances_write_at_once() {
+    with_proxy(read_past_the_near_tier)
+}
+
+async fn read_past_the_near_tier(server: &mut RedisServer, proxy: &Proxy) {
+    // A reaches Redis through the proxy, its feed included; its copies stay servable for the
+    // whole test (a long max_staleness), and its requests outlast the delays.
+    let a = Cache::builder()
+        .redis_url(proxy.url())
+        .namespace("near")
+        .near_cache(NearCacheOptions::new(1_000).max_staleness(Duration::from_secs(30)))
+        .connection(ConnectionOptions::default().response_timeout(Duration::from_secs(10)))
+        // Answers slowed down by the proxy are no outage.
+        .breaker(BreakerOptions::disabled())
+        .build()
+        .await
+        .expect("a cache with a near tier");
+    let b = near_cache(server.url()).await;
+    let keys = ["fetched", "got", "batch-set", "batch-invalidated"];
+    for key in keys {
+        let _ = b.set(key, &"v1".to_owned(), TTL).await.unwrap();
+        assert_eq!(until_near_hit(&a, key).await, "v1");
+    }
+    let latest = a.with_options(a.options().clone().skip_near_cache(true));
+
+    // From now on what Redis tells A, the reports of B's changes included, arrives late.
+    proxy.set_mode(Mode::Delay(FEED_DELAY));
+    let _ = b.set("fetched", &"v2".to_owned(), TTL).await.unwrap();
+    let _ = b.invalidate("got").await.unwrap();
+    let _ = b.set("batch-set", &"v2".to_owned(), TTL).await.unwrap();
+    let _ = b.invalidate("batch-invalidated").await.unwrap();
+
+    // The cross-instance window: until the report reaches A, a plain read may be answered by
+    // A's old copy (not asserted either way: it depends on timing).
+    let plain = read(&a, "fetched").await.unwrap();
+    assert!(plain == "v1" || plain == "v2", "{plain}");
+    // The reads that skip the near tier start before the reports can arrive, and see the writes.
+    let (fetched, got, batch) = tokio::join!(
+        read(&latest, "fetched"),
+        latest.get::<String>("got"),
+        latest.get_or_compute_many(["batch-set", "batch-invalidated"], TTL, |keys| async move {
+            let computed = keys.into_iter().map(|key| (key, "computed".to_owned()));
+            Ok::<_, std::io::Error>(computed.collect::<Vec<_>>())
+        }),
+    );
+    assert_eq!(fetched.unwrap(), "v2");
+    assert_eq!(got.unwrap(), None);
+    let batch: Vec<String> = batch.into_iter().map(Result::unwrap).collect();
+    assert_eq!(batch, ["v2", "computed"]);
+
+    // Once the reports are in, A's plain reads agree, from the tier again.
+    proxy.set_mode(Mode::Pass);
+    tokio::time::sleep(FEED_DELAY * 2).await;
+    never_old_until_new(&a, "fetched", "v1", "v2").await;
+    assert_eq!(until_near_hit(&a, "fetched").await, "v2");
 }

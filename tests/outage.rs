@@ -245,6 +245,15 @@ async fn with_serve_while_down_the_near_tier_answers_from_what_it_holds() {
             .expect("served from what the process holds");
         assert_eq!((served.value, served.source), (7, Source::Held));
     }
+    // A read that must see the latest write takes no held copy (it may predate the write):
+    // it fails as without the option.
+    let latest = cache.with_options(cache.options().clone().skip_near_cache(true));
+    let skipped = latest
+        .fetch("2019-05", TTL, |_| async {
+            never().await.map(Computed::new)
+        })
+        .await;
+    assert!(unreachable(&skipped), "{skipped:?}");
     // A key it does not hold still fails, as without the option.
     let other = cache
         .fetch("2019-06", TTL, |_| async {

@@ -154,12 +154,23 @@ impl<C: Codec> Engine<C> {
 /// The tiers, as a call of this handle uses them: with its XFetch setting, its fail-safe
 /// window and its tags, and the store's clock.
 impl<C: Codec> Engine<C> {
+    /// The tiers this handle's reads may be answered from: none when it skips the near tier
+    /// ([`CallOptions::skip_near_cache`]). Every read asks here before it takes a copy (the
+    /// quick hit, a near copy, a held copy, `get`'s near read), so the option holds on every
+    /// path; fills and forgets go to `core.tiers` either way, keeping the copies current.
+    pub(crate) fn read_tiers(&self) -> Option<&Tiers> {
+        // Without a near tier the tiers hold the embedded store's decoded values, current by
+        // construction; skipping them too only sends those hits the long way.
+        (self.core.tiers.as_ref()).filter(|_| !self.options.skip_near_cache)
+    }
+
     /// A near copy held while the backend is down, for a read that failed with `error`.
     pub(crate) fn held_copy<T: Clone + 'static>(
         &self,
         key: &str,
         error: &StoreError,
     ) -> Option<Fetched<T>> {
-        (self.core.tiers.as_ref())?.held_copy(key, error, self.options.fail_safe_for)
+        self.read_tiers()?
+            .held_copy(key, error, self.options.fail_safe_for)
     }
 }

@@ -158,7 +158,8 @@ impl<C: Codec> Engine<C> {
             return None;
         }
         let core = &self.core;
-        (core.tiers.as_ref())?.quick_hit(&core.namespace, key, &core.counters)
+        self.read_tiers()?
+            .quick_hit(&core.namespace, key, &core.counters)
     }
 
     /// `Cache::fetch` once [`quick_hit`](Self::quick_hit) found nothing: the call's span and
@@ -212,7 +213,7 @@ impl<C: Codec> Engine<C> {
     /// A fresh near copy of `key`, to be judged as a hit read from Redis is.
     pub(crate) fn near_copy<T: Clone + 'static>(&self, key: &str) -> Option<StoredEntry<T>> {
         let synced = self.core.store.clock_synced();
-        (self.core.tiers.as_ref())?.near_copy(key, synced)
+        self.read_tiers()?.near_copy(key, synced)
     }
 
     /// Freshness is stamped and judged by the store's clock: calibrate it before the first use

@@ -25,9 +25,11 @@ impl<C: Codec> Engine<C> {
     ) -> Result<Option<T>, Error> {
         let keys = EntryKeys::new(&self.core.namespace, key)?;
         self.check_tags()?;
-        // The near tier first, as for every read: a copy it serves is fresh, and judged by the
-        // epochs of its namespace and tags.
-        if let Some(value) = (self.core.tiers.as_ref()).and_then(|tiers| tiers.near_read::<T>(key))
+        // The near tier first, as for every read (unless the handle skips it): a copy it
+        // serves is fresh, and judged by the epochs of its namespace and tags.
+        if let Some(value) = self
+            .read_tiers()
+            .and_then(|tiers| tiers.near_read::<T>(key))
         {
             return Ok(Some(value));
         }

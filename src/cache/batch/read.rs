@@ -25,7 +25,8 @@ where
     T: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
     E: Display + Debug + Send + Sync + 'static,
 {
-    /// The near tier first: no request for the keys it holds.
+    /// The near tier first: no request for the keys it holds (none for a handle that skips
+    /// it: `near_copy` then finds nothing).
     pub(super) fn answer_from_near(
         &self,
         distinct: &[Arc<EntryKeys>],
