@@ -136,7 +136,7 @@ pub struct StoredValue {
 /// # async fn main() -> Result<(), stampede_guard::Error> {
 /// let cache = stampede_guard::Cache::in_memory();
 /// let _ = cache.set("2019-05", &1234u64, Duration::from_secs(60)).await?;
-/// cache.clear().await?;
+/// let _ = cache.clear().await?;
 /// let value = cache.inspect("2019-05").await?.value.expect("still stored");
 /// assert_eq!(value.state, Standing::Invalidated);
 /// # Ok(())

@@ -81,6 +81,9 @@ struct Slot {
     /// The value computed for the key since this intent was queued: it lives exactly as long
     /// as the intent (a newer write, a replay or a direct write drops it with the slot).
     held: Option<Held>,
+    /// What a value being computed must still find to be held: `seq` when the intent was
+    /// queued or a raise entered, unchanged when a refused replay only moves the intent back.
+    holds: u64,
 }
 
 impl std::fmt::Debug for Slot {
@@ -204,6 +207,7 @@ impl Queue {
             if let Some(slot) = self.slots.get_mut(&key) {
                 slot.seq = seq;
                 slot.held = None;
+                slot.holds = seq;
             }
             self.order.insert(seq, key);
         }
@@ -270,6 +274,7 @@ impl Queue {
                 slot.queued = queued;
                 // A newer write: what was computed before it is older than the caller's write.
                 slot.held = None;
+                slot.holds = seq;
             }
             None => {
                 let gate = Arc::default();
@@ -281,6 +286,7 @@ impl Queue {
                         queued,
                         gate,
                         held,
+                        holds: seq,
                     },
                 );
             }
@@ -328,16 +334,17 @@ impl Queue {
         Some((slot.seq, slot.queued.clone(), Arc::clone(&slot.gate)))
     }
 
-    /// Whether `key` has an intent queued: its sequence number and the value held for it.
+    /// Whether `key` has an intent queued: the mark a value computed now must still find to be
+    /// held ([`hold`](Self::hold)), and the value held for it.
     pub(crate) fn held(&self, key: &str) -> Option<(u64, Option<Held>)> {
         let slot = self.slots.get(key)?;
-        Some((slot.seq, slot.held.clone()))
+        Some((slot.holds, slot.held.clone()))
     }
 
     /// Holds `value` for `key` while its intent `seq` waits (not for a newer one: the value was
     /// computed before that write).
     pub(crate) fn hold(&mut self, key: &str, seq: u64, value: Held) {
-        if let Some(slot) = self.slots.get_mut(key).filter(|slot| slot.seq == seq) {
+        if let Some(slot) = self.slots.get_mut(key).filter(|slot| slot.holds == seq) {
             slot.held = Some(value);
         }
     }
@@ -578,6 +585,20 @@ mod tests {
         );
         assert_eq!(q.push(vec![clear()]), Err(RecoveryLimit::Entries(1)));
         assert!(q.raises().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_refused_replay_moved_back_still_holds_what_is_being_computed() {
+        let mut q = Queue::new(10, 1 << 20);
+        q.push(vec![invalidate("a"), invalidate("b")]).unwrap();
+        let (mark, _) = q.held(&value_key("a")).unwrap();
+        // The background replay of `a` was refused meanwhile: `a` goes behind `b`.
+        let (seq, _, _) = q.pending(&value_key("a")).unwrap();
+        q.move_to_back(&value_key("a"), seq);
+        assert_eq!(order(&q), [value_key("b"), value_key("a")]);
+        q.hold(&value_key("a"), mark, Arc::new(7u32));
+        let (_, held) = q.held(&value_key("a")).unwrap();
+        assert!(held.is_some_and(|held| held.downcast_ref::<u32>() == Some(&7)));
     }
 
     #[tokio::test]

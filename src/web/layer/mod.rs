@@ -321,7 +321,7 @@ impl<C: Codec> ResponseCacheLayer<C> {
     /// let first = app.clone().oneshot(get()).await.unwrap();
     /// assert_eq!(first.headers()["x-cache"], "computed");
     /// // Tenant 7's data changed: its cached responses go.
-    /// cache.invalidate_tag("tenant:7").await?;
+    /// let _ = cache.invalidate_tag("tenant:7").await?;
     /// let again = app.oneshot(get()).await.unwrap();
     /// assert_eq!(again.headers()["x-cache"], "computed");
     /// # Ok(())
