@@ -666,6 +666,8 @@ pub struct BodyFailed {
     /// What the body's error said of an unavailable source, when it is the crate's [`Error`]:
     /// the callers that waited on it get the same 503 as the caller whose body ran.
     unavailable: Option<Unavailable>,
+    /// Whether the body's error was marked [`NotShared`]: then neither are its callers'.
+    not_shared: bool,
 }
 
 #[cfg(feature = "macros")]
@@ -678,7 +680,13 @@ impl BodyFailed {
             display,
             debug,
             unavailable: crate_error.and_then(Error::unavailable_source),
+            not_shared: marked_not_shared(error),
         }
+    }
+
+    /// Whether the body's error was marked [`NotShared`].
+    pub(crate) fn not_shared(&self) -> bool {
+        self.not_shared
     }
 
     /// What the body's error said of an unavailable source, if it said so.

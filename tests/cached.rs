@@ -389,3 +389,42 @@ async fn an_error_type_needs_only_from_error_on_either_store() {
     let options = CallOptions::default();
     an_error_type_needs_only_from_error(support::cache(&server, "bare", options).await).await;
 }
+
+/// A `#[cached]` body whose error is marked `NotShared` is not remembered by negative caching:
+/// the next call runs the body again; a plain error is remembered.
+#[tokio::test]
+async fn a_not_shared_error_of_a_cached_body_is_not_remembered() {
+    use stampede_guard::NotShared;
+
+    type Boxed = Box<dyn std::error::Error + Send + Sync>;
+
+    #[derive(Clone)]
+    struct Access {
+        cache: Cache,
+        runs: Arc<AtomicUsize>,
+    }
+
+    impl Access {
+        #[cached(cache = self.cache, key = "report:{user}", ttl_secs = 300)]
+        async fn report(&self, user: u32, mine: bool) -> Result<u64, Boxed> {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            let denied = format!("user {user} may not see this report");
+            Err(if mine {
+                NotShared::new(denied).into()
+            } else {
+                denied.into()
+            })
+        }
+    }
+
+    let options = CallOptions::default().negative_ttl(Some(Duration::from_secs(60)));
+    for (user, mine, runs) in [(7, true, 2), (8, false, 1)] {
+        let access = Access {
+            cache: Cache::in_memory().with_options(options.clone()),
+            runs: Arc::new(AtomicUsize::new(0)),
+        };
+        assert!(access.report(user, mine).await.is_err());
+        assert!(access.report(user, mine).await.is_err());
+        assert_eq!(access.runs.load(Ordering::SeqCst), runs, "user {user}");
+    }
+}

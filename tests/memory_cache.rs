@@ -244,3 +244,34 @@ async fn values_too_large_are_refused_with_a_clear_error() {
     assert!(matches!(err, Error::ValueTooLarge { .. }), "{err:?}");
     assert!(err.to_string().contains("over the limit"));
 }
+
+/// A call that starts after a write of its key does not join a computation of this process
+/// that began before the write: it would be answered from data older than the write.
+#[tokio::test(start_paused = true)]
+async fn a_call_after_a_write_does_not_share_a_computation_from_before_it() {
+    let cache = Cache::in_memory();
+    let before = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_compute("2019-05", 60 * SECOND, || async {
+                    tokio::time::sleep(SECOND).await;
+                    Ok::<_, String>("read before the write".to_owned())
+                })
+                .await
+        })
+    };
+    // The computation above is under way.
+    tokio::time::sleep(SECOND / 10).await;
+    let written = cache.invalidate("2019-05").await.unwrap();
+    assert!(written.is_applied());
+    let after = cache
+        .get_or_compute("2019-05", 60 * SECOND, || async {
+            Ok::<_, String>("read after the write".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(after, "read after the write");
+    // The earlier caller still gets its own computation's value.
+    assert_eq!(before.await.unwrap().unwrap(), "read before the write");
+}

@@ -71,12 +71,15 @@ impl<C> Core<C> {
         self.tiers.as_ref()?.near()
     }
 
-    /// This instance changed the entry of `keys`: its own near copy goes now (see
-    /// `Tiers::forget`).
-    pub(crate) fn forget_near(&self, keys: &EntryKeys) {
+    /// This instance wrote the entry of `keys` (or tried: a failed write may have been
+    /// applied): its own near copy goes now, without waiting for the announcement to come back
+    /// (read-your-writes within the instance), and a flight of the key that began before the
+    /// write is not joined by the calls after it (see `Flights::detach`).
+    pub(crate) fn wrote(&self, keys: &EntryKeys) {
         if let Some(tiers) = &self.tiers {
             tiers.forget(keys);
         }
+        self.flights.detach(&keys.value);
     }
 }
 

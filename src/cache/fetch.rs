@@ -2,8 +2,8 @@
 //! runs: the quick hits (near tier, embedded store), the call's span and per-call object
 //! ([`KeyCall`]), the one read of the value with its epochs, the entry decoded and judged (alive
 //! by its epochs, worth serving by its freshness), the tiers fed, the value served and the call
-//! counted. A miss goes on in `miss.rs` (the in-process flight, then the distributed part); the
-//! failures' fallbacks are decided in `failsafe.rs`.
+//! counted. A miss goes on in `miss.rs` (the in-process flight, then the distributed part); what
+//! a failure falls back to is decided by the table of `fallback.rs`.
 //!
 //! Every other path that reads a stored entry (the batch, `get`, the claim loop) judges it with
 //! the same functions, so a value is served alike whichever way it was read.

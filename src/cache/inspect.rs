@@ -2,10 +2,13 @@
 //! ([`Cache::inspect`](crate::Cache::inspect)): for on-call. One read of the value with its
 //! epochs and one look at the lock, sent at once; the entry is judged by the very functions a
 //! call judges it with (`fetch.rs`: alive by its epochs, worth by its freshness), so what it
-//! says is what the next call would find.
+//! says is what the next call would find, unless a write of the key (or a tag or a clear) waits
+//! in this instance's auto-recovery queue: a call replays it first, and inspect does not.
 //!
-//! Read-only: it takes no lock, replays no queued write, fills no tier and counts nothing in
-//! [`Stats`](crate::Stats).
+//! Read-only on the server and in the tiers: it takes no lock, replays no queued write, fills
+//! no tier and counts nothing in [`Stats`](crate::Stats). Like every read, it notes the epochs
+//! it read, so a computation of this process that began before a raise it saw is not shared
+//! with later calls.
 //!
 //! Explained in the guide: `docs/observability.md` (Inspecting a key).
 

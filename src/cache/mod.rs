@@ -214,6 +214,7 @@ impl<C: Codec> Cache<C> {
     /// let patient = cache.with_options(CallOptions::default().wait_timeout(Duration::from_secs(120)));
     /// assert_eq!(patient.options().get_wait_timeout(), Duration::from_secs(120));
     /// ```
+    #[must_use]
     pub fn with_options(&self, options: CallOptions) -> Self {
         Cache::from_engine(self.engine.with_options(options))
     }
@@ -258,6 +259,7 @@ impl<C: Codec> Cache<C> {
     /// # Ok(())
     /// # }
     /// ```
+    #[must_use]
     pub fn tagged<I, S>(&self, tags: I) -> Self
     where
         I: IntoIterator<Item = S>,

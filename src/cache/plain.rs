@@ -75,7 +75,7 @@ impl<C: Codec> Engine<C> {
             .set(&keys, bytes, stored_for, self.options.lease)
             .await;
         // Also after a failure: the write may have been applied.
-        self.core.forget_near(&keys);
+        self.core.wrote(&keys);
         let error = match written {
             Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
             Err(e) => e,
@@ -99,7 +99,7 @@ impl<C: Codec> Engine<C> {
         let keys = EntryKeys::new(&self.core.namespace, key)?;
         let done = self.core.store.invalidate(&keys, self.options.lease).await;
         // Also after a failure: the invalidation may have been applied.
-        self.core.forget_near(&keys);
+        self.core.wrote(&keys);
         let error = match done {
             Ok(()) => return Ok(self.written(std::slice::from_ref(&keys))),
             Err(e) => e,
@@ -136,7 +136,7 @@ impl<C: Codec> Engine<C> {
             .await;
         // Also after a failure: some invalidations may have been applied.
         for keys in &entries {
-            self.core.forget_near(keys);
+            self.core.wrote(keys);
         }
         let error = match done {
             Ok(()) => return Ok(self.written(&entries)),

@@ -310,6 +310,7 @@ impl Recovery {
             return;
         }
         self.shared.with_queue(|queue| {
+            queue.drop_held();
             if cleared {
                 queue.forget_raises();
             }

@@ -17,10 +17,10 @@ use super::{std_error_of, ComputeError, MAX_CHAIN};
 /// of the source itself (a timeout, a missing table) is best shared: that is what keeps a
 /// failing query from running once per caller.
 ///
-/// Found anywhere in the error's chain, like
-/// [`SourceUnavailable`](crate::SourceUnavailable): return it as the computation's error, or
-/// box it (`Box<dyn Error + Send + Sync>`) inside an error of your own whose `source()` leads
-/// to it.
+/// Found as [`SourceUnavailable`](crate::SourceUnavailable) is: return it as the computation's
+/// error, or a `Box<dyn Error + Send + Sync>` (or the crate's own [`Error`](crate::Error))
+/// whose chain of `source()`s reaches it. An error type of your own is not looked into (the
+/// computation's error is only `Display + Debug`): box it.
 ///
 /// ```
 /// use stampede_guard::{Cache, CallOptions, Error, NotShared};
@@ -97,6 +97,11 @@ impl std::error::Error for NotShared {
 /// Whether a computation's error (of any type the crate can see into) is marked
 /// [`NotShared`] anywhere in its chain.
 pub(crate) fn marked_not_shared(error: &dyn Any) -> bool {
+    // A `#[cached]` body's error, copied when it failed, says so itself.
+    #[cfg(feature = "macros")]
+    if let Some(copy) = error.downcast_ref::<super::BodyFailed>() {
+        return copy.not_shared();
+    }
     let mut link = std_error_of(error);
     for _ in 0..MAX_CHAIN {
         let Some(current) = link else {

@@ -6,6 +6,9 @@
 //! - `connection.rs`: how to reach Redis ([`ConnectionOptions`]) and the settings of every kind
 //!   of connection made from it;
 //! - `store.rs`: [`RedisStore`], the store operations over the data connection;
+//! - `coalesce.rs`: the single-key read of a value with its epochs, alone or coalesced with the
+//!   reads that arrive while one is out into one `MGET`;
+//! - `mget.rs`: `MGET` on one server (sized, read in place) and across a cluster's slots;
 //! - `cluster.rs`: the lazy Redis Cluster connection;
 //! - `pubsub.rs`: wake-up subscriptions, counted per channel;
 //! - `replicas.rs`: lock and fencing writes that wait for replicas (`WAIT`);

@@ -133,6 +133,14 @@ impl Flights {
         lock(&self.map).len()
     }
 
+    /// A write of `key` was made: the flight running now (if any) read or computed before it,
+    /// so calls from now on lead a flight of their own instead of joining it. Its followers
+    /// (which began before the write) still get its outcome, and its leader's leaving removes
+    /// only its own entry.
+    pub(crate) fn detach(&self, key: &str) {
+        lock(&self.map).remove(key);
+    }
+
     fn remove(&self, key: &str, slot: &Arc<dyn Any + Send + Sync>) {
         let mut map = lock(&self.map);
         if map.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {

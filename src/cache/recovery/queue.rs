@@ -323,6 +323,19 @@ impl Queue {
         }
     }
 
+    /// An epoch was raised directly (`invalidate_tag`, `clear`): a value held for a queued key
+    /// may be one it kills, so none is held any more, nor will a value being computed now be
+    /// (its mark moves on). The intents keep their places and sequence numbers: a replay in
+    /// progress still completes its own.
+    pub(crate) fn drop_held(&mut self) {
+        let next_seq = &mut self.next_seq;
+        for slot in self.slots.values_mut() {
+            slot.held = None;
+            slot.holds = *next_seq;
+            *next_seq += 1;
+        }
+    }
+
     /// The epochs with a raise queued, to replay before any read.
     pub(crate) fn raises(&self) -> Vec<String> {
         self.raises.iter().cloned().collect()
@@ -599,6 +612,30 @@ mod tests {
         q.hold(&value_key("a"), mark, Arc::new(7u32));
         let (_, held) = q.held(&value_key("a")).unwrap();
         assert!(held.is_some_and(|held| held.downcast_ref::<u32>() == Some(&7)));
+    }
+
+    #[tokio::test]
+    async fn a_direct_raise_drops_every_held_value_and_what_is_being_computed() {
+        let mut q = Queue::new(10, 1 << 20);
+        q.push(vec![invalidate("a"), invalidate("b")]).unwrap();
+        let (mark_a, _) = q.held(&value_key("a")).unwrap();
+        q.hold(&value_key("a"), mark_a, Arc::new(1u32));
+        let (mark_b, _) = q.held(&value_key("b")).unwrap();
+        let (seq_a, _, _) = q.pending(&value_key("a")).unwrap();
+        q.drop_held();
+        assert!(
+            q.held(&value_key("a")).unwrap().1.is_none(),
+            "the held value goes"
+        );
+        q.hold(&value_key("b"), mark_b, Arc::new(2u32));
+        assert!(
+            q.held(&value_key("b")).unwrap().1.is_none(),
+            "b was being computed before it"
+        );
+        assert!(
+            q.complete(&value_key("a"), seq_a),
+            "the replay in progress completes"
+        );
     }
 
     #[tokio::test]
