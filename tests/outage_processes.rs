@@ -777,15 +777,18 @@ fn outage(fault: Fault) {
     println!(
         "outage_processes ({fault:?}): A's invalidation replayed {} ms after Redis returned; \
          back to the normal path after {} ms (A) and {} ms (B); calls served held {} (A), {} (B); \
-         queries of the key A wrote during the outage {queries} (A); held reads' worst p99 in \
-         one second {} ms (A), {} ms (B); WARN/ERROR lines {} (A), {} (B)",
+         queries of the key A wrote during the outage {queries} (A); held reads' p99 in the \
+         first second {} ms (A), {} ms (B), the worst of any later second {} ms (A), {} ms (B); \
+         WARN/ERROR lines {} (A), {} (B)",
         replayed - up,
         normal[0] - up,
         normal[1] - up,
         held[0],
         held[1],
-        p99[0],
-        p99[1],
+        p99[0].0,
+        p99[1].0,
+        p99[0].1,
+        p99[1].1,
         logs[0].len() - logs_before[0],
         logs[1].len() - logs_before[1],
     );
@@ -938,9 +941,10 @@ fn check_written(a: &Instance, time: &Timeline) -> usize {
     queries
 }
 
-/// The worst p99, in ms, of the held key's reads in any one second of the outage (printed, not
-/// asserted: tests check behaviour, benches speed).
-fn worst_p99_per_second(instance: &Instance, time: &Timeline) -> u64 {
+/// The p99, in ms, of the held key's reads in the outage's first second (the reads under way
+/// when Redis went away wait for their time-out), and the worst p99 of any later second: printed,
+/// not asserted (tests check behaviour, benches speed).
+fn worst_p99_per_second(instance: &Instance, time: &Timeline) -> (u64, u64) {
     let mut by_second: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
     for read in instance
         .reads(HELD)
@@ -956,7 +960,8 @@ fn worst_p99_per_second(instance: &Instance, time: &Timeline) -> u64 {
         took.sort_unstable();
         took[(took.len() * 99).div_ceil(100).saturating_sub(1)]
     };
-    by_second.into_values().map(p99).max().unwrap_or(0)
+    let first = by_second.remove(&0).map_or(0, p99);
+    (first, by_second.into_values().map(p99).max().unwrap_or(0))
 }
 
 /// After Redis returns: A never serves the value it invalidated, no instance serves it past the
