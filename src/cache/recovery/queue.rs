@@ -73,6 +73,7 @@ pub(crate) struct Queued {
 pub(crate) type Held = Arc<dyn Any + Send + Sync>;
 
 /// A key's place in the queue.
+#[derive(Debug)]
 struct Slot {
     seq: u64,
     queued: Queued,
@@ -84,16 +85,6 @@ struct Slot {
     /// What a value being computed must still find to be held: `seq` when the intent was
     /// queued or a raise entered, unchanged when a refused replay only moves the intent back.
     holds: u64,
-}
-
-impl std::fmt::Debug for Slot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Slot")
-            .field("seq", &self.seq)
-            .field("queued", &self.queued)
-            .field("held", &self.held.is_some())
-            .finish()
-    }
 }
 
 /// A key's intent, as a replay takes it: its sequence number (to complete exactly it), the
