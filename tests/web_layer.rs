@@ -512,6 +512,35 @@ async fn a_response_computed_without_the_cache_has_no_etag() {
     assert_eq!(uncached.header("etag"), None, "{uncached:?}");
 }
 
+/// Computed under the lock but not written (an invalidation of the key while the handler ran
+/// moved its fence on): served, but stored nowhere, so no `ETag`; the next request computes
+/// and stores it, with one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_whose_write_was_refused_has_no_etag() {
+    let redis = RedisServer::start();
+    let runs = Runs::default();
+    let addr = instance(&redis, &runs, CallOptions::default()).await;
+    let writer = cache(&redis, CallOptions::default()).await;
+    let request = {
+        let addr = addr.clone();
+        tokio::spawn(async move { http_client::get(&addr, "/slow/9").await })
+    };
+    // The handler runs for 200 ms: the invalidation lands meanwhile.
+    while runs.of("/slow/9") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let written = writer.invalidate("http:GET /slow/9").await.unwrap();
+    assert!(written.is_applied());
+    let refused = request.await.unwrap();
+    assert_eq!((refused.status, refused.body.as_str()), (200, "report 9"));
+    assert_eq!(refused.header("x-cache"), Some("computed"), "{refused:?}");
+    assert_eq!(refused.header("etag"), None, "{refused:?}");
+    let stored = http_client::get(&addr, "/slow/9").await;
+    assert_eq!(stored.header("x-cache"), Some("computed"), "{stored:?}");
+    assert!(stored.header("etag").is_some(), "{stored:?}");
+    assert_eq!(runs.of("/slow/9"), 2);
+}
+
 /// The layer over a cache on `redis`, its key and tags naming the request's `x-tenant`.
 async fn per_tenant(redis: &RedisServer, runs: &Runs) -> String {
     let tenant = |request: &axum::http::request::Parts| {

@@ -410,7 +410,7 @@ mod tests {
             computed,
             (Duration::ZERO, 1),
         );
-        assert_eq!(stored.await.unwrap(), 7);
+        assert_eq!(stored.await.unwrap(), (7, true));
         match waiter.await.unwrap() {
             Claim::Found(entry, Source::Waited) => assert_eq!(entry.value, Ok(7)),
             _ => panic!("the waiter finds the holder's value, as a wait"),

@@ -99,9 +99,10 @@ where
             started,
             f,
         } = self;
-        let computed = |value| Fetched {
+        let computed = |(value, stored)| Fetched {
             value,
             source: Source::Computed,
+            stored,
         };
         let on_failure = match &kept {
             Some(kept) => OnFailure::Throttle(kept.bytes.clone()),
@@ -175,7 +176,7 @@ where
         self,
         held: HeldLock,
         on_failure: OnFailure,
-    ) -> Result<T, Error> {
+    ) -> Result<(T, bool), Error> {
         let Computation {
             engine,
             keys,
@@ -224,7 +225,8 @@ where
 impl<C: Codec> Engine<C> {
     /// The success half of [`compute_and_store`](Self::compute_and_store), per key (a batch
     /// calls it for each key its computation returned): writes the value if the fencing token
-    /// is still current and lets the lock go; the value is returned either way, unless its tags
+    /// is still current and lets the lock go; the value is returned either way (with whether it
+    /// was written), unless its tags
     /// are refused. `took` is how long the computation ran, `born` when it started.
     pub(crate) async fn store_computed<T>(
         &self,
@@ -233,7 +235,7 @@ impl<C: Codec> Engine<C> {
         ttl: Duration,
         computed: Computed<T>,
         (took, born): (Duration, u64),
-    ) -> Result<T, Error>
+    ) -> Result<(T, bool), Error>
     where
         T: Serialize + DeserializeOwned + 'static,
     {
@@ -255,21 +257,23 @@ impl<C: Codec> Engine<C> {
             bytes,
             ttl: self.options.stored_for(ttl),
         };
-        match held.store_and_unlock(self.core.store.as_ref(), write).await {
-            Ok(Stored { written: true, .. }) => {}
+        let written = match held.store_and_unlock(self.core.store.as_ref(), write).await {
+            Ok(Stored { written: true, .. }) => true,
             // Counted and logged once a minute per reason, not per call: a full Redis would
             // otherwise log on every miss.
-            Ok(Stored { written: false, .. }) => self.core.counters.not_stored(
-                NotStoredReason::FenceLost,
-                &keys.user,
-                &"the fencing token is no longer current",
-            ),
-            Err(e) => self
-                .core
-                .counters
-                .not_stored(NotStoredReason::of(e.kind()), &keys.user, &e),
-        }
-        Ok(computed.value)
+            Ok(Stored { written: false, .. }) => {
+                let why = &"the fencing token is no longer current";
+                let counters = &self.core.counters;
+                counters.not_stored(NotStoredReason::FenceLost, &keys.user, why);
+                false
+            }
+            Err(e) => {
+                let counters = &self.core.counters;
+                counters.not_stored(NotStoredReason::of(e.kind()), &keys.user, &e);
+                false
+            }
+        };
+        Ok((computed.value, written))
     }
 
     /// Lets the lock go after the computation under it failed with `error`, or hit its hard

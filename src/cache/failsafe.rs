@@ -59,10 +59,7 @@ impl<C: Codec> Engine<C> {
 
     /// Serves a kept value as the fallback (counted with the call's outcome, in `fetch`).
     pub(crate) fn serve_fallback<T>(&self, value: T) -> Fetched<T> {
-        Fetched {
-            value,
-            source: Source::FailSafe,
-        }
+        Fetched::new(value, Source::FailSafe)
     }
 
     /// A computation or a wait ended with `error`: the fallback if one is kept and the table

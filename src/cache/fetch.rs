@@ -512,7 +512,7 @@ impl<C: Codec> Engine<C> {
             beta,
             draw,
         );
-        let served = |source| Fetched { value, source };
+        let served = |source| Fetched::new(value, source);
         match worth {
             Worth::RefreshEarly => Judged::Refresh(served(fresh), entry.fence),
             Worth::Stale => Judged::Refresh(served(Source::Stale), entry.fence),

@@ -151,9 +151,23 @@ pub struct Fetched<T> {
     pub value: T,
     /// Where it came from.
     pub source: Source,
+    /// Whether the cache holds this value now: false for a value computed without the cache,
+    /// or computed under the lock but not written (the fence lost, the write refused or
+    /// failed). The response-caching layer gives no `ETag` to a response it did not store.
+    pub(crate) stored: bool,
 }
 
 impl<T> Fetched<T> {
+    /// `value` from `source`: held by the cache unless it was computed without it.
+    pub(crate) fn new(value: T, source: Source) -> Self {
+        let stored = source != Source::Uncached;
+        Fetched {
+            value,
+            source,
+            stored,
+        }
+    }
+
     /// The same fetch with its value turned into another, the source kept: `fetched.map(Json)`
     /// for a handler's response (with the `axum` feature, a `Fetched` response carries its
     /// source as an `x-cache` header).
@@ -178,6 +192,7 @@ impl<T> Fetched<T> {
         Fetched {
             value: f(self.value),
             source: self.source,
+            stored: self.stored,
         }
     }
 }

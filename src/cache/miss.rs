@@ -98,8 +98,7 @@ where
                 if self.engine.on_backend_failure(&error, true) == Answer::ServeHeld =>
             {
                 self.engine.core.counters.record(Event::HeldServed);
-                let source = Source::Held;
-                return Ok(Fetched { value, source });
+                return Ok(Fetched::new(value, Source::Held));
             }
             Held::Value(_) => return self.without_cache("replay", error).await,
             Held::Computing(seq) => seq,
@@ -111,6 +110,7 @@ where
         if let Ok(Fetched {
             value,
             source: Source::Uncached,
+            ..
         }) = &outcome
         {
             recovery.hold(&keys, seq, value.clone());

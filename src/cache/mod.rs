@@ -815,10 +815,7 @@ impl<C: Codec> Cache<C> {
     {
         self.engine.check_tags()?;
         if let Some(value) = self.engine.quick_hit::<T>(key) {
-            return Ok(Fetched {
-                value,
-                source: Source::Hit,
-            });
+            return Ok(Fetched::new(value, Source::Hit));
         }
         self.engine.fetch_beyond_quick_hit(key, ttl, f).await
     }

@@ -95,10 +95,7 @@ impl Tiers {
             return None;
         }
         let value = self.near.as_ref()?.held_copy::<T>(key, past_fresh)?;
-        Some(Fetched {
-            value,
-            source: Source::Held,
-        })
+        Some(Fetched::new(value, Source::Held))
     }
 
     /// A ticket for a read of `keys` whose answer may go into the near tier.

@@ -88,10 +88,7 @@ where
         match (self.f)(Lease::unlocked()).await {
             Ok(computed) => {
                 engine.not_stored_uncached(&keys.user, &error);
-                Ok(Fetched {
-                    value: computed.value,
-                    source: Source::Uncached,
-                })
+                Ok(Fetched::new(computed.value, Source::Uncached))
             }
             Err(e) => Err(Error::compute(e)),
         }

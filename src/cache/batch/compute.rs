@@ -34,8 +34,9 @@ struct Locked {
     on_failure: OnFailure,
 }
 
-/// What a computation brings back for each of its keys, in order.
-type Results<T> = Vec<Result<T, Error>>;
+/// What a computation brings back for each of its keys, in order: the value, and whether it was
+/// written (see `Engine::store_computed`).
+type Results<T> = Vec<Result<(T, bool), Error>>;
 
 /// The fail-safe's fallback of each key of a computation, in order (`None`: the key has none).
 type Fallbacks<T> = Vec<Option<Kept<T>>>;
@@ -123,9 +124,10 @@ where
             .zip(fallbacks)
             .map(|((led, result), kept)| {
                 let outcome = result
-                    .map(|value| Fetched {
+                    .map(|(value, stored)| Fetched {
                         value,
                         source: Source::Computed,
+                        stored,
                     })
                     .or_else(|e| self.cache.fall_back(e, kept, &led.keys));
                 led.settle(outcome)
@@ -162,10 +164,7 @@ where
                 .into_iter()
                 .map(|led| {
                     let outcome = match values.remove(&led.keys.user) {
-                        Some(computed) => Ok(Fetched {
-                            value: computed.value,
-                            source: Source::Uncached,
-                        }),
+                        Some(computed) => Ok(Fetched::new(computed.value, Source::Uncached)),
                         None => Err(Error::MissingFromBatch {
                             key: led.keys.user.clone(),
                         }),

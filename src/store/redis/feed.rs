@@ -174,8 +174,10 @@ impl Feed {
                         " (it needs RESP3, Redis 6 or later)"
                     };
                     crate::log::throttled!(warn, error = %e,
-                        "near tier: its feed connection failed{hint}; its copies are not \
-                         served until the feed is back");
+                        "near tier: its feed connection failed{hint}; reconnecting. Until it is \
+                         back its copies are not served as hits: reads go to Redis, and while \
+                         Redis is unreachable copies are served as held within \
+                         serve_while_down (when set)");
                 }
                 Err(e) => tracing::debug!(error = %e, "near-tier feed still down; reconnecting"),
                 Ok(()) => {}

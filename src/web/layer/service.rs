@@ -178,12 +178,12 @@ where
                 Ok(Fetched {
                     value: Entry::Response(stored),
                     source,
-                    ..
+                    stored: in_cache,
                 }) => {
                     if asked.max_age.is_some_and(|max| stored.age() > max) {
                         break; // older than the client accepts
                     }
-                    return Ok(self.reply(stored, source, &asked));
+                    return Ok(self.reply(stored, source, in_cache, &asked));
                 }
                 Ok(Fetched {
                     value: Entry::Vary(vary),
@@ -302,13 +302,20 @@ where
         Ok(self.label(response.map(Body::new), word, head))
     }
 
-    /// A stored response as this request gets it: whole, without its body, or 304.
-    fn reply(&self, stored: StoredResponse, source: Source, asked: &Asked) -> Response<Body> {
-        // Computed while the backend was down: nothing was stored for an `ETag` to name.
-        let stored = if source == Source::Uncached {
-            stored.into_unstored()
-        } else {
+    /// A stored response as this request gets it: whole, without its body, or 304. `in_cache`:
+    /// whether the cache holds it (not when computed while the backend was down, nor when its
+    /// write was refused or failed: then no `ETag` names it).
+    fn reply(
+        &self,
+        stored: StoredResponse,
+        source: Source,
+        in_cache: bool,
+        asked: &Asked,
+    ) -> Response<Body> {
+        let stored = if in_cache {
             stored
+        } else {
+            stored.into_unstored()
         };
         let age = stored.age();
         let mut response = if stored.matches(&asked.conditional) {
