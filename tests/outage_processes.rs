@@ -678,12 +678,14 @@ fn outage(fault: Fault) {
     let (_, fence_before) = on_server(&server);
     let logs_before = [a.log_lines().len(), b.log_lines().len()];
 
-    let down = now_ms();
     match (&proxy, fault) {
         (Some(proxy), Fault::Blackhole) => proxy.set_mode(Mode::Blackhole),
         (_, Fault::FreezeThenKill) => signal(server.pid().expect("the server runs"), "STOP"),
         _ => server.kill(),
     }
+    // Once the fault is in place (a signal is sent by a process of its own): a read that began
+    // before it may still have been answered.
+    let down = now_ms();
     // Past the near tier's proof: the copies are held, not served as hits.
     std::thread::sleep(Duration::from_millis(700));
     Database::commit(dir, 2);
@@ -754,7 +756,7 @@ fn outage(fault: Fault) {
         check_recovery(instance, role, &time);
         check_ready(instance, role);
     }
-    let queries = check_written(&a, &time);
+    let queries = check_written(&a, &time, fault == Fault::FreezeThenKill);
     assert!(
         !holds_generation_1(value.as_deref()),
         "the invalidated value is gone from Redis"
@@ -815,7 +817,9 @@ fn check_outage(instance: &Instance, role: &str, time: &Timeline) {
     };
     let changed = instance.reads(CHANGED).into_iter();
     let errors: Vec<Read> = changed
-        .filter(|r| r.end <= held_until && r.outcome.is_err())
+        // Strictly before: a read that ends in the millisecond the invalidation starts may
+        // already have met it.
+        .filter(|r| r.end < held_until && r.outcome.is_err())
         .collect();
     assert!(
         errors.is_empty(),
@@ -905,10 +909,13 @@ fn check_ready(instance: &Instance, role: &str) {
     assert!(not_ready.is_empty(), "{role}: not ready at {not_ready:?}");
 }
 
-/// A's reads of the key it invalidated during the outage, with `ComputeUncached`: one query of
-/// the database while Redis was away (the value held until the replay), every read answered.
-/// Returns the number of queries.
-fn check_written(a: &Instance, time: &Timeline) -> usize {
+/// A's reads of the key it invalidated during the outage, with `ComputeUncached`: at most one
+/// query of the database while Redis was away (the value held until the replay), and every read
+/// that began and ended in the outage answered, the later ones `Held`. `long`: an outage long
+/// enough that reads surely ran in it (the trial's 15 s); a 2 s outage on a loaded machine may
+/// see its first read still waiting on the reconnection when Redis returns. Returns the number
+/// of queries.
+fn check_written(a: &Instance, time: &Timeline, long: bool) -> usize {
     let lines = a.lines();
     let at = |line: &str, prefix: &str| -> Option<u64> {
         line.strip_prefix(prefix)?.split(' ').next()?.parse().ok()
@@ -918,26 +925,40 @@ fn check_written(a: &Instance, time: &Timeline) -> usize {
         .filter_map(|l| at(l, "computed-written "))
         .filter(|&ms| ms > time.invalidated.1 && ms < time.up)
         .count();
-    assert_eq!(
-        queries, 1,
+    assert!(
+        queries <= 1,
         "A queried the written key {queries} times while Redis was away"
     );
-    let reads: Vec<&String> = lines
+    // `written <start> <end> <source>`, begun and ended in the outage.
+    let reads: Vec<Vec<&str>> = lines
         .iter()
-        .filter(|l| l.starts_with("written "))
-        .filter(|l| {
-            at(l, "written ").is_some_and(|ms| ms > time.invalidated.1 && ms + 1_000 < time.up)
+        .filter_map(|l| l.strip_prefix("written "))
+        .map(|l| l.split(' ').collect::<Vec<&str>>())
+        .filter(|w| {
+            let ms = |i: usize| w.get(i).and_then(|v| v.parse::<u64>().ok());
+            ms(0).is_some_and(|start| start > time.invalidated.1)
+                && ms(1).is_some_and(|end| end < time.up)
         })
         .collect();
-    assert!(
-        !reads.is_empty(),
-        "A never read the written key during the outage"
-    );
-    let failed: Vec<&&String> = reads.iter().filter(|l| l.ends_with(" err")).collect();
+    let failed: Vec<&Vec<&str>> = reads.iter().filter(|w| w.get(2) == Some(&"err")).collect();
     assert!(
         failed.is_empty(),
         "reads of the written key failed: {failed:?}"
     );
+    if long {
+        assert_eq!(
+            queries, 1,
+            "A never computed the written key during the outage"
+        );
+        assert!(
+            reads.len() >= 2,
+            "A read the written key {} times",
+            reads.len()
+        );
+    }
+    let later = reads.iter().skip(1).filter(|w| w.get(2) != Some(&"Held"));
+    let later: Vec<&Vec<&str>> = later.collect();
+    assert!(later.is_empty(), "later reads not held: {later:?}");
     queries
 }
 
