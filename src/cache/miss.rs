@@ -98,7 +98,13 @@ where
                 if self.engine.on_backend_failure(&error, true) == Answer::ServeHeld =>
             {
                 self.engine.core.counters.record(Event::HeldServed);
-                return Ok(Fetched::new(value, Source::Held));
+                // Computed without the cache: nothing stored stands behind it.
+                let source = Source::Held;
+                return Ok(Fetched {
+                    value,
+                    source,
+                    stored: false,
+                });
             }
             Held::Value(_) => return self.without_cache("replay", error).await,
             Held::Computing(seq) => seq,
