@@ -273,6 +273,66 @@ async fn with_serve_while_down_the_near_tier_answers_from_what_it_holds() {
     assert!(health.reasons.contains(&HealthReason::ServingHeldCopies));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_the_breaker_opens() {
+    let redis = RedisServer::start();
+    let port = redis.port();
+    let proxy = std::thread::spawn(move || Proxy::start(port))
+        .join()
+        .unwrap();
+    // Neither the stall watchdog nor a time-out can end a read within the test: only the held
+    // copy can answer one.
+    let cache = Cache::builder()
+        .redis_url(proxy.url())
+        .namespace("outage")
+        .connection(ConnectionOptions::default().response_timeout(Duration::from_secs(120)))
+        .breaker(BreakerOptions::default().stall(Duration::from_secs(120)))
+        .near_cache(
+            NearCacheOptions::new(100)
+                .max_staleness(Duration::from_millis(200))
+                .serve_while_down(Duration::from_secs(60)),
+        )
+        .build()
+        .await
+        .unwrap();
+    cache
+        .fetch("2019-05", TTL, |_| async {
+            Ok::<_, String>(Computed::new(7u32))
+        })
+        .await
+        .unwrap();
+    until_near_hit(&cache, "2019-05").await;
+    proxy.set_mode(Mode::Blackhole);
+    // Past the feed's proof: the copy is held, and the reads go to the silent server.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    for _ in 0..10 {
+        let read = cache.fetch("2019-05", TTL, |_| async {
+            never().await.map(Computed::new)
+        });
+        let served = tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("answered by the held copy, not left to wait for the server")
+            .expect("served from what the process holds");
+        assert_eq!((served.value, served.source), (7, Source::Held));
+    }
+    let stats = cache.stats();
+    // Answered while the breaker was still closed: by the held copy, not by a failure.
+    assert_eq!(stats.breaker, BreakerState::Closed, "{stats:?}");
+    assert_eq!((stats.held_served, stats.computes), (10, 1), "{stats:?}");
+    // A key it holds no copy of still waits for the server.
+    let other = cache.fetch("2019-06", TTL, |_| async {
+        never().await.map(Computed::new)
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), other)
+            .await
+            .is_err(),
+        "a key never held is not answered while the server is silent"
+    );
+    proxy.set_mode(Mode::Pass);
+}
+
 /// Reads `key` until the near tier answers it (its feed is proven and it holds a copy).
 async fn until_near_hit(cache: &Cache, key: &str) {
     for _ in 0..100 {

@@ -25,7 +25,7 @@ use crate::cache::entry::StoredEntry;
 use crate::cache::fallback::Answer;
 use crate::cache::freshness::{judge, unit_draw, worth, Worth};
 use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
-use crate::cache::tiers::Read;
+use crate::cache::tiers::{Read, HELD_AFTER};
 use crate::stats::Event;
 use crate::store::{Blob, StoreExt, StoreResult};
 use crate::time::saturate;
@@ -100,7 +100,11 @@ where
         // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
         // taken over it.
         let mut start = Start::Read;
-        match engine.first_read(keys).await {
+        let read = match engine.first_read_or_held::<T>(keys).await {
+            Ok(read) => read,
+            Err(held) => return Ok(held),
+        };
+        match read {
             Ok((Some(bytes), mut epochs)) => {
                 match engine.read_live::<T>(keys, &bytes, &mut epochs).await {
                     Some(entry) => match engine.sort(entry) {
@@ -242,6 +246,27 @@ impl<C: Codec> Engine<C> {
             }
         }
         read
+    }
+
+    /// [`first_read`](Self::first_read), or a held copy (`Err`) when Redis leaves it unanswered
+    /// for [`HELD_AFTER`] while the near tier's feed is silent past its proof: the server has
+    /// stopped answering, and the copy it would serve once the breaker opens answers now (the
+    /// read goes on by itself only until dropped: reads and replays are safe to drop).
+    pub(crate) async fn first_read_or_held<T: Clone + 'static>(
+        &self,
+        keys: &EntryKeys,
+    ) -> Result<StoreResult<(Option<Blob>, Epochs)>, Fetched<T>> {
+        let mut read = std::pin::pin!(self.first_read(keys));
+        let Some(tiers) = self.read_tiers().filter(|tiers| tiers.silent()) else {
+            return Ok(read.await);
+        };
+        if let Ok(answer) = tokio::time::timeout(HELD_AFTER, read.as_mut()).await {
+            return Ok(answer);
+        }
+        match tiers.held_unanswered::<T>(&keys.user, self.options.fail_safe_for) {
+            Some(held) => Err(held),
+            None => Ok(read.await),
+        }
     }
 
     /// The epochs a read of `keys` asks for with the values: the namespace's, the handle's

@@ -621,6 +621,13 @@ impl NearTier {
         Some(value)
     }
 
+    /// Whether the feed's proof has lapsed while this tier holds copies for an outage, and so a
+    /// read that Redis leaves unanswered may be answered by a held copy (see
+    /// `Tiers::held_unanswered`). Cheap when nothing is held: no clock read.
+    pub(crate) fn silent(&self) -> bool {
+        self.holds() && !self.live()
+    }
+
     /// A read of `key` reached the backend: a copy held from an earlier era goes (the answer,
     /// a value or a miss, is the truth now; the copy is never a hit, and would otherwise stay
     /// held for a later outage). A copy of the current era stays.

@@ -19,6 +19,13 @@ use crate::store::{Blob, MemoryStore, StoreError};
 use crate::wire::key::EntryKeys;
 use crate::{Fetched, Source};
 
+/// How long a read waits for the backend, while the near tier's feed is silent past its proof,
+/// before a held copy answers it: the reads under way when a server stops answering are not
+/// left to wait for the circuit breaker (up to its stall bound) when the instance holds a copy
+/// it would serve a moment later anyway. Short next to the feed's silence that must come first
+/// (`max_staleness`), long next to a healthy round trip.
+pub(crate) const HELD_AFTER: Duration = Duration::from_millis(2);
+
 /// The near tier and the embedded store, when the cache has one of them (a cache with neither
 /// holds no `Tiers`: its calls consult nothing in process).
 pub(crate) struct Tiers {
@@ -95,6 +102,25 @@ impl Tiers {
             return None;
         }
         let value = self.near.as_ref()?.held_copy::<T>(key, past_fresh)?;
+        Some(Fetched::new(value, Source::Held))
+    }
+
+    /// Whether a read of the backend may be answered by a held copy if it stays unanswered:
+    /// the near tier holds copies for an outage and its feed has gone silent past its proof.
+    pub(crate) fn silent(&self) -> bool {
+        self.near.as_ref().is_some_and(|near| near.silent())
+    }
+
+    /// A held copy of `key` for a read the backend left unanswered for [`HELD_AFTER`] while the
+    /// feed is silent: two signs that the server stopped answering, the same bound as after a
+    /// failure (`serve_while_down` past the last proof, `past_fresh` past fresh-until).
+    pub(crate) fn held_unanswered<T: Clone + 'static>(
+        &self,
+        key: &str,
+        past_fresh: Duration,
+    ) -> Option<Fetched<T>> {
+        let near = self.near.as_ref().filter(|near| near.silent())?;
+        let value = near.held_copy::<T>(key, past_fresh)?;
         Some(Fetched::new(value, Source::Held))
     }
 

@@ -136,7 +136,10 @@ impl NearCacheOptions {
     /// its key drops it (a tracking report does not: it may be another instance refilling the
     /// key while this one cannot reach Redis, and serving the copy stays within the bound). "Unreachable"
     /// means the call's request failed as unreachable or busy, or the circuit breaker failed it
-    /// fast ([`BreakerOptions`](crate::BreakerOptions)); a refusal is not an outage.
+    /// fast ([`BreakerOptions`](crate::BreakerOptions)), or Redis left the call's read
+    /// unanswered for 2 ms while the feed is silent past its proof (the server stopped
+    /// answering: the call does not wait for the breaker's stall bound); a refusal is not an
+    /// outage.
     ///
     /// ```
     /// use stampede_guard::NearCacheOptions;
