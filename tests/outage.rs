@@ -55,6 +55,15 @@ async fn never() -> Result<u32, String> {
     Err("the computation ran".to_owned())
 }
 
+/// A proxy in front of `redis`, to black-hole its path. It runs its own runtime, which cannot
+/// start inside a test's.
+fn proxy_to(redis: &RedisServer) -> Proxy {
+    let port = redis.port();
+    std::thread::spawn(move || Proxy::start(port))
+        .join()
+        .expect("the proxy starts")
+}
+
 fn unreachable<T: std::fmt::Debug>(result: &Result<T, Error>) -> bool {
     matches!(result, Err(e) if e.is_backend() && e.is_unreachable())
 }
@@ -146,11 +155,7 @@ async fn cache_answers_again(cache: &Cache) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_hole_opens_the_breaker_as_surely_and_then_no_call_waits_on_it() {
     let redis = RedisServer::start();
-    // The proxy runs its own runtime, which cannot start inside this one.
-    let port = redis.port();
-    let proxy = std::thread::spawn(move || Proxy::start(port))
-        .join()
-        .unwrap();
+    let proxy = proxy_to(&redis);
     let cache = cache_on(&proxy.url(), CallOptions::default(), None).await;
     assert!(cache.set("2019-05", &1u32, TTL).await.unwrap().is_applied());
     proxy.set_mode(Mode::Blackhole);
@@ -180,10 +185,7 @@ async fn a_black_hole_opens_the_breaker_as_surely_and_then_no_call_waits_on_it()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_black_hole_fails_the_waiting_calls_at_the_stall_not_at_the_response_timeout() {
     let redis = RedisServer::start();
-    let port = redis.port();
-    let proxy = std::thread::spawn(move || Proxy::start(port))
-        .join()
-        .unwrap();
+    let proxy = proxy_to(&redis);
     // A response time-out far beyond the test's patience: only the stall watchdog can end the
     // calls below in time.
     let cache = Cache::builder()
@@ -276,10 +278,7 @@ async fn with_serve_while_down_the_near_tier_answers_from_what_it_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_the_breaker_opens() {
     let redis = RedisServer::start();
-    let port = redis.port();
-    let proxy = std::thread::spawn(move || Proxy::start(port))
-        .join()
-        .unwrap();
+    let proxy = proxy_to(&redis);
     // Neither the stall watchdog nor a time-out can end a read within the test: only the held
     // copy can answer one.
     let cache = Cache::builder()
