@@ -275,17 +275,14 @@ async fn with_serve_while_down_the_near_tier_answers_from_what_it_holds() {
     assert!(health.reasons.contains(&HealthReason::ServingHeldCopies));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_the_breaker_opens() {
-    let redis = RedisServer::start();
-    let proxy = proxy_to(&redis);
-    // Neither the stall watchdog nor a time-out can end a read within the test: only the held
-    // copy can answer one.
+/// A cache through `proxy` with a near tier serving while down, whose breaker's stall watchdog
+/// waits `stall`, and a copy of `2019-05` (7) its near tier serves.
+async fn holding_through(proxy: &Proxy, stall: Duration) -> Cache {
     let cache = Cache::builder()
         .redis_url(proxy.url())
         .namespace("outage")
         .connection(ConnectionOptions::default().response_timeout(Duration::from_secs(120)))
-        .breaker(BreakerOptions::default().stall(Duration::from_secs(120)))
+        .breaker(BreakerOptions::default().stall(stall))
         .near_cache(
             NearCacheOptions::new(100)
                 .max_staleness(Duration::from_millis(200))
@@ -301,19 +298,33 @@ async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_t
         .await
         .unwrap();
     until_near_hit(&cache, "2019-05").await;
+    cache
+}
+
+/// Reads the held `2019-05`, which must answer `Held` (7) even though the server is silent.
+async fn read_held(cache: &Cache) {
+    let read = cache.fetch("2019-05", TTL, |_| async {
+        never().await.map(Computed::new)
+    });
+    let served = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("answered by the held copy, not left to wait for the server")
+        .expect("served from what the process holds");
+    assert_eq!((served.value, served.source), (7, Source::Held));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_the_breaker_opens() {
+    let redis = RedisServer::start();
+    let proxy = proxy_to(&redis);
+    // Neither the stall watchdog nor a time-out can end a read within the test: only the held
+    // copy can answer one.
+    let cache = holding_through(&proxy, Duration::from_secs(120)).await;
     proxy.set_mode(Mode::Blackhole);
     // Past the feed's proof: the copy is held, and the reads go to the silent server.
     tokio::time::sleep(Duration::from_millis(400)).await;
-
     for _ in 0..10 {
-        let read = cache.fetch("2019-05", TTL, |_| async {
-            never().await.map(Computed::new)
-        });
-        let served = tokio::time::timeout(Duration::from_secs(30), read)
-            .await
-            .expect("answered by the held copy, not left to wait for the server")
-            .expect("served from what the process holds");
-        assert_eq!((served.value, served.source), (7, Source::Held));
+        read_held(&cache).await;
     }
     let stats = cache.stats();
     // Answered while the breaker was still closed: by the held copy, not by a failure.
@@ -329,6 +340,28 @@ async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_t
             .is_err(),
         "a key never held is not answered while the server is silent"
     );
+    proxy.set_mode(Mode::Pass);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_answered_by_held_copies_still_open_the_breaker_on_a_silent_server() {
+    let redis = RedisServer::start();
+    let proxy = proxy_to(&redis);
+    let cache = holding_through(&proxy, Duration::from_millis(300)).await;
+    proxy.set_mode(Mode::Blackhole);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Only held reads, each answered at once: the reads they sent stay out, so the watchdog
+    // sees requests waiting with no answer and opens the breaker; from then on no read is sent.
+    let mut reads = 0;
+    while cache.stats().breaker != BreakerState::Open {
+        assert!(reads < 400, "the breaker never opened: {:?}", cache.stats());
+        read_held(&cache).await;
+        reads += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let sent = cache.stats();
+    read_held(&cache).await;
+    assert_eq!(cache.stats().fast_failures, sent.fast_failures + 1);
     proxy.set_mode(Mode::Pass);
 }
 

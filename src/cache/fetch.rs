@@ -100,7 +100,7 @@ where
         // bookkeeping. A value past its stale window is not a hit: it goes on to the lock,
         // taken over it.
         let mut start = Start::Read;
-        let read = match engine.first_read_or_held::<T>(keys).await {
+        let read = match engine.first_read_or_held::<T>(&self.keys).await {
             Ok(read) => read,
             Err(held) => return Ok(held),
         };
@@ -250,22 +250,31 @@ impl<C: Codec> Engine<C> {
 
     /// [`first_read`](Self::first_read), or a held copy (`Err`) when Redis leaves it unanswered
     /// for [`HELD_AFTER`] while the near tier's feed is silent past its proof: the server has
-    /// stopped answering, and the copy it would serve once the breaker opens answers now (the
-    /// read goes on by itself only until dropped: reads and replays are safe to drop).
+    /// stopped answering, and the copy it would serve once the breaker opens answers now.
     pub(crate) async fn first_read_or_held<T: Clone + 'static>(
         &self,
-        keys: &EntryKeys,
+        keys: &Arc<EntryKeys>,
     ) -> Result<StoreResult<(Option<Blob>, Epochs)>, Fetched<T>> {
-        let mut read = std::pin::pin!(self.first_read(keys));
         let Some(tiers) = self.read_tiers().filter(|tiers| tiers.silent()) else {
-            return Ok(read.await);
+            return Ok(self.first_read(keys).await);
         };
-        if let Ok(answer) = tokio::time::timeout(HELD_AFTER, read.as_mut()).await {
-            return Ok(answer);
-        }
-        match tiers.held_unanswered::<T>(&keys.user, self.options.fail_safe_for) {
-            Some(held) => Err(held),
-            None => Ok(read.await),
+        // In a task: a read answered by a held copy stays out, in the sight of the breaker's
+        // stall watchdog (which opens it on reads left waiting), rather than dropped and sent
+        // anew by every call while the server is silent.
+        let (engine, owned) = (self.clone(), Arc::clone(keys));
+        let mut read = tokio::spawn(async move { engine.first_read(&owned).await });
+        let joined = match tokio::time::timeout(HELD_AFTER, &mut read).await {
+            Ok(joined) => joined,
+            Err(_) => match tiers.held_unanswered::<T>(&keys.user, self.options.fail_safe_for) {
+                Some(held) => return Err(held),
+                None => read.await,
+            },
+        };
+        match joined {
+            Ok(answer) => Ok(answer),
+            Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+            // The runtime is shutting down: read here, as without a near tier.
+            Err(_) => Ok(self.first_read(keys).await),
         }
     }
 
