@@ -1,8 +1,9 @@
-//! Concurrent single-key reads of one store, coalesced: while one `MGET` is out, the reads that
-//! arrive wait in a queue and go out together as the next one. A read that finds nothing out
-//! sends at once, by itself (a lone call waits for no company); under load each `MGET` carries
-//! the reads that arrived during the previous one, so the server runs one command for many
-//! hits, and the namespace's epoch, which every read asks for, is read once per `MGET`.
+//! Concurrent single-key reads of one store, coalesced: while `MGET`s are out (at most two),
+//! the reads that arrive wait in a queue and go out together as the next one. A read that finds
+//! nothing out sends at once, by itself (a lone call waits for no company); under load each
+//! `MGET` carries the reads that arrived during the one before, so the server runs one command
+//! for many hits, and the namespace's epoch, which every read asks for, is read once per
+//! `MGET`; reads of one key in a batch share its bytes.
 //!
 //! Cancellation: the caller that sends a batch may be dropped while its `MGET` is out. The
 //! reads it carried then see their answer channel closed and read again, each by itself; the
@@ -48,9 +49,14 @@ pub(crate) struct Coalescer {
 #[derive(Default)]
 struct State {
     queued: Vec<Read>,
-    /// Whether a batch is out (its sender sends the queue when it returns).
-    sending: bool,
+    /// The batches out, at most [`OUT_AT_ONCE`] (each sender sends the queue when it returns).
+    out: usize,
 }
+
+/// The most `MGET`s of one store out at once. Two, so that the server reads one batch while
+/// the client takes the other's answer apart and its callers queue the next: with one, client
+/// and server would take turns, each idle while the other works.
+const OUT_AT_ONCE: usize = 2;
 
 impl Coalescer {
     /// The coalescer of a store (`per_slot`: a cluster's).
@@ -65,35 +71,39 @@ impl Coalescer {
     /// alone, at once, and hands the turn on when answered (see [`drain_in_task`]).
     fn lead(&self) -> bool {
         let mut state = lock(&self.state);
-        !std::mem::replace(&mut state.sending, true)
+        let alone = state.out == 0;
+        if alone {
+            state.out = 1;
+        }
+        alone
     }
 
     /// Queues `read`. If no batch is out, the caller is to send the queue now: returned.
     fn enqueue(&self, read: Read) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
         state.queued.push(read);
-        if state.sending {
+        if state.out >= OUT_AT_ONCE {
             return None;
         }
-        state.sending = true;
+        state.out += 1;
         Some(std::mem::take(&mut state.queued))
     }
 
-    /// The sender of the queue went away before it was empty: no batch is out any more, and
+    /// A sender of the queue went away before it was empty: its batch is no longer out, and
     /// the reads queued are let go (their callers see their answer channel closed and read
     /// alone), so the queue never waits for a sender that is gone.
     fn give_up(&self) {
         let mut state = lock(&self.state);
-        state.sending = false;
+        state.out = state.out.saturating_sub(1);
         state.queued.clear();
     }
 
     /// After a batch was answered: the reads queued meanwhile, to send next; `None` when
-    /// there are none (then no batch is out).
+    /// there are none (then this sender's batch is no longer out).
     fn next(&self) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
         if state.queued.is_empty() {
-            state.sending = false;
+            state.out = state.out.saturating_sub(1);
             return None;
         }
         Some(std::mem::take(&mut state.queued))
@@ -256,12 +266,23 @@ where
 {
     let keys = Keys::of(&reads);
     let answered = mget::mget(conn, &keys.names, per_slot).await;
+    // Several reads of one key (a hot key under load) share its bytes rather than copy them.
+    let shared: Vec<Option<Arc<[u8]>>> = match &answered {
+        Ok(found) if reads.len() > 1 => found
+            .iter()
+            .map(|value| value.as_deref().map(Arc::from))
+            .collect(),
+        _ => Vec::new(),
+    };
     let answers: Vec<StoreResult<Answer>> = reads
         .iter()
         .map(|read| {
             let found = answered.as_ref().map_err(Clone::clone)?;
             let at = |name: &str| keys.position(name).and_then(|i| found.get(i));
-            let value = at(&read.value).cloned().flatten().map(Blob::Owned);
+            let value = match keys.position(&read.value).and_then(|i| shared.get(i)) {
+                Some(value) => value.clone().map(Blob::Shared),
+                None => at(&read.value).cloned().flatten().map(Blob::Owned),
+            };
             let epochs = read
                 .names
                 .iter()
@@ -341,11 +362,16 @@ mod tests {
     #[test]
     fn a_sender_that_ends_early_gives_the_turn_back_and_lets_the_queue_go() {
         let coalescer = Arc::new(Coalescer::new(false));
-        let (first, _a) = read("a");
-        let _sent = coalescer.enqueue(first).expect("nothing out: send now");
-        let (second, mut waiting) = read("b");
-        assert!(coalescer.enqueue(second).is_none());
-        // The task that drains the queue is dropped before it finished (no runtime, a
+        let sent: Vec<_> = (0..OUT_AT_ONCE)
+            .map(|i| {
+                let (batch, rx) = read(&format!("sent-{i}"));
+                assert!(coalescer.enqueue(batch).is_some(), "room out: send now");
+                rx
+            })
+            .collect();
+        let (queued, mut waiting) = read("b");
+        assert!(coalescer.enqueue(queued).is_none());
+        // A task that drains the queue is dropped before it finished (no runtime, a
         // shutdown): its turn's guard goes with it.
         drop(Turn {
             coalescer: Arc::clone(&coalescer),
@@ -358,33 +384,33 @@ mod tests {
             ),
             "the queued read is let go, to read alone"
         );
-        let (third, _c) = read("c");
+        let (next, _c) = read("c");
         assert!(
-            coalescer.enqueue(third).is_some(),
-            "nothing out: the next read sends"
+            coalescer.enqueue(next).is_some(),
+            "a batch fewer out: the next read sends"
         );
+        drop(sent);
     }
 
     #[test]
-    fn a_lone_read_is_sent_at_once_and_later_ones_wait_for_it() {
+    fn a_lone_read_is_sent_at_once_and_later_ones_wait_for_the_batches_out() {
         let coalescer = Coalescer::new(false);
-        let (first, _a) = read("a");
-        let batch = coalescer.enqueue(first).expect("nothing out: send now");
-        assert_eq!(batch.len(), 1);
+        assert!(coalescer.lead(), "nothing out: read alone, at once");
+        assert!(!coalescer.lead(), "one out: no longer alone");
         let (second, _b) = read("b");
+        let batch = coalescer.enqueue(second).expect("room for one more out");
+        assert_eq!(batch.len(), 1);
         let (third, _c) = read("c");
-        assert!(coalescer.enqueue(second).is_none(), "one is out: wait");
-        assert!(coalescer.enqueue(third).is_none());
+        let (fourth, _d) = read("d");
+        assert!(coalescer.enqueue(third).is_none(), "two out: wait");
+        assert!(coalescer.enqueue(fourth).is_none());
         let next = coalescer.next().expect("the queue goes next");
         assert_eq!(
             next.iter().map(|r| r.value.as_str()).collect::<Vec<_>>(),
-            ["b", "c"]
+            ["c", "d"]
         );
-        assert!(coalescer.next().is_none(), "nothing queued: none out now");
-        let (fourth, _d) = read("d");
-        assert!(
-            coalescer.enqueue(fourth).is_some(),
-            "nothing out again: send at once"
-        );
+        assert!(coalescer.next().is_none(), "nothing queued: one out now");
+        assert!(coalescer.next().is_none(), "and then none");
+        assert!(coalescer.lead(), "nothing out again: read alone");
     }
 }
