@@ -25,7 +25,7 @@ use crate::cache::entry::StoredEntry;
 use crate::cache::fallback::Answer;
 use crate::cache::freshness::{judge, unit_draw, worth, Worth};
 use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
-use crate::cache::tiers::{Read, HELD_AFTER};
+use crate::cache::tiers::{Read, Tiers, HELD_AFTER};
 use crate::stats::Event;
 use crate::store::{Blob, StoreExt, StoreResult};
 use crate::time::saturate;
@@ -255,9 +255,19 @@ impl<C: Codec> Engine<C> {
         &self,
         keys: &Arc<EntryKeys>,
     ) -> Result<StoreResult<(Option<Blob>, Epochs)>, Fetched<T>> {
-        let Some(tiers) = self.read_tiers().filter(|tiers| tiers.silent()) else {
-            return Ok(self.first_read(keys).await);
-        };
+        match self.read_tiers().filter(|tiers| tiers.silent()) {
+            // Boxed: the hit's own future does not grow by the rare path's timer and task.
+            Some(tiers) => Box::pin(self.read_while_silent(tiers, keys)).await,
+            None => Ok(self.first_read(keys).await),
+        }
+    }
+
+    /// [`first_read_or_held`](Self::first_read_or_held) while the feed is silent.
+    async fn read_while_silent<T: Clone + 'static>(
+        &self,
+        tiers: &Tiers,
+        keys: &Arc<EntryKeys>,
+    ) -> Result<StoreResult<(Option<Blob>, Epochs)>, Fetched<T>> {
         // In a task: a read answered by a held copy stays out, in the sight of the breaker's
         // stall watchdog (which opens it on reads left waiting), rather than dropped and sent
         // anew by every call while the server is silent.
