@@ -160,3 +160,22 @@ async fn a_lock_freed_without_a_value_is_taken_over_by_its_waiter_and_counted() 
     assert_eq!(stats.lock_takeovers, 1, "{stats:?}");
     assert_eq!((stats.calls.computed, stats.calls.total()), (1, 1));
 }
+
+#[tokio::test]
+async fn each_key_of_a_batch_is_one_call_a_store_hit_is_no_near_hit() {
+    let cache = Cache::in_memory();
+    let months = ["2019-01", "2019-02", "2019-03"];
+    let compute = |keys: Vec<String>| async move {
+        Ok::<_, String>(keys.into_iter().map(|k| (k, 1u8)).collect::<Vec<_>>())
+    };
+    for _ in 0..2 {
+        let answers = cache
+            .get_or_compute_many(months, 60 * SECOND, compute)
+            .await;
+        assert!(answers.iter().all(|answer| matches!(answer, Ok(1))));
+    }
+    // Computed by the first batch, read from the store by the second: no near tier here.
+    let calls = cache.stats().calls;
+    assert_eq!((calls.computed, calls.hit, calls.near_hit), (3, 3, 0));
+    assert_eq!(calls.total(), 6);
+}

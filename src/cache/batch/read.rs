@@ -119,8 +119,7 @@ where
                                 len: bytes.len(),
                                 epochs: &epochs,
                             });
-                            let served = self.serve(entry, keys, Source::Hit);
-                            outcomes[slot] = Some(served.map(|fetched| fetched.via(Via::Near)));
+                            outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
                         }
                         // Past its stale window, unreadable bytes, or invalidated by a tag or a
                         // clear.
