@@ -202,7 +202,7 @@ pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, OnBackendError};
-pub use stats::{BreakerState, NotStored, Stats, TrackingState};
+pub use stats::{BreakerState, Calls, NotStored, Stats, TrackingState};
 pub use store::{BreakerOptions, ConnectionOptions, MemoryLimits};
 pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};

@@ -1,22 +1,36 @@
 //! What a cache did: counters for [`Cache::stats`](crate::Cache::stats), and the same events sent
 //! to the `metrics` facade when the `metrics` feature is on.
 //!
-//! Metric names (all counters unless noted), for dashboards: `stampede_guard_hits_total`,
-//! `stampede_guard_misses_total`, `stampede_guard_computes_total`, `stampede_guard_waits_total`,
-//! `stampede_guard_wait_seconds` (histogram), `stampede_guard_stale_served_total`,
-//! `stampede_guard_uncached_total`, `stampede_guard_wait_timeouts_total`,
-//! `stampede_guard_backend_errors_total`, `stampede_guard_lease_renewals_total`,
-//! `stampede_guard_leases_lost_total`, `stampede_guard_fallback_served_total`,
-//! `stampede_guard_soft_timeouts_total`, `stampede_guard_hard_timeouts_total`, and with a near tier `stampede_guard_near_hits_total`,
-//! `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
-//! `stampede_guard_near_switched_off_total`, and `stampede_guard_not_stored_total` with a
-//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`); with
-//! auto-recovery `stampede_guard_recovery_replayed_total`, `stampede_guard_recovery_refused_total`
-//! and the gauge `stampede_guard_recovery_queued`.
-//! `reason` label (`out-of-memory`, `refused`, `fence-lost`, `backend-failed`); for the circuit
-//! breaker `stampede_guard_fast_failures_total`, `stampede_guard_breaker_transitions_total` with a
-//! `to` label (`open`, `half-open`, `closed`) and the gauge `stampede_guard_breaker_open` (1 while
-//! not closed); with `serve_while_down`, `stampede_guard_held_served_total`.
+//! Metric names, for dashboards (Prometheus's conventions: counters end in `_total`, times are
+//! in seconds and end in `_seconds`; each call is counted once, in `stampede_guard_calls_total`):
+//!
+//! - `stampede_guard_calls_total{answer}`: calls of the `get_or_compute` family by how each was
+//!   answered, `answer` one of `near_hit`, `hit`, `computed`, `joined`, `waited`, `stale`,
+//!   `fail_safe`, `held`, `uncached`, `error` (see [`Calls`]);
+//! - `stampede_guard_computations_saved_total`: calls answered by someone else's computation
+//!   (`joined` + `waited`);
+//! - `stampede_guard_lock_wait_seconds{answer}` (histogram): how long those calls waited, by
+//!   `answer` (`joined`, `waited`);
+//! - `stampede_guard_computes_total` and `stampede_guard_compute_seconds` (histogram):
+//!   computations run by this process (foreground, background refreshes, each key of a batch)
+//!   and how long each ran;
+//! - `stampede_guard_wait_timeouts_total` (waits that gave up), `stampede_guard_lock_takeovers_total`,
+//!   `stampede_guard_lease_renewals_total`, `stampede_guard_leases_lost_total`,
+//!   `stampede_guard_soft_timeouts_total`, `stampede_guard_hard_timeouts_total`,
+//!   `stampede_guard_backend_errors_total`;
+//! - with a near tier, its look-ups (a call answered by it is also a `near_hit` call; a plain
+//!   `get` is a look-up, not a call): `stampede_guard_near_hits_total`,
+//!   `stampede_guard_near_misses_total`, `stampede_guard_near_invalidations_total`,
+//!   `stampede_guard_near_switched_off_total`;
+//! - `stampede_guard_not_stored_total{reason}` (`out-of-memory`, `refused`, `fence-lost`,
+//!   `backend-failed`);
+//! - with auto-recovery `stampede_guard_recovery_replayed_total`,
+//!   `stampede_guard_recovery_refused_total` and the gauge `stampede_guard_recovery_queued` (the
+//!   queue's length, in keys);
+//! - for the circuit breaker `stampede_guard_fast_failures_total`,
+//!   `stampede_guard_breaker_transitions_total{to}` (`open`, `half-open`, `closed`), the gauge
+//!   `stampede_guard_breaker_state{state}` (1 for the state it is in, 0 for the others) and the
+//!   gauge `stampede_guard_breaker_open` (1 while not closed).
 //!
 //! Explained in the guide: `docs/observability.md`.
 
@@ -126,6 +140,20 @@ pub struct Stats {
     /// Calls answered with a near copy while the backend was unreachable
     /// ([`Source::Held`](crate::Source::Held), [`serve_while_down`](crate::NearCacheOptions::serve_while_down)).
     pub held_served: u64,
+    /// Calls of the `get_or_compute` family by how each was answered, every call in exactly one
+    /// field (the fields above overlap: a near hit is in `hits` and `near_hits`, a wait in
+    /// `misses` and `waits`). The `stampede_guard_calls_total` metric, by its `answer` label.
+    pub calls: Calls,
+    /// Calls answered by another caller's computation or read: those that joined a flight of
+    /// this process or waited on the lock ([`Calls::computations_saved`]).
+    pub computations_saved: u64,
+    /// Total time computations of this process ran, to their value, error or hard timeout (a
+    /// batch's time once per key it computed). The `stampede_guard_compute_seconds` histogram.
+    pub compute_time: Duration,
+    /// Locks granted to a caller that had found them held and waited, with no value landed:
+    /// the holder's lease ran out (it died or stalled) or it let the lock go without a value (its
+    /// computation failed or was cancelled), and this caller took over the computation.
+    pub lock_takeovers: u64,
     /// Whether Redis tells the near tier of changes made outside the crate (`CLIENT TRACKING`,
     /// see [`NearCacheOptions::track_outside_writes`](crate::NearCacheOptions::track_outside_writes)):
     /// [`TrackingState::Off`] without a near tier.
@@ -261,6 +289,167 @@ pub(crate) use text_is_as_str;
 
 text_is_as_str!(TrackingState, BreakerState);
 
+/// Calls of the `get_or_compute` family (single keys and each key of a batch), by how each was
+/// answered: every call in exactly one field, so they add up to the calls made, and a
+/// computation is counted once, in the call that ran it (`computed`), however many callers
+/// it answered. The label values of `stampede_guard_calls_total{answer}` are the field names.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let cache = stampede_guard::Cache::in_memory();
+/// for _ in 0..3 {
+///     let _: u8 = cache
+///         .get_or_compute("k", Duration::from_secs(60), || async { Ok::<_, String>(1) })
+///         .await
+///         .unwrap();
+/// }
+/// let calls = cache.stats().calls;
+/// assert_eq!((calls.computed, calls.hit, calls.total()), (1, 2, 3));
+/// assert_eq!(calls.computations_saved(), 0);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Calls {
+    /// A fresh copy in this instance's near tier, without Redis.
+    pub near_hit: u64,
+    /// A fresh value read by this call from Redis (or the embedded store).
+    pub hit: u64,
+    /// A value this call computed under the lock.
+    pub computed: u64,
+    /// The value of another call of this process computing or reading the key, which this call
+    /// joined (the in-process single flight) instead of asking Redis itself.
+    pub joined: u64,
+    /// A value another holder of the lock computed (another process, or another cache or a
+    /// background refresh of this one) while this call waited on the lock.
+    pub waited: u64,
+    /// A value past its freshness, inside the stale window, while a refresh ran.
+    pub stale: u64,
+    /// The fail-safe fallback: a kept value, served because the computation failed, timed out
+    /// or is throttled.
+    pub fail_safe: u64,
+    /// A copy held in process, served while the backend was unreachable.
+    pub held: u64,
+    /// A value computed without the cache, the backend being down.
+    pub uncached: u64,
+    /// An error: the computation's, a time-out, the backend's, or a remembered failure.
+    pub error: u64,
+}
+
+impl Calls {
+    /// Every call counted, once each.
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::Cache::in_memory().stats().calls.total(), 0);
+    /// ```
+    pub fn total(&self) -> u64 {
+        self.near_hit
+            + self.hit
+            + self.computed
+            + self.joined
+            + self.waited
+            + self.stale
+            + self.fail_safe
+            + self.held
+            + self.uncached
+            + self.error
+    }
+
+    /// Calls answered by someone else's computation (or read): `joined + waited`. In a
+    /// stampede of `n` cold calls for one key over the fleet, one computes and `n - 1` are
+    /// saved, less those that arrived after the value landed (hits).
+    ///
+    /// ```
+    /// assert_eq!(stampede_guard::Cache::in_memory().stats().calls.computations_saved(), 0);
+    /// ```
+    pub fn computations_saved(&self) -> u64 {
+        self.joined + self.waited
+    }
+}
+
+impl serde::Serialize for Calls {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("Calls", Answered::ALL.len())?;
+        for answer in Answered::ALL {
+            s.serialize_field(answer.as_str(), &answer.of(self))?;
+        }
+        s.end()
+    }
+}
+
+/// How a call was answered: a field of [`Calls`], and the `answer` label of
+/// `stampede_guard_calls_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answered {
+    NearHit,
+    Hit,
+    Computed,
+    Joined,
+    Waited,
+    Stale,
+    FailSafe,
+    Held,
+    Uncached,
+    Error,
+}
+
+impl Answered {
+    /// Every answer, in the order of [`Calls`]'s fields.
+    const ALL: [Answered; 10] = [
+        Answered::NearHit,
+        Answered::Hit,
+        Answered::Computed,
+        Answered::Joined,
+        Answered::Waited,
+        Answered::Stale,
+        Answered::FailSafe,
+        Answered::Held,
+        Answered::Uncached,
+        Answered::Error,
+    ];
+
+    /// The label value, and the field's name in [`Calls`].
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Answered::NearHit => "near_hit",
+            Answered::Hit => "hit",
+            Answered::Computed => "computed",
+            Answered::Joined => "joined",
+            Answered::Waited => "waited",
+            Answered::Stale => "stale",
+            Answered::FailSafe => "fail_safe",
+            Answered::Held => "held",
+            Answered::Uncached => "uncached",
+            Answered::Error => "error",
+        }
+    }
+
+    /// Its field in `calls`.
+    fn of(self, calls: &Calls) -> u64 {
+        match self {
+            Answered::NearHit => calls.near_hit,
+            Answered::Hit => calls.hit,
+            Answered::Computed => calls.computed,
+            Answered::Joined => calls.joined,
+            Answered::Waited => calls.waited,
+            Answered::Stale => calls.stale,
+            Answered::FailSafe => calls.fail_safe,
+            Answered::Held => calls.held,
+            Answered::Uncached => calls.uncached,
+            Answered::Error => calls.error,
+        }
+    }
+
+    /// Its slot in the per-answer array.
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Values a cache computed and returned but could not store, by reason: a full Redis, a
 /// refused write, a fence lost to a newer writer, a backend that failed. Each is also logged,
 /// at most once a minute per reason, with the count since the last line. A single-key call
@@ -352,7 +541,7 @@ const NOT_STORED_LOG_EVERY: Duration = Duration::from_secs(60);
 impl serde::Serialize for Stats {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Stats", 26)?;
+        let mut s = serializer.serialize_struct("Stats", 30)?;
         s.serialize_field("hits", &self.hits)?;
         s.serialize_field("misses", &self.misses)?;
         s.serialize_field("computes", &self.computes)?;
@@ -379,6 +568,10 @@ impl serde::Serialize for Stats {
         s.serialize_field("breaker_opened", &self.breaker_opened)?;
         s.serialize_field("fast_failures", &self.fast_failures)?;
         s.serialize_field("held_served", &self.held_served)?;
+        s.serialize_field("calls", &self.calls)?;
+        s.serialize_field("computations_saved", &self.computations_saved)?;
+        s.serialize_field("compute_time_seconds", &self.compute_time.as_secs_f64())?;
+        s.serialize_field("lock_takeovers", &self.lock_takeovers)?;
         s.end()
     }
 }
@@ -386,17 +579,25 @@ impl serde::Serialize for Stats {
 /// Something worth counting.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Event {
-    Hit,
-    Miss,
+    /// A call of the `get_or_compute` family answered so (not after a wait: `AnsweredAfter`).
+    Answered(Answered),
+    /// A call answered by another's computation after waiting this long (`Joined`, `Waited`).
+    AnsweredAfter(Answered, Duration),
+    /// A call answered with an error; `miss`: it had found no usable value, so it counts in
+    /// `Stats::misses` (a backend error or a remembered failure does not).
+    Failed {
+        miss: bool,
+    },
+    /// A computation of this process starts.
     Compute,
-    Wait(Duration),
-    Stale,
-    Uncached,
+    /// A computation of this process ended (its value, error or hard timeout) after this long.
+    ComputeTime(Duration),
+    /// A lock found held was granted to this caller without a value landing.
+    LockTakeover,
     WaitTimeout,
     BackendError,
     LeaseRenewed,
     LeaseLost,
-    Fallback,
     SoftTimeout,
     HardTimeout,
     NearHit,
@@ -420,18 +621,20 @@ pub(crate) enum Event {
 /// The live counters behind [`Stats`]; relaxed atomics, since each is an independent tally.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    hits: AtomicU64,
-    misses: AtomicU64,
+    /// Calls by how they were answered (an [`Answered`]'s `index`), but for the near tier's
+    /// quick hits, counted in `near_hits_served`.
+    calls: [AtomicU64; 10],
+    /// Calls answered with an error that had found no usable value (part of `misses`).
+    failed_misses: AtomicU64,
     computes: AtomicU64,
-    waits: AtomicU64,
+    compute_micros: AtomicU64,
+    lock_takeovers: AtomicU64,
+    /// Time waited by the calls that joined a flight or waited on the lock.
     wait_micros: AtomicU64,
-    stale_served: AtomicU64,
-    uncached: AtomicU64,
     wait_timeouts: AtomicU64,
     backend_errors: AtomicU64,
     lease_renewals: AtomicU64,
     leases_lost: AtomicU64,
-    fallback_served: AtomicU64,
     soft_timeouts: AtomicU64,
     hard_timeouts: AtomicU64,
     near_hits: AtomicU64,
@@ -461,22 +664,29 @@ impl Counters {
         let add = |counter: &AtomicU64| {
             counter.fetch_add(1, Ordering::Relaxed);
         };
+        let add_time = |counter: &AtomicU64, took: Duration| {
+            let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+            counter.fetch_add(micros, Ordering::Relaxed);
+        };
         match event {
-            Event::Hit => add(&self.hits),
-            Event::Miss => add(&self.misses),
-            Event::Compute => add(&self.computes),
-            Event::Wait(waited) => {
-                add(&self.waits);
-                let micros = u64::try_from(waited.as_micros()).unwrap_or(u64::MAX);
-                self.wait_micros.fetch_add(micros, Ordering::Relaxed);
+            Event::Answered(answer) => add(&self.calls[answer.index()]),
+            Event::AnsweredAfter(answer, waited) => {
+                add(&self.calls[answer.index()]);
+                add_time(&self.wait_micros, waited);
             }
-            Event::Stale => add(&self.stale_served),
-            Event::Uncached => add(&self.uncached),
+            Event::Failed { miss } => {
+                add(&self.calls[Answered::Error.index()]);
+                if miss {
+                    add(&self.failed_misses);
+                }
+            }
+            Event::Compute => add(&self.computes),
+            Event::ComputeTime(took) => add_time(&self.compute_micros, took),
+            Event::LockTakeover => add(&self.lock_takeovers),
             Event::WaitTimeout => add(&self.wait_timeouts),
             Event::BackendError => add(&self.backend_errors),
             Event::LeaseRenewed => add(&self.lease_renewals),
             Event::LeaseLost => add(&self.leases_lost),
-            Event::Fallback => add(&self.fallback_served),
             Event::SoftTimeout => add(&self.soft_timeouts),
             Event::HardTimeout => add(&self.hard_timeouts),
             Event::NearHit => add(&self.near_hits),
@@ -516,6 +726,16 @@ impl Counters {
             });
             metrics::counter!("stampede_guard_breaker_transitions_total", "to" => state.as_str())
                 .increment(1);
+            // One series per state, 1 for the state it is in: the usual shape of an enum in
+            // Prometheus, so a panel shows which state, not only whether closed.
+            for each in [
+                BreakerState::Closed,
+                BreakerState::Open,
+                BreakerState::HalfOpen,
+            ] {
+                metrics::gauge!("stampede_guard_breaker_state", "state" => each.as_str())
+                    .set(if each == state { 1.0 } else { 0.0 });
+            }
         }
     }
 
@@ -551,19 +771,23 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> Stats {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let near_hits_served = get(&self.near_hits_served);
+        let calls = self.calls(near_hits_served);
         Stats {
-            hits: get(&self.hits) + near_hits_served,
-            misses: get(&self.misses),
+            hits: calls.hit + calls.near_hit,
+            misses: calls.computed
+                + calls.computations_saved()
+                + calls.uncached
+                + get(&self.failed_misses),
             computes: get(&self.computes),
-            waits: get(&self.waits),
+            waits: calls.computations_saved(),
             wait_time: Duration::from_micros(get(&self.wait_micros)),
-            stale_served: get(&self.stale_served),
-            uncached: get(&self.uncached),
+            stale_served: calls.stale,
+            uncached: calls.uncached,
             wait_timeouts: get(&self.wait_timeouts),
             backend_errors: get(&self.backend_errors),
             lease_renewals: get(&self.lease_renewals),
             leases_lost: get(&self.leases_lost),
-            fallback_served: get(&self.fallback_served),
+            fallback_served: calls.fail_safe,
             soft_timeouts: get(&self.soft_timeouts),
             hard_timeouts: get(&self.hard_timeouts),
             near_hits: get(&self.near_hits) + near_hits_served,
@@ -587,8 +811,31 @@ impl Counters {
             breaker_opened: get(&self.breaker_opened),
             fast_failures: get(&self.fast_failures),
             held_served: get(&self.held_served),
+            calls,
+            computations_saved: calls.computations_saved(),
+            compute_time: Duration::from_micros(get(&self.compute_micros)),
+            lock_takeovers: get(&self.lock_takeovers),
             // Filled in by `Cache::stats` from the near tier, which holds it.
             near_tracking: TrackingState::Off,
+        }
+    }
+}
+
+impl Counters {
+    /// The calls by answer; `near_hits_served`: the near tier's quick hits.
+    fn calls(&self, near_hits_served: u64) -> Calls {
+        let get = |answer: Answered| self.calls[answer.index()].load(Ordering::Relaxed);
+        Calls {
+            near_hit: get(Answered::NearHit) + near_hits_served,
+            hit: get(Answered::Hit),
+            computed: get(Answered::Computed),
+            joined: get(Answered::Joined),
+            waited: get(Answered::Waited),
+            stale: get(Answered::Stale),
+            fail_safe: get(Answered::FailSafe),
+            held: get(Answered::Held),
+            uncached: get(Answered::Uncached),
+            error: get(Answered::Error),
         }
     }
 }
@@ -597,25 +844,29 @@ impl Counters {
 #[cfg(feature = "metrics")]
 fn emit(event: Event) {
     let name = match event {
-        Event::Hit => "stampede_guard_hits_total",
-        Event::Miss => "stampede_guard_misses_total",
-        Event::Compute => "stampede_guard_computes_total",
-        Event::Wait(waited) => {
-            metrics::histogram!("stampede_guard_wait_seconds").record(waited.as_secs_f64());
-            "stampede_guard_waits_total"
+        Event::Answered(answer) => return count_call(answer),
+        Event::AnsweredAfter(answer, waited) => {
+            metrics::histogram!("stampede_guard_lock_wait_seconds", "answer" => answer.as_str())
+                .record(waited.as_secs_f64());
+            metrics::counter!("stampede_guard_computations_saved_total").increment(1);
+            return count_call(answer);
         }
-        Event::Stale => "stampede_guard_stale_served_total",
-        Event::Uncached => "stampede_guard_uncached_total",
+        Event::Failed { .. } => return count_call(Answered::Error),
+        Event::Compute => "stampede_guard_computes_total",
+        Event::ComputeTime(took) => {
+            metrics::histogram!("stampede_guard_compute_seconds").record(took.as_secs_f64());
+            return;
+        }
+        Event::LockTakeover => "stampede_guard_lock_takeovers_total",
         Event::WaitTimeout => "stampede_guard_wait_timeouts_total",
         Event::BackendError => "stampede_guard_backend_errors_total",
         Event::LeaseRenewed => "stampede_guard_lease_renewals_total",
         Event::LeaseLost => "stampede_guard_leases_lost_total",
-        Event::Fallback => "stampede_guard_fallback_served_total",
         Event::SoftTimeout => "stampede_guard_soft_timeouts_total",
         Event::HardTimeout => "stampede_guard_hard_timeouts_total",
         Event::NearHit => "stampede_guard_near_hits_total",
         Event::NearHitServed => {
-            metrics::counter!("stampede_guard_hits_total").increment(1);
+            count_call(Answered::NearHit);
             "stampede_guard_near_hits_total"
         }
         Event::NearMiss => "stampede_guard_near_misses_total",
@@ -629,9 +880,16 @@ fn emit(event: Event) {
             return;
         }
         Event::FastFailure => "stampede_guard_fast_failures_total",
-        Event::HeldServed => "stampede_guard_held_served_total",
+        // A call answered so is counted by its answer (`held`); this counts the copies served.
+        Event::HeldServed => return,
     };
     metrics::counter!(name).increment(1);
+}
+
+/// One call, by how it was answered.
+#[cfg(feature = "metrics")]
+fn count_call(answer: Answered) {
+    metrics::counter!("stampede_guard_calls_total", "answer" => answer.as_str()).increment(1);
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -644,14 +902,67 @@ mod tests {
     #[test]
     fn a_near_hit_served_counts_as_a_hit_and_a_near_hit() {
         let counters = Counters::default();
-        for event in [Event::NearHitServed, Event::NearHit, Event::Hit] {
+        let hit = Event::Answered(Answered::Hit);
+        for event in [Event::NearHitServed, Event::NearHit, hit] {
             counters.record(event);
         }
         let stats = counters.snapshot();
         assert_eq!((stats.hits, stats.near_hits), (2, 2));
+        // Two calls, one answered by the near tier; the plain near look-up is no call.
+        assert_eq!((stats.calls.near_hit, stats.calls.hit), (1, 1));
+        assert_eq!(stats.calls.total(), 2);
     }
 
-    /// The metrics see what `Stats` shows: a near hit served is in both totals.
+    /// Each call in exactly one answer: the answers add up to the calls, the saved
+    /// computations are the joined and waited calls, and the older overlapping fields are
+    /// derived from the same counts (a wait is a miss and a wait, never two misses).
+    #[test]
+    fn every_call_is_counted_once_by_its_answer() {
+        let counters = Counters::default();
+        let second = Duration::from_secs(1);
+        for answer in Answered::ALL {
+            match answer {
+                Answered::Joined | Answered::Waited => {
+                    counters.record(Event::AnsweredAfter(answer, second))
+                }
+                Answered::Error => counters.record(Event::Failed { miss: true }),
+                answer => counters.record(Event::Answered(answer)),
+            }
+        }
+        counters.record(Event::Failed { miss: false });
+        let stats = counters.snapshot();
+        assert_eq!(stats.calls.total(), 11);
+        assert_eq!(stats.calls.error, 2);
+        assert_eq!(stats.computations_saved, 2);
+        assert_eq!(stats.calls.computations_saved(), 2);
+        assert_eq!((stats.waits, stats.wait_time), (2, 2 * second));
+        // computed, joined, waited, uncached and the error that found nothing.
+        assert_eq!(stats.misses, 5);
+        assert_eq!(
+            (stats.hits, stats.stale_served, stats.fallback_served),
+            (2, 1, 1)
+        );
+        let json = serde_json::to_value(stats.calls).unwrap();
+        let fields = json.as_object().unwrap();
+        assert_eq!(fields.len(), 10);
+        assert!(fields.values().all(|n| n.as_u64().unwrap() >= 1));
+    }
+
+    /// A metric's name with its labels, `name{label=value,...}`.
+    #[cfg(feature = "metrics")]
+    fn named(key: &metrics::Key) -> String {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|label| format!("{}={}", label.key(), label.value()))
+            .collect();
+        if labels.is_empty() {
+            key.name().to_owned()
+        } else {
+            format!("{}{{{}}}", key.name(), labels.join(","))
+        }
+    }
+
+    /// The metrics see what `Stats` shows: a near hit served is one call and one near hit.
     #[cfg(feature = "metrics")]
     #[test]
     fn a_near_hit_served_reaches_both_metrics() {
@@ -667,7 +978,7 @@ mod tests {
             .into_vec()
             .into_iter()
             .filter_map(|(key, _, _, value)| match value {
-                DebugValue::Counter(n) => Some((key.key().name().to_string(), n)),
+                DebugValue::Counter(n) => Some((named(key.key()), n)),
                 _ => None,
             })
             .collect();
@@ -675,7 +986,7 @@ mod tests {
         assert_eq!(
             counters,
             [
-                ("stampede_guard_hits_total".to_owned(), 1),
+                ("stampede_guard_calls_total{answer=near_hit}".to_owned(), 1),
                 ("stampede_guard_near_hits_total".to_owned(), 1)
             ]
         );
@@ -705,16 +1016,13 @@ mod tests {
     #[test]
     fn stats_serialize_every_counter_and_the_wait_time_in_seconds() {
         let counters = Counters::default();
-        for event in [
-            Event::Hit,
-            Event::Hit,
-            Event::Miss,
-            Event::Compute,
-            Event::BackendError,
-        ] {
+        let hit = Event::Answered(Answered::Hit);
+        for event in [hit, hit, Event::Compute, Event::BackendError] {
             counters.record(event);
         }
-        counters.record(Event::Wait(Duration::from_millis(1500)));
+        let waited = Duration::from_millis(1500);
+        counters.record(Event::AnsweredAfter(Answered::Waited, waited));
+        counters.record(Event::ComputeTime(Duration::from_millis(250)));
         counters.record(Event::FastFailure);
         counters.breaker(BreakerState::HalfOpen);
         let json = serde_json::to_value(counters.snapshot()).unwrap();
@@ -729,6 +1037,9 @@ mod tests {
                 "not_stored": {"out_of_memory": 0, "refused": 0, "fence_lost": 0, "backend_failed": 0},
                 "recovery_queued": 0, "recovery_replayed": 0, "recovery_refused": 0,
                 "breaker": "half-open", "breaker_opened": 0, "fast_failures": 1, "held_served": 0,
+                "calls": {"near_hit": 0, "hit": 2, "computed": 0, "joined": 0, "waited": 1,
+                          "stale": 0, "fail_safe": 0, "held": 0, "uncached": 0, "error": 0},
+                "computations_saved": 1, "compute_time_seconds": 0.25, "lock_takeovers": 0,
             })
         );
     }

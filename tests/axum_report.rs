@@ -11,8 +11,9 @@ mod http_client;
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
 mod support {
+    pub mod example;
     pub mod server;
-    pub use server::*;
+    pub use {example::*, server::*};
 }
 
 use std::io::{BufRead, BufReader};
@@ -21,28 +22,17 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use support::RedisServer;
+use support::{example_binary, RedisServer};
 
 /// Long enough that fifty requests sent together all arrive while the first query runs.
 const QUERY_MS: &str = "300";
 
-/// `target/<profile>/examples/axum_report`, beside this test's `target/<profile>/deps/`.
+/// The example's binary.
 fn example() -> PathBuf {
-    let me = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = me
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary sits in target/<profile>/deps/");
-    let exe = profile_dir
-        .join("examples")
-        .join(format!("axum_report{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        exe.is_file(),
-        "the example was not built at {}: run \
-         `cargo build --features tower --example axum_report`, then this test",
-        exe.display()
-    );
-    exe
+    example_binary(
+        "axum_report",
+        "run `cargo build --features tower --example axum_report`, then this test",
+    )
 }
 
 /// The example running as a child process; killed (by its handle) on drop.

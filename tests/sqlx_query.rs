@@ -6,30 +6,28 @@
 //! `DATABASE_URL=postgres://... cargo test --test sqlx_query -- --ignored`, which `.ci/run` does
 //! when a PostgreSQL server answers on 127.0.0.1:5432.
 
+/// The shared helpers this file uses, one module each (tests/support/).
+mod support {
+    pub mod example;
+    pub use example::*;
+}
+
 use std::path::PathBuf;
 use std::process::Command;
+
+use support::example_binary;
 
 use serde_json::Value;
 
 const CALLERS: u64 = 50;
 
-/// `target/<profile>/examples/sqlx_query`, beside this test's `target/<profile>/deps/`.
+/// The example's binary.
 fn example() -> PathBuf {
-    let me = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = me
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary sits in target/<profile>/deps/");
-    let exe = profile_dir
-        .join("examples")
-        .join(format!("sqlx_query{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        exe.is_file(),
-        "the example was not built at {}: run `cargo build --example sqlx_query` \
-         (plain `cargo test` builds it; `cargo test --test sqlx_query` alone does not)",
-        exe.display()
-    );
-    exe
+    example_binary(
+        "sqlx_query",
+        "run `cargo build --example sqlx_query` (plain `cargo test` builds it; `cargo test \
+         --test sqlx_query` alone does not)",
+    )
 }
 
 /// Runs the example against `database_url` (None: its default, SQLite in memory); checks its

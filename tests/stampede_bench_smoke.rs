@@ -11,16 +11,17 @@
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod cluster;
+    pub mod example;
     pub mod poll;
     pub mod server;
-    pub use {cluster::*, server::*};
+    pub use {cluster::*, example::*, server::*};
 }
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use redis::Commands;
-use support::{RedisCluster, RedisServer};
+use support::{example_binary, RedisCluster, RedisServer};
 
 const PROCESSES: usize = 2;
 const TASKS: usize = 5;
@@ -28,23 +29,13 @@ const KEYS: usize = 4;
 const COMPUTE_MS: u64 = 50;
 const ROUNDS: usize = 2;
 
-/// `target/<profile>/examples/stampede_bench`, beside this test's `target/<profile>/deps/`.
+/// The load generator's binary.
 fn generator() -> PathBuf {
-    let me = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = me
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the test binary sits in target/<profile>/deps/");
-    let exe = profile_dir
-        .join("examples")
-        .join(format!("stampede_bench{}", std::env::consts::EXE_SUFFIX));
-    assert!(
-        exe.is_file(),
-        "the load generator was not built at {}: run `cargo build --example stampede_bench` \
-         (plain `cargo test` builds it; `cargo test --test stampede_bench_smoke` alone does not)",
-        exe.display()
-    );
-    exe
+    example_binary(
+        "stampede_bench",
+        "run `cargo build --example stampede_bench` (plain `cargo test` builds it; `cargo test \
+         --test stampede_bench_smoke` alone does not)",
+    )
 }
 
 /// Runs the generator with the smoke-test sizes against `url` (one server, or a cluster's nodes
@@ -82,8 +73,16 @@ fn run_with(url: &str, flags: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// Every field of BENCH.md, with the type it must have.
+/// Every field of BENCH.md, with the type it must have (the calls by answer, which the
+/// guarded mode adds, checked apart: [`assert_answers_add_up`]).
 fn assert_contract_fields(line: &serde_json::Value, round: usize) {
+    let mut line = line.clone();
+    if let Some(object) = line.as_object_mut() {
+        for field in ["answers", "answered", "computations_saved"] {
+            object.remove(field);
+        }
+    }
+    let line = &line;
     assert_eq!(line["peer"], "stampede-guard", "{line}");
     assert_eq!(line["round"].as_u64(), Some(round as u64), "{line}");
     for field in ["computes", "redis_cmds", "errors"] {
@@ -135,6 +134,73 @@ fn guarded_rounds_compute_each_key_once_and_print_one_json_line_each() {
     }
 }
 
+/// The answers of a cold round of `calls` calls for `KEYS` keys, counted by the workers' caches
+/// (`Stats::calls`), add up: every call in exactly one answer, one computation per key (the
+/// same figure as the computations' own `INCR`s), and every other call either read the value
+/// itself (a hit) or was answered by someone else's computation (`computations_saved`).
+fn assert_answers_add_up(line: &serde_json::Value, calls: u64) {
+    let answers = line["answers"].as_object().expect("the calls by answer");
+    let answer = |name: &str| {
+        answers[name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: {line}"))
+    };
+    let names = [
+        "near_hit",
+        "hit",
+        "computed",
+        "joined",
+        "waited",
+        "stale",
+        "fail_safe",
+        "held",
+        "uncached",
+        "error",
+    ];
+    assert_eq!(answers.len(), names.len(), "{line}");
+    let total: u64 = names.iter().map(|name| answer(name)).sum();
+    assert_eq!(total, calls, "each call counted once, none twice: {line}");
+    assert_eq!(line["answered"].as_u64(), Some(calls), "{line}");
+    assert_eq!(answer("computed"), KEYS as u64, "{line}");
+    assert_eq!(
+        line["computes"].as_u64(),
+        Some(answer("computed")),
+        "{line}"
+    );
+    let hits = answer("hit") + answer("near_hit");
+    let saved = line["computations_saved"]
+        .as_u64()
+        .expect("computations_saved");
+    assert_eq!(saved, calls - KEYS as u64 - hits, "{line}");
+    assert_eq!(saved, answer("joined") + answer("waited"), "{line}");
+    // Without a near tier, no call is answered by one.
+    if line.get("near_cache").is_none() {
+        assert_eq!(answer("near_hit"), 0, "{line}");
+    }
+    // Nobody here waited on a computation that was not there: no fallbacks, no errors.
+    for name in ["stale", "fail_safe", "held", "uncached", "error"] {
+        assert_eq!(answer(name), 0, "{name}: {line}");
+    }
+}
+
+#[test]
+fn the_calls_of_a_guarded_round_add_up_by_how_each_was_answered() {
+    let server = RedisServer::start();
+    let calls = (PROCESSES * TASKS * KEYS) as u64;
+    for line in run(&server.url(), "guarded") {
+        assert_answers_add_up(&line, calls);
+        // A cold stampede: more calls were saved a computation than ran one.
+        assert!(
+            line["computations_saved"].as_u64().unwrap() > KEYS as u64,
+            "{line}"
+        );
+    }
+    // With a near tier, the same arithmetic; nothing is counted twice across the tiers.
+    for line in run_with(&server.url(), &["--near-cache", "100"]) {
+        assert_answers_add_up(&line, calls);
+    }
+}
+
 #[test]
 fn rounds_with_a_near_cache_still_compute_each_key_once_and_say_so() {
     let server = RedisServer::start();
@@ -174,6 +240,8 @@ fn batch_rounds_compute_each_key_once_with_at_most_one_batch_call_per_process() 
         );
         // One call per request: the per-call and per-request figures are the same samples.
         assert_eq!(line["p99_ms"], line["req_p99_ms"], "{line}");
+        // Each key of a batch is counted as a call, once.
+        assert_answers_add_up(line, (PROCESSES * TASKS * KEYS) as u64);
     }
 }
 
@@ -182,6 +250,8 @@ fn naive_rounds_run_through_the_same_cache_without_errors() {
     let server = RedisServer::start();
     for (round, line) in run(&server.url(), "naive").iter().enumerate() {
         assert_contract_fields(line, round);
+        // No `get_or_compute` call: no answers to count.
+        assert!(line.get("answers").is_none(), "{line}");
         // Plain cache-aside stampedes: at least one computation per key, usually many.
         assert!(line["computes_per_key"].as_f64().unwrap() >= 1.0, "{line}");
     }

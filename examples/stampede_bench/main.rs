@@ -40,6 +40,13 @@
 //!   --steady-secs 20 --ttl 2 --expiry-mode stale
 //! ```
 //!
+//! In guarded mode (beyond the contract) every JSON line also carries the calls by how each was
+//! answered, from the workers' `Cache::stats().calls` summed (the warm-up left out):
+//! `"answers": {"near_hit": n, "hit": n, "computed": n, "joined": n, "waited": n, ...},
+//! "answered": n, "computations_saved": n`. Each call is in one answer, so `answered` is
+//! P × T × K, and in a cold round `computed` = K and `computations_saved` = calls − K − hits
+//! (`docs/observability.md`).
+//!
 //! `--near-cache N` gives every worker's cache a near tier of at most N entries
 //! ([`NearCacheOptions`](stampede_guard::NearCacheOptions)); the JSON lines then carry `"near_cache": N`.
 //!

@@ -89,7 +89,27 @@ pub(crate) fn extra_fields(config: &Config, outcome: &Outcome, batch_calls: u64)
     if config.compute_uncached {
         fields += r#", "compute_uncached": true"#;
     }
-    fields
+    fields + &answer_fields(outcome)
+}
+
+/// In guarded mode, the calls by how each was answered (`Stats::calls`, summed over the
+/// workers): `, "answers": {"near_hit": n, "hit": n, "computed": n, "joined": n, ...},
+/// "answered": n, "computations_saved": n`. Each call is in one answer, so `answered` is the
+/// number of calls made; `computations_saved` is `joined + waited`, the calls answered by
+/// another caller's computation (or read).
+fn answer_fields(outcome: &Outcome) -> String {
+    if outcome.answers.is_empty() {
+        return String::new();
+    }
+    let answers: Vec<String> = (outcome.answers.iter())
+        .map(|(answer, n)| format!(r#""{answer}": {n}"#))
+        .collect();
+    let answered: u64 = outcome.answers.iter().map(|(_, n)| n).sum();
+    let saved = outcome.answered("joined") + outcome.answered("waited");
+    format!(
+        r#", "answers": {{{}}}, "answered": {answered}, "computations_saved": {saved}"#,
+        answers.join(", ")
+    )
 }
 
 /// The steady state second by second: `[[second, calls, errors, p99_ms], ...]`, one entry per

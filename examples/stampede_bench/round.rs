@@ -32,6 +32,32 @@ pub(crate) struct Outcome {
     pub(crate) error_seconds: Vec<u64>,
     /// The WARN and ERROR lines that the workers' logs wrote to their stderr.
     pub(crate) warn_lines: u64,
+    /// The calls by how each was answered (`Stats::calls`), summed over the workers, in the
+    /// order the first worker gave them; empty in naive mode (no `get_or_compute`).
+    pub(crate) answers: Vec<(String, u64)>,
+}
+
+impl Outcome {
+    /// Adds a worker's `answer=n ...` line to the sums.
+    fn add_answers(&mut self, line: &str) {
+        for (answer, n) in line
+            .split_whitespace()
+            .filter_map(|pair| pair.split_once('='))
+        {
+            let n: u64 = n.parse().unwrap_or(0);
+            match self.answers.iter_mut().find(|(name, _)| name == answer) {
+                Some((_, sum)) => *sum += n,
+                None => self.answers.push((answer.to_owned(), n)),
+            }
+        }
+    }
+
+    /// The calls answered so (0 if none was).
+    pub(crate) fn answered(&self, answer: &str) -> u64 {
+        (self.answers.iter())
+            .find(|(name, _)| name == answer)
+            .map_or(0, |(_, n)| *n)
+    }
 }
 
 /// What one worker sent: its calls and their start seconds come on separate lines, paired only
@@ -177,6 +203,7 @@ pub(crate) fn barrier_and_collect(
             "call_errors" => outcome.error_seconds.extend(parse_numbers(rest)),
             "reqs" => outcome.reqs.extend(parse_numbers(rest)),
             "fallbacks" => outcome.fallbacks += parse_numbers(rest).sum::<u64>(),
+            "answers" => outcome.add_answers(rest),
             "done" => {
                 let fields: Vec<u64> = parse_numbers(rest).collect();
                 if let [errors, at] = fields[..] {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rand::seq::SliceRandom;
 use redis::cluster::ClusterClientBuilder;
-use stampede_guard::{Cache, Computed, Source};
+use stampede_guard::{Cache, Calls, Computed, Source};
 
 use crate::config::{Config, Mode, Target};
 use crate::workload::{
@@ -100,6 +100,8 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
     }
     drop(go);
 
+    // The calls of the round alone, by how each was answered (the warm-up's left out).
+    let before = cache.stats().calls;
     say("ready")?;
     let line = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -150,8 +152,32 @@ async fn work(config: Config, index: &str) -> Result<(), BoxError> {
     say(&format!("call_errors {}", join(&error_seconds)))?;
     say(&format!("reqs {}", join(&reqs)))?;
     say(&format!("fallbacks {fallbacks}"))?;
+    if config.mode == Mode::Guarded {
+        say(&format!("answers {}", answers(before, cache.stats().calls)))?;
+    }
     say(&format!("done {errors} {finished_at}"))?;
     Ok(())
+}
+
+/// The calls answered since `before`, by answer: `near_hit=n hit=n ...`, in the order of
+/// [`Calls`]'s fields (the parent sums them over the workers).
+fn answers(before: Calls, now: Calls) -> String {
+    let answers = [
+        ("near_hit", now.near_hit - before.near_hit),
+        ("hit", now.hit - before.hit),
+        ("computed", now.computed - before.computed),
+        ("joined", now.joined - before.joined),
+        ("waited", now.waited - before.waited),
+        ("stale", now.stale - before.stale),
+        ("fail_safe", now.fail_safe - before.fail_safe),
+        ("held", now.held - before.held),
+        ("uncached", now.uncached - before.uncached),
+        ("error", now.error - before.error),
+    ];
+    let pairs: Vec<String> = (answers.iter())
+        .map(|(answer, n)| format!("{answer}={n}"))
+        .collect();
+    pairs.join(" ")
 }
 
 /// Where the computations count themselves: db 0 of the server, or the cluster (the counter

@@ -309,8 +309,15 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
         asked: Instant,
     ) -> Claim<T> {
         let held = self.acquiring.granted(fence, asked);
+        // Found held and waited on, then granted with no value landed: a take-over.
+        let took_over = || {
+            if self.found == Source::Waited {
+                self.cache.core.counters.record(Event::LockTakeover);
+            }
+        };
         if self.read_value {
             // The script found no value: nothing is kept.
+            took_over();
             return Claim::Locked(held, None);
         }
         // Taken over a value past its window (or unreadable bytes): a value another caller
@@ -320,8 +327,10 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
                 drop(held.release().await);
                 Claim::Found(entry, self.found)
             }
-            Some(Err(kept)) => Claim::Locked(held, Some(kept)),
-            None => Claim::Locked(held, None),
+            kept => {
+                took_over();
+                Claim::Locked(held, kept.and_then(Result::err))
+            }
         }
     }
 

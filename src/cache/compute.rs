@@ -100,9 +100,8 @@ where
             f,
         } = self;
         let computed = |(value, stored)| Fetched {
-            value,
-            source: Source::Computed,
             stored,
+            ..Fetched::new(value, Source::Computed)
         };
         let on_failure = match &kept {
             Some(kept) => OnFailure::Throttle(kept.bytes.clone()),
@@ -195,6 +194,7 @@ where
                 .ok(),
             None => Some(run.await),
         };
+        (engine.core.counters).record(Event::ComputeTime(computing.elapsed()));
         let computed = match ran {
             Some(Ok(computed)) => computed,
             Some(Err(e)) => {

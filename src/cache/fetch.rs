@@ -23,10 +23,10 @@ use crate::cache::bounds::{CacheValue, ComputeFailure};
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::fallback::Answer;
-use crate::cache::freshness::{judge, unit_draw, worth, Worth};
+use crate::cache::freshness::{judge, unit_draw, worth, Via, Worth};
 use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
 use crate::cache::tiers::{Read, Tiers, HELD_AFTER};
-use crate::stats::Event;
+use crate::stats::{Answered, Event};
 use crate::store::{Blob, StoreExt, StoreResult};
 use crate::time::saturate;
 use crate::wire::codec::Codec;
@@ -81,7 +81,7 @@ where
         // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
         if self.engine.options.early_refresh_beta > 0.0 {
             if let Some(entry) = self.engine.near_copy::<T>(&self.keys.user) {
-                return self.serve(entry, Source::Hit);
+                return (self.serve(entry, Source::Hit)).map(|fetched| fetched.via(Via::Near));
             }
         }
         self.read_first().await
@@ -565,65 +565,73 @@ impl<C: Codec> Engine<C> {
         }
     }
 
-    /// Counts a call's outcome (a call that `started` then) and names it for the span.
+    /// Counts a call's outcome (a call that `started` then), once, by how it was answered, and
+    /// names it for the span.
     pub(crate) fn count_outcome<T>(
         &self,
         result: &Result<Fetched<T>, Error>,
         started: tokio::time::Instant,
     ) -> &'static str {
         let counters = &self.core.counters;
-        let miss = || counters.record(Event::Miss);
+        let failed = |miss| counters.record(Event::Failed { miss });
         match result {
-            Ok(fetched) => match fetched.source {
-                Source::Hit => {
-                    counters.record(Event::Hit);
-                    "hit"
-                }
-                Source::Stale => {
-                    counters.record(Event::Stale);
-                    "stale"
-                }
-                Source::Computed => {
-                    miss();
-                    "miss-computed"
-                }
-                Source::Waited => {
-                    miss();
+            Ok(fetched) => {
+                let answer = answered(fetched);
+                if matches!(answer, Answered::Joined | Answered::Waited) {
                     // Timed only here: a hit does not read the clock again.
-                    counters.record(Event::Wait(started.elapsed()));
-                    "waited"
+                    counters.record(Event::AnsweredAfter(answer, started.elapsed()));
+                } else {
+                    counters.record(Event::Answered(answer));
                 }
-                Source::Uncached => {
-                    miss();
-                    counters.record(Event::Uncached);
-                    "fallback"
+                match fetched.source {
+                    Source::Hit => "hit",
+                    Source::Stale => "stale",
+                    Source::Computed => "miss-computed",
+                    Source::Waited => "waited",
+                    Source::Uncached => "fallback",
+                    Source::FailSafe => "fail-safe",
+                    Source::Held => "held",
                 }
-                Source::FailSafe => {
-                    counters.record(Event::Fallback);
-                    "fail-safe"
-                }
-                // Counted where it was served (`held_served`).
-                Source::Held => "held",
-            },
+            }
             Err(Error::ComputeTimeout { .. }) => {
-                miss();
+                failed(true);
                 "hard-timeout"
             }
             Err(Error::WaitTimeout { .. }) => {
-                miss();
+                failed(true);
                 counters.record(Event::WaitTimeout);
                 "wait-timeout"
             }
             Err(e) if e.is_backend() => {
+                failed(false);
                 counters.record(Event::BackendError);
                 "backend-error"
             }
-            Err(Error::RecentFailure { .. }) => "recent-failure",
+            Err(Error::RecentFailure { .. }) => {
+                failed(false);
+                "recent-failure"
+            }
             Err(_) => {
-                miss();
+                failed(true);
                 "error"
             }
         }
+    }
+}
+
+/// How a call that got `fetched` was answered: its source, and for a hit or a wait, who found
+/// the value (the near tier; this process's flight, which the call joined).
+fn answered<T>(fetched: &Fetched<T>) -> Answered {
+    match (fetched.source, fetched.via) {
+        (Source::Hit, Via::Near) => Answered::NearHit,
+        (Source::Hit, _) => Answered::Hit,
+        (Source::Computed, _) => Answered::Computed,
+        (Source::Waited, Via::Flight) => Answered::Joined,
+        (Source::Waited, _) => Answered::Waited,
+        (Source::Stale, _) => Answered::Stale,
+        (Source::FailSafe, _) => Answered::FailSafe,
+        (Source::Held, _) => Answered::Held,
+        (Source::Uncached, _) => Answered::Uncached,
     }
 }
 

@@ -155,6 +155,21 @@ pub struct Fetched<T> {
     /// or computed under the lock but not written (the fence lost, the write refused or
     /// failed). The response-caching layer gives no `ETag` to a response it did not store.
     pub(crate) stored: bool,
+    /// Who found it, for the count of how the call was answered (`stats.rs`, `Answer`).
+    pub(crate) via: Via,
+}
+
+/// Who found a [`Fetched`] value for the call, beside its [`Source`]: what tells a near hit from
+/// a Redis hit, and a call that joined this process's flight from one that waited on the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Via {
+    /// The call itself: its read, its wait on the lock, its computation or fallback.
+    #[default]
+    Itself,
+    /// A copy in this instance's near tier.
+    Near,
+    /// Another call of this process that it joined (the in-process single flight).
+    Flight,
 }
 
 impl<T> Fetched<T> {
@@ -165,7 +180,13 @@ impl<T> Fetched<T> {
             value,
             source,
             stored,
+            via: Via::Itself,
         }
+    }
+
+    /// The same value, found as `via` says.
+    pub(crate) fn via(self, via: Via) -> Self {
+        Fetched { via, ..self }
     }
 
     /// The same fetch with its value turned into another, the source kept: `fetched.map(Json)`
@@ -193,6 +214,7 @@ impl<T> Fetched<T> {
             value: f(self.value),
             source: self.source,
             stored: self.stored,
+            via: self.via,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::cache::engine::Engine;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
 use crate::cache::fetch::Start;
+use crate::cache::freshness::Via;
 use crate::cache::recovery::Held;
 use crate::stats::Event;
 use crate::store::StoreError;
@@ -101,9 +102,8 @@ where
                 // Computed without the cache: nothing stored stands behind it.
                 let source = Source::Held;
                 return Ok(Fetched {
-                    value,
-                    source,
                     stored: false,
+                    ..Fetched::new(value, source)
                 });
             }
             Held::Value(_) => return self.without_cache("replay", error).await,
@@ -199,7 +199,8 @@ impl<C: Codec> Engine<C> {
     }
 }
 
-/// What an in-process follower reports: the leader's computation or read is, for it, a wait.
+/// What an in-process follower reports: the leader's computation or read is, for it, a wait
+/// (counted as a call that joined the flight).
 fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
     // A follower read nothing itself: the leader's hit was read when the leader asked, which
     // may be before this call began (a flight can last a computation, or a process pause).
@@ -208,5 +209,9 @@ fn waited<T>(fetched: Fetched<T>) -> Fetched<T> {
         Source::Computed | Source::Hit => Source::Waited,
         other => other,
     };
-    Fetched { source, ..fetched }
+    Fetched {
+        source,
+        via: Via::Flight,
+        ..fetched
+    }
 }

@@ -13,7 +13,7 @@ use crate::cache::entry::StoredEntry;
 use crate::cache::fallback::Failure;
 use crate::cache::near::{Fill, NearTier, Ticket};
 use crate::cache::tags::Epochs;
-use crate::stats::{Counters, Event};
+use crate::stats::{Answered, Counters, Event};
 use crate::store::StoreExt;
 use crate::store::{Blob, MemoryStore, StoreError};
 use crate::wire::key::EntryKeys;
@@ -61,7 +61,7 @@ impl Tiers {
             return Some(value);
         }
         let value = self.memory.as_ref()?.fresh::<T>(namespace, key)?;
-        counters.record(Event::Hit);
+        counters.record(Event::Answered(Answered::Hit));
         Some(value)
     }
 

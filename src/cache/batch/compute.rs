@@ -125,9 +125,8 @@ where
             .map(|((led, result), kept)| {
                 let outcome = result
                     .map(|(value, stored)| Fetched {
-                        value,
-                        source: Source::Computed,
                         stored,
+                        ..Fetched::new(value, Source::Computed)
                     })
                     .or_else(|e| self.cache.fall_back(e, kept, &led.keys));
                 led.settle(outcome)
@@ -239,6 +238,9 @@ where
     // One birth for the batch, before `f` runs (see `cache/tags.rs`).
     let born = cache.born_now().await;
     let (ran, took) = call_within_hard_timeout(&cache, &f, names).await;
+    for _ in &locked {
+        cache.core.counters.record(Event::ComputeTime(took));
+    }
     match ran {
         Some(Ok(values)) => store_values(&cache, locked, values, ttl, (took, born)).await,
         Some(Err(e)) => fail_all(&cache, locked, e, born).await,

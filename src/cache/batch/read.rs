@@ -11,6 +11,7 @@ use super::{Batch, Outcome};
 use crate::cache::entry::StoredEntry;
 use crate::cache::fallback::Answer;
 use crate::cache::fetch::Sorted;
+use crate::cache::freshness::Via;
 use crate::cache::tags::Epochs;
 use crate::cache::tiers::Read;
 use crate::store::Blob;
@@ -34,7 +35,8 @@ where
     ) {
         for (slot, keys) in distinct.iter().enumerate() {
             if let Some(entry) = self.cache.near_copy::<T>(&keys.user) {
-                outcomes[slot] = Some(self.serve(entry, keys, Source::Hit));
+                let served = self.serve(entry, keys, Source::Hit);
+                outcomes[slot] = Some(served.map(|fetched| fetched.via(Via::Near)));
             }
         }
     }
