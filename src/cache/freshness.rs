@@ -155,6 +155,9 @@ pub struct Fetched<T> {
     /// or computed under the lock but not written (the fence lost, the write refused or
     /// failed). The response-caching layer gives no `ETag` to a response it did not store.
     pub(crate) stored: bool,
+    /// The computation the value came from, as far as this call knows (for the span link of a
+    /// waiter: `cache/trace.rs`); nothing without the `opentelemetry` feature.
+    pub(crate) origin: crate::cache::origin::Origin,
 }
 
 impl<T> Fetched<T> {
@@ -165,6 +168,7 @@ impl<T> Fetched<T> {
             value,
             source,
             stored,
+            origin: Default::default(),
         }
     }
 
@@ -193,6 +197,7 @@ impl<T> Fetched<T> {
             value: f(self.value),
             source: self.source,
             stored: self.stored,
+            origin: self.origin,
         }
     }
 }

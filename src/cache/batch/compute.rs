@@ -128,6 +128,7 @@ where
                         value,
                         source: Source::Computed,
                         stored,
+                        origin: Default::default(),
                     })
                     .or_else(|e| self.cache.fall_back(e, kept, &led.keys));
                 led.settle(outcome)

@@ -179,6 +179,7 @@ where
                     value: Entry::Response(stored),
                     source,
                     stored: in_cache,
+                    ..
                 }) => {
                     if asked.max_age.is_some_and(|max| stored.age() > max) {
                         break; // older than the client accepts
