@@ -269,3 +269,115 @@ async fn an_oversized_traceparent_under_the_key_is_not_even_read() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_is_hashed_left_out_or_shown_as_the_handle_says() {
+    exporter();
+    let server = RedisServer::start();
+    for (namespace, keys, shown) in [
+        ("otel-redacted", stampede_guard::SpanKeys::Redacted, None),
+        (
+            "otel-clear",
+            stampede_guard::SpanKeys::Clear,
+            Some("2019-05".to_owned()),
+        ),
+        (
+            "otel-hashed",
+            stampede_guard::SpanKeys::Hashed,
+            Some(stampede_guard::Inspection::hash_of("2019-05")),
+        ),
+    ] {
+        let options = CallOptions::default().span_keys(keys);
+        let cache = cache(&server, namespace, options).await;
+        let _: u32 = cache
+            .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1) })
+            .await
+            .unwrap();
+        let spans = finished();
+        let calls = calls(&spans, namespace);
+        assert_eq!(calls.len(), 1);
+        assert_eq!(attribute(calls[0], "key"), shown, "{keys:?}");
+        assert_eq!(
+            attribute(calls[0], "tier"),
+            None,
+            "computed: no tier answered"
+        );
+        assert!(attribute(calls[0], "fence").is_some());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_in_process_opens_a_span_only_when_asked() {
+    exporter();
+    for (namespace, traced) in [("otel-quiet-hits", false), ("otel-traced-hits", true)] {
+        let options = CallOptions::default().trace_near_hits(traced);
+        let cache = stampede_guard::Cache::builder()
+            .namespace(namespace)
+            .options(options)
+            .build()
+            .await
+            .unwrap();
+        for _ in 0..3 {
+            let _: u32 = cache
+                .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1) })
+                .await
+                .unwrap();
+        }
+        assert_eq!(cache.stats().hits, 2, "counted either way");
+        let spans = finished();
+        let hits: Vec<_> = calls(&spans, namespace)
+            .into_iter()
+            .filter(|span| attribute(span, "source").as_deref() == Some("hit"))
+            .collect();
+        // The first hit after the computation reads the store (a call like any, with its span);
+        // the next is answered by the store's decoded values, which opens a span only if asked.
+        assert_eq!(hits.len(), if traced { 2 } else { 1 });
+        for hit in hits {
+            assert_eq!(attribute(hit, "tier").as_deref(), Some("memory"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_says_its_error_class_on_its_client_span() {
+    exporter();
+    // A port nothing listens on: the request fails without an answer.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let cache = cache(url.as_str(), "otel-unreachable", CallOptions::default()).await;
+    let failed = cache
+        .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1u32) })
+        .await;
+    assert!(failed.is_err());
+    let spans = finished();
+    let calls = calls(&spans, "otel-unreachable");
+    assert_eq!(calls.len(), 1);
+    assert_eq!(
+        attribute(calls[0], "outcome").as_deref(),
+        Some("backend-error")
+    );
+    let failed: Vec<_> = redis_children(&spans, calls[0])
+        .into_iter()
+        .filter(|span| attribute(span, "error.type").is_some())
+        .collect();
+    assert!(!failed.is_empty(), "the failed request's span");
+    for span in failed {
+        assert_eq!(
+            attribute(span, "error.type").as_deref(),
+            Some("unreachable")
+        );
+        assert_eq!(
+            attribute(span, "stampede_guard.error_class").as_deref(),
+            Some("unreachable")
+        );
+        assert_eq!(attribute(span, "db.response.status_code"), None);
+        assert!(matches!(
+            span.status,
+            opentelemetry::trace::Status::Error { .. }
+        ));
+    }
+}
