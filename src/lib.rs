@@ -201,7 +201,7 @@ pub use lock::leader;
 pub use lock::lease::Lease;
 pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
-pub use options::{Backoff, CallOptions, OnBackendError};
+pub use options::{Backoff, CallOptions, OnBackendError, SpanKeys};
 pub use stats::{BreakerState, Calls, NotStored, Stats, TrackingState};
 pub use store::{BreakerOptions, ConnectionOptions, MemoryLimits};
 pub use time::FOREVER;

@@ -65,6 +65,8 @@ pub(crate) use setters;
 /// | [`soft_timeout`](Self::soft_timeout) | none | with a fallback at hand, answer with it once a call has run this long; the computation goes on in the background |
 /// | [`tags`](Self::tags) | none | tags every value written through the handle carries, for [`Cache::invalidate_tag`](crate::Cache::invalidate_tag) |
 /// | [`skip_near_cache`](Self::skip_near_cache) | off | reads go to Redis even when this instance's near tier holds a copy: they see a write made on another instance as soon as it returned |
+/// | [`span_keys`](Self::span_keys) | [`SpanKeys::Hashed`] | how a call's span shows its key: hashed, left out, or in clear |
+/// | [`trace_near_hits`](Self::trace_near_hits) | off | a hit of the near tier (or of the embedded store's decoded values) opens a span too; it is always counted |
 ///
 /// Which value a call gets in each case (fresh, stale window, fail-safe window, error) is
 /// tabled in `docs/fail-safe.md` and under [`Source`](crate::Source).
@@ -98,6 +100,8 @@ pub struct CallOptions {
     pub(crate) soft_timeout: Option<Duration>,
     pub(crate) tags: std::sync::Arc<[String]>,
     pub(crate) skip_near_cache: bool,
+    pub(crate) span_keys: SpanKeys,
+    pub(crate) trace_near_hits: bool,
 }
 
 // `f64` is not `Eq`; the beta is a finite number (the setter refuses NaN), so equality is total.
@@ -121,6 +125,8 @@ impl Default for CallOptions {
             soft_timeout: None,
             tags: std::sync::Arc::default(),
             skip_near_cache: false,
+            span_keys: SpanKeys::Hashed,
+            trace_near_hits: false,
         }
     }
 }
@@ -351,6 +357,39 @@ impl CallOptions {
         /// # }
         /// ```
         skip_near_cache: bool;
+
+        /// How the span of a call (`stampede_guard::fetch`, see `docs/observability.md`) shows
+        /// its key, which may carry user data: [`SpanKeys::Hashed`] by default.
+        ///
+        /// ```
+        /// use stampede_guard::{CallOptions, SpanKeys};
+        ///
+        /// let options = CallOptions::default().span_keys(SpanKeys::Redacted);
+        /// assert_eq!(options.get_span_keys(), SpanKeys::Redacted);
+        /// ```
+        span_keys: SpanKeys;
+
+        /// Whether a hit of this process's tiers (the near tier, or the embedded store's
+        /// decoded values) opens a span, as every other call does (default off: such a hit
+        /// costs far less than a span, and is counted either way).
+        ///
+        /// ```
+        /// use stampede_guard::CallOptions;
+        ///
+        /// let options = CallOptions::default().trace_near_hits(true);
+        /// assert!(options.get_trace_near_hits());
+        /// ```
+        trace_near_hits: bool;
+    }
+
+    /// How spans show keys ([`span_keys`](Self::span_keys)).
+    pub fn get_span_keys(&self) -> SpanKeys {
+        self.span_keys
+    }
+
+    /// Whether near hits open a span ([`trace_near_hits`](Self::trace_near_hits)).
+    pub fn get_trace_near_hits(&self) -> bool {
+        self.trace_near_hits
     }
 
     /// The tags in force.
@@ -388,6 +427,28 @@ impl CallOptions {
     pub fn get_backoff(&self) -> Backoff {
         self.backoff
     }
+}
+
+/// How a call's span shows its key ([`CallOptions::span_keys`]): keys can carry user data (an
+/// e-mail, an account number), and a tracing backend is read by more people than the cache.
+///
+/// ```
+/// use stampede_guard::SpanKeys;
+/// assert_eq!(SpanKeys::default(), SpanKeys::Hashed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SpanKeys {
+    /// The first 16 hex digits of the key's UUID v5, as
+    /// [`Inspection::hash_of`](crate::Inspection::hash_of) gives it: the same on every instance, so the calls of one key can be found together, and
+    /// matched with a key one suspects. A key that can be guessed (a small number, a known
+    /// e-mail) can be confirmed by hashing the guess: choose [`Redacted`](Self::Redacted) then.
+    #[default]
+    Hashed,
+    /// No key at all.
+    Redacted,
+    /// The key as given.
+    Clear,
 }
 
 /// What a call does when the backend (Redis) fails.

@@ -20,11 +20,12 @@ use crate::cache::entry::StoredEntry;
 use crate::cache::failsafe::Kept;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::{Sorted, Start};
+use crate::cache::origin::{Leader, Origin};
 use crate::cache::tags::Epochs;
 use crate::lock::lease::{Acquiring, HeldLock, Renewal};
 use crate::stats::Event;
 use crate::store::StoreExt;
-use crate::store::{LockStore, ReadOrLock, StoreError};
+use crate::store::{HolderTrace, LockStore, ReadOrLock, StoreError};
 use crate::wait::waiting::{Waiter, Wake};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
@@ -77,7 +78,24 @@ impl<C: Codec> Engine<C> {
         started: Instant,
         start: Start,
     ) -> Claim<T> {
-        WaitOrLock::new(self, keys, started, start).run().await
+        self.claim_traced(keys, started, start, &tracing::Span::none())
+            .await
+            .0
+    }
+
+    /// [`claim`](Self::claim) for the call whose span is `span`: with an OpenTelemetry layer
+    /// (the `opentelemetry` feature), the lock it takes carries the span's trace context, and
+    /// a lock it finds held tells whose computation it waits for (`cache/trace.rs`).
+    pub(crate) async fn claim_traced<T: DeserializeOwned + 'static>(
+        &self,
+        keys: &Arc<EntryKeys>,
+        started: Instant,
+        start: Start,
+        span: &tracing::Span,
+    ) -> (Claim<T>, Origin) {
+        let mut claiming = WaitOrLock::new(self, keys, started, start);
+        claiming.trace = Leader::traceparent(span);
+        claiming.run().await
     }
 
     /// The guard of a lock request for `keys` on this cache's store, armed before it is sent;
@@ -119,6 +137,11 @@ struct WaitOrLock<'a, C> {
     look_first: bool,
     /// The fail-safe's budget for waiting on another caller's computation; spent once.
     soft: Option<Instant>,
+    /// This caller's W3C `traceparent`, stored beside a lock it takes; `None` (nothing stored
+    /// or read) without an OpenTelemetry layer.
+    trace: Option<String>,
+    /// The computation this caller waits for, as its holder's trace said.
+    origin: Origin,
 }
 
 impl<'a, C: Codec> WaitOrLock<'a, C> {
@@ -147,34 +170,49 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
             },
             look_first: false,
             soft: cache.soft_deadline(started),
+            trace: None,
+            origin: Origin::none(),
         }
     }
 
-    /// Runs the loop to its end.
-    async fn run<T: DeserializeOwned + 'static>(mut self) -> Claim<T> {
+    /// Runs the loop to its end: how it ended, and whose computation it waited for.
+    async fn run<T: DeserializeOwned + 'static>(mut self) -> (Claim<T>, Origin) {
         loop {
             if let Some(expires_in) = self.wait_for.take() {
                 if let Break(claim) = self.wait_for_holder(expires_in).await {
-                    return claim;
+                    return (claim, self.origin);
                 }
             }
             if self.look_first {
                 if let Break(claim) = self.look_after_wait().await {
-                    return claim;
+                    return (claim, self.origin);
                 }
             }
             let (answer, asked) = match self.ask_store().await {
                 Ok(asked) => asked,
-                Err(e) => return Claim::Backend(e),
+                Err(e) => return (Claim::Backend(e), self.origin),
             };
             match answer {
-                ReadOrLock::Acquired { fence } => return self.take_lock(fence, asked).await,
+                ReadOrLock::Acquired { fence } => {
+                    // This caller computes: its own span is the origin (`compute.rs`).
+                    return (self.take_lock(fence, asked).await, Origin::none());
+                }
                 ReadOrLock::Value(bytes) => {
                     if let Break(claim) = self.take_value(&bytes).await {
-                        return claim;
+                        return (claim, self.origin);
                     }
                 }
                 ReadOrLock::Held { expires_in } => self.lock_held(expires_in),
+            }
+        }
+    }
+
+    /// The holder of the lock found held stored its trace: the computation this caller
+    /// waits for (a malformed one is ignored, logged once in a while).
+    fn holder_is(&mut self, holder: Option<HolderTrace>) {
+        if let Some(holder) = holder {
+            if let Some(leader) = Leader::parse(holder.fence, &holder.traceparent) {
+                self.origin = Origin::of(Some(leader));
             }
         }
     }
@@ -254,10 +292,21 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
         let asked = self.acquiring.sending();
         let store = &self.cache.core.store;
         let lease = self.cache.options.lease;
-        match store
-            .read_or_lock(self.keys, &self.token, lease, self.read_value)
-            .await
-        {
+        let asking = match &self.trace {
+            None => store
+                .read_or_lock(self.keys, &self.token, lease, self.read_value)
+                .await
+                .map(|answer| (answer, None)),
+            Some(trace) => {
+                store
+                    .read_or_lock_traced(self.keys, &self.token, lease, self.read_value, trace)
+                    .await
+            }
+        };
+        match asking.map(|(answer, holder)| {
+            self.holder_is(holder);
+            answer
+        }) {
             Ok(answer) => {
                 if !matches!(answer, ReadOrLock::Acquired { .. }) {
                     self.acquiring.refused();

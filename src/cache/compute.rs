@@ -18,6 +18,7 @@ use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
+use crate::cache::origin::Origin;
 use crate::error::marked_not_shared;
 use crate::lock::lease::HeldLock;
 use crate::stats::{Event, NotStoredReason};
@@ -98,9 +99,18 @@ where
             ttl,
             started,
             f,
+            span,
         } = self;
+        // The fence this call computes under, on its span; the followers of its flight link to
+        // its span (`cache/trace.rs`).
+        let fence = held.fence();
+        if !span.is_disabled() {
+            span.record("fence", fence);
+        }
+        let origin = Origin::this_call(&span, fence);
         let computed = |(value, stored)| Fetched {
             stored,
+            origin,
             ..Fetched::new(value, Source::Computed)
         };
         let on_failure = match &kept {

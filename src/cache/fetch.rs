@@ -26,6 +26,7 @@ use crate::cache::fallback::Answer;
 use crate::cache::freshness::{judge, unit_draw, worth, Via, Worth};
 use crate::cache::tags::{outlived, Epochs, SEEN_PER_BATCH};
 use crate::cache::tiers::{Read, Tiers, HELD_AFTER};
+use crate::cache::trace::CallSpan;
 use crate::stats::{Answered, Event};
 use crate::store::{Blob, StoreExt, StoreResult};
 use crate::time::saturate;
@@ -47,6 +48,9 @@ pub(crate) struct KeyCall<'e, C, F> {
     /// Since when this call waits: for the wait bound and the soft timeout.
     pub(crate) started: Instant,
     pub(crate) f: F,
+    /// The call's span (`cache/trace.rs`), disabled without a subscriber that wants it: the
+    /// steps record on it the tier that answered and the fence a computation ran under.
+    pub(crate) span: tracing::Span,
 }
 
 impl<'e, C, F, T, E, Fut> KeyCall<'e, C, F>
@@ -64,6 +68,7 @@ where
         ttl: Duration,
         started: Instant,
         f: F,
+        span: tracing::Span,
     ) -> Self {
         KeyCall {
             engine,
@@ -71,6 +76,14 @@ where
             ttl,
             started,
             f,
+            span,
+        }
+    }
+
+    /// Records the tier that answered the call on its span.
+    pub(crate) fn answered_by(&self, tier: &'static str) {
+        if !self.span.is_disabled() {
+            self.span.record("tier", tier);
         }
     }
 
@@ -81,6 +94,7 @@ where
         // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
         if self.engine.options.early_refresh_beta > 0.0 {
             if let Some(entry) = self.engine.near_copy::<T>(&self.keys.user) {
+                self.answered_by("near");
                 return (self.serve(entry, Source::Hit)).map(|fetched| fetched.via(Via::Near));
             }
         }
@@ -102,7 +116,10 @@ where
         let mut start = Start::Read;
         let read = match engine.first_read_or_held::<T>(&self.keys).await {
             Ok(read) => read,
-            Err(held) => return Ok(held),
+            Err(held) => {
+                self.answered_by("near");
+                return Ok(held);
+            }
         };
         match read {
             Ok((Some(bytes), mut epochs)) => {
@@ -117,6 +134,7 @@ where
                                 epochs: &epochs,
                             });
                             engine.keep_decoded(keys, &bytes, &entry);
+                            self.answered_by(engine.store_tier());
                             return self.serve(entry, Source::Hit);
                         }
                         Sorted::Past(_) => start = Start::Replace,
@@ -130,7 +148,10 @@ where
             Err(e) => {
                 let held = engine.held_copy::<T>(&keys.user, &e);
                 match (engine.on_backend_failure(&e, held.is_some()), held) {
-                    (Answer::ServeHeld, Some(held)) => return Ok(held),
+                    (Answer::ServeHeld, Some(held)) => {
+                        self.answered_by("near");
+                        return Ok(held);
+                    }
                     // The fallback applies in `load`, under the single flight.
                     (Answer::ComputeUncached, _) => {}
                     _ => return Err(Error::backend("get", e)),
@@ -162,8 +183,25 @@ impl<C: Codec> Engine<C> {
             return None;
         }
         let core = &self.core;
-        self.read_tiers()?
-            .quick_hit(&core.namespace, key, &core.counters)
+        let tiers = self.read_tiers()?;
+        let value = tiers.quick_hit(&core.namespace, key, &core.counters)?;
+        if self.options.trace_near_hits {
+            let tier = if tiers.is_embedded() {
+                "memory"
+            } else {
+                "near"
+            };
+            CallSpan::quick_hit(&core.namespace, key, self.options.span_keys, tier);
+        }
+        Some(value)
+    }
+
+    /// The tier a value read from the store comes from, in spans.
+    pub(crate) fn store_tier(&self) -> &'static str {
+        match &self.core.tiers {
+            Some(tiers) if tiers.is_embedded() => "memory",
+            _ => "redis",
+        }
     }
 
     /// `Cache::fetch` once [`quick_hit`](Self::quick_hit) found nothing: the call's span and
@@ -180,13 +218,8 @@ impl<C: Codec> Engine<C> {
         F: FnOnce(Lease) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
     {
-        // One span per call; `outcome` and `wait_ms` are filled in when it ends.
-        let span = tracing::debug_span!(
-            "stampede_guard::fetch",
-            key,
-            outcome = tracing::field::Empty,
-            wait_ms = tracing::field::Empty
-        );
+        // One span per call (`cache/trace.rs`); how it ended is recorded when it ends.
+        let span = CallSpan::open(&self.core.namespace, key, self.options.span_keys);
         // Taken whole, once, here: every TTL below is at most FOREVER.
         let ttl = saturate(ttl);
         // tokio's clock, like every other timing here, so paused-time tests see it move.
@@ -195,7 +228,7 @@ impl<C: Codec> Engine<C> {
         // and exited on every poll of the call.
         let result = match EntryKeys::new(&self.core.namespace, key) {
             Ok(keys) => {
-                let call = KeyCall::new(self, keys, ttl, started, f);
+                let call = KeyCall::new(self, keys, ttl, started, f, span.clone());
                 if span.is_disabled() {
                     call.first().await
                 } else {
@@ -205,12 +238,8 @@ impl<C: Codec> Engine<C> {
             Err(e) => Err(e),
         };
         let outcome = self.count_outcome(&result, started);
-        if !span.is_disabled() {
-            span.record("outcome", outcome);
-            if outcome == "waited" {
-                span.record("wait_ms", started.elapsed().as_millis() as u64);
-            }
-        }
+        let waited = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        CallSpan::close(&span, &result, outcome, waited);
         result
     }
 

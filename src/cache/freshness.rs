@@ -157,6 +157,9 @@ pub struct Fetched<T> {
     pub(crate) stored: bool,
     /// Who found it, for the count of how the call was answered (`stats.rs`, `Answer`).
     pub(crate) via: Via,
+    /// The computation the value came from, as far as this call knows (for the span link of a
+    /// waiter: `cache/trace.rs`); nothing without the `opentelemetry` feature.
+    pub(crate) origin: crate::cache::origin::Origin,
 }
 
 /// Who found a [`Fetched`] value for the call, beside its [`Source`]: what tells a near hit from
@@ -181,6 +184,7 @@ impl<T> Fetched<T> {
             source,
             stored,
             via: Via::Itself,
+            origin: Default::default(),
         }
     }
 
@@ -215,6 +219,7 @@ impl<T> Fetched<T> {
             source: self.source,
             stored: self.stored,
             via: self.via,
+            origin: self.origin,
         }
     }
 }

@@ -48,7 +48,10 @@ where
                 Role::Alone => break None,
                 Role::Follow(follower) => {
                     match engine.follow(follower, &self.keys, self.started).await {
-                        Some(outcome) => return outcome,
+                        Some(outcome) => {
+                            self.answered_by("flight");
+                            return outcome;
+                        }
                         // The leader went away, or its value is one this call must not get
                         // (an invalidation since it started): try to lead.
                         None => continue,
@@ -74,10 +77,22 @@ where
         if let Err(e) = engine.replay_queued(&[&self.keys]).await {
             return self.while_queued(e).await;
         }
-        match engine.claim::<T>(&self.keys, self.started, start).await {
-            Claim::Found(entry, found) => self.serve(entry, found),
+        let (claim, origin) = engine
+            .claim_traced::<T>(&self.keys, self.started, start, &self.span)
+            .await;
+        match claim {
+            Claim::Found(entry, found) => {
+                self.answered_by(engine.store_tier());
+                // Found after a wait: the holder's computation, for this call's span and its
+                // followers'.
+                self.serve(entry, found)
+                    .map(|fetched| Fetched { origin, ..fetched })
+            }
             Claim::Locked(held, kept) => self.compute_within(held, kept).await,
-            Claim::Fallback(value) => Ok(engine.serve_fallback(value)),
+            Claim::Fallback(value) => {
+                self.answered_by(engine.store_tier());
+                Ok(engine.serve_fallback(value))
+            }
             Claim::Failed(e) => Err(e),
             Claim::Backend(e) => self.without_cache("read-or-lock", e).await,
         }
@@ -99,6 +114,7 @@ where
                 if self.engine.on_backend_failure(&error, true) == Answer::ServeHeld =>
             {
                 self.engine.core.counters.record(Event::HeldServed);
+                self.answered_by("process");
                 // Computed without the cache: nothing stored stands behind it.
                 let source = Source::Held;
                 return Ok(Fetched {

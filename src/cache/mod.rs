@@ -39,12 +39,14 @@ pub(crate) mod health;
 pub(crate) mod inspect;
 mod miss;
 pub(crate) mod near;
+pub(crate) mod origin;
 mod plain;
 pub(crate) mod recovery;
 mod refresh;
 pub(crate) mod refreshes;
 pub(crate) mod tags;
 mod tiers;
+pub(crate) mod trace;
 mod uncached;
 
 use std::collections::HashMap;

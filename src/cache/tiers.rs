@@ -42,6 +42,11 @@ impl Tiers {
         (near.is_some() || memory.is_some()).then_some(Tiers { near, memory })
     }
 
+    /// Whether the backend is the embedded store (whose decoded values are a tier here).
+    pub(crate) fn is_embedded(&self) -> bool {
+        self.memory.is_some()
+    }
+
     /// The near tier, if there is one.
     pub(crate) fn near(&self) -> Option<&NearTier> {
         self.near.as_deref()

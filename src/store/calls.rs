@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use super::op::{answer, FromReply};
 use super::{
-    Acquire, Blob, BoxFuture, LockOp, LockPeek, LockStore, ManyWithEpochs, Op, ReadOrLock, Reply,
-    Store, StoreResult, Stored, Write,
+    Acquire, Blob, BoxFuture, HolderTrace, LockOp, LockPeek, LockStore, ManyWithEpochs, Op,
+    ReadOrLock, Reply, Store, StoreResult, Stored, Write,
 };
 use crate::wire::key::EntryKeys;
 
@@ -136,6 +136,26 @@ pub(crate) trait StoreExt: Store {
             token,
             lease,
             read_value,
+            trace: None,
+        })
+    }
+
+    /// [`Op::ReadOrLock`] with this caller's `trace`: stored beside a lock it is granted; with
+    /// a lock found held, what its holder stored (if the store keeps traces).
+    fn read_or_lock_traced<'a>(
+        &'a self,
+        keys: &'a EntryKeys,
+        token: &'a str,
+        lease: Duration,
+        read_value: bool,
+        trace: &'a str,
+    ) -> impl Future<Output = StoreResult<(ReadOrLock, Option<HolderTrace>)>> + Send + 'a {
+        self.send(Op::ReadOrLock {
+            keys,
+            token,
+            lease,
+            read_value,
+            trace: Some(trace),
         })
     }
 

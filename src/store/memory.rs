@@ -573,11 +573,14 @@ impl Store for MemoryStore {
     fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         let reply = match op {
             Op::Get { keys } => Reply::Value(self.get_now(keys)),
+            // Traces are not kept here: the embedded store serves one process, whose waiters
+            // learn the computation from their flight (`cache/trace.rs`).
             Op::ReadOrLock {
                 keys,
                 token,
                 lease,
                 read_value,
+                trace: _,
             } => Reply::ReadOrLock(self.read_or_lock_now(keys, token, lease, read_value)),
             Op::StoreAndUnlock {
                 keys,

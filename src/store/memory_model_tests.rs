@@ -194,6 +194,7 @@ fn command<'a>(action: &Action, keys: &'a [EntryKeys], fence: u64) -> Option<Com
             token: TOKENS[token],
             lease: duration(lease),
             read_value,
+            trace: None,
         }),
         Action::StoreAndUnlock {
             key,

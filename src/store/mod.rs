@@ -234,6 +234,22 @@ impl std::ops::Deref for Blob {
 /// The answer of [`StoreExt::get_many_with_epochs`]: the values, then the epochs.
 pub(crate) type ManyWithEpochs = (Vec<Option<Blob>>, Vec<u64>);
 
+/// What a lock's holder stored beside its lock (with the `opentelemetry` feature): its fencing
+/// token and its W3C `traceparent`, bytes as read back, for the cache to check
+/// ([`StoreExt::read_or_lock_traced`]). Bounded by the script that reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderTrace {
+    /// The holder's fencing token: the fence the trace was stored under, which is still the
+    /// counter's (no acquisition or invalidation since).
+    pub(crate) fence: u64,
+    /// The holder's `traceparent`, unchecked.
+    pub(crate) traceparent: Vec<u8>,
+}
+
+/// The most bytes of a [`HolderTrace`] as stored (`"<fence> <traceparent>"`): a longer one is
+/// not read back (another program's, or a corrupted key), so a read of it stays bounded.
+pub(crate) const MAX_HOLDER_TRACE: usize = 160;
+
 /// The answer of [`StoreExt::read_or_lock`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ReadOrLock {

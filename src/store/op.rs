@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Acquire, Blob, LockPeek, ManyWithEpochs, ReadOrLock, StoreError, StoreResult, Stored, Write,
+    Acquire, Blob, HolderTrace, LockPeek, ManyWithEpochs, ReadOrLock, StoreError, StoreResult,
+    Stored, Write,
 };
 use crate::wire::key::EntryKeys;
 
@@ -120,12 +121,15 @@ pub(crate) enum Op<'a> {
     /// If `read_value` and a value exists, it; otherwise the lock for `token` if it is free
     /// (bumping the fencing counter), or who holds it for how long: [`Reply::ReadOrLock`].
     /// `read_value = false` takes the lock even over a value, to replace bytes that do not
-    /// decode.
+    /// decode. With a `trace` (a W3C `traceparent`), a store that keeps traces stores it beside
+    /// a lock it grants, and reads back its holder's beside a lock it finds held:
+    /// [`Reply::ReadOrLockTraced`]; a store that keeps none answers as without.
     ReadOrLock {
         keys: &'a EntryKeys,
         token: &'a str,
         lease: Duration,
         read_value: bool,
+        trace: Option<&'a str>,
     },
     /// [`Op::ReadOrLock`] for many entries, each with its own token, by the very same rule per
     /// entry (atomic per entry, not across the batch): [`Reply::PerEntry`], one answer per
@@ -258,6 +262,8 @@ pub(crate) enum Reply {
     Values(Vec<Option<Blob>>),
     /// A read-or-lock's answer.
     ReadOrLock(ReadOrLock),
+    /// A read-or-lock's answer, with what the holder of a lock found held stored beside it.
+    ReadOrLockTraced((ReadOrLock, Option<HolderTrace>)),
     /// One read-or-lock answer per entry, in order.
     PerEntry(Vec<StoreResult<ReadOrLock>>),
     /// A fenced write-and-unlock's answer.
@@ -284,6 +290,7 @@ impl Reply {
             Reply::Value(_) => "Value",
             Reply::Values(_) => "Values",
             Reply::ReadOrLock(_) => "ReadOrLock",
+            Reply::ReadOrLockTraced(_) => "ReadOrLockTraced",
             Reply::PerEntry(_) => "PerEntry",
             Reply::Stored(_) => "Stored",
             Reply::Epochs(_) => "Epochs",
@@ -327,6 +334,17 @@ from_reply! {
     (Option<Blob>, Vec<u64>) => ValueWithEpochs,
     ManyWithEpochs => ValuesWithEpochs,
     LockPeek => Peek,
+}
+
+/// A traced read-or-lock's answer: from a store that keeps no traces, the plain answer.
+impl FromReply for (ReadOrLock, Option<HolderTrace>) {
+    fn from_reply(reply: Reply) -> Result<Self, Reply> {
+        match reply {
+            Reply::ReadOrLockTraced(answer) => Ok(answer),
+            Reply::ReadOrLock(answer) => Ok((answer, None)),
+            other => Err(other),
+        }
+    }
 }
 
 impl FromReply for () {

@@ -17,7 +17,8 @@
 //! - `feed.rs`: the near tier's invalidation feed;
 //! - `classify.rs`: the kind of each error the client reports, decided once;
 //! - `clock.rs`: the server's clock, as this process estimates it;
-//! - `eviction.rs`: the warning about a server that may evict lock keys.
+//! - `eviction.rs`: the warning about a server that may evict lock keys;
+//! - `traced.rs`: a client span per request, with the OpenTelemetry Redis attributes.
 //!
 //! Explained in the guide: `docs/how-it-works.md` and `docs/cluster-and-redlock.md` (Redis Cluster).
 
@@ -33,6 +34,7 @@ mod pubsub;
 mod replicas;
 mod scripts;
 mod store;
+mod traced;
 
 pub(crate) use classify::classify;
 pub use connection::ConnectionOptions;

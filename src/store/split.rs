@@ -171,11 +171,13 @@ impl Store for SplitStore {
     /// another: each needs its own round over the Redlock quorum.
     fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         match op {
+            // The lock side is a Redlock quorum: no trace is kept beside its locks.
             Op::ReadOrLock {
                 keys,
                 token,
                 lease,
                 read_value,
+                trace: _,
             } => Box::pin(async move {
                 let answer = self
                     .read_or_lock_across(keys, token, lease, read_value)

@@ -72,6 +72,12 @@ impl EntryKeys {
         format!("{}_ran", self.value)
     }
 
+    /// `ns:{k}_trace`: the lock holder's trace context, `"<fence> <traceparent>"` (the
+    /// `opentelemetry` feature). Built on demand: only a traced lock request uses it.
+    pub(crate) fn trace(&self) -> String {
+        format!("{}_trace", self.value)
+    }
+
     /// `ns:{k}_done`: the wake-up channel, published when the value lands or the lock is freed.
     pub(crate) fn channel(&self) -> &str {
         self.channel.get_or_init(|| format!("{}_done", self.value))

@@ -18,8 +18,10 @@ use std::sync::{Arc, Mutex};
 
 use redis::aio::ConnectionLike;
 use tokio::sync::oneshot;
+use tracing::{Instrument, Span};
 
 use super::mget;
+use super::traced::{record_error, Target};
 use crate::join::join_all;
 use crate::store::{Blob, StoreResult};
 use crate::sync::lock;
@@ -37,6 +39,18 @@ struct Read {
     /// The epochs read with it.
     names: Arc<[String]>,
     answer: oneshot::Sender<StoreResult<Answer>>,
+    /// The caller's client span for this read (disabled without a subscriber that wants it):
+    /// the `MGET` that carries it is its request (see `traced.rs`).
+    span: Span,
+}
+
+/// How a store's single-key reads go out.
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'s> {
+    /// Where they go, for the client spans of queued reads.
+    pub(crate) target: &'s Target,
+    /// A Redis Cluster: one `MGET` per slot (see `mget.rs`).
+    pub(crate) per_slot: bool,
 }
 
 /// The reads waiting for the next `MGET` of one store.
@@ -115,13 +129,14 @@ impl Coalescer {
 pub(crate) async fn read<C>(
     conn: &C,
     coalescer: Option<&Arc<Coalescer>>,
-    per_slot: bool,
+    request: Request<'_>,
     value: &str,
     names: &Arc<[String]>,
 ) -> StoreResult<Answer>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let per_slot = request.per_slot;
     let Some(coalescer) = coalescer else {
         return read_alone(conn, per_slot, value, names).await;
     };
@@ -134,10 +149,16 @@ where
         return read;
     }
     let (answer, answered) = oneshot::channel();
+    // Queued: this caller's own client span, since another caller's request may carry it.
+    let span = request.target.span("MGET", None);
+    if !span.is_disabled() {
+        span.record("stampede_guard.coalesced", true);
+    }
     let read = Read {
         value: value.to_owned(),
         names: Arc::clone(names),
         answer,
+        span: span.clone(),
     };
     if let Some(batch) = coalescer.enqueue(read) {
         // The batch out came back meanwhile: this caller sends the queue now. Dropped before
@@ -147,7 +168,7 @@ where
         // Answered: the reads queued meanwhile go out from a task.
         drop(handover);
     }
-    match answered.await {
+    match answered.instrument(span).await {
         Ok(answer) => answer,
         // The caller that carried this read went away with it: read alone.
         Err(_) => read_alone(conn, per_slot, value, names).await,
@@ -265,7 +286,14 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let keys = Keys::of(&reads);
-    let answered = mget::mget(conn, &keys.names, per_slot).await;
+    // Sent inside the first read's client span, which stands for it: no second span.
+    let span = reads
+        .first()
+        .map_or_else(Span::none, |read| read.span.clone());
+    let answered = mget::mget(conn, &keys.names, per_slot)
+        .instrument(span)
+        .await;
+    trace_carried(&reads, reads.len(), &answered);
     // Several reads of one key (a hot key under load) share its bytes rather than copy them.
     let shared: Vec<Option<Arc<[u8]>>> = match &answered {
         Ok(found) if reads.len() > 1 => found
@@ -294,6 +322,21 @@ where
     for (read, answer) in reads.into_iter().zip(answers) {
         // A caller that went away no longer listens.
         let _ = read.answer.send(answer);
+    }
+}
+
+/// Records on each carried read's client span how many reads the `MGET` that carried it carried,
+/// and its
+/// failure.
+fn trace_carried<T>(reads: &[Read], size: usize, answered: &StoreResult<T>) {
+    for span in reads.iter().map(|read| &read.span) {
+        if span.is_disabled() {
+            continue;
+        }
+        span.record("db.operation.batch.size", size);
+        if let Err(crate::store::StoreError::Redis { source, .. }) = answered {
+            record_error(span, source);
+        }
     }
 }
 
@@ -355,6 +398,7 @@ mod tests {
             value: value.to_owned(),
             names: Arc::default(),
             answer,
+            span: Span::none(),
         };
         (read, rx)
     }

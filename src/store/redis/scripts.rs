@@ -251,6 +251,8 @@ pub(crate) enum Key {
     Fence,
     /// A leader's last recorded run.
     LastRun,
+    /// The lock holder's trace context (the `opentelemetry` feature).
+    Trace,
 }
 
 /// One call's KEYS and ARGV, as its [`ScriptCall::encode`] adds them, and the key its error
@@ -282,6 +284,7 @@ impl<'a> Args<'a> {
                 Key::Lock => self.invocation.key(entry.lock()),
                 Key::Fence => self.invocation.key(entry.fence()),
                 Key::LastRun => self.invocation.key(entry.last_run()),
+                Key::Trace => self.invocation.key(entry.trace()),
             };
         }
         self

@@ -22,12 +22,13 @@ use super::scripts::{
     ScriptCall, Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, Told, UnlockCall, WakeCall,
     WriteFencedCall,
 };
+use super::traced::{Target, Traced};
 use crate::join::join_all;
 use crate::store::op::unanswered;
 use crate::store::wakeup::Listener;
 use crate::store::{
-    Blob, BoxFuture, Clock, LockOp, LockStore, ManyWithEpochs, Op, ReadOrLock, Reply, Store,
-    StoreError, StoreResult,
+    Blob, BoxFuture, Clock, HolderTrace, LockOp, LockStore, ManyWithEpochs, Op, ReadOrLock, Reply,
+    Store, StoreError, StoreResult,
 };
 use crate::wire::key::EntryKeys;
 
@@ -47,8 +48,11 @@ pub(crate) const CHUNK_KEYS: usize = 128;
 /// The Redis store, generic over the connection: a `ConnectionManager` for one server, a
 /// [`LazyCluster`] for Redis Cluster.
 pub(crate) struct RedisStore<C> {
-    /// The data connection; [`Answered`] starts the eviction-policy check at its first answer.
-    conn: Answered<C>,
+    /// The data connection; [`Answered`] starts the eviction-policy check at its first answer,
+    /// and [`Traced`] makes each request a client span.
+    conn: Answered<Traced<C>>,
+    /// Where the data connection goes, for the client spans of coalesced reads.
+    target: Arc<Target>,
     /// Wake-up subscriptions, on a connection of their own (a subscribed connection can do
     /// nothing else).
     pubsub: Arc<PubSub>,
@@ -71,7 +75,7 @@ pub(crate) struct RedisStore<C> {
     coalescer: Option<Arc<Coalescer>>,
     /// Lock and fencing writes wait for replicas over this connection
     /// ([`ConnectionOptions::wait_for_replicas`]); `None`: they do not wait.
-    replicas: Option<ReplicaWait<C>>,
+    replicas: Option<ReplicaWait<Traced<C>>>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -82,9 +86,17 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     /// A store over `conn`, announcing nothing until [`announcing`](Self::announcing).
-    fn new(conn: C, pubsub: Arc<PubSub>, scripts: Scripts, channel_suffix: String) -> Self {
+    fn new(
+        conn: C,
+        target: Target,
+        pubsub: Arc<PubSub>,
+        scripts: Scripts,
+        channel_suffix: String,
+    ) -> Self {
+        let target = Arc::new(target);
         RedisStore {
-            conn: Answered::new(conn),
+            conn: Answered::new(Traced::new(conn, Arc::clone(&target))),
+            target,
             pubsub,
             scripts,
             clock: Arc::default(),
@@ -134,12 +146,15 @@ impl RedisStore<ConnectionManager> {
         let conn =
             ConnectionManager::new_lazy_with_config(client.clone(), connection.manager_config())?;
         let pubsub = PubSub::connect(&client, connection)?;
-        let db = client.get_connection_info().redis_settings().db();
-        let mut store = RedisStore::new(conn, pubsub, Scripts::Plain, channel_suffix(db))
+        let info = client.get_connection_info();
+        let db = info.redis_settings().db();
+        let target = Target::of(info);
+        let mut store = RedisStore::new(conn, target, pubsub, Scripts::Plain, channel_suffix(db))
             .coalescing(connection);
         if let Some(acks) = connection.wait_for_replicas {
             let config = connection.waited_manager_config(acks);
             let waited = ConnectionManager::new_lazy_with_config(client, config)?;
+            let waited = Traced::new(waited, Arc::clone(&store.target));
             store.replicas = Some(ReplicaWait::new(waited, acks));
         }
         Ok(store)
@@ -162,11 +177,13 @@ impl RedisStore<LazyCluster> {
         let conn = LazyCluster::new(connection.cluster_builder(seeds).build()?);
         let pubsub = PubSub::connect_cluster(seeds, connection)?;
         // A cluster has database 0 only.
-        let mut store = RedisStore::new(conn, pubsub, Scripts::Sharded, String::new());
+        let target = Target::cluster();
+        let mut store = RedisStore::new(conn, target, pubsub, Scripts::Sharded, String::new());
         store.per_slot = true;
         if let Some(acks) = connection.wait_for_replicas {
             let waited = connection.waited_cluster_builder(seeds, acks).build()?;
-            store.replicas = Some(ReplicaWait::new(LazyCluster::new(waited), acks));
+            let waited = Traced::new(LazyCluster::new(waited), Arc::clone(&store.target));
+            store.replicas = Some(ReplicaWait::new(waited, acks));
         }
         Ok(store.coalescing(connection))
     }
@@ -355,21 +372,25 @@ where
         acks
     }
 
+    /// A read-or-lock; with `trace`, the holder's trace of a lock found held (see
+    /// [`ReadOrLockCall`]).
     async fn read_or_lock(
         &self,
         keys: &EntryKeys,
         token: &str,
         lease: Duration,
         read_value: bool,
-    ) -> StoreResult<ReadOrLock> {
+        trace: Option<&str>,
+    ) -> StoreResult<(ReadOrLock, Option<HolderTrace>)> {
         let call = ReadOrLockCall {
             keys,
             token,
             lease,
             read_value,
+            trace,
         };
         match self.run_acked(call).await? {
-            (ReadOrLock::Acquired { .. }, Err(short)) => {
+            ((ReadOrLock::Acquired { .. }, _), Err(short)) => {
                 self.release_unacked(keys, token).await;
                 Err(short)
             }
@@ -453,7 +474,11 @@ where
         if coalescer.is_none() && names.is_empty() {
             return Ok((self.get(keys).await?, Vec::new()));
         }
-        coalesce::read(&self.conn, coalescer, self.per_slot, &keys.value, names).await
+        let read = coalesce::Request {
+            target: &self.target,
+            per_slot: self.per_slot,
+        };
+        coalesce::read(&self.conn, coalescer, read, &keys.value, names).await
     }
 
     async fn get_many_with_epochs(
@@ -616,7 +641,8 @@ where
         Box::pin(async move {
             Ok(match op {
                 LockOp::TryLock { keys, token, lease } => {
-                    Reply::Acquire(self.read_or_lock(keys, token, lease, false).await?.into())
+                    let (answer, _) = self.read_or_lock(keys, token, lease, false, None).await?;
+                    Reply::Acquire(answer.into())
                 }
                 LockOp::Extend { keys, token, lease } => {
                     Reply::Flag(self.extend(keys, token, lease).await?)
@@ -661,7 +687,14 @@ where
                     token,
                     lease,
                     read_value,
-                } => Reply::ReadOrLock(self.read_or_lock(keys, token, lease, read_value).await?),
+                    trace,
+                } => {
+                    let answer = self.read_or_lock(keys, token, lease, read_value, trace);
+                    match (answer.await?, trace) {
+                        (answer, Some(_)) => Reply::ReadOrLockTraced(answer),
+                        ((answer, _), None) => Reply::ReadOrLock(answer),
+                    }
+                }
                 Op::ReadOrLockMany { entries, lease } => {
                     Reply::PerEntry(self.read_or_lock_many(entries, lease).await)
                 }

@@ -6,14 +6,36 @@ use std::time::Duration;
 use redis::Value;
 
 use super::{flag, lua, parse, retention_ms, unexpected, Args, FromReply, Key, Lua, ScriptCall};
-use crate::store::{expiry_ms, ReadOrLock, StoreResult};
+use crate::store::{expiry_ms, HolderTrace, ReadOrLock, StoreResult, MAX_HOLDER_TRACE};
 use crate::wire::key::EntryKeys;
 
-/// KEYS: value, lock, fence. ARGV: token, lease ms, read value (1/0), fence retention ms.
-/// Returns {1, value} | {2, fence} (lock taken) | {3, lock pttl} (held by another).
+/// KEYS: value, lock, fence[, trace]. ARGV: token, lease ms, read value (1/0), fence retention
+/// ms[, traceparent, most trace bytes]. Returns {1, value} | {2, fence} (lock taken) | {3, lock
+/// pttl[, holder's trace]} (held by another).
 /// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
+///
+/// With the trace key (the `opentelemetry` feature, a caller with a trace context): a lock
+/// taken stores `"<fence> <traceparent>"` under it, kept as long as the fence; a lock found
+/// held returns what is stored there only if it starts with the fence the counter holds now,
+/// so a trace left by an earlier holder (any acquisition, by any script, bumps the fence) or
+/// from before an invalidation is never taken for the holder's. `pcall`: another type under
+/// the key reads as nothing; and what is longer than the bound is not sent back.
 static READ_OR_LOCK: Lua = lua(r"
-return read_or_lock(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+local answer = read_or_lock(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+if #KEYS == 3 then
+  return answer
+end
+local fence = redis.call('GET', KEYS[3])
+if answer[1] == 2 then
+  set_expiring(KEYS[4], fence .. ' ' .. ARGV[5], ARGV[4])
+elseif answer[1] == 3 and fence then
+  local trace = redis.pcall('GET', KEYS[4])
+  if type(trace) == 'string' and #trace <= tonumber(ARGV[6])
+      and string.sub(trace, 1, #fence + 1) == fence .. ' ' then
+    answer[3] = trace
+  end
+end
+return answer
 ");
 
 /// The batch form of [`READ_OR_LOCK`]: the same rule for each entry, in one atomic step.
@@ -39,20 +61,29 @@ pub(crate) struct ReadOrLockCall<'a> {
     pub(crate) lease: Duration,
     /// Whether a value there is returned; a plain lock attempt does not read it.
     pub(crate) read_value: bool,
+    /// The caller's `traceparent`, stored beside a lock it takes; with it the holder's is read
+    /// back. `None`: the script touches no trace key.
+    pub(crate) trace: Option<&'a str>,
 }
 
 impl ScriptCall for ReadOrLockCall<'_> {
-    type Reply = ReadOrLock;
+    type Reply = (ReadOrLock, Option<HolderTrace>);
     const LUA: &'static Lua = &READ_OR_LOCK;
 
     fn encode<'a>(&'a self, args: &mut Args<'a>) {
-        args.entry(self.keys, [Key::Value, Key::Lock, Key::Fence])
-            .arg((
-                self.token,
-                expiry_ms(self.lease),
-                flag(self.read_value),
-                retention_ms(self.lease),
-            ));
+        match self.trace {
+            None => args.entry(self.keys, [Key::Value, Key::Lock, Key::Fence]),
+            Some(_) => args.entry(self.keys, [Key::Value, Key::Lock, Key::Fence, Key::Trace]),
+        }
+        .arg((
+            self.token,
+            expiry_ms(self.lease),
+            flag(self.read_value),
+            retention_ms(self.lease),
+        ));
+        if let Some(trace) = self.trace {
+            args.arg((trace, MAX_HOLDER_TRACE));
+        }
     }
 }
 
@@ -90,11 +121,28 @@ impl ScriptCall for ReadOrLockManyCall<'_> {
     }
 }
 
-/// `{1, value}`, `{2, fence}` or `{3, lock pttl}`.
-impl FromReply for ReadOrLock {
+/// `{1, value}`, `{2, fence}` or `{3, lock pttl[, holder's trace]}`.
+impl FromReply for (ReadOrLock, Option<HolderTrace>) {
     fn from_reply(reply: Value) -> StoreResult<Self> {
-        entry_reply(parse(reply)?)
+        let mut reply: Vec<Value> = parse(reply)?;
+        let holder = match reply.as_slice() {
+            [Value::Int(3), _, Value::BulkString(_)] => match reply.pop() {
+                Some(Value::BulkString(trace)) => holder_trace(trace),
+                _ => None,
+            },
+            _ => None,
+        };
+        Ok((entry_reply(reply)?, holder))
     }
+}
+
+/// `"<fence> <traceparent>"` as the script stored it (and checked its fence); anything else
+/// is no trace.
+fn holder_trace(mut stored: Vec<u8>) -> Option<HolderTrace> {
+    let space = stored.iter().position(|b| *b == b' ')?;
+    let fence = std::str::from_utf8(&stored[..space]).ok()?.parse().ok()?;
+    let traceparent = stored.split_off(space + 1);
+    Some(HolderTrace { fence, traceparent })
 }
 
 /// One entry's answer in a batch's reply, each as [`READ_OR_LOCK`]'s.
