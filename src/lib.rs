@@ -203,7 +203,9 @@ pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, OnBackendError};
 pub use stats::{BreakerState, NotStored, Stats, TrackingState};
-pub use store::{BreakerOptions, ConnectionOptions, MemoryLimits};
+pub use store::{
+    BreakerOptions, Capabilities, ConnectionOptions, LockWrite, MemoryLimits, ServerKind,
+};
 pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};
 #[cfg(feature = "compression")]

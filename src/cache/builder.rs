@@ -9,7 +9,8 @@ use crate::cache::tiers::Tiers;
 use crate::cache::Cache;
 use crate::store::breaker::Breaker;
 use crate::store::guarded::GuardedStore;
-use crate::store::{Backend, BreakerOptions, ConnectionOptions, MemoryStore, Store};
+use crate::store::redis::refusal;
+use crate::store::{Backend, BreakerOptions, ConnectionOptions, MemoryStore, ProbeError, Store};
 use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
@@ -304,6 +305,7 @@ impl<C: Codec> CacheBuilder<C> {
                     // Held copies go on the crate's own changes (see `NearTier::changed`).
                     !near.serve_while_down.is_zero(),
                 )?;
+                check_server(store.as_ref(), &self.connection).await?;
                 let counters = Arc::default();
                 let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));
                 let sink: Arc<dyn crate::store::redis::FeedSink> = tier.clone();
@@ -319,10 +321,12 @@ impl<C: Codec> CacheBuilder<C> {
                 }
                 backend => {
                     let store = backend.open(&self.connection, Some(&self.namespace))?;
+                    check_server(store.as_ref(), &self.connection).await?;
                     (store, None, None, Arc::default())
                 }
             },
         };
+        let capabilities = store.capabilities();
         // With a Redlock, values (and so every announcement to near tiers) stay on the one
         // backend server; only the locks move to the quorum.
         if !self.redlock.is_empty() {
@@ -360,6 +364,24 @@ impl<C: Codec> CacheBuilder<C> {
             breaker: guard,
             counters,
             recovery,
+            capabilities,
         })))
+    }
+}
+
+/// Probes a single Redis server within the connect time-out (see
+/// `store::redis::capabilities`), and refuses one the crate cannot keep its guarantees on: an
+/// answer that is not Redis, no Lua, no `WAIT` while lock writes wait for replicas. A server
+/// that does not answer in time is probed at its first answer instead.
+async fn check_server(store: &dyn Store, connection: &ConnectionOptions) -> Result<(), Error> {
+    let probed = store.probe_now(connection.connect_timeout).await;
+    if let Err(ProbeError::Unreached(e)) = &probed {
+        tracing::debug!(error = %e, "Redis did not answer the capability probe at build(); probed at its first answer");
+    }
+    let known = store.capabilities().and_then(|p| p.get());
+    let waits = connection.wait_for_replicas.is_some();
+    match refusal(&probed, known.as_ref(), waits) {
+        Some(message) => Err(Error::Config(message)),
+        None => Ok(()),
     }
 }

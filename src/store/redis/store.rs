@@ -8,11 +8,13 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::Value;
 
+use super::capabilities::{probe, LockWrite, ProbeError, Probed};
 use super::clock::ServerClock;
 use super::cluster::LazyCluster;
 use super::coalesce::{self, Coalescer};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
+use super::lock_writes;
 use super::mget;
 use super::pubsub::PubSub;
 use super::replicas::{Acks, ReplicaWait};
@@ -22,6 +24,7 @@ use super::scripts::{
     ScriptCall, Scripts, SetCall, SinceLastRunCall, StoreAndUnlockCall, Told, UnlockCall, WakeCall,
     WriteFencedCall,
 };
+use crate::error::BackendErrorKind;
 use crate::join::join_all;
 use crate::store::op::unanswered;
 use crate::store::wakeup::Listener;
@@ -72,6 +75,13 @@ pub(crate) struct RedisStore<C> {
     /// Lock and fencing writes wait for replicas over this connection
     /// ([`ConnectionOptions::wait_for_replicas`]); `None`: they do not wait.
     replicas: Option<ReplicaWait<C>>,
+    /// What the server allows, probed at `build()` or at the first answer, and again after a
+    /// call finds the connection lost (see [`capabilities`](super::capabilities)).
+    probed: Arc<Probed>,
+    /// A single server's client and the settings of a one-off connection: `build()` probes
+    /// over a connection of its own, one attempt, so the data connection's reconnection
+    /// schedule is not touched. `None` on a cluster.
+    probe_client: Option<(redis::Client, redis::AsyncConnectionConfig)>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -83,8 +93,11 @@ impl<C> std::fmt::Debug for RedisStore<C> {
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
     /// A store over `conn`, announcing nothing until [`announcing`](Self::announcing).
     fn new(conn: C, pubsub: Arc<PubSub>, scripts: Scripts, channel_suffix: String) -> Self {
+        let probed = Arc::<Probed>::default();
+        // A cluster's nodes are not probed: its lock writes stay scripts (see `capabilities`).
+        let first_probe = matches!(scripts, Scripts::Plain).then(|| Arc::clone(&probed));
         RedisStore {
-            conn: Answered::new(conn),
+            conn: Answered::new(conn, first_probe),
             pubsub,
             scripts,
             clock: Arc::default(),
@@ -93,6 +106,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             per_slot: false,
             coalescer: None,
             replicas: None,
+            probed,
+            probe_client: None,
         }
     }
 
@@ -137,6 +152,7 @@ impl RedisStore<ConnectionManager> {
         let db = client.get_connection_info().redis_settings().db();
         let mut store = RedisStore::new(conn, pubsub, Scripts::Plain, channel_suffix(db))
             .coalescing(connection);
+        store.probe_client = Some((client.clone(), connection.async_config()));
         if let Some(acks) = connection.wait_for_replicas {
             let config = connection.waited_manager_config(acks);
             let waited = ConnectionManager::new_lazy_with_config(client, config)?;
@@ -245,6 +261,27 @@ where
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 
+    /// After an operation (`run`, `lock`): a lost connection may come back to another server
+    /// (a failover), so the capabilities are probed again at its next answer. Only failures
+    /// pay.
+    fn after<T>(&self, answer: &StoreResult<T>) {
+        if let Err(e) = answer {
+            if e.connection_lost() || e.kind() == BackendErrorKind::Unreachable {
+                self.conn.rearm();
+            }
+        }
+    }
+
+    /// Runs a Lua-free lock write (see [`lock_writes`]) and reads its `MULTI`'s replies.
+    async fn lock_write(
+        &self,
+        pipe: redis::Pipeline,
+        read: fn(&[Value]) -> StoreResult<bool>,
+    ) -> StoreResult<bool> {
+        let replies = pipe.query_async::<Vec<Value>>(&mut self.conn.clone()).await;
+        read(&replies?)
+    }
+
     /// Runs a lock or fencing write: followed by `WAIT` on the replicas' connection when writes
     /// wait for replicas (see [`replicas`](super::replicas)), else as [`script`](Self::script)
     /// does.
@@ -319,6 +356,11 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn extend(&self, keys: &EntryKeys, token: &str, lease: Duration) -> StoreResult<bool> {
+        // Writes that wait for replicas stay scripts: `ReplicaWait` runs a script, then `WAIT`.
+        if self.replicas.is_none() && self.probed.renewal() == LockWrite::SetIfEq {
+            let pipe = lock_writes::renewal(keys, token, lease);
+            return self.lock_write(pipe, lock_writes::renewed).await;
+        }
         // A renewal too few replicas acknowledged does not count: the holder's lease is not
         // moved on (its heartbeat retries), since a failover could bring back the older expiry.
         let (extended, acks) = self.run_acked(ExtendCall { keys, token, lease }).await?;
@@ -330,6 +372,12 @@ where
 
     async fn unlock(&self, keys: &EntryKeys, token: &str) -> StoreResult<bool> {
         let channel = self.channel(keys);
+        if self.replicas.is_none() {
+            let path = self.probed.release();
+            if let Some(pipe) = lock_writes::release(path, self.scripts, keys, token, &channel) {
+                return self.lock_write(pipe, lock_writes::released).await;
+            }
+        }
         let call = UnlockCall {
             keys,
             token,
@@ -614,34 +662,62 @@ where
 {
     fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         Box::pin(async move {
-            Ok(match op {
-                LockOp::TryLock { keys, token, lease } => {
-                    Reply::Acquire(self.read_or_lock(keys, token, lease, false).await?.into())
-                }
-                LockOp::Extend { keys, token, lease } => {
-                    Reply::Flag(self.extend(keys, token, lease).await?)
-                }
-                LockOp::Unlock { keys, token } => Reply::Flag(self.unlock(keys, token).await?),
-                LockOp::NextFence { keys, lease } => {
-                    Reply::Number(self.next_fence(keys, lease).await?)
-                }
-                LockOp::RaiseFence { keys, floor, lease } => {
-                    self.raise_fence(keys, floor, lease).await?;
-                    Reply::Done
-                }
-                LockOp::RecordRun { keys, fence, keep } => {
-                    Reply::Flag(self.script(RecordRunCall { keys, fence, keep }).await?)
-                }
-                LockOp::SinceLastRun { keys } => {
-                    Reply::Since(self.script(SinceLastRunCall { keys }).await?)
-                }
-                LockOp::Peek { keys } => Reply::Peek(self.script(PeekCall { keys }).await?),
-            })
+            let answer = async {
+                Ok(match op {
+                    LockOp::TryLock { keys, token, lease } => {
+                        Reply::Acquire(self.read_or_lock(keys, token, lease, false).await?.into())
+                    }
+                    LockOp::Extend { keys, token, lease } => {
+                        Reply::Flag(self.extend(keys, token, lease).await?)
+                    }
+                    LockOp::Unlock { keys, token } => Reply::Flag(self.unlock(keys, token).await?),
+                    LockOp::NextFence { keys, lease } => {
+                        Reply::Number(self.next_fence(keys, lease).await?)
+                    }
+                    LockOp::RaiseFence { keys, floor, lease } => {
+                        self.raise_fence(keys, floor, lease).await?;
+                        Reply::Done
+                    }
+                    LockOp::RecordRun { keys, fence, keep } => {
+                        Reply::Flag(self.script(RecordRunCall { keys, fence, keep }).await?)
+                    }
+                    LockOp::SinceLastRun { keys } => {
+                        Reply::Since(self.script(SinceLastRunCall { keys }).await?)
+                    }
+                    LockOp::Peek { keys } => Reply::Peek(self.script(PeekCall { keys }).await?),
+                })
+            }
+            .await;
+            self.after(&answer);
+            answer
         })
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         Box::pin(async move { self.pubsub.listen(&self.channel(keys)).await })
+    }
+
+    fn capabilities(&self) -> Option<Arc<Probed>> {
+        (!self.per_slot).then(|| Arc::clone(&self.probed))
+    }
+
+    fn probe_now(&self, timeout: Duration) -> BoxFuture<'_, Result<(), ProbeError>> {
+        Box::pin(async move {
+            let Some((client, config)) = &self.probe_client else {
+                return Ok(());
+            };
+            let found = tokio::time::timeout(timeout, async {
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+                    .map_err(ProbeError::from_connect)?;
+                probe(&mut conn, timeout).await
+            })
+            .await
+            .map_err(|_| ProbeError::timed_out())??;
+            self.probed.set(found);
+            Ok(())
+        })
     }
 }
 
@@ -651,46 +727,53 @@ where
 {
     fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
         Box::pin(async move {
-            Ok(match op {
-                Op::Get { keys } => Reply::Value(self.get(keys).await?),
-                Op::GetMany { entries } => {
-                    Reply::Values(self.get_many_with_epochs(entries, &[]).await?.0)
-                }
-                Op::ReadOrLock {
-                    keys,
-                    token,
-                    lease,
-                    read_value,
-                } => Reply::ReadOrLock(self.read_or_lock(keys, token, lease, read_value).await?),
-                Op::ReadOrLockMany { entries, lease } => {
-                    Reply::PerEntry(self.read_or_lock_many(entries, lease).await)
-                }
-                Op::InvalidateMany { entries, lease } => {
-                    self.invalidate_many(entries, lease).await?;
-                    Reply::Done
-                }
-                Op::Born { clock } => Reply::Number(self.script(ClockCall { clock }).await?),
-                Op::Epochs { names } => Reply::Epochs(self.epochs(names).await?),
-                Op::RaiseEpochs { names, floor } => {
-                    self.raise_epochs(names, floor).await?;
-                    Reply::Done
-                }
-                Op::GetWithEpochs { keys, names } => {
-                    Reply::ValueWithEpochs(self.get_with_epochs(keys, names).await?)
-                }
-                Op::GetManyWithEpochs { entries, names } => {
-                    Reply::ValuesWithEpochs(self.get_many_with_epochs(entries, names).await?)
-                }
-                Op::Ping => {
-                    self.ping().await?;
-                    Reply::Done
-                }
-                Op::WriteFenced { .. }
-                | Op::StoreAndUnlock { .. }
-                | Op::Set { .. }
-                | Op::Invalidate { .. }
-                | Op::Wake { .. } => self.write(op).await?,
-            })
+            let answer = async {
+                Ok(match op {
+                    Op::Get { keys } => Reply::Value(self.get(keys).await?),
+                    Op::GetMany { entries } => {
+                        Reply::Values(self.get_many_with_epochs(entries, &[]).await?.0)
+                    }
+                    Op::ReadOrLock {
+                        keys,
+                        token,
+                        lease,
+                        read_value,
+                    } => {
+                        Reply::ReadOrLock(self.read_or_lock(keys, token, lease, read_value).await?)
+                    }
+                    Op::ReadOrLockMany { entries, lease } => {
+                        Reply::PerEntry(self.read_or_lock_many(entries, lease).await)
+                    }
+                    Op::InvalidateMany { entries, lease } => {
+                        self.invalidate_many(entries, lease).await?;
+                        Reply::Done
+                    }
+                    Op::Born { clock } => Reply::Number(self.script(ClockCall { clock }).await?),
+                    Op::Epochs { names } => Reply::Epochs(self.epochs(names).await?),
+                    Op::RaiseEpochs { names, floor } => {
+                        self.raise_epochs(names, floor).await?;
+                        Reply::Done
+                    }
+                    Op::GetWithEpochs { keys, names } => {
+                        Reply::ValueWithEpochs(self.get_with_epochs(keys, names).await?)
+                    }
+                    Op::GetManyWithEpochs { entries, names } => {
+                        Reply::ValuesWithEpochs(self.get_many_with_epochs(entries, names).await?)
+                    }
+                    Op::Ping => {
+                        self.ping().await?;
+                        Reply::Done
+                    }
+                    Op::WriteFenced { .. }
+                    | Op::StoreAndUnlock { .. }
+                    | Op::Set { .. }
+                    | Op::Invalidate { .. }
+                    | Op::Wake { .. } => self.write(op).await?,
+                })
+            }
+            .await;
+            self.after(&answer);
+            answer
         })
     }
 
