@@ -387,6 +387,7 @@ mod guide {
         Performance = "performance.md";
         Readme = "README.md";
         Security = "security.md";
+        Servers = "servers.md";
         Tags = "tags.md";
         // Its handlers use `stampede_guard::web`.
         #[cfg(feature = "axum")]

@@ -214,7 +214,7 @@ impl Capabilities {
                 lines.push(line);
             }
         };
-        say(!self.resp3, "no RESP3: wake-ups and the near tier's feed cannot subscribe; waiters wake by their poll, the near tier serves no copy");
+        say(!self.resp3, "no RESP3: wake-ups and the near tier's feed cannot subscribe (Redis 5 and older are not supported)");
         say(
             !self.tracking_bcast,
             "no CLIENT TRACKING BCAST: the near tier hears the crate's own changes only",
@@ -308,6 +308,9 @@ pub(crate) enum ProbeError {
     Unreached(redis::RedisError),
     /// Something answered, but not as Redis does (an HTTP server, an echo): `what` says what.
     NotRedis(String),
+    /// The server answered that it cannot judge now (`LOADING` its dataset, `BUSY` with a
+    /// script, `MASTERDOWN`, `TRYAGAIN`): probed again later, never read as "not allowed".
+    Busy(String),
 }
 
 impl ProbeError {
@@ -392,10 +395,16 @@ pub(crate) struct Answers {
     pub(crate) lua: bool,
     /// `CONFIG GET` answered.
     pub(crate) config_get: bool,
+    /// A reply said the server cannot answer now (its error code), so nothing is judged.
+    pub(crate) busy: Option<String>,
 }
 
 impl Answers {
     fn read(replies: Vec<Value>) -> Self {
+        let busy = replies.iter().find_map(|reply| match reply {
+            Value::ServerError(e) if TRANSIENT.contains(&e.code()) => Some(e.code().to_owned()),
+            _ => None,
+        });
         let mut replies = replies.into_iter();
         let mut next = || replies.next().unwrap_or(Value::Nil);
         let hello = fields(&next());
@@ -419,9 +428,13 @@ impl Answers {
             set_ifeq_documented,
             lua,
             config_get,
+            busy,
         }
     }
 }
+
+/// Error codes of a server that cannot answer now, not of one that refuses.
+const TRANSIENT: [&str; 5] = ["LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"];
 
 /// Whether the Lua probe's reply shows that scripts run: it returned 1, or the user may run
 /// `EVAL` but not touch the key it declared (`NOPERM` about keys, as for a user confined to
@@ -548,6 +561,9 @@ fn identify(answers: &Answers) -> Option<(ServerKind, String)> {
 /// The capabilities the answers show: the decision itself, apart from any connection so that
 /// it can be tested for servers not at hand (Redis 8.4's `DELEX`, Valkey 9's `DELIFEQ`).
 pub(crate) fn decide(answers: &Answers) -> Result<Capabilities, ProbeError> {
+    if let Some(code) = &answers.busy {
+        return Err(ProbeError::Busy(code.clone()));
+    }
     let Some((server, version)) = identify(answers) else {
         return Err(ProbeError::NotRedis(
             "neither HELLO nor INFO server answered as Redis does".to_owned(),
@@ -681,6 +697,12 @@ impl Probed {
                     tracing::debug!(error = %e, "capability probe unanswered; again at the next answer");
                     rearm();
                 }
+                Err(ProbeError::Busy(code)) => {
+                    tracing::debug!(code, "the server cannot answer the capability probe now");
+                    // Not at once: a loading server answers every call with an error.
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    rearm();
+                }
             }
         });
     }
@@ -700,7 +722,7 @@ pub(crate) fn refusal(
             "the server at the Redis URL answered, but not as Redis does ({what}): check the \
              URL's host and port"
         )),
-        (Err(ProbeError::Unreached(_)), _) | (Ok(()), None) => None,
+        (Err(ProbeError::Unreached(_) | ProbeError::Busy(_)), _) | (Ok(()), None) => None,
         (Ok(()), Some(caps)) if !caps.lua => Some(format!(
             "the Redis server ({} {}) runs no Lua scripts, and every lock and cache write of this \
              crate is one: {}",

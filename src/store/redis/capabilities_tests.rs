@@ -20,6 +20,7 @@ fn answers(server: &str, version: &str, info: &str, missing: &[&str]) -> Answers
         set_ifeq_documented: false,
         lua: true,
         config_get: true,
+        busy: None,
     }
 }
 
@@ -207,4 +208,21 @@ fn a_user_confined_to_its_keys_runs_scripts_but_one_refused_eval_does_not() {
         "-NOPERM this user has no permissions to run the 'eval' command\r\n"
     )));
     assert!(!lua_ran(&reply("-ERR unknown command 'EVAL'\r\n")));
+}
+
+#[test]
+fn a_loading_server_is_not_judged() {
+    let reply = |text: &str| redis::parse_redis_value(text.as_bytes()).unwrap();
+    let loading = || reply("-LOADING Redis is loading the dataset in memory\r\n");
+    let replies = vec![
+        loading(),
+        loading(),
+        loading(),
+        loading(),
+        loading(),
+        loading(),
+    ];
+    assert!(
+        matches!(decide(&Answers::read(replies)), Err(ProbeError::Busy(code)) if code == "LOADING")
+    );
 }
