@@ -308,9 +308,10 @@ pub(crate) enum ProbeError {
     Unreached(redis::RedisError),
     /// Something answered, but not as Redis does (an HTTP server, an echo): `what` says what.
     NotRedis(String),
-    /// The server answered that it cannot judge now (`LOADING` its dataset, `BUSY` with a
-    /// script, `MASTERDOWN`, `TRYAGAIN`): probed again later, never read as "not allowed".
-    Busy(String),
+    /// The server speaks Redis but cannot be judged now: it is `LOADING` its dataset, `BUSY`
+    /// with a script, or refuses this login every command (`NOAUTH`: the calls say so, typed).
+    /// Probed again later, never read as "not allowed".
+    Unjudged(String),
 }
 
 impl ProbeError {
@@ -397,14 +398,22 @@ pub(crate) struct Answers {
     pub(crate) config_get: bool,
     /// A reply said the server cannot answer now (its error code), so nothing is judged.
     pub(crate) busy: Option<String>,
+    /// The first error code of any reply: a server that answers errors in RESP is Redis-like,
+    /// even when it tells nothing else (`NOAUTH` to every command).
+    pub(crate) error_code: Option<String>,
 }
 
 impl Answers {
     fn read(replies: Vec<Value>) -> Self {
-        let busy = replies.iter().find_map(|reply| match reply {
-            Value::ServerError(e) if TRANSIENT.contains(&e.code()) => Some(e.code().to_owned()),
+        let code = |reply: &Value| match reply {
+            Value::ServerError(e) => Some(e.code().to_owned()),
             _ => None,
-        });
+        };
+        let error_code = replies.iter().find_map(code);
+        let busy = replies
+            .iter()
+            .filter_map(code)
+            .find(|c| TRANSIENT.contains(&c.as_str()));
         let mut replies = replies.into_iter();
         let mut next = || replies.next().unwrap_or(Value::Nil);
         let hello = fields(&next());
@@ -429,6 +438,7 @@ impl Answers {
             lua,
             config_get,
             busy,
+            error_code,
         }
     }
 }
@@ -562,9 +572,12 @@ fn identify(answers: &Answers) -> Option<(ServerKind, String)> {
 /// it can be tested for servers not at hand (Redis 8.4's `DELEX`, Valkey 9's `DELIFEQ`).
 pub(crate) fn decide(answers: &Answers) -> Result<Capabilities, ProbeError> {
     if let Some(code) = &answers.busy {
-        return Err(ProbeError::Busy(code.clone()));
+        return Err(ProbeError::Unjudged(code.clone()));
     }
     let Some((server, version)) = identify(answers) else {
+        if let Some(code) = &answers.error_code {
+            return Err(ProbeError::Unjudged(code.clone()));
+        }
         return Err(ProbeError::NotRedis(
             "neither HELLO nor INFO server answered as Redis does".to_owned(),
         ));
@@ -697,8 +710,8 @@ impl Probed {
                     tracing::debug!(error = %e, "capability probe unanswered; again at the next answer");
                     rearm();
                 }
-                Err(ProbeError::Busy(code)) => {
-                    tracing::debug!(code, "the server cannot answer the capability probe now");
+                Err(ProbeError::Unjudged(code)) => {
+                    tracing::debug!(code, "the server cannot be probed now");
                     // Not at once: a loading server answers every call with an error.
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     rearm();
@@ -722,7 +735,7 @@ pub(crate) fn refusal(
             "the server at the Redis URL answered, but not as Redis does ({what}): check the \
              URL's host and port"
         )),
-        (Err(ProbeError::Unreached(_) | ProbeError::Busy(_)), _) | (Ok(()), None) => None,
+        (Err(ProbeError::Unreached(_) | ProbeError::Unjudged(_)), _) | (Ok(()), None) => None,
         (Ok(()), Some(caps)) if !caps.lua => Some(format!(
             "the Redis server ({} {}) runs no Lua scripts, and every lock and cache write of this \
              crate is one: {}",

@@ -21,6 +21,7 @@ fn answers(server: &str, version: &str, info: &str, missing: &[&str]) -> Answers
         lua: true,
         config_get: true,
         busy: None,
+        error_code: None,
     }
 }
 
@@ -223,6 +224,15 @@ fn a_loading_server_is_not_judged() {
         loading(),
     ];
     assert!(
-        matches!(decide(&Answers::read(replies)), Err(ProbeError::Busy(code)) if code == "LOADING")
+        matches!(decide(&Answers::read(replies)), Err(ProbeError::Unjudged(code)) if code == "LOADING")
+    );
+}
+
+#[test]
+fn a_server_that_refuses_this_login_is_redis_but_not_judged() {
+    let noauth = || redis::parse_redis_value(b"-NOAUTH Authentication required.\r\n").unwrap();
+    let replies = (0..6).map(|_| noauth()).collect();
+    assert!(
+        matches!(decide(&Answers::read(replies)), Err(ProbeError::Unjudged(code)) if code == "NOAUTH")
     );
 }
