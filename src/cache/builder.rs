@@ -284,11 +284,19 @@ impl<C: Codec> CacheBuilder<C> {
     }
 
     /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:
-    /// a cache built while Redis is down works as soon as it is up.
+    /// a cache built while Redis is down works as soon as it is up. One server is asked what it
+    /// allows ([`Cache::capabilities`]) over a connection of its own, one attempt bounded by
+    /// the connect time-out; a server that does not answer is asked at its first answer.
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a bad namespace, [`Error::Config`] for a Redis URL that does not
-    /// parse, or a [`near_cache`](Self::near_cache) on the embedded store.
+    /// parse, or a [`near_cache`](Self::near_cache) on the embedded store; [`Error::Config`]
+    /// naming the fix for a server that runs no Lua (Garnet without `--lua`, an ACL user
+    /// without `+@scripting`), for [`wait_for_replicas`](ConnectionOptions::wait_for_replicas)
+    /// on a server without `WAIT`, and for a URL that answers but not as Redis does (an HTTP
+    /// server): see the guide's
+    /// [servers](https://github.com/stampede-guard/stampede-guard/blob/main/docs/servers.md)
+    /// page.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
         let (mut store, mut memory, tier, counters) = match self.near {

@@ -15,8 +15,9 @@
 //!
 //! The same watch starts the capability probe (`capabilities.rs`) at the first answer, unless
 //! `build()` probed, and again at the first answer after the store found the connection lost
-//! ([`Answered::rearm`]): a reconnection may reach another server. The probe never connects by
-//! itself, so an outage costs no extra connection attempts.
+//! ([`Answered::rearm`]) or a minute passed (the client may reconnect without any call
+//! failing): a reconnection may reach another server. The probe never connects by itself, so
+//! an outage costs no extra connection attempts.
 //!
 //! Explained in the guide: `docs/guarantees.md` (Redis under memory pressure).
 
@@ -35,6 +36,10 @@ use super::capabilities::Probed;
 const ATTEMPTS: u32 = 5;
 /// How long a capability probe waits for its answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a probe's findings stand without a new probe: the client reconnects by itself
+/// when it notices a dropped connection before any call does, and then no call fails to say
+/// so. One pipelined probe a minute per store.
+const REPROBE_PERIOD: Duration = Duration::from_secs(60);
 /// The delay before the second attempt, doubled after each.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 
@@ -61,17 +66,23 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Answered<C> {
     /// runtime (nothing to spawn on) the connection is used as it is, unchecked.
     pub(crate) fn new(conn: C, probed: Option<Arc<Probed>>) -> Self {
         let (tx, rx) = oneshot::channel();
-        let spawned = tokio::runtime::Handle::try_current()
-            .map(|runtime| runtime.spawn(check_when_answered(rx)))
-            .is_ok();
-        Answered {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        if let Some(runtime) = &runtime {
+            runtime.spawn(check_when_answered(rx));
+        }
+        let spawned = runtime.is_some();
+        let answered = Answered {
             conn,
             first: Arc::new(FirstAnswer {
                 done: AtomicBool::new(!spawned),
                 to_check: Mutex::new(spawned.then_some(tx)),
                 probed,
             }),
+        };
+        if let (Some(runtime), Some(_)) = (runtime, &answered.first.probed) {
+            runtime.spawn(rearm_every(Arc::downgrade(&answered.first), REPROBE_PERIOD));
         }
+        answered
     }
 
     fn answered(&self) {
@@ -99,10 +110,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Answered<C> {
     /// so it is watched again and the capabilities are probed anew then. Costs the next
     /// request one boxed future; the hit path is as before from the answer on.
     pub(crate) fn rearm(&self) {
-        if let Some(probed) = &self.first.probed {
-            probed.make_due();
-            self.first.done.store(false, Ordering::Relaxed);
-        }
+        self.first.rearm();
     }
 }
 
@@ -140,6 +148,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> ConnectionLike for Answe
 
     fn get_db(&self) -> i64 {
         self.conn.get_db()
+    }
+}
+
+impl<C> FirstAnswer<C> {
+    fn rearm(&self) {
+        if let Some(probed) = &self.probed {
+            probed.make_due();
+            self.done.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Makes a probe due every `period` while the store lives.
+async fn rearm_every<C>(first: std::sync::Weak<FirstAnswer<C>>, period: Duration) {
+    loop {
+        tokio::time::sleep(period).await;
+        match first.upgrade() {
+            Some(first) => first.rearm(),
+            None => return,
+        }
     }
 }
 

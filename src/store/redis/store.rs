@@ -261,15 +261,22 @@ where
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 
-    /// After an operation (`run`, `lock`): a lost connection may come back to another server
-    /// (a failover), so the capabilities are probed again at its next answer. Only failures
-    /// pay.
-    fn after<T>(&self, answer: &StoreResult<T>) {
-        if let Err(e) = answer {
-            if e.connection_lost() || e.kind() == BackendErrorKind::Unreachable {
-                self.conn.rearm();
+    /// An operation (`run`, `lock`), boxed, watched for a lost connection: it may come back
+    /// to another server (a failover), so the capabilities are probed again at its next
+    /// answer. Only failures pay.
+    fn watched<'a, T: Send + 'a>(
+        &'a self,
+        operation: impl std::future::Future<Output = StoreResult<T>> + Send + 'a,
+    ) -> BoxFuture<'a, StoreResult<T>> {
+        Box::pin(async move {
+            let answer = operation.await;
+            if let Err(e) = &answer {
+                if e.connection_lost() || e.kind() == BackendErrorKind::Unreachable {
+                    self.conn.rearm();
+                }
             }
-        }
+            answer
+        })
     }
 
     /// Runs a Lua-free lock write (see [`lock_writes`]) and reads its `MULTI`'s replies.
@@ -661,35 +668,30 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
-        Box::pin(async move {
-            let answer = async {
-                Ok(match op {
-                    LockOp::TryLock { keys, token, lease } => {
-                        Reply::Acquire(self.read_or_lock(keys, token, lease, false).await?.into())
-                    }
-                    LockOp::Extend { keys, token, lease } => {
-                        Reply::Flag(self.extend(keys, token, lease).await?)
-                    }
-                    LockOp::Unlock { keys, token } => Reply::Flag(self.unlock(keys, token).await?),
-                    LockOp::NextFence { keys, lease } => {
-                        Reply::Number(self.next_fence(keys, lease).await?)
-                    }
-                    LockOp::RaiseFence { keys, floor, lease } => {
-                        self.raise_fence(keys, floor, lease).await?;
-                        Reply::Done
-                    }
-                    LockOp::RecordRun { keys, fence, keep } => {
-                        Reply::Flag(self.script(RecordRunCall { keys, fence, keep }).await?)
-                    }
-                    LockOp::SinceLastRun { keys } => {
-                        Reply::Since(self.script(SinceLastRunCall { keys }).await?)
-                    }
-                    LockOp::Peek { keys } => Reply::Peek(self.script(PeekCall { keys }).await?),
-                })
-            }
-            .await;
-            self.after(&answer);
-            answer
+        self.watched(async move {
+            Ok(match op {
+                LockOp::TryLock { keys, token, lease } => {
+                    Reply::Acquire(self.read_or_lock(keys, token, lease, false).await?.into())
+                }
+                LockOp::Extend { keys, token, lease } => {
+                    Reply::Flag(self.extend(keys, token, lease).await?)
+                }
+                LockOp::Unlock { keys, token } => Reply::Flag(self.unlock(keys, token).await?),
+                LockOp::NextFence { keys, lease } => {
+                    Reply::Number(self.next_fence(keys, lease).await?)
+                }
+                LockOp::RaiseFence { keys, floor, lease } => {
+                    self.raise_fence(keys, floor, lease).await?;
+                    Reply::Done
+                }
+                LockOp::RecordRun { keys, fence, keep } => {
+                    Reply::Flag(self.script(RecordRunCall { keys, fence, keep }).await?)
+                }
+                LockOp::SinceLastRun { keys } => {
+                    Reply::Since(self.script(SinceLastRunCall { keys }).await?)
+                }
+                LockOp::Peek { keys } => Reply::Peek(self.script(PeekCall { keys }).await?),
+            })
         })
     }
 
@@ -726,54 +728,47 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
-        Box::pin(async move {
-            let answer = async {
-                Ok(match op {
-                    Op::Get { keys } => Reply::Value(self.get(keys).await?),
-                    Op::GetMany { entries } => {
-                        Reply::Values(self.get_many_with_epochs(entries, &[]).await?.0)
-                    }
-                    Op::ReadOrLock {
-                        keys,
-                        token,
-                        lease,
-                        read_value,
-                    } => {
-                        Reply::ReadOrLock(self.read_or_lock(keys, token, lease, read_value).await?)
-                    }
-                    Op::ReadOrLockMany { entries, lease } => {
-                        Reply::PerEntry(self.read_or_lock_many(entries, lease).await)
-                    }
-                    Op::InvalidateMany { entries, lease } => {
-                        self.invalidate_many(entries, lease).await?;
-                        Reply::Done
-                    }
-                    Op::Born { clock } => Reply::Number(self.script(ClockCall { clock }).await?),
-                    Op::Epochs { names } => Reply::Epochs(self.epochs(names).await?),
-                    Op::RaiseEpochs { names, floor } => {
-                        self.raise_epochs(names, floor).await?;
-                        Reply::Done
-                    }
-                    Op::GetWithEpochs { keys, names } => {
-                        Reply::ValueWithEpochs(self.get_with_epochs(keys, names).await?)
-                    }
-                    Op::GetManyWithEpochs { entries, names } => {
-                        Reply::ValuesWithEpochs(self.get_many_with_epochs(entries, names).await?)
-                    }
-                    Op::Ping => {
-                        self.ping().await?;
-                        Reply::Done
-                    }
-                    Op::WriteFenced { .. }
-                    | Op::StoreAndUnlock { .. }
-                    | Op::Set { .. }
-                    | Op::Invalidate { .. }
-                    | Op::Wake { .. } => self.write(op).await?,
-                })
-            }
-            .await;
-            self.after(&answer);
-            answer
+        self.watched(async move {
+            Ok(match op {
+                Op::Get { keys } => Reply::Value(self.get(keys).await?),
+                Op::GetMany { entries } => {
+                    Reply::Values(self.get_many_with_epochs(entries, &[]).await?.0)
+                }
+                Op::ReadOrLock {
+                    keys,
+                    token,
+                    lease,
+                    read_value,
+                } => Reply::ReadOrLock(self.read_or_lock(keys, token, lease, read_value).await?),
+                Op::ReadOrLockMany { entries, lease } => {
+                    Reply::PerEntry(self.read_or_lock_many(entries, lease).await)
+                }
+                Op::InvalidateMany { entries, lease } => {
+                    self.invalidate_many(entries, lease).await?;
+                    Reply::Done
+                }
+                Op::Born { clock } => Reply::Number(self.script(ClockCall { clock }).await?),
+                Op::Epochs { names } => Reply::Epochs(self.epochs(names).await?),
+                Op::RaiseEpochs { names, floor } => {
+                    self.raise_epochs(names, floor).await?;
+                    Reply::Done
+                }
+                Op::GetWithEpochs { keys, names } => {
+                    Reply::ValueWithEpochs(self.get_with_epochs(keys, names).await?)
+                }
+                Op::GetManyWithEpochs { entries, names } => {
+                    Reply::ValuesWithEpochs(self.get_many_with_epochs(entries, names).await?)
+                }
+                Op::Ping => {
+                    self.ping().await?;
+                    Reply::Done
+                }
+                Op::WriteFenced { .. }
+                | Op::StoreAndUnlock { .. }
+                | Op::Set { .. }
+                | Op::Invalidate { .. }
+                | Op::Wake { .. } => self.write(op).await?,
+            })
         })
     }
 
