@@ -203,7 +203,9 @@ pub use lock::redlock::{Redlock, RedlockBuilder};
 pub use lock::{Lock, LockBuilder, LockGuard};
 pub use options::{Backoff, CallOptions, OnBackendError, SpanKeys};
 pub use stats::{BreakerState, Calls, NotStored, Stats, TrackingState};
-pub use store::{BreakerOptions, ConnectionOptions, MemoryLimits};
+pub use store::{
+    BreakerOptions, Capabilities, ConnectionOptions, LockWrite, MemoryLimits, ServerKind,
+};
 pub use time::FOREVER;
 pub use wire::codec::{Bincode, Codec, CodecError, MAX_VALUE_BYTES};
 #[cfg(feature = "compression")]
@@ -385,6 +387,7 @@ mod guide {
         Performance = "performance.md";
         Readme = "README.md";
         Security = "security.md";
+        Servers = "servers.md";
         Tags = "tags.md";
         // Its handlers use `stampede_guard::web`.
         #[cfg(feature = "axum")]

@@ -9,7 +9,8 @@ use crate::cache::tiers::Tiers;
 use crate::cache::Cache;
 use crate::store::breaker::Breaker;
 use crate::store::guarded::GuardedStore;
-use crate::store::{Backend, BreakerOptions, ConnectionOptions, MemoryStore, Store};
+use crate::store::redis::refusal;
+use crate::store::{Backend, BreakerOptions, ConnectionOptions, MemoryStore, ProbeError, Store};
 use crate::wire::codec::{Bincode, Codec};
 use std::sync::Arc;
 
@@ -283,11 +284,19 @@ impl<C: Codec> CacheBuilder<C> {
     }
 
     /// Builds the cache. For Redis (one server or a cluster) this does not wait for the server:
-    /// a cache built while Redis is down works as soon as it is up.
+    /// a cache built while Redis is down works as soon as it is up. One server is asked what it
+    /// allows ([`Cache::capabilities`]) over a connection of its own, one attempt bounded by
+    /// the connect time-out; a server that does not answer is asked at its first answer.
     ///
     /// # Errors
     /// [`Error::InvalidKey`] for a bad namespace, [`Error::Config`] for a Redis URL that does not
-    /// parse, or a [`near_cache`](Self::near_cache) on the embedded store.
+    /// parse, or a [`near_cache`](Self::near_cache) on the embedded store; [`Error::Config`]
+    /// naming the fix for a server that runs no Lua (Garnet without `--lua`, an ACL user
+    /// without `+@scripting`), for [`wait_for_replicas`](ConnectionOptions::wait_for_replicas)
+    /// on a server without `WAIT`, and for a URL that answers but not as Redis does (an HTTP
+    /// server): see the guide's
+    /// [servers](https://github.com/stampede-guard/stampede-guard/blob/main/docs/servers.md)
+    /// page.
     pub async fn build(self) -> Result<Cache<C>, Error> {
         validate_namespace(&self.namespace)?;
         let (mut store, mut memory, tier, counters) = match self.near {
@@ -304,6 +313,7 @@ impl<C: Codec> CacheBuilder<C> {
                     // Held copies go on the crate's own changes (see `NearTier::changed`).
                     !near.serve_while_down.is_zero(),
                 )?;
+                check_server(store.as_ref(), &self.connection).await?;
                 let counters = Arc::default();
                 let tier = Arc::new(NearTier::new(&near, &self.namespace, Arc::clone(&counters)));
                 let sink: Arc<dyn crate::store::redis::FeedSink> = tier.clone();
@@ -319,10 +329,12 @@ impl<C: Codec> CacheBuilder<C> {
                 }
                 backend => {
                     let store = backend.open(&self.connection, Some(&self.namespace))?;
+                    check_server(store.as_ref(), &self.connection).await?;
                     (store, None, None, Arc::default())
                 }
             },
         };
+        let capabilities = store.capabilities();
         // With a Redlock, values (and so every announcement to near tiers) stay on the one
         // backend server; only the locks move to the quorum.
         if !self.redlock.is_empty() {
@@ -360,6 +372,24 @@ impl<C: Codec> CacheBuilder<C> {
             breaker: guard,
             counters,
             recovery,
+            capabilities,
         })))
+    }
+}
+
+/// Probes a single Redis server within the connect time-out (see
+/// `store::redis::capabilities`), and refuses one the crate cannot keep its guarantees on: an
+/// answer that is not Redis, no Lua, no `WAIT` while lock writes wait for replicas. A server
+/// that does not answer in time is probed at its first answer instead.
+async fn check_server(store: &dyn Store, connection: &ConnectionOptions) -> Result<(), Error> {
+    let probed = store.probe_now(connection.connect_timeout).await;
+    if let Err(ProbeError::Unreached(e)) = &probed {
+        tracing::debug!(error = %e, "Redis did not answer the capability probe at build(); probed at its first answer");
+    }
+    let known = store.capabilities().and_then(|p| p.get());
+    let waits = connection.wait_for_replicas.is_some();
+    match refusal(&probed, known.as_ref(), waits) {
+        Some(message) => Err(Error::Config(message)),
+        None => Ok(()),
     }
 }

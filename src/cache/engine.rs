@@ -12,7 +12,7 @@ use crate::cache::tags::{TagMemory, Tagging};
 use crate::cache::tiers::Tiers;
 use crate::stats::Counters;
 use crate::store::breaker::Breaker;
-use crate::store::{LockStore, Store, StoreError};
+use crate::store::{LockStore, Probed, Store, StoreError};
 use crate::wait::flight::Flights;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
@@ -50,6 +50,9 @@ pub(crate) struct Core<C> {
     /// The auto-recovery queue, if the builder was given one. It is the drop guard of its
     /// background task: dropping the last handle stops it.
     pub(crate) recovery: Option<Recovery>,
+    /// What the Redis server allows, as last probed; `None` for the embedded store and a
+    /// cluster (see `store::redis::capabilities`).
+    pub(crate) capabilities: Option<Arc<Probed>>,
 }
 
 /// The parts the builder chose, from which an engine is made.
@@ -63,6 +66,7 @@ pub(crate) struct Parts<C> {
     pub(crate) breaker: Option<Arc<Breaker>>,
     pub(crate) counters: Arc<Counters>,
     pub(crate) recovery: Option<Recovery>,
+    pub(crate) capabilities: Option<Arc<Probed>>,
 }
 
 impl<C> Core<C> {
@@ -104,6 +108,7 @@ impl<C> Engine<C> {
             breaker,
             counters,
             recovery,
+            capabilities,
         } = parts;
         Engine {
             tagging: Tagging::new(&namespace, &options),
@@ -118,6 +123,7 @@ impl<C> Engine<C> {
                 tiers,
                 breaker,
                 recovery,
+                capabilities,
             }),
             options,
         }

@@ -9,7 +9,7 @@ use crate::cache::engine::Engine;
 use crate::stats::{BreakerState, TrackingState};
 use crate::store::StoreExt;
 use crate::wire::codec::Codec;
-use crate::OnBackendError;
+use crate::{Capabilities, OnBackendError};
 
 /// How long [`Cache::health`] waits for the backend's answer: a readiness probe must not hang
 /// on a black-holed connection for the whole response time-out.
@@ -170,6 +170,10 @@ pub struct Health {
     /// Writes waiting in the auto-recovery queue for the backend
     /// ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)); 0 without it.
     pub recovery_queued: usize,
+    /// What the Redis server allows and the fallbacks chosen
+    /// ([`Cache::capabilities`](crate::Cache::capabilities)); `None` for the embedded store, a
+    /// cluster, or before the first probe answered.
+    pub capabilities: Option<Capabilities>,
 }
 
 impl Health {
@@ -241,7 +245,7 @@ pub(crate) fn judge(
 impl serde::Serialize for Health {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Health", 9)?;
+        let mut s = serializer.serialize_struct("Health", 10)?;
         s.serialize_field("state", &self.state)?;
         s.serialize_field("ready", &self.is_ready())?;
         s.serialize_field("reasons", &self.reasons)?;
@@ -254,6 +258,7 @@ impl serde::Serialize for Health {
         s.serialize_field("near_feed_proven", &self.near_feed_proven)?;
         s.serialize_field("near_tracking", &self.near_tracking)?;
         s.serialize_field("recovery_queued", &self.recovery_queued)?;
+        s.serialize_field("capabilities", &self.capabilities)?;
         s.end()
     }
 }
@@ -283,6 +288,7 @@ impl<C: Codec> Engine<C> {
             near_feed_proven: self.core.near().map(|near| near.proven()),
             near_tracking: self.core.near().map(|near| near.tracking()),
             recovery_queued: self.core.recovery.as_ref().map_or(0, |r| r.len()),
+            capabilities: self.core.capabilities.as_ref().and_then(|p| p.get()),
         }
     }
 }

@@ -177,6 +177,7 @@ impl Cache {
             breaker: None,
             counters: Arc::default(),
             recovery: None,
+            capabilities: None,
         }))
     }
 
@@ -307,6 +308,35 @@ impl<C: Codec> Cache<C> {
     /// ```
     pub async fn health(&self) -> crate::Health {
         self.engine.health_report().await
+    }
+
+    /// What the Redis server behind this cache allows, and which fallbacks the cache chose
+    /// (see [`Capabilities`](crate::Capabilities)), as probed at `build()` or, for a cache
+    /// built while Redis was down, at its first answer; probed again after a call finds the
+    /// connection lost (a failover may land on another server). `None` for the embedded
+    /// store, for a Redis Cluster (not probed: it keeps the scripts) and until the first probe
+    /// answered. Also in [`Health::capabilities`](crate::Health::capabilities).
+    ///
+    /// ```
+    /// let cache = stampede_guard::Cache::in_memory();
+    /// assert!(cache.capabilities().is_none()); // the embedded store needs none
+    /// ```
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), stampede_guard::Error> {
+    /// let cache = stampede_guard::Cache::builder()
+    ///     .redis_url("redis://127.0.0.1:6379/0")
+    ///     .build()
+    ///     .await?;
+    /// if let Some(caps) = cache.capabilities() {
+    ///     tracing::info!(%caps, fallbacks = ?caps.fallbacks(), "server");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn capabilities(&self) -> Option<crate::Capabilities> {
+        self.engine.core.capabilities.as_ref()?.get()
     }
 
     /// What the cache holds for `key`, for on-call, without computing, refreshing, waiting or

@@ -31,7 +31,8 @@ pub(crate) use calls::{LockStoreExt, StoreExt};
 pub use memory::MemoryLimits;
 pub(crate) use memory::MemoryStore;
 pub(crate) use op::{Class, LockOp, Op, Reply};
-pub use redis::ConnectionOptions;
+pub use redis::{Capabilities, ConnectionOptions, LockWrite, ServerKind};
+pub(crate) use redis::{ProbeError, Probed};
 pub(crate) use split::SplitStore;
 
 /// A boxed future: keeps [`Store`] object-safe so one `Cache` type serves every backend.
@@ -367,6 +368,19 @@ pub(crate) trait LockStore: Send + Sync + 'static {
     /// it (Redlock); nothing for a single store.
     fn clock_drift(&self, _lease: Duration) -> Duration {
         Duration::ZERO
+    }
+
+    /// What the server allows, shared with the store's own probes; `None` for a store that
+    /// is not one Redis server (the embedded store, a cluster, a quorum, a wrapper: the
+    /// builder asks before it wraps).
+    fn capabilities(&self) -> Option<std::sync::Arc<Probed>> {
+        None
+    }
+
+    /// Probes the server now, within `timeout` (see [`capabilities`](Self::capabilities));
+    /// `Ok` at once for a store without capabilities.
+    fn probe_now(&self, _timeout: Duration) -> BoxFuture<'_, Result<(), ProbeError>> {
+        Box::pin(async { Ok(()) })
     }
 }
 

@@ -14,7 +14,9 @@
 //! - `replicas.rs`: lock and fencing writes that wait for replicas (`WAIT`);
 //! - `scripts.rs` and `scripts/`: the Lua scripts, each beside the typed call that builds its
 //!   KEYS and ARGV and reads its reply;
+//! - `lock_writes.rs`: the lock's renewal and release without Lua, where the server allows;
 //! - `feed.rs`: the near tier's invalidation feed;
+//! - `capabilities.rs`: what the server allows, probed once per connection, and the fallbacks;
 //! - `classify.rs`: the kind of each error the client reports, decided once;
 //! - `clock.rs`: the server's clock, as this process estimates it;
 //! - `eviction.rs`: the warning about a server that may evict lock keys;
@@ -22,6 +24,7 @@
 //!
 //! Explained in the guide: `docs/how-it-works.md` and `docs/cluster-and-redlock.md` (Redis Cluster).
 
+mod capabilities;
 mod classify;
 mod clock;
 mod cluster;
@@ -29,6 +32,7 @@ mod coalesce;
 mod connection;
 mod eviction;
 mod feed;
+mod lock_writes;
 mod mget;
 mod pubsub;
 mod replicas;
@@ -36,6 +40,8 @@ mod scripts;
 mod store;
 mod traced;
 
+pub(crate) use capabilities::{refusal, ProbeError, Probed};
+pub use capabilities::{Capabilities, LockWrite, ServerKind};
 pub(crate) use classify::classify;
 pub use connection::ConnectionOptions;
 pub(crate) use feed::{Feed, FeedSink, Source};

@@ -13,6 +13,12 @@
 //! `build()`, and adds no command to any call: the hit path pays one relaxed atomic load. A server
 //! that refuses `CONFIG` (an ACL user without it, a renamed command) is not judged: silence.
 //!
+//! The same watch starts the capability probe (`capabilities.rs`) at the first answer, unless
+//! `build()` probed, and again at the first answer after the store found the connection lost
+//! ([`Answered::rearm`]) or a minute passed (the client may reconnect without any call
+//! failing): a reconnection may reach another server. The probe never connects by itself, so
+//! an outage costs no extra connection attempts.
+//!
 //! Explained in the guide: `docs/guarantees.md` (Redis under memory pressure).
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,9 +29,17 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::oneshot;
 
+use super::capabilities::Probed;
+
 /// Attempts of the check after the first answer, for errors that are not a refusal (a dropped
 /// connection, a timeout): bounded, so a flapping server does not keep a task alive.
 const ATTEMPTS: u32 = 5;
+/// How long a capability probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a probe's findings stand without a new probe: the client reconnects by itself
+/// when it notices a dropped connection before any call does, and then no call fails to say
+/// so. One pipelined probe a minute per store.
+const REPROBE_PERIOD: Duration = Duration::from_secs(60);
 /// The delay before the second attempt, doubled after each.
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 
@@ -42,23 +56,33 @@ struct FirstAnswer<C> {
     done: AtomicBool,
     /// Taken at the first answer. The `std` mutex is never held across `.await`.
     to_check: Mutex<Option<oneshot::Sender<C>>>,
+    /// The server's capabilities, probed at an answer when they are unknown or stale.
+    probed: Option<Arc<Probed>>,
 }
 
 impl<C: ConnectionLike + Clone + Send + Sync + 'static> Answered<C> {
-    /// Wraps `conn` and starts the policy check, which waits for the first answer. Without a
-    /// Tokio runtime (nothing to spawn on) the connection is used as it is, unchecked.
-    pub(crate) fn new(conn: C) -> Self {
+    /// Wraps `conn` and starts the policy check, which waits for the first answer; with
+    /// `probed`, answers also start the capability probe when it is due. Without a Tokio
+    /// runtime (nothing to spawn on) the connection is used as it is, unchecked.
+    pub(crate) fn new(conn: C, probed: Option<Arc<Probed>>) -> Self {
         let (tx, rx) = oneshot::channel();
-        let spawned = tokio::runtime::Handle::try_current()
-            .map(|runtime| runtime.spawn(check_when_answered(rx)))
-            .is_ok();
-        Answered {
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        if let Some(runtime) = &runtime {
+            runtime.spawn(check_when_answered(rx));
+        }
+        let spawned = runtime.is_some();
+        let answered = Answered {
             conn,
             first: Arc::new(FirstAnswer {
                 done: AtomicBool::new(!spawned),
                 to_check: Mutex::new(spawned.then_some(tx)),
+                probed,
             }),
+        };
+        if let (Some(runtime), Some(_)) = (runtime, &answered.first.probed) {
+            runtime.spawn(rearm_every(Arc::downgrade(&answered.first), REPROBE_PERIOD));
         }
+        answered
     }
 
     fn answered(&self) {
@@ -76,6 +100,17 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Answered<C> {
             // The task may be gone (runtime shut down): then nobody is warned, which is fine.
             let _ = sender.send(self.conn.clone());
         }
+        if let Some(probed) = self.first.probed.as_ref().filter(|p| p.take_due()) {
+            let rearm = self.clone();
+            probed.reprobe(self.clone(), PROBE_TIMEOUT, move || rearm.rearm());
+        }
+    }
+
+    /// The connection was lost: the next answer may come from another server (a failover),
+    /// so it is watched again and the capabilities are probed anew then. Costs the next
+    /// request one boxed future; the hit path is as before from the answer on.
+    pub(crate) fn rearm(&self) {
+        self.first.rearm();
     }
 }
 
@@ -113,6 +148,26 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> ConnectionLike for Answe
 
     fn get_db(&self) -> i64 {
         self.conn.get_db()
+    }
+}
+
+impl<C> FirstAnswer<C> {
+    fn rearm(&self) {
+        if let Some(probed) = &self.probed {
+            probed.make_due();
+            self.done.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Makes a probe due every `period` while the store lives.
+async fn rearm_every<C>(first: std::sync::Weak<FirstAnswer<C>>, period: Duration) {
+    loop {
+        tokio::time::sleep(period).await;
+        match first.upgrade() {
+            Some(first) => first.rearm(),
+            None => return,
+        }
     }
 }
 

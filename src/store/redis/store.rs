@@ -8,11 +8,13 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::Value;
 
+use super::capabilities::{probe, LockWrite, ProbeError, Probed};
 use super::clock::ServerClock;
 use super::cluster::LazyCluster;
 use super::coalesce::{self, Coalescer};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
+use super::lock_writes;
 use super::mget;
 use super::pubsub::PubSub;
 use super::replicas::{Acks, ReplicaWait};
@@ -23,6 +25,7 @@ use super::scripts::{
     WriteFencedCall,
 };
 use super::traced::{Target, Traced};
+use crate::error::BackendErrorKind;
 use crate::join::join_all;
 use crate::store::op::unanswered;
 use crate::store::wakeup::Listener;
@@ -76,6 +79,13 @@ pub(crate) struct RedisStore<C> {
     /// Lock and fencing writes wait for replicas over this connection
     /// ([`ConnectionOptions::wait_for_replicas`]); `None`: they do not wait.
     replicas: Option<ReplicaWait<Traced<C>>>,
+    /// What the server allows, probed at `build()` or at the first answer, and again after a
+    /// call finds the connection lost (see [`capabilities`](super::capabilities)).
+    probed: Arc<Probed>,
+    /// A single server's client and the settings of a one-off connection: `build()` probes
+    /// over a connection of its own, one attempt, so the data connection's reconnection
+    /// schedule is not touched. `None` on a cluster.
+    probe_client: Option<(redis::Client, redis::AsyncConnectionConfig)>,
 }
 
 impl<C> std::fmt::Debug for RedisStore<C> {
@@ -94,8 +104,11 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
         channel_suffix: String,
     ) -> Self {
         let target = Arc::new(target);
+        let probed = Arc::<Probed>::default();
+        // A cluster's nodes are not probed: its lock writes stay scripts (see `capabilities`).
+        let first_probe = matches!(scripts, Scripts::Plain).then(|| Arc::clone(&probed));
         RedisStore {
-            conn: Answered::new(Traced::new(conn, Arc::clone(&target))),
+            conn: Answered::new(Traced::new(conn, Arc::clone(&target)), first_probe),
             target,
             pubsub,
             scripts,
@@ -105,6 +118,8 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             per_slot: false,
             coalescer: None,
             replicas: None,
+            probed,
+            probe_client: None,
         }
     }
 
@@ -151,6 +166,7 @@ impl RedisStore<ConnectionManager> {
         let target = Target::of(info);
         let mut store = RedisStore::new(conn, target, pubsub, Scripts::Plain, channel_suffix(db))
             .coalescing(connection);
+        store.probe_client = Some((client.clone(), connection.async_config()));
         if let Some(acks) = connection.wait_for_replicas {
             let config = connection.waited_manager_config(acks);
             let waited = ConnectionManager::new_lazy_with_config(client, config)?;
@@ -262,6 +278,34 @@ where
         scripts::run(self.scripts, call, &mut self.conn.clone()).await
     }
 
+    /// An operation (`run`, `lock`), boxed, watched for a lost connection: it may come back
+    /// to another server (a failover), so the capabilities are probed again at its next
+    /// answer. Only failures pay.
+    fn watched<'a, T: Send + 'a>(
+        &'a self,
+        operation: impl std::future::Future<Output = StoreResult<T>> + Send + 'a,
+    ) -> BoxFuture<'a, StoreResult<T>> {
+        Box::pin(async move {
+            let answer = operation.await;
+            if let Err(e) = &answer {
+                if e.connection_lost() || e.kind() == BackendErrorKind::Unreachable {
+                    self.conn.rearm();
+                }
+            }
+            answer
+        })
+    }
+
+    /// Runs a Lua-free lock write (see [`lock_writes`]) and reads its `MULTI`'s replies.
+    async fn lock_write(
+        &self,
+        pipe: redis::Pipeline,
+        read: fn(&[Value]) -> StoreResult<bool>,
+    ) -> StoreResult<bool> {
+        let replies = pipe.query_async::<Vec<Value>>(&mut self.conn.clone()).await;
+        read(&replies?)
+    }
+
     /// Runs a lock or fencing write: followed by `WAIT` on the replicas' connection when writes
     /// wait for replicas (see [`replicas`](super::replicas)), else as [`script`](Self::script)
     /// does.
@@ -336,6 +380,11 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn extend(&self, keys: &EntryKeys, token: &str, lease: Duration) -> StoreResult<bool> {
+        // Writes that wait for replicas stay scripts: `ReplicaWait` runs a script, then `WAIT`.
+        if self.replicas.is_none() && self.probed.renewal() == LockWrite::SetIfEq {
+            let pipe = lock_writes::renewal(keys, token, lease);
+            return self.lock_write(pipe, lock_writes::renewed).await;
+        }
         // A renewal too few replicas acknowledged does not count: the holder's lease is not
         // moved on (its heartbeat retries), since a failover could bring back the older expiry.
         let (extended, acks) = self.run_acked(ExtendCall { keys, token, lease }).await?;
@@ -347,6 +396,12 @@ where
 
     async fn unlock(&self, keys: &EntryKeys, token: &str) -> StoreResult<bool> {
         let channel = self.channel(keys);
+        if self.replicas.is_none() {
+            let path = self.probed.release();
+            if let Some(pipe) = lock_writes::release(path, self.scripts, keys, token, &channel) {
+                return self.lock_write(pipe, lock_writes::released).await;
+            }
+        }
         let call = UnlockCall {
             keys,
             token,
@@ -638,7 +693,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
-        Box::pin(async move {
+        self.watched(async move {
             Ok(match op {
                 LockOp::TryLock { keys, token, lease } => {
                     let (answer, _) = self.read_or_lock(keys, token, lease, false, None).await?;
@@ -669,6 +724,29 @@ where
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         Box::pin(async move { self.pubsub.listen(&self.channel(keys)).await })
     }
+
+    fn capabilities(&self) -> Option<Arc<Probed>> {
+        (!self.per_slot).then(|| Arc::clone(&self.probed))
+    }
+
+    fn probe_now(&self, timeout: Duration) -> BoxFuture<'_, Result<(), ProbeError>> {
+        Box::pin(async move {
+            let Some((client, config)) = &self.probe_client else {
+                return Ok(());
+            };
+            let found = tokio::time::timeout(timeout, async {
+                let mut conn = client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+                    .map_err(ProbeError::from_connect)?;
+                probe(&mut conn, timeout).await
+            })
+            .await
+            .map_err(|_| ProbeError::timed_out())??;
+            self.probed.set(found);
+            Ok(())
+        })
+    }
 }
 
 impl<C> Store for RedisStore<C>
@@ -676,7 +754,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
-        Box::pin(async move {
+        self.watched(async move {
             Ok(match op {
                 Op::Get { keys } => Reply::Value(self.get(keys).await?),
                 Op::GetMany { entries } => {
