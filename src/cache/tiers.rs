@@ -118,7 +118,9 @@ impl Tiers {
 
     /// A held copy of `key` for a read the backend left unanswered for [`HELD_AFTER`] while the
     /// feed is silent: two signs that the server stopped answering, the same bound as after a
-    /// failure (`serve_while_down` past the last proof, `past_fresh` past fresh-until).
+    /// failure (`serve_while_down` past the last proof, `past_fresh` past fresh-until). A
+    /// server merely slow answers the read later, in the background, and that answer drops the
+    /// copy (`reached`): once per key at most, while it answers.
     pub(crate) fn held_unanswered<T: Clone + 'static>(
         &self,
         key: &str,

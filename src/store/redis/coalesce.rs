@@ -168,10 +168,14 @@ where
         // Answered: the reads queued meanwhile go out from a task.
         drop(handover);
     }
-    match answered.instrument(span).await {
+    match answered.instrument(span.clone()).await {
         Ok(answer) => answer,
-        // The caller that carried this read went away with it: read alone.
-        Err(_) => read_alone(conn, per_slot, value, names).await,
+        // The caller that carried this read went away with it: read alone, in this read's span.
+        Err(_) => {
+            read_alone(conn, per_slot, value, names)
+                .instrument(span)
+                .await
+        }
     }
 }
 
@@ -333,7 +337,10 @@ fn trace_carried<T>(reads: &[Read], size: usize, answered: &StoreResult<T>) {
         if span.is_disabled() {
             continue;
         }
-        span.record("db.operation.batch.size", size);
+        // As `Target::span` does: a batch of one is no batch.
+        if size > 1 {
+            span.record("db.operation.batch.size", size);
+        }
         if let Err(crate::store::StoreError::Redis { source, .. }) = answered {
             record_error(span, source);
         }

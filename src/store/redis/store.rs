@@ -296,14 +296,23 @@ where
         })
     }
 
-    /// Runs a Lua-free lock write (see [`lock_writes`]) and reads its `MULTI`'s replies.
+    /// A Lua-free lock write (`lock_writes.rs`), read by `read`; `None` when the server refused
+    /// the command itself (a syntax error or an unknown command: a failover to a server
+    /// without it, before the next probe found out). Then the caller runs the script, and a
+    /// probe is due at the next answer.
     async fn lock_write(
         &self,
         pipe: redis::Pipeline,
         read: fn(&[Value]) -> StoreResult<bool>,
-    ) -> StoreResult<bool> {
-        let replies = pipe.query_async::<Vec<Value>>(&mut self.conn.clone()).await;
-        read(&replies?)
+    ) -> Option<StoreResult<bool>> {
+        match pipe.query_async::<Vec<Value>>(&mut self.conn.clone()).await {
+            Ok(replies) => Some(read(&replies)),
+            Err(e) if matches!(e.code(), Some("ERR" | "EXECABORT")) => {
+                self.conn.rearm();
+                None
+            }
+            Err(e) => Some(Err(e.into())),
+        }
     }
 
     /// Runs a lock or fencing write: followed by `WAIT` on the replicas' connection when writes
@@ -383,7 +392,9 @@ where
         // Writes that wait for replicas stay scripts: `ReplicaWait` runs a script, then `WAIT`.
         if self.replicas.is_none() && self.probed.renewal() == LockWrite::SetIfEq {
             let pipe = lock_writes::renewal(keys, token, lease);
-            return self.lock_write(pipe, lock_writes::renewed).await;
+            if let Some(renewed) = self.lock_write(pipe, lock_writes::renewed).await {
+                return renewed;
+            }
         }
         // A renewal too few replicas acknowledged does not count: the holder's lease is not
         // moved on (its heartbeat retries), since a failover could bring back the older expiry.
@@ -399,7 +410,9 @@ where
         if self.replicas.is_none() {
             let path = self.probed.release();
             if let Some(pipe) = lock_writes::release(path, self.scripts, keys, token, &channel) {
-                return self.lock_write(pipe, lock_writes::released).await;
+                if let Some(released) = self.lock_write(pipe, lock_writes::released).await {
+                    return released;
+                }
             }
         }
         let call = UnlockCall {
