@@ -37,4 +37,5 @@ mod store;
 pub(crate) use classify::classify;
 pub use connection::ConnectionOptions;
 pub(crate) use feed::{Feed, FeedSink, Source};
+pub(crate) use scripts::named_shas as script_names;
 pub(crate) use store::{near_channels, RedisStore, CHUNK_KEYS};
