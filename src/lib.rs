@@ -448,6 +448,13 @@ pub mod __private {
     /// the test that checks what a big batch hands the server.
     pub const REDIS_CHUNK_KEYS: usize = crate::store::redis::CHUNK_KEYS;
 
+    /// Every Lua script the crate sends, by name, with the SHA1 it is sent by (`EVALSHA`), once
+    /// for a single server's set and once for a cluster's: for the test that checks, on the
+    /// server, that each script touches only the keys it declares.
+    pub fn script_names() -> Vec<(&'static str, String)> {
+        crate::store::redis::script_names()
+    }
+
     /// A value read back from stored bytes as the cache reads it with the default codec.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Stored<T> {

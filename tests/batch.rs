@@ -887,7 +887,7 @@ fn log_every_command(conn: &mut redis::Connection) {
         ("slowlog-log-slower-than", "0"),
         ("slowlog-max-len", "500000"),
     ] {
-        let _: () = redis::cmd("CONFIG")
+        let _: () = redis::cmd(&support::admin("CONFIG"))
             .arg("SET")
             .arg(name)
             .arg(value)

@@ -405,7 +405,7 @@ async fn the_near_cache_is_refused_on_the_embedded_store() {
 /// channel, or (without tracking) are subscribed to two channels, the near channel and their
 /// heartbeat channel.
 fn feeds(server: &RedisServer) -> usize {
-    let list: String = redis::cmd("CLIENT")
+    let list: String = redis::cmd(&support::admin("CLIENT"))
         .arg("LIST")
         .query(&mut server.conn())
         .unwrap();

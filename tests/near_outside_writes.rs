@@ -1,14 +1,20 @@
 //! The near tier sees every writer (`CLIENT TRACKING`), against real redis-server processes:
 //! a copy stops being served within `max_staleness` after another program's `DEL`, `UNLINK`,
 //! `SET`, `PEXPIRE`, a `RENAME` onto its key, an eviction, `FLUSHDB` or `FLUSHALL`; where the
-//! server refuses tracking, the tier says so and still hears the crate's own writes.
+//! server refuses tracking, the tier says so, still hears the crate's own writes, and reads a
+//! copy again once it is `max_staleness` old, so that an outside `DEL` or `SET` stops being
+//! served within `max_staleness` there too.
+//!
+//! On a managed-like server (`STAMPEDE_REDIS_MANAGED=1`, tests/support/server.rs) every tier's
+//! tracking is refused: the tests expect that, and the outside changes are caught all the same.
 
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
 mod support {
+    pub mod commandstats;
     pub mod poll;
     pub mod server;
-    pub use {poll::*, server::*};
+    pub use {commandstats::*, poll::*, server::*};
 }
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +23,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use stampede_guard::{Cache, NearCacheOptions, TrackingState, Written};
-use support::{eventually, RedisServer};
+use support::{commands_since_reset, eventually, managed, reset_command_stats, RedisServer};
 
 const TTL: Duration = Duration::from_secs(600);
 const MAX_STALENESS: Duration = Duration::from_millis(200);
@@ -99,6 +105,34 @@ impl Reader {
     }
 }
 
+/// The tracking state of a tier whose server and login allow it: on, except on a managed-like
+/// server, which renames `CLIENT` away.
+fn tracking_allowed() -> TrackingState {
+    if managed() {
+        TrackingState::Refused
+    } else {
+        TrackingState::On
+    }
+}
+
+impl Reader {
+    /// [`drops_its_copy_after`](Self::drops_its_copy_after) another program's `DEL` of a key,
+    /// then its `SET` of another (bytes that are no envelope of the crate: a miss, logged,
+    /// computed again).
+    async fn drops_its_copy_after_a_del_and_a_set(&self, admin: &mut redis::Connection) {
+        self.drops_its_copy_after("del", || {
+            let _: i64 = admin.del(value_key("del")).unwrap();
+        })
+        .await;
+        self.drops_its_copy_after("set", || {
+            let _: () = admin
+                .set(value_key("set"), "written by another program")
+                .unwrap();
+        })
+        .await;
+    }
+}
+
 /// The value key of `key` in the test's namespace (the documented layout, `ns:{key}`).
 fn value_key(key: &str) -> String {
     format!("outside:{{{key}}}")
@@ -111,21 +145,11 @@ async fn every_outside_change_of_a_key_drops_the_copies_within_max_staleness() {
     let mut admin = server.conn();
 
     reader
-        .drops_its_copy_after("del", || {
-            let _: i64 = admin.del(value_key("del")).unwrap();
-        })
+        .drops_its_copy_after_a_del_and_a_set(&mut admin)
         .await;
     reader
         .drops_its_copy_after("unlink", || {
             let _: i64 = admin.unlink(value_key("unlink")).unwrap();
-        })
-        .await;
-    // Bytes that are no envelope of the crate: a miss (logged), computed again.
-    reader
-        .drops_its_copy_after("set", || {
-            let _: () = admin
-                .set(value_key("set"), "written by another program")
-                .unwrap();
         })
         .await;
     reader
@@ -142,7 +166,7 @@ async fn every_outside_change_of_a_key_drops_the_copies_within_max_staleness() {
                 .unwrap();
         })
         .await;
-    assert_eq!(reader.cache.stats().near_tracking, TrackingState::On);
+    assert_eq!(reader.cache.stats().near_tracking, tracking_allowed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,13 +179,13 @@ async fn an_eviction_or_a_flush_drops_the_copies_within_max_staleness() {
         .drops_its_copy_after("evicted", || {
             // Every key goes: a limit below what the server holds makes the next command evict
             // until nothing evictable is left.
-            let _: () = redis::cmd("CONFIG")
+            let _: () = redis::cmd(&support::admin("CONFIG"))
                 .arg("SET")
                 .arg("maxmemory-policy")
                 .arg("allkeys-random")
                 .query(&mut admin)
                 .unwrap();
-            let _: () = redis::cmd("CONFIG")
+            let _: () = redis::cmd(&support::admin("CONFIG"))
                 .arg("SET")
                 .arg("maxmemory")
                 .arg("1")
@@ -169,7 +193,7 @@ async fn an_eviction_or_a_flush_drops_the_copies_within_max_staleness() {
                 .unwrap();
             let _: redis::RedisResult<()> = admin.set("outside-filler", "x");
             let exists: bool = admin.exists(value_key("evicted")).unwrap();
-            let _: () = redis::cmd("CONFIG")
+            let _: () = redis::cmd(&support::admin("CONFIG"))
                 .arg("SET")
                 .arg("maxmemory")
                 .arg("0")
@@ -205,7 +229,11 @@ async fn narrowed_tracking_sees_outside_writes_under_its_prefixes_only() {
         })
         .await;
 
-    // Outside the prefix the copy stays (documented: until its own fresh-until).
+    // Outside the prefix the copy stays (documented: until its own fresh-until), where
+    // tracking is on; where it is refused, every copy is read again after max_staleness.
+    if managed() {
+        return;
+    }
     let held = reader.until_near_hit("rates:2019-05").await;
     let _: i64 = admin.del(value_key("rates:2019-05")).unwrap();
     tokio::time::sleep(MAX_STALENESS * 2).await;
@@ -244,7 +272,7 @@ async fn a_refused_tracking_is_reported_and_the_crates_own_writes_still_reach_th
     // The writer's own tier tracks: one refusal is the reader's ACL, not the server's.
     assert!(
         eventually(PATIENCE, || writer.stats().near_tracking
-            == TrackingState::On),
+            == tracking_allowed()),
         "{:?}",
         writer.stats()
     );
@@ -262,7 +290,7 @@ async fn a_refused_tracking_is_reported_and_the_crates_own_writes_still_reach_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tracking_turned_off_is_reported_and_the_crates_own_writes_still_reach_the_tier() {
+async fn tracking_turned_off_is_reported_and_every_change_still_reaches_the_tier() {
     let server = RedisServer::start();
     let reader = Reader::new(
         server.url(),
@@ -278,4 +306,101 @@ async fn tracking_turned_off_is_reported_and_the_crates_own_writes_still_reach_t
     );
     tokio::time::sleep(MAX_STALENESS).await;
     assert_eq!(reader.read("2019-05").await, "v2");
+    // Another program's changes are not announced: they stop being served all the same, each
+    // copy being read again once it is max_staleness old.
+    reader
+        .drops_its_copy_after_a_del_and_a_set(&mut server.conn())
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tracking_refused_an_outside_del_or_set_stops_being_served_within_max_staleness() {
+    let server = RedisServer::start();
+    let reader = Reader::new(user_without_client(&server), NearCacheOptions::new(1_000)).await;
+    reader
+        .drops_its_copy_after_a_del_and_a_set(&mut server.conn())
+        .await;
+    assert_eq!(reader.cache.stats().near_tracking, TrackingState::Refused);
+}
+
+/// The figures of `docs/near-cache.md` (Without tracking), printed, not checked (they are
+/// times and rates of this machine): with tracking refused, how long after an outside `DEL` the
+/// old copy is still served, and how many reads per second Redis serves to keep 1,000 hot keys'
+/// copies within `max_staleness`. Run:
+/// `cargo test --all-features --test near_outside_writes -- --ignored --nocapture revalidation`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+async fn revalidation_without_tracking_measured() {
+    for staleness in [Duration::from_millis(200), Duration::from_secs(1)] {
+        let server = RedisServer::start();
+        let cache = Cache::builder()
+            .redis_url(user_without_client(&server))
+            .namespace("outside")
+            .near_cache(NearCacheOptions::new(10_000).max_staleness(staleness))
+            .build()
+            .await
+            .expect("a cache with a near tier");
+        let reader = Reader {
+            cache,
+            computed: Arc::default(),
+        };
+        let mut admin = server.conn();
+        // Time until an outside DEL stops being served, for 20 keys.
+        let mut served_for = Vec::new();
+        for i in 0..20 {
+            let key = format!("del-{i}");
+            let held = reader.until_near_hit(&key).await;
+            // The copy is 0 to 0.9 max_staleness old when the DEL comes.
+            tokio::time::sleep(staleness * (i % 10) / 10).await;
+            let _: i64 = admin.del(value_key(&key)).unwrap();
+            let deleted = tokio::time::Instant::now();
+            while reader.read(&key).await == held {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            served_for.push(deleted.elapsed());
+        }
+        served_for.sort();
+        // The Redis reads 1,000 hot keys cost: every key read continually for 5 s.
+        let keys: Vec<String> = (0..1_000).map(|i| format!("hot-{i}")).collect();
+        for key in &keys {
+            reader.read(key).await;
+        }
+        reset_command_stats(&server);
+        let misses = reader.cache.stats().near_misses;
+        let start = tokio::time::Instant::now();
+        // 16 readers at once, each over its 1/16 of the keys, so that a read waiting on Redis
+        // does not hold the others up.
+        let mut readers = tokio::task::JoinSet::new();
+        for shard in keys.chunks(keys.len() / 16) {
+            let (cache, shard) = (reader.cache.clone(), shard.to_vec());
+            readers.spawn(async move {
+                let mut reads = 0u64;
+                while start.elapsed() < Duration::from_secs(5) {
+                    for key in &shard {
+                        let compute = || async { Ok::<_, std::io::Error>(String::new()) };
+                        cache.get_or_compute(key, TTL, compute).await.unwrap();
+                        reads += 1;
+                    }
+                }
+                reads
+            });
+        }
+        let reads: u64 = readers.join_all().await.into_iter().sum();
+        let seconds = start.elapsed().as_secs_f64();
+        let commands = commands_since_reset(&server);
+        let revalidations = reader.cache.stats().near_misses - misses;
+        println!(
+            "max_staleness {staleness:?}: outside DEL served for {:?} (median) {:?} (max) of 20; \
+             1,000 hot keys read {:.0}/s: {:.0} revalidations/s, server commands/s {:?}",
+            served_for[served_for.len() / 2],
+            served_for[served_for.len() - 1],
+            reads as f64 / seconds,
+            revalidations as f64 / seconds,
+            commands
+                .iter()
+                .map(|(name, n)| (name.as_str(), (*n as f64 / seconds).round()))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(reader.cache.stats().near_tracking, TrackingState::Refused);
+    }
 }

@@ -179,8 +179,8 @@ impl<C: Codec> CacheBuilder<C> {
     /// connection per cache (per master on a cluster, each proven current on its own). Every
     /// instance of this version also announces its own changes, with or without a near tier,
     /// for the tiers whose tracking is off or refused by the server: those hear changes made
-    /// through the crate only, and a copy of a value another program replaced is served at most
-    /// until its fresh-until.
+    /// through the crate at once, and read each copy again once it is `max_staleness` old, so
+    /// that another program's change is not served past the same bound.
     ///
     /// ```no_run
     /// use stampede_guard::{Cache, NearCacheOptions};

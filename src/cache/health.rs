@@ -164,8 +164,8 @@ pub struct Health {
     pub near_feed_proven: Option<bool>,
     /// With a near tier: whether Redis tells it of changes made outside the crate
     /// ([`TrackingState`]); `None` without a near tier. [`TrackingState::Refused`] means a
-    /// copy of a value changed by another program (`DEL`, `SET`, an expiry or eviction) may be
-    /// served until its own fresh-until.
+    /// change by another program (`DEL`, `SET`, an expiry or eviction) is caught by reading
+    /// each copy again once it is `max_staleness` old, one read per hot key per window.
     pub near_tracking: Option<TrackingState>,
     /// Writes waiting in the auto-recovery queue for the backend
     /// ([`CacheBuilder::auto_recovery`](crate::CacheBuilder::auto_recovery)); 0 without it.

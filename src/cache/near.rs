@@ -44,9 +44,14 @@
 //! computed value filling an empty key is not announced (no copy of it can exist elsewhere;
 //! announcing fills is JetCache #972's broadcast storm). Values never travel. The scripts always
 //! publish (a writer cannot know whether every reader tracks), which costs Redis almost nothing
-//! while no one listens. Without tracking, writes made outside the crate are not seen: such a
-//! copy is served at most until its own fresh-until (Redisson #3277's question). Below, and in
-//! the code, an "announcement" is either: a report or a published change.
+//! while no one listens. Without tracking, writes made outside the crate are not announced
+//! (Redisson #3277's question), so the bound is kept another way: a copy is served for at most
+//! `max_staleness` after the read that brought it was sent, then the next call reads Redis
+//! again (its answer, the same value or not, replaces the copy). An outside change that
+//! completed more than `max_staleness` before a call is then never hidden by a copy, at the
+//! cost of one read per hot key per `max_staleness` (measured in `docs/near-cache.md`). With
+//! tracking on, copies live to their fresh-until as before. Below, and in the code, an
+//! "announcement" is either: a report or a published change.
 //!
 //! # The insert race (FusionCache #613)
 //! A read sent before an announcement and answered after it must not insert the old value.
@@ -124,6 +129,11 @@ struct NearCopy {
     /// Its fresh-until on the tier's monotonic clock (nanoseconds since `base`), judged with
     /// the same clock read as the staleness proof, so a hit reads the clock once.
     fresh_until_nanos: u64,
+    /// Until when it is served as a hit: its fresh-until, or sooner where Redis does not report
+    /// outside writes (tracking refused or off): `max_staleness` after its read was sent, then
+    /// a call reads Redis again ([`Ticket::recheck_by`]). One comparison on the hit path
+    /// either way.
+    serve_until_nanos: u64,
     compute_ms: u32,
     /// The tier's era when it went in: only a copy of the current era is served as a hit; one
     /// of an earlier era (from before a lapsed proof or a new connection) is only held.
@@ -180,6 +190,10 @@ pub(crate) struct Ticket {
     generation: u64,
     /// The epochs' generation, for the epochs the read brings.
     epochs: u64,
+    /// Until when a copy the read brings may be served before it is read again: `u64::MAX`
+    /// where Redis reports every change (tracking on), else `max_staleness` after the ticket
+    /// (the read is sent after it, so what it finds is at least that recent).
+    recheck_by: u64,
 }
 
 /// The near tier of one cache.
@@ -384,12 +398,14 @@ impl NearTier {
             if copy.era != self.era.load(Ordering::Acquire) {
                 return None;
             }
-            if copy.fresh_until_nanos <= now {
+            if copy.serve_until_nanos <= now {
                 // Past its fresh-until: the normal path decides (stale window, refresh, miss).
                 // Held for the fail-safe while the backend is down, if that is on.
-                if !self.holds() {
+                if copy.fresh_until_nanos <= now && !self.holds() {
                     self.copies.invalidate(key);
                 }
+                // Otherwise fresh but due for a new read (no tracking): the normal path reads
+                // Redis and its answer replaces the copy (a miss there leaves this one unserved).
                 return None;
             }
             if copy.type_id != TypeId::of::<T>() || !self.outlived_epochs(&copy) {
@@ -413,7 +429,7 @@ impl NearTier {
         let now = self.nanos(at);
         let servable = self.live_at(now)
             && copy.era == self.era.load(Ordering::Acquire)
-            && copy.fresh_until_nanos > now
+            && copy.serve_until_nanos > now
             && self.outlived_epochs(&copy);
         Some(NearPeek {
             held_for: at.saturating_duration_since(copy.inserted),
@@ -670,11 +686,20 @@ impl NearTier {
             return None;
         }
         let stripe = self.stripe(key);
+        // Read after the connection: its tracking state is said before it is subscribed, and a
+        // reset racing this reads as not tracking (a shorter life, never a longer one).
+        let recheck_by = if self.tracking() == TrackingState::On {
+            u64::MAX
+        } else {
+            self.nanos(Instant::now())
+                .saturating_add(as_nanos(self.max_staleness))
+        };
         Some(Ticket {
             epoch,
             stripe,
             generation: self.stripes[stripe].load(Ordering::SeqCst),
             epochs: self.epochs_generation.load(Ordering::SeqCst),
+            recheck_by,
         })
     }
 
@@ -705,13 +730,15 @@ impl NearTier {
         // runs slower than the store's (a wall clock stepped forward does not extend it, nor
         // does stepping it back shorten it).
         let left = Duration::from_millis(fresh_until_ms - now_ms);
+        let fresh_until_nanos = self.nanos(Instant::now() + left.min(crate::time::FOREVER));
         let copy = Arc::new(NearCopy {
             type_id: TypeId::of::<T>(),
             value: Box::new(value.clone()),
             clone_out: clone_boxed::<T>,
             fence,
             fresh_until_ms,
-            fresh_until_nanos: self.nanos(Instant::now() + left.min(crate::time::FOREVER)),
+            fresh_until_nanos,
+            serve_until_nanos: fresh_until_nanos.min(ticket.recheck_by),
             compute_ms,
             era: self.era.load(Ordering::SeqCst),
             bytes,
@@ -898,6 +925,7 @@ mod tests {
         let counters = Arc::new(Counters::default());
         let tier = NearTier::new(config, "ns", Arc::clone(&counters));
         tier.reset(1);
+        tier.tracking_state(1, TrackingState::On);
         tier.subscribed(1);
         tier.proof(1, Instant::now());
         (tier, counters)
@@ -1285,9 +1313,48 @@ mod tests {
         assert_eq!(counters.snapshot().near_invalidations, 3);
     }
 
+    /// Where Redis does not report outside writes, a copy is served for at most `max_staleness`
+    /// after its read was sent, then read again (counted a near miss); with tracking on it lives
+    /// to its fresh-until (the proof kept meanwhile).
+    #[tokio::test(start_paused = true)]
+    async fn without_tracking_a_copy_is_read_again_once_max_staleness_old() {
+        let config = NearCacheOptions::new(100).max_staleness(Duration::from_millis(400));
+        for state in [
+            TrackingState::Refused,
+            TrackingState::Off,
+            TrackingState::On,
+        ] {
+            let (tier, counters) = live_tier(&config);
+            tier.tracking_state(1, state);
+            let ticket = tier.ticket(KEY).unwrap();
+            // The read takes 100 ms: the copy's window counts from when it was sent.
+            tokio::time::advance(Duration::from_millis(100)).await;
+            insert(&tier, ticket, KEY, &"v".to_owned(), 1, FRESH, 0, 1, NOW);
+            tokio::time::advance(Duration::from_millis(299)).await;
+            tier.proof(1, Instant::now());
+            assert_eq!(read(&tier, KEY).as_deref(), Some("v"), "{state:?}");
+            assert!(tier.peek(KEY).unwrap().servable);
+            tokio::time::advance(Duration::from_millis(1)).await;
+            let served = read(&tier, KEY);
+            if state == TrackingState::On {
+                assert_eq!(served.as_deref(), Some("v"), "tracked: to its fresh-until");
+                continue;
+            }
+            assert_eq!(served, None, "{state:?}: due for a new read");
+            assert!(!tier.peek(KEY).unwrap().servable);
+            // The new read's answer replaces it, for another window.
+            put(&tier, KEY, "w", 2);
+            assert_eq!(read(&tier, KEY).as_deref(), Some("w"));
+            let stats = counters.snapshot();
+            assert_eq!((stats.near_hits, stats.near_misses), (2, 1), "{state:?}");
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_tracking_state_is_the_current_connections() {
-        let (tier, _) = live_tier(&NearCacheOptions::new(100));
+        let counters = Arc::new(Counters::default());
+        let tier = NearTier::new(&NearCacheOptions::new(100), "ns", counters);
+        tier.reset(1);
         assert_eq!(tier.tracking(), TrackingState::Connecting);
         tier.tracking_state(1, TrackingState::On);
         assert_eq!(tier.tracking(), TrackingState::On);

@@ -45,4 +45,5 @@ pub use capabilities::{Capabilities, LockWrite, ServerKind};
 pub(crate) use classify::classify;
 pub use connection::ConnectionOptions;
 pub(crate) use feed::{Feed, FeedSink, Source};
+pub(crate) use scripts::named_shas as script_names;
 pub(crate) use store::{near_channels, RedisStore, CHUNK_KEYS};

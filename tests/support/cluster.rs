@@ -116,7 +116,7 @@ impl RedisCluster {
     /// Every live node reports `cluster_state:ok` with all slots served.
     pub fn is_healthy(&self) -> bool {
         self.nodes.iter().filter(|n| n.pid().is_some()).all(|n| {
-            let Ok(client) = redis::Client::open(n.url()) else {
+            let Ok(client) = redis::Client::open(n.admin_url()) else {
                 return false;
             };
             let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(500))
@@ -201,7 +201,7 @@ impl RedisCluster {
     /// A connection to node `i` that gives up after `timeout` on connecting and on each reply
     /// (a node stopped by SIGSTOP accepts connections and never answers).
     pub fn node_conn(&self, i: usize, timeout: Duration) -> Option<redis::Connection> {
-        let client = redis::Client::open(self.nodes[i].url()).ok()?;
+        let client = redis::Client::open(self.nodes[i].admin_url()).ok()?;
         let conn = client.get_connection_with_timeout(timeout).ok()?;
         conn.set_read_timeout(Some(timeout)).ok()?;
         conn.set_write_timeout(Some(timeout)).ok()?;

@@ -1,36 +1,28 @@
-//! `MONITOR` through the command-line client (`redis-cli`, or the one `server::programs` picks),
-//! to count the commands a client sends. Needs `server` declared beside it.
+//! `MONITOR` (over `RedisServer::monitor`'s socket, so also on a managed-like server that
+//! renames it), to count the commands a client sends. Needs `server` declared beside it.
 
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use super::server::{not_started, RedisServer};
+use super::server::{MonitorSocket, RedisServer};
 
 /// `MONITOR` on a server: the commands clients send, in order, without the ones that
 /// scripts run inside the server and without connection set-up. Counts round trips as the
 /// server sees them.
 pub struct Monitor {
-    child: Child,
+    _socket: MonitorSocket,
     lines: std::sync::mpsc::Receiver<String>,
 }
 
+#[allow(
+    dead_code,
+    reason = "each test binary calls a different subset of these methods"
+)]
 impl Monitor {
     pub fn start(server: &RedisServer) -> Self {
-        use std::io::BufRead;
-        let mut monitor = server.cli();
-        let mut child = monitor
-            .arg("monitor")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{}", not_started(monitor.get_program().as_ref(), &e)));
-        let stdout = child.stdout.take().expect("piped stdout");
+        let (socket, monitored) = server.monitor();
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            for line in std::io::BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
+            for line in monitored {
                 if tx.send(line).is_err() {
                     break;
                 }
@@ -39,27 +31,39 @@ impl Monitor {
         // MONITOR answers OK once it is active; only then are later commands seen.
         let ok = lines
             .recv_timeout(Duration::from_secs(10))
-            .expect("redis-cli monitor starts");
+            .expect("MONITOR starts");
         assert_eq!(ok, "OK");
-        Monitor { child, lines }
+        Monitor {
+            _socket: socket,
+            lines,
+        }
     }
 
-    /// The commands seen so far (names, upper case), ended by a marker sent now.
-    pub fn commands_until_now(self, server: &RedisServer) -> Vec<String> {
+    /// Every line seen so far (scripts' commands included), as the server wrote it, ended by a
+    /// marker sent now.
+    pub fn lines_until_now(&self, server: &RedisServer) -> Vec<String> {
         let marker = "stampede-guard-monitor-marker";
         let _: String = redis::cmd("ECHO")
             .arg(marker)
             .query(&mut server.conn())
             .unwrap();
-        let mut commands = Vec::new();
+        let mut lines = Vec::new();
         loop {
             let line = self
                 .lines
                 .recv_timeout(Duration::from_secs(10))
                 .expect("the marker reaches the monitor");
             if line.contains(marker) {
-                break;
+                return lines;
             }
+            lines.push(line);
+        }
+    }
+
+    /// The commands seen so far (names, upper case), ended by a marker sent now.
+    pub fn commands_until_now(self, server: &RedisServer) -> Vec<String> {
+        let mut commands = Vec::new();
+        for line in self.lines_until_now(server) {
             // `1700000000.123456 [0 127.0.0.1:5000] "GET" "key"`; script commands say `[0 lua]`.
             if line.contains(" lua] ") {
                 continue;
@@ -87,17 +91,14 @@ impl Monitor {
 /// `EVALSHA`...), which these are not, so they are left out here, by name and subcommand, on
 /// every server: a test's expected list is the same on Redis and on Valkey. `PING` stays in:
 /// the crate sends it as its own probe, not as set-up.
+#[allow(
+    dead_code,
+    reason = "used by `commands_until_now`, which some binaries do not call"
+)]
 fn is_connection_set_up(name: &str, subcommand: &str) -> bool {
     match name {
         "HELLO" | "AUTH" | "SELECT" => true,
         "CLIENT" => matches!(subcommand, "SETINFO" | "SETNAME" | "ID" | "TRACKING"),
         _ => false,
-    }
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }

@@ -5,10 +5,15 @@
 //!
 //! The server is `redis-server` from PATH unless `STAMPEDE_REDIS_SERVER` names another (Valkey's
 //! `valkey-server`, a build of your own); see [`programs`].
+//!
+//! With `STAMPEDE_REDIS_MANAGED=1` every server is managed-like (see [`managed`]): `CLIENT`,
+//! `CONFIG`, `DEBUG` and `MONITOR` renamed to names only this file knows ([`admin`]), and the
+//! crate logged in as a user without `@dangerous` ([`RedisServer::url`]), while the tests'
+//! own tampering connection ([`RedisServer::conn`]) is the full-rights default user.
 
 use std::fs::{File, OpenOptions};
-use std::io::Read as _;
-use std::net::TcpListener;
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -55,6 +60,58 @@ pub fn programs() -> Programs {
         server: server.unwrap_or_else(|| "redis-server".into()),
         cli: cli.unwrap_or_else(|| "redis-cli".into()),
     }
+}
+
+/// Whether the servers are managed-like (`STAMPEDE_REDIS_MANAGED=1`), as ElastiCache, MemoryDB,
+/// Azure or Memorystore give them: `CLIENT`, `CONFIG`, `DEBUG` and `MONITOR` renamed away (the
+/// crate cannot turn on tracking, read the eviction policy, ...), and the crate's login an ACL
+/// user without `@dangerous` (`INFO`, `ROLE`, `KEYS`, `FLUSHALL`... refused too).
+pub fn managed() -> bool {
+    std::env::var_os("STAMPEDE_REDIS_MANAGED").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The commands a managed-like server renames away.
+const RENAMED: [&str; 4] = ["CLIENT", "CONFIG", "DEBUG", "MONITOR"];
+
+/// The crate's login on a managed-like server: every key and channel, every command but the
+/// `@dangerous` ones.
+const MANAGED_USER: &str = "app";
+const MANAGED_PASSWORD: &str = "managed-like";
+
+/// The name a test sends for `command` (`"CONFIG"`, `"DEBUG"`...) on its tampering connection:
+/// the command itself, or on a managed-like server the name only the tests know.
+pub fn admin(command: &str) -> String {
+    let upper = command.to_ascii_uppercase();
+    if managed() && RENAMED.contains(&upper.as_str()) {
+        format!("stampede-admin-{}", upper.to_ascii_lowercase())
+    } else {
+        command.to_owned()
+    }
+}
+
+/// The settings that make a server managed-like, when [`managed`].
+fn managed_args() -> Vec<String> {
+    if !managed() {
+        return Vec::new();
+    }
+    let mut args = Vec::new();
+    for command in RENAMED {
+        args.extend(["--rename-command".into(), command.into(), admin(command)]);
+    }
+    args.extend(
+        [
+            "--user",
+            MANAGED_USER,
+            "on",
+            &format!(">{MANAGED_PASSWORD}"),
+            "~*",
+            "&*",
+            "+@all",
+            "-@dangerous",
+        ]
+        .map(String::from),
+    );
+    args
 }
 
 /// The panic message for a program that could not be started.
@@ -141,6 +198,7 @@ impl RedisServer {
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--protected-mode", "no"])
+            .args(managed_args())
             .args(&self.args)
             .arg("--dir")
             .arg(self.dir.path())
@@ -166,7 +224,7 @@ impl RedisServer {
     }
 
     fn ping(&self) -> bool {
-        let Ok(client) = redis::Client::open(self.url()) else {
+        let Ok(client) = redis::Client::open(self.admin_url()) else {
             return false;
         };
         let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
@@ -175,8 +233,9 @@ impl RedisServer {
         redis::cmd("PING").query::<String>(&mut conn).is_ok()
     }
 
-    /// `redis://` URL of database 0, with the login the server wants.
-    pub fn url(&self) -> String {
+    /// [`url`](Self::url) with the test's own login (the default user unless the test gave
+    /// one): every command, under the names [`admin`] gives.
+    pub fn admin_url(&self) -> String {
         format!("redis://{}127.0.0.1:{}/0", self.userinfo, self.port)
     }
 
@@ -219,6 +278,19 @@ impl RedisServer {
         Self::start_with(&[], "")
     }
 
+    /// `redis://` URL of database 0, with the login the server wants: the one the crate is
+    /// given. On a managed-like server ([`managed`]) without a login of the test's own, the user
+    /// without `@dangerous`.
+    pub fn url(&self) -> String {
+        if managed() && self.userinfo.is_empty() {
+            return format!(
+                "redis://{MANAGED_USER}:{MANAGED_PASSWORD}@127.0.0.1:{}/0",
+                self.port
+            );
+        }
+        self.admin_url()
+    }
+
     /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
@@ -237,11 +309,33 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// A plain synchronous connection, for inspecting and tampering with the server's state.
+    /// A plain synchronous connection, for inspecting and tampering with the server's state
+    /// (the full-rights login even on a managed-like server; send admin commands by [`admin`]).
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+        redis::Client::open(self.admin_url())
             .and_then(|c| c.get_connection_with_timeout(Duration::from_secs(5)))
             .expect("a connection to the test server")
+    }
+
+    /// `MONITOR` on this server, over a plain socket (no `redis-cli`, which knows the command
+    /// only by its name; a managed-like server renames it): the socket, whose drop ends it, and
+    /// the lines as `redis-cli monitor` prints them (`OK` first, then one per command). Only for
+    /// a server whose default user needs no password.
+    pub fn monitor(&self) -> (MonitorSocket, impl Iterator<Item = String> + Send + 'static) {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))
+            .unwrap_or_else(|e| panic!("a monitor connection to port {}: {e}", self.port));
+        let name = admin("MONITOR");
+        write!(stream, "*1\r\n${}\r\n{name}\r\n", name.len())
+            .and_then(|()| stream.flush())
+            .expect("MONITOR sent");
+        let reader = BufReader::new(stream.try_clone().expect("a second handle on the socket"));
+        // Status replies (`+OK`, `+1700000000.123456 [0 127.0.0.1:5000] "GET" "k"`); an error
+        // (`-ERR ...`) is passed on as it is, for the caller's check of `OK` to show.
+        let lines = reader.lines().map_while(Result::ok).map(|line| {
+            line.strip_prefix('+')
+                .map_or_else(|| line.clone(), str::to_owned)
+        });
+        (MonitorSocket(stream), lines)
     }
 
     /// Kills the server and starts it again on the same port from its RDB file (written by
@@ -289,5 +383,19 @@ pub fn free_port() -> u16 {
         if port <= 55535 {
             return port;
         }
+    }
+}
+
+/// A `MONITOR` connection ([`RedisServer::monitor`]): dropping it shuts the socket, which ends
+/// the lines.
+#[allow(
+    dead_code,
+    reason = "made only by `RedisServer::monitor`, which some test binaries do not call"
+)]
+pub struct MonitorSocket(TcpStream);
+
+impl Drop for MonitorSocket {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(Shutdown::Both);
     }
 }

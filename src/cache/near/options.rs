@@ -76,7 +76,10 @@ impl NearCacheOptions {
     /// namespace's keys: the crate's own writes are announced either way. Where the server
     /// refuses tracking (an ACL without `client`, a managed service that disables the command),
     /// the tier works as with `false` and says so once in the log, in
-    /// [`Stats::near_tracking`](crate::Stats::near_tracking) and in the health report.
+    /// [`Stats::near_tracking`](crate::Stats::near_tracking) and in the health report. Either
+    /// way (refused or `false`), each copy is read again from Redis once it is `max_staleness`
+    /// old, so that a change made outside the crate is not served past that bound either: one
+    /// read per hot key per `max_staleness`.
     ///
     /// ```
     /// let near = stampede_guard::NearCacheOptions::new(10_000).track_outside_writes(false);

@@ -230,6 +230,38 @@ impl Lua {
     }
 }
 
+/// Every script by name, with its SHA1 as each set ([`Scripts`]) sends it: for the test that
+/// reads on the server which keys each script touches (`tests/script_keys.rs`), through
+/// `__private::script_names`.
+pub(crate) fn named_shas() -> Vec<(&'static str, String)> {
+    let every: [(&'static str, &'static Lua); 17] = [
+        ("clock", ClockCall::LUA),
+        ("raise_epoch", RaiseEpochCall::LUA),
+        ("extend", ExtendCall::LUA),
+        ("invalidate", InvalidateCall::LUA),
+        ("invalidate_many", InvalidateManyCall::LUA),
+        ("next_fence", NextFenceCall::LUA),
+        ("peek", PeekCall::LUA),
+        ("raise_fence", RaiseFenceCall::LUA),
+        ("read_or_lock", ReadOrLockCall::LUA),
+        ("read_or_lock_many", ReadOrLockManyCall::LUA),
+        ("record_run", RecordRunCall::LUA),
+        ("set", SetCall::LUA),
+        ("since_last_run", SinceLastRunCall::LUA),
+        ("store_and_unlock", StoreAndUnlockCall::LUA),
+        ("unlock", UnlockCall::LUA),
+        ("wake", WakeCall::LUA),
+        ("write_fenced", WriteFencedCall::LUA),
+    ];
+    every
+        .into_iter()
+        .flat_map(|(name, lua)| {
+            [Scripts::Plain, Scripts::Sharded]
+                .map(|scripts| (name, lua.script(scripts).get_hash().to_owned()))
+        })
+        .collect()
+}
+
 /// Who hears of a write: the entry's waiters, on its wake-up channel, and the near tiers of the
 /// namespace's other instances, on its near channel. Sent as two ARGV, in that order.
 #[derive(Clone, Copy)]
