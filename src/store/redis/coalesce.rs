@@ -1,5 +1,5 @@
-//! Concurrent single-key reads of one store, coalesced: while `MGET`s are out (at most two),
-//! the reads that arrive wait in a queue and go out together as the next one. A read that finds
+//! Concurrent single-key reads of one store, coalesced: while one `MGET` is out, the reads
+//! that arrive wait in a queue and go out together as the next one. A read that finds
 //! nothing out sends at once, by itself (a lone call waits for no company); under load each
 //! `MGET` carries the reads that arrived during the one before, so the server runs one command
 //! for many hits, and the namespace's epoch, which every read asks for, is read once per
@@ -63,14 +63,9 @@ pub(crate) struct Coalescer {
 #[derive(Default)]
 struct State {
     queued: Vec<Read>,
-    /// The batches out, at most [`OUT_AT_ONCE`] (each sender sends the queue when it returns).
-    out: usize,
+    /// Whether a batch is out (its sender sends the queue when it returns).
+    sending: bool,
 }
-
-/// The most `MGET`s of one store out at once. Two, so that the server reads one batch while
-/// the client takes the other's answer apart and its callers queue the next: with one, client
-/// and server would take turns, each idle while the other works.
-const OUT_AT_ONCE: usize = 2;
 
 impl Coalescer {
     /// The coalescer of a store (`per_slot`: a cluster's).
@@ -85,39 +80,35 @@ impl Coalescer {
     /// alone, at once, and hands the turn on when answered (see [`drain_in_task`]).
     fn lead(&self) -> bool {
         let mut state = lock(&self.state);
-        let alone = state.out == 0;
-        if alone {
-            state.out = 1;
-        }
-        alone
+        !std::mem::replace(&mut state.sending, true)
     }
 
     /// Queues `read`. If no batch is out, the caller is to send the queue now: returned.
     fn enqueue(&self, read: Read) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
         state.queued.push(read);
-        if state.out >= OUT_AT_ONCE {
+        if state.sending {
             return None;
         }
-        state.out += 1;
+        state.sending = true;
         Some(std::mem::take(&mut state.queued))
     }
 
-    /// A sender of the queue went away before it was empty: its batch is no longer out, and
+    /// The sender of the queue went away before it was empty: no batch is out any more, and
     /// the reads queued are let go (their callers see their answer channel closed and read
     /// alone), so the queue never waits for a sender that is gone.
     fn give_up(&self) {
         let mut state = lock(&self.state);
-        state.out = state.out.saturating_sub(1);
+        state.sending = false;
         state.queued.clear();
     }
 
     /// After a batch was answered: the reads queued meanwhile, to send next; `None` when
-    /// there are none (then this sender's batch is no longer out).
+    /// there are none (then no batch is out).
     fn next(&self) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
         if state.queued.is_empty() {
-            state.out = state.out.saturating_sub(1);
+            state.sending = false;
             return None;
         }
         Some(std::mem::take(&mut state.queued))
@@ -413,16 +404,11 @@ mod tests {
     #[test]
     fn a_sender_that_ends_early_gives_the_turn_back_and_lets_the_queue_go() {
         let coalescer = Arc::new(Coalescer::new(false));
-        let sent: Vec<_> = (0..OUT_AT_ONCE)
-            .map(|i| {
-                let (batch, rx) = read(&format!("sent-{i}"));
-                assert!(coalescer.enqueue(batch).is_some(), "room out: send now");
-                rx
-            })
-            .collect();
-        let (queued, mut waiting) = read("b");
-        assert!(coalescer.enqueue(queued).is_none());
-        // A task that drains the queue is dropped before it finished (no runtime, a
+        let (first, _a) = read("a");
+        let _sent = coalescer.enqueue(first).expect("nothing out: send now");
+        let (second, mut waiting) = read("b");
+        assert!(coalescer.enqueue(second).is_none());
+        // The task that drains the queue is dropped before it finished (no runtime, a
         // shutdown): its turn's guard goes with it.
         drop(Turn {
             coalescer: Arc::clone(&coalescer),
@@ -435,33 +421,33 @@ mod tests {
             ),
             "the queued read is let go, to read alone"
         );
-        let (next, _c) = read("c");
+        let (third, _c) = read("c");
         assert!(
-            coalescer.enqueue(next).is_some(),
-            "a batch fewer out: the next read sends"
+            coalescer.enqueue(third).is_some(),
+            "nothing out: the next read sends"
         );
-        drop(sent);
     }
 
     #[test]
-    fn a_lone_read_is_sent_at_once_and_later_ones_wait_for_the_batches_out() {
+    fn a_lone_read_is_sent_at_once_and_later_ones_wait_for_it() {
         let coalescer = Coalescer::new(false);
-        assert!(coalescer.lead(), "nothing out: read alone, at once");
-        assert!(!coalescer.lead(), "one out: no longer alone");
-        let (second, _b) = read("b");
-        let batch = coalescer.enqueue(second).expect("room for one more out");
+        let (first, _a) = read("a");
+        let batch = coalescer.enqueue(first).expect("nothing out: send now");
         assert_eq!(batch.len(), 1);
+        let (second, _b) = read("b");
         let (third, _c) = read("c");
-        let (fourth, _d) = read("d");
-        assert!(coalescer.enqueue(third).is_none(), "two out: wait");
-        assert!(coalescer.enqueue(fourth).is_none());
+        assert!(coalescer.enqueue(second).is_none(), "one is out: wait");
+        assert!(coalescer.enqueue(third).is_none());
         let next = coalescer.next().expect("the queue goes next");
         assert_eq!(
             next.iter().map(|r| r.value.as_str()).collect::<Vec<_>>(),
-            ["c", "d"]
+            ["b", "c"]
         );
-        assert!(coalescer.next().is_none(), "nothing queued: one out now");
-        assert!(coalescer.next().is_none(), "and then none");
-        assert!(coalescer.lead(), "nothing out again: read alone");
+        assert!(coalescer.next().is_none(), "nothing queued: none out now");
+        let (fourth, _d) = read("d");
+        assert!(
+            coalescer.enqueue(fourth).is_some(),
+            "nothing out again: send at once"
+        );
     }
 }
