@@ -445,10 +445,11 @@ async fn near_tier(target: &Target, a: &Cache, url: &str) -> Checked {
     match (tracking, seen_del) {
         (TrackingState::On, true) => Ok((Verdict::Works, "tracking on: another instance's set and an outside DEL seen".to_owned())),
         (TrackingState::On, false) => Err("tracking on, yet an outside DEL was not seen".to_owned()),
-        (state, _) => Ok((
+        (state, true) => Ok((
             Verdict::FellBack,
-            format!("tracking {state}: the crate's own changes are seen; an outside DEL {} within {:?} (copies live until their fresh-until)", if seen_del { "was" } else { "was not" }, 4 * MAX_STALENESS),
+            format!("tracking {state}: copies are read again once max_staleness old; an outside DEL was seen within {:?}", 4 * MAX_STALENESS),
         )),
+        (state, false) => Err(format!("tracking {state}, and an outside DEL was not seen within {:?}", 4 * MAX_STALENESS)),
     }
 }
 
@@ -556,7 +557,7 @@ fn recommend(report: &mut Report) {
             .iter()
             .any(|r| r.check == "near tier" && r.verdict == Verdict::FellBack)
     {
-        say("near tier: tracking is not available; keep max_staleness and the TTL short, or write only through the crate (docs/near-cache.md)");
+        say("near tier: tracking is not available; each hot key is read again once per max_staleness, so size max_staleness for that load (docs/near-cache.md)");
     }
     if !caps.wait {
         say("do not set ConnectionOptions::wait_for_replicas (no WAIT)");

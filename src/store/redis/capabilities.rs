@@ -115,7 +115,7 @@ crate::stats::text_is_as_str!(LockWrite);
 /// | capability | without it |
 /// |---|---|
 /// | `lua` | `build()` fails: enable scripting (Garnet: `--lua`; an ACL user needs `@scripting`) |
-/// | `tracking_bcast` | the near tier hears the crate's own announcements only |
+/// | `tracking_bcast` | the near tier reads a copy again once it is `max_staleness` old |
 /// | `sharded_pubsub` | a Redis Cluster cannot wake waiters (needs Redis 7+); one server uses `PUBLISH` |
 /// | `wait` | [`wait_for_replicas`](crate::ConnectionOptions::wait_for_replicas) fails at `build()` |
 /// | `config_get` | the eviction-policy warning is not given |
@@ -217,7 +217,7 @@ impl Capabilities {
         say(!self.resp3, "no RESP3: wake-ups and the near tier's feed cannot subscribe (Redis 5 and older are not supported)");
         say(
             !self.tracking_bcast,
-            "no CLIENT TRACKING BCAST: the near tier hears the crate's own changes only",
+            "no CLIENT TRACKING BCAST: the near tier reads a copy again once it is max_staleness old",
         );
         say(
             !self.sharded_pubsub,
