@@ -287,11 +287,15 @@ async fn a_busy_script_is_busy_not_refused_and_the_cache_works_after_script_kill
             .query::<()>(&mut conn)
             .unwrap_err()
     });
-    // Busy once the script has run past the threshold: wait for the server to say so.
+    // Busy once the script has run past the threshold: wait for the server to say so. A call
+    // before the script began stores nothing (its computation fails), so the value computed
+    // after SCRIPT KILL below is the key's first.
     let deadline = Instant::now() + Duration::from_secs(10);
     let e = loop {
         match cache
-            .get_or_compute("2019-05", TTL, || async { Ok::<_, String>(1u32) })
+            .get_or_compute("2019-05", TTL, || async {
+                Err::<u32, _>("not busy yet".to_owned())
+            })
             .await
         {
             Err(e) if e.is_busy() => break e,
