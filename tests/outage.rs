@@ -301,6 +301,18 @@ async fn holding_through(proxy: &Proxy, stall: Duration) -> Cache {
     cache
 }
 
+/// A server behind a proxy, a cache holding `2019-05` through it (see [`holding_through`]),
+/// then the path black-holed and the feed's proof past: the copy is held, and reads go to the
+/// silent server.
+async fn gone_silent(stall: Duration) -> (RedisServer, Proxy, Cache) {
+    let redis = RedisServer::start();
+    let proxy = proxy_to(&redis);
+    let cache = holding_through(&proxy, stall).await;
+    proxy.set_mode(Mode::Blackhole);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    (redis, proxy, cache)
+}
+
 /// Reads the held `2019-05`, which must answer `Held` (7) even though the server is silent.
 async fn read_held(cache: &Cache) {
     let read = cache.fetch("2019-05", TTL, |_| async {
@@ -315,14 +327,9 @@ async fn read_held(cache: &Cache) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_the_breaker_opens() {
-    let redis = RedisServer::start();
-    let proxy = proxy_to(&redis);
     // Neither the stall watchdog nor a time-out can end a read within the test: only the held
     // copy can answer one.
-    let cache = holding_through(&proxy, Duration::from_secs(120)).await;
-    proxy.set_mode(Mode::Blackhole);
-    // Past the feed's proof: the copy is held, and the reads go to the silent server.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_redis, proxy, cache) = gone_silent(Duration::from_secs(120)).await;
     for _ in 0..10 {
         read_held(&cache).await;
     }
@@ -345,11 +352,7 @@ async fn a_held_copy_answers_a_read_the_silent_server_leaves_unanswered_before_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_answered_by_held_copies_still_open_the_breaker_on_a_silent_server() {
-    let redis = RedisServer::start();
-    let proxy = proxy_to(&redis);
-    let cache = holding_through(&proxy, Duration::from_millis(300)).await;
-    proxy.set_mode(Mode::Blackhole);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_redis, proxy, cache) = gone_silent(Duration::from_millis(300)).await;
     // Only held reads, each answered at once: the reads they sent stay out, so the watchdog
     // sees requests waiting with no answer and opens the breaker; from then on no read is sent.
     let mut reads = 0;
