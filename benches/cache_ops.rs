@@ -22,8 +22,9 @@ mod support {
     pub mod bench;
     pub mod commandstats;
     pub mod load;
+    pub mod raw;
     pub mod server;
-    pub use {bench::*, commandstats::*, load::*, server::*};
+    pub use {bench::*, commandstats::*, load::*, raw::*, server::*};
 }
 
 use std::future::Future;
@@ -33,19 +34,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use stampede_guard::{Cache, ConnectionOptions, NearCacheOptions};
 use support::{runtime, value, RedisServer};
 
 const KEY: &str = "2019-05";
 const RAW_KEY: &str = "raw:2019-05";
 const TTL: Duration = Duration::from_secs(3600);
-/// The library's codec configuration (bincode 2 standard, 64 MiB limit), for the raw baseline.
-const BINCODE: bincode::config::Configuration<
-    bincode::config::LittleEndian,
-    bincode::config::Varint,
-    bincode::config::Limit<{ stampede_guard::MAX_VALUE_BYTES }>,
-> = bincode::config::standard().with_limit::<{ stampede_guard::MAX_VALUE_BYTES }>();
 
 /// Runs `iters` calls of `op` as `in_flight` tasks, each calling it in a loop; returns the time
 /// scaled to exactly `iters` calls.
@@ -88,16 +83,8 @@ async fn guarded_hit(cache: Cache) {
 }
 
 /// What an application without the library does: GET, then decode with the same codec.
-async fn raw_hit(mut raw: ConnectionManager) {
-    let bytes: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(RAW_KEY)
-        .query_async(&mut raw)
-        .await
-        .expect("GET");
-    let bytes = bytes.expect("the raw key is warm");
-    let (v, _): (String, usize) =
-        bincode::serde::decode_from_slice(&bytes, BINCODE).expect("decode");
-    black_box(v);
+async fn raw_hit(raw: ConnectionManager) {
+    black_box(support::raw_hit(&raw, RAW_KEY).await);
 }
 
 /// The commands the server ran since the reset (see `support::commandstats`), but the clock's
@@ -184,20 +171,7 @@ fn hit_path(c: &mut Criterion) {
         let _ = cache.set(KEY, &value(), TTL).await.expect("warm the key");
         // The same settings as the library's data connection, so only the library's own work
         // differs between the two sides.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(2)))
-            .set_response_timeout(Some(Duration::from_secs(5)));
-        let client = redis::Client::open(server.url()).expect("the URL");
-        let mut raw = ConnectionManager::new_with_config(client, config)
-            .await
-            .expect("a raw connection");
-        let bytes = bincode::serde::encode_to_vec(value(), BINCODE).expect("encode");
-        redis::cmd("SET")
-            .arg(RAW_KEY)
-            .arg(bytes)
-            .exec_async(&mut raw)
-            .await
-            .expect("SET the raw key");
+        let raw = support::raw_connection(&server, RAW_KEY).await;
         (cache, uncoalesced, raw)
     });
 

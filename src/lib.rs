@@ -58,6 +58,9 @@
 //!
 //! The API is documented here; the questions around it are answered in the guide, one page each:
 //!
+//! - [Choose your options](https://github.com/stampede-guard/stampede-guard/blob/main/docs/choose-your-options.md):
+//!   by situation (a fleet, Redis outages, writes after commits, many tenants, a managed Redis),
+//!   the builder to copy and what it gives up.
 //! - [A complete service](https://github.com/stampede-guard/stampede-guard/blob/main/docs/service-example.md): axum + sqlx + `get_or_compute` + a
 //!   [`leader::Leader`] job with one shutdown signal.
 //! - [How it works](https://github.com/stampede-guard/stampede-guard/blob/main/docs/how-it-works.md): the protocol, the keys, the scripts, the round trips.
@@ -69,7 +72,7 @@
 //!   [Redis Cluster and Redlock](https://github.com/stampede-guard/stampede-guard/blob/main/docs/cluster-and-redlock.md).
 //! - [Security](https://github.com/stampede-guard/stampede-guard/blob/main/docs/security.md), [Observability](https://github.com/stampede-guard/stampede-guard/blob/main/docs/observability.md),
 //!   [Configuration reference](https://github.com/stampede-guard/stampede-guard/blob/main/docs/configuration.md) (every option, default, unit and bound).
-//! - [Performance](https://github.com/stampede-guard/stampede-guard/blob/main/docs/performance.md) (every figure with its command, machine, commit and date),
+//! - [Performance](https://github.com/stampede-guard/stampede-guard/blob/main/docs/performance.md) (every figure with its command and date),
 //!   [Testing under faults](https://github.com/stampede-guard/stampede-guard/blob/main/docs/testing-under-faults.md).
 //!
 //! # How it works
@@ -140,6 +143,10 @@
 //! | `compression` | `Compressed`, a codec for [`CacheBuilder::codec`] that LZ4-compresses another codec's payloads (by default [`Bincode`]'s) from a threshold on (1 KiB by default): for a ~100 KiB report of rows, measured: 0.44× the Redis memory and the bytes per hit, half the server's time per read, about 30 µs more client CPU per hit and 200 µs per write; decompression bounded by [`MAX_VALUE_BYTES`]. Changing the codec makes each stored value a miss once. Figures and when to turn it on: [Performance](https://github.com/stampede-guard/stampede-guard/blob/main/docs/performance.md#compressing-large-values) | `lz4_flex` (pure Rust, its safe decoder, no default features) |
 //! | `macros` | the `#[cached]` attribute (`stampede_guard::cached`): an async function or method whose body is the computation of `get_or_compute`, its key a template of its arguments, its error its own | `stampede-guard-macros` (this crate's proc-macro crate: `syn`, `quote`, `proc-macro2`) |
 //!
+//! One more feature, `simulation`, is not for applications: it builds the hooks of the crate's
+//! deterministic simulation test (`tests/sim/`, hidden, not part of the API; see
+//! [Testing under faults](https://github.com/stampede-guard/stampede-guard/blob/main/docs/testing-under-faults.md#the-deterministic-simulation)).
+//!
 //! # Limits
 //! Keys longer than [`MAX_KEY_BYTES`] (512 bytes) are refused with [`Error::InvalidKey`], and
 //! values whose encoding exceeds [`MAX_VALUE_BYTES`] (64 MiB) with [`Error::ValueTooLarge`],
@@ -173,6 +180,9 @@ mod join;
 mod lock;
 mod log;
 mod options;
+mod planted;
+mod random;
+mod signal;
 #[cfg(feature = "sqlx")]
 mod sqlx_source;
 mod stats;
@@ -370,6 +380,7 @@ mod guide {
         Api = "api.md";
         Architecture = "architecture.md";
         Batch = "batch.md";
+        ChooseYourOptions = "choose-your-options.md";
         ClusterAndRedlock = "cluster-and-redlock.md";
         Configuration = "configuration.md";
         // Its block merges `web::probes`.
@@ -443,6 +454,54 @@ pub mod __private {
     use crate::wire::key::{clear_key, is_epoch_key, tag_key, user_key_of, EntryKeys};
     use crate::wire::shape::fingerprint;
     use crate::{Bincode, Codec};
+
+    /// The deterministic simulation's hooks (`tests/sim/`, feature `simulation`): its server
+    /// and network, a cache built over them, the seed of every random draw, planted bugs.
+    #[cfg(feature = "simulation")]
+    pub mod sim {
+        use std::sync::Arc;
+
+        pub use crate::store::simulated::{Applied, Connection, Network, Server};
+
+        /// A cache builder whose backend is `connection` (a near tier needs its feed:
+        /// [`Connection::with_feed`]).
+        pub fn builder(connection: Connection) -> crate::CacheBuilder {
+            crate::Cache::builder().simulated(Arc::new(connection))
+        }
+
+        /// Seeds every random draw of the crate on this thread (`None`: the OS's again).
+        pub fn seed_thread(seed: Option<u64>) {
+            crate::random::seed_thread(seed);
+        }
+
+        /// The bugs the simulation must find (docs/testing-under-faults.md).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum Bug {
+            /// The store accepts a computation's write whatever its fencing counter says.
+            FenceSkipped,
+            /// A batch read serves a stored value without judging it by its epochs.
+            EpochIgnoredInBatch,
+            /// The heartbeat believes a renewal it never sent.
+            LeaseNotRenewed,
+            /// The near tier serves copies without a recent proof from its feed.
+            NearWithoutProof,
+            /// A read skips replaying the writes its instance queued for the key.
+            QueuedReplayedAfterRead,
+        }
+
+        /// Switches `bug` on or off, on this thread only.
+        pub fn plant(bug: Bug, on: bool) {
+            use crate::planted::Bug as B;
+            let bug = match bug {
+                Bug::FenceSkipped => B::FenceSkipped,
+                Bug::EpochIgnoredInBatch => B::EpochIgnoredInBatch,
+                Bug::LeaseNotRenewed => B::LeaseNotRenewed,
+                Bug::NearWithoutProof => B::NearWithoutProof,
+                Bug::QueuedReplayedAfterRead => B::QueuedReplayedAfterRead,
+            };
+            crate::planted::plant(bug, on);
+        }
+    }
 
     /// The most entries one batch request (an `MGET`, a many-key script) carries on Redis, for
     /// the test that checks what a big batch hands the server.

@@ -542,7 +542,7 @@ impl Backoff {
         let ceiling = self.ceiling(attempt);
         let floor = ceiling / 2;
         let span = (ceiling - floor).as_micros() as u64;
-        floor + Duration::from_micros(rand::random_range(0..=span))
+        floor + Duration::from_micros(crate::random::up_to(span))
     }
 }
 

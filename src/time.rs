@@ -51,3 +51,18 @@ pub(crate) fn later_by(t: tokio::time::Instant, d: Duration) -> tokio::time::Ins
 pub(crate) fn add(a: Duration, b: Duration) -> Duration {
     saturate(a.saturating_add(b))
 }
+
+/// The simulation's clock (feature `simulation`, `store/simulated.rs`): the next reading of
+/// `clock`, one above the last or `wall_us` if that is later. Strictly increasing, so under
+/// paused time, where many events share one instant, the readings still order the events as
+/// they happened.
+#[cfg(feature = "simulation")]
+pub(crate) fn tick(clock: &std::sync::atomic::AtomicU64, wall_us: u64) -> u64 {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    let next = |now: u64| now.saturating_add(1).max(wall_us);
+    // The closure always answers, so the update cannot fail: either arm is the reading before.
+    let before = match clock.fetch_update(AcqRel, Acquire, |now| Some(next(now))) {
+        Ok(before) | Err(before) => before,
+    };
+    next(before)
+}

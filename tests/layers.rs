@@ -25,6 +25,9 @@ const LAYERS: &[(&str, u8)] = &[
     ("options", 0),
     ("stats", 0),
     ("log", 0),
+    ("random", 0),
+    ("signal", 0),
+    ("planted", 0),
 ];
 
 fn rank(module: &str) -> Option<u8> {

@@ -451,7 +451,7 @@ async fn through_redlock_an_invalidation_outlives_a_long_renewed_computation() {
     };
     let (computing, other) = (split().await, split().await);
     let started = Arc::new(tokio::sync::Notify::new());
-    let computation = {
+    let mut computation = {
         let started = started.clone();
         tokio::spawn(async move {
             computing
@@ -464,7 +464,11 @@ async fn through_redlock_an_invalidation_outlives_a_long_renewed_computation() {
                 .await
         })
     };
-    started.notified().await;
+    tokio::select! {
+        _ = started.notified() => {}
+        // A call that ends without computing would leave this test waiting for ever.
+        ended = &mut computation => panic!("the call ended before it computed: {ended:?}"),
+    }
     let _ = other.invalidate("k").await.unwrap();
     let value = computation.await.unwrap().unwrap();
     assert_eq!(

@@ -150,7 +150,7 @@ async fn twelve_months_by_a_hundred_callers_compute_twelve_times() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hit_is_one_round_trip_and_a_won_miss_four() {
+async fn a_hit_is_one_round_trip_and_a_won_miss_three() {
     let server = RedisServer::start();
     let cache = cache(&server, "reports", CallOptions::default()).await;
     // Warm up: connect, and load the scripts (a server's first EVALSHA answers NOSCRIPT).
@@ -159,6 +159,18 @@ async fn a_hit_is_one_round_trip_and_a_won_miss_four() {
         .await
         .unwrap();
 
+    // And learn the namespace's epoch, after its first answer, so that hits read one key.
+    let held = support::until_a_hit_reads_alone(&server, "reports:{warm-up}", || async {
+        let _: u32 = cache
+            .get_or_compute("warm-up", TTL, move || async move { Ok::<_, String>(0) })
+            .await
+            .unwrap();
+    })
+    .await;
+
+    // A read of one key: `GET` with the epoch held (not on a managed-like server, which
+    // refuses tracking), else `MGET` of it and the value.
+    let read = if held { "GET" } else { "MGET" };
     let monitor = support::Monitor::start(&server);
     let v: u32 = cache
         .get_or_compute("2019-05", TTL, move || async move { Ok::<_, String>(7) })
@@ -168,9 +180,9 @@ async fn a_hit_is_one_round_trip_and_a_won_miss_four() {
     let won_miss = monitor.commands_until_now(&server);
     assert_eq!(
         won_miss,
-        ["MGET", "EVALSHA", "EVALSHA", "EVALSHA"],
-        "won miss: the value with the namespace's epoch, read-or-lock, the namespace's clock \
-         (the value's birth), store-and-unlock"
+        [read, "EVALSHA", "EVALSHA"],
+        "won miss: the value (with the namespace's epoch unless held), read-or-lock (with the \
+         namespace's clock, the value's birth, when the lock is granted), store-and-unlock"
     );
 
     let monitor = support::Monitor::start(&server);
@@ -181,8 +193,8 @@ async fn a_hit_is_one_round_trip_and_a_won_miss_four() {
     assert_eq!(v, 7, "served from the cache");
     assert_eq!(
         monitor.commands_until_now(&server),
-        ["MGET"],
-        "a hit is one MGET (the value and the namespace's epoch)"
+        [read],
+        "a hit is one read"
     );
 }
 

@@ -177,20 +177,27 @@ impl Admin {
 /// Commands the server ran since `CONFIG RESETSTAT`, from `INFO commandstats`, without the
 /// generator's own bookkeeping (BENCH.md): `info`, `config|*`, `flushdb`, `client|*`, `hello`.
 pub(crate) fn commands_executed(stats: &str) -> u64 {
+    commandstats_sum(stats, "calls=", |name| {
+        matches!(name, "info" | "flushdb" | "hello")
+            || name.starts_with("config|")
+            || name.starts_with("client|")
+    })
+}
+
+/// The sum of one field (`calls=`, `usec=`) of `INFO commandstats` over the commands that
+/// `skip` does not name.
+pub(crate) fn commandstats_sum(stats: &str, field: &str, skip: impl Fn(&str) -> bool) -> u64 {
     stats
         .lines()
         .filter_map(|line| line.strip_prefix("cmdstat_"))
         .filter_map(|line| {
             let (name, fields) = line.split_once(':')?;
-            let excluded = matches!(name, "info" | "flushdb" | "hello")
-                || name.starts_with("config|")
-                || name.starts_with("client|");
-            if excluded {
+            if skip(name) {
                 return None;
             }
             fields
                 .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
+                .find_map(|f| f.strip_prefix(field))
                 .and_then(|n| n.parse::<u64>().ok())
         })
         .sum()

@@ -95,6 +95,7 @@
 
 mod admin;
 mod config;
+mod cost;
 mod logs;
 mod outage;
 mod report;

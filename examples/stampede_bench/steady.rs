@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::admin::{clear_counters, read_counters, Admin};
 use crate::config::{Config, Target};
+use crate::cost;
 use crate::outage::Saboteur;
 use crate::report::{extra_fields, percentile_ms, timeline};
 use crate::round::run_round;
@@ -64,10 +65,16 @@ pub(crate) fn steady(
         config.expiry.name()
     );
     warm_up(config, months)?;
+    let cpu_before = cost::cpu_usec(admin)?;
     let outcome = run_round(config, admin, saboteur)?;
     // Commands first (the outage has ended: `run_round` waited for it): the GETs of the counters below must not be counted.
     let executed = admin.commands_executed()?;
+    let usec = cost::command_usec(admin)?;
+    let cpu = cost::cpu_usec(admin)?.saturating_sub(cpu_before);
     let (computes, batch_calls) = read_counters(&mut *counters, months)?;
+    let per_compute = |usec: u64| usec as f64 / computes.max(1) as f64;
+    let requests =
+        cost::requests_per_won_miss(config)?.map_or_else(|| "null".to_owned(), |n| n.to_string());
     let mut calls = outcome.calls.clone();
     calls.sort_unstable();
     // After the warm-up, every window expires each key once.
@@ -76,7 +83,8 @@ pub(crate) fn steady(
         concat!(
             r#"{{"peer": "stampede-guard", "run": "steady", "expiry_mode": "{}", "seconds": {}, "#,
             r#""ttl_ms": {}, "computes": {}, "computes_per_key_per_window": {:.3}, "calls": {}, "#,
-            r#""calls_per_sec": {:.1}, "redis_cmds": {}, "#,
+            r#""calls_per_sec": {:.1}, "redis_cmds": {}, "redis_usec_per_compute": {:.1}, "#,
+            r#""redis_cpu_usec_per_compute": {:.1}, "requests_per_won_miss": {}, "#,
             r#""p50_ms": {:.3}, "p99_ms": {:.3}, "p999_ms": {:.3}, "max_ms": {:.3}, "errors": {}{}, "#,
             r#""timeline": {}, "warn_lines": {}}}"#
         ),
@@ -88,6 +96,9 @@ pub(crate) fn steady(
         calls.len(),
         calls.len() as f64 / seconds.as_secs_f64().max(f64::MIN_POSITIVE),
         executed.saturating_sub(config.counter_incrs(computes, batch_calls)),
+        per_compute(usec),
+        per_compute(cpu),
+        requests,
         percentile_ms(&calls, 50.0),
         percentile_ms(&calls, 99.0),
         percentile_ms(&calls, 99.9),

@@ -116,6 +116,14 @@ impl<C: Codec> CacheBuilder<C> {
         self
     }
 
+    /// The deterministic simulation's backend: a connection to its simulated server
+    /// (`__private::sim`).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn simulated(mut self, store: Arc<crate::store::simulated::Connection>) -> Self {
+        self.backend = Backend::Simulated(store);
+        self
+    }
+
     crate::options::setters! {
         /// The options of every call made through the built cache (see [`CallOptions`]).
         options: CallOptions;
@@ -341,7 +349,8 @@ impl<C: Codec> CacheBuilder<C> {
             // The locks are no longer the embedded store's: no quick hit from it either.
             memory = None;
             let locks =
-                QuorumStore::connect(self.redlock, self.options.lease, None, &self.connection)?;
+                QuorumStore::connect(self.redlock, self.options.lease, None, &self.connection)
+                    .await?;
             store = Arc::new(SplitStore {
                 values: store,
                 locks: Arc::new(locks),

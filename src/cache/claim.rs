@@ -193,9 +193,10 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
                 Err(e) => return (Claim::Backend(e), self.origin),
             };
             match answer {
-                ReadOrLock::Acquired { fence } => {
+                ReadOrLock::Acquired { fence, born } => {
                     // This caller computes: its own span is the origin (`compute.rs`).
-                    return (self.take_lock(fence, asked).await, Origin::none());
+                    let claim = self.take_lock(fence, born, asked).await;
+                    return (claim, Origin::none());
                 }
                 ReadOrLock::Value(bytes) => {
                     if let Break(claim) = self.take_value(&bytes).await {
@@ -355,9 +356,10 @@ impl<'a, C: Codec> WaitOrLock<'a, C> {
     async fn take_lock<T: DeserializeOwned + 'static>(
         self,
         fence: u64,
+        born: Option<u64>,
         asked: Instant,
     ) -> Claim<T> {
-        let held = self.acquiring.granted(fence, asked);
+        let held = self.acquiring.granted(fence, asked).with_birth(born);
         // Found held and waited on, then granted with no value landed: a take-over.
         let took_over = || {
             if self.found == Source::Waited {

@@ -192,9 +192,13 @@ where
             ttl,
             f,
         } = self;
-        // Born before `f` runs, after the lock was granted: an invalidation of its tags that
-        // returned before now is older than the value (see `cache/tags.rs`).
-        let born = engine.born_now().await;
+        // Born before `f` runs, when or after the lock was granted: an invalidation of its tags
+        // that returned before then is older than the value (see `cache/tags.rs`). One server
+        // reads the clock in the grant's own script; elsewhere it is a request of its own.
+        let born = match held.born() {
+            Some(born) => born,
+            None => engine.born_now().await,
+        };
         let computing = Instant::now();
         engine.core.counters.record(Event::Compute);
         let run = f(held.lease());

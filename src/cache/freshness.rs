@@ -98,7 +98,7 @@ pub(crate) fn refresh_early(
 
 /// A uniform draw from (0, 1], as XFetch wants (`ln(0)` would be infinite).
 pub(crate) fn unit_draw() -> f64 {
-    1.0 - rand::random::<f64>()
+    1.0 - crate::random::unit()
 }
 
 /// Where a call's value came from.
@@ -299,7 +299,7 @@ impl<T> Computed<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
+    use rand::{RngExt, SeedableRng};
 
     #[test]
     fn the_stale_window_ends_where_the_fail_safe_window_begins() {

@@ -549,7 +549,7 @@ impl NearTier {
     /// [`live`](Self::live) at `now` (nanoseconds since `base`).
     fn live_at(&self, now: u64) -> bool {
         let until = self.live_until.load(Ordering::Acquire);
-        if now < until {
+        if now < until || crate::planted::on(crate::planted::Bug::NearWithoutProof) {
             return true;
         }
         if self.serving.swap(false, Ordering::AcqRel) {
@@ -712,16 +712,7 @@ impl NearTier {
         fill: Fill<'_, T>,
         now_ms: u64,
     ) {
-        let Fill {
-            key,
-            value,
-            fence,
-            fresh_until_ms,
-            compute_ms,
-            bytes,
-            born,
-            tag_epochs,
-        } = fill;
+        let fresh_until_ms = fill.fresh_until_ms;
         if fresh_until_ms <= now_ms || !self.valid(ticket) {
             return;
         }
@@ -733,26 +724,26 @@ impl NearTier {
         let fresh_until_nanos = self.nanos(Instant::now() + left.min(crate::time::FOREVER));
         let copy = Arc::new(NearCopy {
             type_id: TypeId::of::<T>(),
-            value: Box::new(value.clone()),
+            value: Box::new(fill.value.clone()),
             clone_out: clone_boxed::<T>,
-            fence,
+            fence: fill.fence,
             fresh_until_ms,
             fresh_until_nanos,
             serve_until_nanos: fresh_until_nanos.min(ticket.recheck_by),
-            compute_ms,
+            compute_ms: fill.compute_ms,
             era: self.era.load(Ordering::SeqCst),
-            bytes,
-            born,
-            tag_epochs,
+            bytes: fill.bytes,
+            born: fill.born,
+            tag_epochs: fill.tag_epochs,
             alive_at: AtomicU64::new(u64::MAX),
             inserted: Instant::now(),
         });
-        self.copies.insert(key.to_owned(), copy);
+        self.copies.insert(fill.key.to_owned(), copy);
         // After the insert: an announcement that bumped the stripe before this check dropped
         // nothing of ours (we were not in yet), so we drop ourselves; one that bumps it after
         // drops our copy itself.
         if !self.valid(ticket) {
-            self.copies.invalidate(key);
+            self.copies.invalidate(fill.key);
         }
     }
 

@@ -105,11 +105,7 @@ impl<C: Codec> Engine<C> {
             Err(e) => e,
         };
         let batch = vec![self.queued(Intent::Invalidate { keys })];
-        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
-            return queued;
-        }
-        self.core.counters.record(Event::BackendError);
-        Err(Error::backend("invalidate", error))
+        self.queue_or_fail("invalidate", batch, error)
     }
 
     /// [`Cache::invalidate_many`].
@@ -148,11 +144,7 @@ impl<C: Codec> Engine<C> {
             .into_iter()
             .map(|keys| self.queued(Intent::Invalidate { keys }))
             .collect();
-        if let Some(queued) = self.queue_failed("invalidate", batch, &error) {
-            return queued;
-        }
-        self.core.counters.record(Event::BackendError);
-        Err(Error::backend("invalidate", error))
+        self.queue_or_fail("invalidate", batch, error)
     }
 
     /// [`Cache::invalidate_tags`].

@@ -62,8 +62,8 @@ impl<C: Codec> Engine<C> {
                 Err(e) => acquiring.failed(e),
             }
             match answer {
-                Ok(ReadOrLock::Acquired { fence }) => {
-                    let held = acquiring.granted(fence, asked);
+                Ok(ReadOrLock::Acquired { fence, born }) => {
+                    let held = acquiring.granted(fence, asked).with_birth(born);
                     // Another process may have refreshed between our read and our lock.
                     if cache.replaced_since(&keys, seen_fence).await {
                         tracing::debug!(key = %keys.user, "already refreshed elsewhere");

@@ -81,12 +81,15 @@ impl Tagging {
 /// How many keys' tags [`SeenTags`] remembers.
 const SEEN_KEYS: u64 = 10_000;
 
+/// The most epoch names remembered for one key: its values' tags, the last and earlier ones.
+const SEEN_NAMES_PER_KEY: usize = 2 * MAX_TAGS;
+
 /// How many remembered epochs one batch read asks for with its values; past that, the rest
 /// come in one more round trip.
 pub(crate) const SEEN_PER_BATCH: usize = 64;
 
-/// The epoch names of the tags each key's value carried when last read or written,
-/// so the next read asks for them with the value, in the same round trip: a value tagged by
+/// The epoch names of the tags each key's values carried when read or written (the last
+/// value's, and earlier ones up to a bound), so the next read asks for them with the value, in the same round trip: a value tagged by
 /// its computation ([`Computed::tags`](crate::Computed::tags)) then costs a hit no more than
 /// one tagged by the handle. Bounded; a key it forgot costs one more round trip, once.
 struct SeenTags {
@@ -114,11 +117,34 @@ impl SeenTags {
         self.names.get(key)
     }
 
-    /// Remembers `names` for `key` (a change only: an unchanged entry is not written again).
+    /// Remembers `names` for `key`, beside those already remembered for it (a change only:
+    /// an unchanged entry is not written again).
+    ///
+    /// Added to, not replaced: a follower of this process's flight judges its leader's value
+    /// by the names remembered for the key (`outlives_invalidations_since`), and another call
+    /// may read or compute a value of the key with other tags between the leader's write and
+    /// that judgement. Replaced, the leader's tags were forgotten there, and a follower that
+    /// began after one of them was invalidated got the leader's value all the same (found by
+    /// the deterministic simulation: `tests/sim/`, finding 1). An extra name only costs a read
+    /// one more key in its `MGET`, and a follower one more refusal; past
+    /// [`SEEN_NAMES_PER_KEY`] the new names replace the old.
     fn remember(&self, key: &str, names: Vec<String>) {
         self.any.store(true, Ordering::Release);
-        if self.names.get(key).is_none_or(|held| *held != *names) {
-            self.names.insert(key.to_owned(), names.into());
+        let held = self.names.get(key);
+        let merged = match &held {
+            Some(held) if held.len() + names.len() <= SEEN_NAMES_PER_KEY => {
+                let mut merged = held.to_vec();
+                for name in names {
+                    if !merged.contains(&name) {
+                        merged.push(name);
+                    }
+                }
+                merged
+            }
+            _ => names,
+        };
+        if held.is_none_or(|held| *held != *merged) {
+            self.names.insert(key.to_owned(), merged.into());
         }
     }
 }
@@ -222,4 +248,28 @@ impl Epochs {
 /// a raised one takes every value born at or before it.
 pub(crate) fn outlived(born: u64, epoch: u64) -> bool {
     epoch == 0 || born > epoch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(tags: &[&str]) -> Vec<String> {
+        tags.iter().map(|t| format!("ns:{{%t:{t}}}")).collect()
+    }
+
+    #[test]
+    fn a_key_keeps_the_names_of_its_earlier_values_up_to_a_bound() {
+        let memory = TagMemory::default();
+        memory.remember("k", names(&["t2"]));
+        // Another value of the key, with other tags: the leader's `t2` is still judged.
+        memory.remember("k", names(&["t0"]));
+        assert_eq!(memory.seen("k").as_deref(), Some(&names(&["t2", "t0"])[..]));
+        memory.remember("k", names(&["t0", "t2"]));
+        assert_eq!(memory.seen("k").as_deref(), Some(&names(&["t2", "t0"])[..]));
+        // Past the bound, the new names replace the old.
+        let many: Vec<String> = (0..SEEN_NAMES_PER_KEY).map(|i| format!("x{i}")).collect();
+        memory.remember("k", many.clone());
+        assert_eq!(memory.seen("k").as_deref(), Some(&many[..]));
+    }
 }

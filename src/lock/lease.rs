@@ -118,14 +118,18 @@ impl Lease {
             if state.lost {
                 return;
             }
+            // Biased, the change first: a renewal that landed as the old lease ran out is
+            // read again above, not taken for a loss by a coin toss (and a seeded simulation
+            // replays the same choice).
             tokio::select! {
-                _ = tokio::time::sleep_until(state.valid_until) => return,
+                biased;
                 changed = rx.changed() => {
                     if changed.is_err() {
                         // The heartbeat is gone; it marks the lease lost as it goes.
                         return;
                     }
                 }
+                _ = tokio::time::sleep_until(state.valid_until) => return,
             }
         }
     }
@@ -305,6 +309,12 @@ impl Renewing {
         let keys = &self.keys;
         let asked = Instant::now();
         let extension = self.store.extend(keys, &self.token, self.renewal.lease);
+        let extension = async {
+            if crate::planted::on(crate::planted::Bug::LeaseNotRenewed) {
+                return Ok(true);
+            }
+            extension.await
+        };
         match tokio::time::timeout(period, extension).await {
             Ok(Ok(true)) => {
                 if let Some(counters) = &self.renewal.counters {
@@ -347,7 +357,7 @@ impl Renewing {
 
 /// A fresh owner token: a random UUID, so no two acquisitions anywhere share one.
 fn new_token() -> Arc<str> {
-    uuid::Uuid::new_v4().simple().to_string().into()
+    crate::random::uuid_v4().simple().to_string().into()
 }
 
 /// The owner token of one caller's lock requests, from before the first request is sent until
@@ -431,6 +441,7 @@ impl Acquiring {
             token: Arc::clone(&self.token),
             fence,
             lease: self.renewal.lease,
+            born: None,
             heartbeat: Some(heartbeat),
             armed: true,
         }
@@ -480,6 +491,9 @@ pub(crate) struct HeldLock {
     token: Arc<str>,
     fence: u64,
     lease: std::time::Duration,
+    /// The namespace's clock read by the store in the step that granted the lock (see
+    /// `ReadOrLock::Acquired`), the birth of the value computed under it; `None`: not read.
+    born: Option<u64>,
     heartbeat: Option<Heartbeat>,
     /// Cleared once the lock was handed back through the backend, so `Drop` has nothing to do.
     armed: bool,
@@ -505,6 +519,18 @@ impl HeldLock {
 
     pub(crate) fn fence(&self) -> u64 {
         self.fence
+    }
+
+    /// The lock with the birth its grant came with, if any (see [`born`](Self::born)).
+    pub(crate) fn with_birth(mut self, born: Option<u64>) -> Self {
+        self.born = born;
+        self
+    }
+
+    /// The namespace's clock when the store granted the lock, if it read it then: a value
+    /// computed under the lock is born then, with no request of its own.
+    pub(crate) fn born(&self) -> Option<u64> {
+        self.born
     }
 
     /// The lock's name, as the user gave it.

@@ -130,7 +130,10 @@ impl RedlockBuilder {
         connection: ConnectionOptions;
     }
 
-    /// Builds the lock. Connections are made on first use.
+    /// Builds the lock, connecting to every node at once, each within the connection's
+    /// [`connect_timeout`](ConnectionOptions::connect_timeout): the node timeout is too short
+    /// for a connection's set-up, so a first acquisition over cold connections would find no
+    /// quorum. A node that does not answer now is no error; it connects when next asked.
     ///
     /// # Errors
     /// [`Error::Config`] for fewer than 3 nodes, an even number of nodes, or a URL that does not
@@ -143,7 +146,8 @@ impl RedlockBuilder {
             self.options.lease,
             self.node_timeout,
             &self.connection,
-        )?;
+        )
+        .await?;
         Ok(Lock::from_parts(Arc::new(quorum), keys, self.options))
     }
 }

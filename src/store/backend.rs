@@ -3,10 +3,10 @@
 //!
 //! Explained in the guide: `docs/configuration.md` (Connections).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::redis::{near_channels, ConnectionOptions, Feed, RedisStore, Source};
+use super::redis::{near_channels, ConnectionOptions, Feed, FeedSink, RedisStore, Source};
 use super::{MemoryLimits, MemoryStore, Store};
 use crate::Error;
 
@@ -23,6 +23,31 @@ pub(crate) enum Backend {
     RedisClient(redis::Client),
     /// Seed node URLs of a Redis Cluster.
     RedisCluster(Vec<String>),
+    /// The deterministic simulation's connection to its simulated server (`tests/sim/`).
+    #[cfg(feature = "simulation")]
+    Simulated(Arc<super::simulated::Connection>),
+}
+
+/// Where a near tier hears of changes: Redis's feed, or the simulated server's.
+// Made once per cache and started at once: the Redis feed's size is worth no box.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum AnyFeed {
+    /// A Redis server's or cluster's feed.
+    Redis(Feed),
+    /// The simulated server's feed (`tests/sim/`).
+    #[cfg(feature = "simulation")]
+    Simulated(super::simulated::Feed),
+}
+
+impl AnyFeed {
+    /// Runs the feed in a background task until the sink is dropped (the cache with it).
+    pub(crate) fn start(self, sink: Weak<dyn FeedSink>) {
+        match self {
+            AnyFeed::Redis(feed) => feed.start(sink),
+            #[cfg(feature = "simulation")]
+            AnyFeed::Simulated(feed) => feed.start(sink),
+        }
+    }
 }
 
 impl Backend {
@@ -32,6 +57,8 @@ impl Backend {
             Backend::Memory(_) => "memory",
             Backend::RedisUrl(_) | Backend::RedisClient(_) => "redis",
             Backend::RedisCluster(_) => "redis cluster",
+            #[cfg(feature = "simulation")]
+            Backend::Simulated(_) => "simulated",
         }
     }
 
@@ -50,6 +77,8 @@ impl Backend {
     ) -> Result<Arc<dyn Store>, Error> {
         let client = match self {
             Backend::Memory(limits) => return Ok(Arc::new(MemoryStore::new(limits))),
+            #[cfg(feature = "simulation")]
+            Backend::Simulated(store) => return Ok(store),
             Backend::RedisCluster(seeds) => {
                 let mut store = RedisStore::connect_cluster(&seeds, connection)
                     .map_err(|e| Error::backend("connect", e))?;
@@ -81,11 +110,13 @@ impl Backend {
         heartbeat: Duration,
         tracked: Option<Vec<String>>,
         announced: bool,
-    ) -> Result<(Arc<dyn Store>, Feed), Error> {
+    ) -> Result<(Arc<dyn Store>, AnyFeed), Error> {
         let connect = |e| Error::backend("connect", e);
+        #[cfg(feature = "simulation")]
+        let tracks = tracked.is_some();
         let feed = |source, suffix: &str| {
             let (near_channel, heartbeat_prefix) = near_channels(namespace, suffix);
-            Feed::new(
+            AnyFeed::Redis(Feed::new(
                 source,
                 connection,
                 near_channel,
@@ -93,7 +124,7 @@ impl Backend {
                 heartbeat,
                 tracked,
                 announced,
-            )
+            ))
         };
         let client = match self {
             Backend::Memory(_) => {
@@ -102,6 +133,16 @@ impl Backend {
                      redis_cluster); the embedded store already holds its values in memory"
                         .to_owned(),
                 ))
+            }
+            #[cfg(feature = "simulation")]
+            Backend::Simulated(store) => {
+                let Some(feed) = store.feed(namespace, heartbeat, tracks) else {
+                    return Err(Error::Config(
+                        "this simulated connection has no near-tier feed (Connection::with_feed)"
+                            .to_owned(),
+                    ));
+                };
+                return Ok((store, AnyFeed::Simulated(feed)));
             }
             Backend::RedisCluster(seeds) => {
                 let store = RedisStore::connect_cluster(&seeds, connection)

@@ -170,6 +170,11 @@ pub(crate) struct MemoryStore {
     /// The clock births and epochs are read from: a counter, strictly increasing, so a
     /// computation that starts after an invalidation returned is born after it.
     clock: AtomicU64,
+    /// The simulation's clock, when the simulated server made this store: births are read from
+    /// it instead (see `simulated.rs`), so that they, the epochs and the simulation's history
+    /// share one clock that never goes back, across restarts too.
+    #[cfg(feature = "simulation")]
+    shared_clock: Option<Arc<AtomicU64>>,
 }
 
 impl Default for MemoryStore {
@@ -185,6 +190,12 @@ thread_local! {
 
 impl MemoryStore {
     pub(crate) fn new(limits: MemoryLimits) -> Self {
+        MemoryStore::starting_at(limits, super::system_now_ms())
+    }
+
+    /// A store whose wall clock reads `epoch_ms` now (the simulation's, which must not read
+    /// the machine's).
+    pub(crate) fn starting_at(limits: MemoryLimits, epoch_ms: u64) -> Self {
         MemoryStore {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             totals: Totals::default(),
@@ -192,11 +203,22 @@ impl MemoryStore {
             high_water: AtomicU64::new(0),
             evict_hand: AtomicUsize::new(0),
             wakeups: Arc::default(),
-            epoch_ms: super::system_now_ms(),
+            epoch_ms,
             epoch: Instant::now(),
             epochs: RwLock::default(),
             raised: AtomicBool::new(false),
             clock: AtomicU64::new(0),
+            #[cfg(feature = "simulation")]
+            shared_clock: None,
+        }
+    }
+
+    /// The simulated server's store: births and epochs on the simulation's `clock`.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn simulated(limits: MemoryLimits, epoch_ms: u64, clock: Arc<AtomicU64>) -> Self {
+        MemoryStore {
+            shared_clock: Some(clock),
+            ..MemoryStore::starting_at(limits, epoch_ms)
         }
     }
 
@@ -471,7 +493,11 @@ impl MemoryStore {
                 until: deadline(now, lease),
             });
             let fence = self.bump(e, lease, now);
-            ReadOrLock::Acquired { fence }
+            // The birth with the grant, as one Redis server's script answers it.
+            ReadOrLock::Acquired {
+                fence,
+                born: Some(self.born_now()),
+            }
         })
     }
 
@@ -483,7 +509,8 @@ impl MemoryStore {
         write: Write,
     ) -> Stored {
         let stored = self.update(keys, |e, now| {
-            let written = e.fence(now) == Some(fence);
+            let written = e.fence(now) == Some(fence)
+                || crate::planted::on(crate::planted::Bug::FenceSkipped);
             if written {
                 e.apply(write, now);
             }
@@ -513,7 +540,18 @@ impl MemoryStore {
         self.wakeups.notify(keys.channel());
     }
 
+    /// Another program's `DEL` of the value key (the simulation's outside writer): the value
+    /// goes, the lock and the fencing counter stay, and nobody is woken.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn outside_delete(&self, keys: &EntryKeys) {
+        self.update(keys, |e, _| e.value = None);
+    }
+
     fn born_now(&self) -> u64 {
+        #[cfg(feature = "simulation")]
+        if let Some(clock) = &self.shared_clock {
+            return crate::time::tick(clock, self.wall_us(Instant::now()));
+        }
         self.clock.fetch_add(1, Ordering::AcqRel) + 1
     }
 
@@ -532,6 +570,10 @@ impl MemoryStore {
             *epoch = floor.max(epoch.saturating_add(1));
             // Births from now on come after it.
             self.clock.fetch_max(*epoch, Ordering::AcqRel);
+            #[cfg(feature = "simulation")]
+            if let Some(clock) = &self.shared_clock {
+                clock.fetch_max(*epoch, Ordering::AcqRel);
+            }
         }
         self.raised.store(true, Ordering::Release);
     }
@@ -651,7 +693,7 @@ mod tests {
     /// The fence of a lock `answer` must have granted (`why`, if it did not).
     fn granted(answer: StoreResult<ReadOrLock>, why: &str) -> u64 {
         match answer.unwrap() {
-            ReadOrLock::Acquired { fence } => fence,
+            ReadOrLock::Acquired { fence, .. } => fence,
             other => panic!("{why}: {other:?}"),
         }
     }
@@ -822,7 +864,7 @@ mod tests {
             .set(&locked, b"old".to_vec(), HOUR, LEASE)
             .await
             .unwrap();
-        let ReadOrLock::Acquired { fence } = store
+        let ReadOrLock::Acquired { fence, .. } = store
             .read_or_lock(&locked, "A", LEASE, false)
             .await
             .unwrap()

@@ -319,7 +319,7 @@ async fn run(ops: Vec<Action>) -> Result<(), TestCaseError> {
                         step
                     );
                 } else {
-                    let ReadOrLock::Acquired { fence } = got else {
+                    let ReadOrLock::Acquired { fence, .. } = got else {
                         return Err(TestCaseError::fail(format!(
                             "step {step}: a free lock was not granted: {got:?}"
                         )));
@@ -887,9 +887,11 @@ fn describe(
             ReadOrLock::Held {
                 expires_in: Some(d),
             } => format!("held {}", if d.as_secs() < 1 { "short" } else { "long" }),
-            ReadOrLock::Acquired { fence } => {
+            ReadOrLock::Acquired { fence, born } => {
                 acquired.insert((key, token), fence);
-                format!("acquired, {}", relative(last_token, key, fence))
+                // Both stores read the birth with the grant (the clock differs: µs, a counter).
+                let fence = relative(last_token, key, fence);
+                format!("acquired, {fence}, born with it: {}", born.is_some())
             }
         },
         Action::StoreAndUnlock { .. } => format!("{:?}", take::<Stored>(reply)),

@@ -22,6 +22,8 @@ pub(crate) mod quorum;
 #[cfg(test)]
 pub(crate) mod recording;
 pub(crate) mod redis;
+#[cfg(feature = "simulation")]
+pub(crate) mod simulated;
 mod split;
 pub(crate) mod wakeup;
 
@@ -256,11 +258,26 @@ pub(crate) const MAX_HOLDER_TRACE: usize = 160;
 pub(crate) enum ReadOrLock {
     /// The value was there.
     Value(Vec<u8>),
-    /// No value; the caller now holds the lock with this fencing token.
-    Acquired { fence: u64 },
+    /// No value; the caller now holds the lock with this fencing token. `born`: the namespace's
+    /// clock ([`Op::Born`]) read in the same atomic step, where the store can read
+    /// that clock there (one Redis server, the memory store), so that the computation needs no
+    /// request of its own for its value's birth; `None` elsewhere (a cluster, where the clock is
+    /// on the node of the clear key, not the entry's; a lock in another store).
+    Acquired { fence: u64, born: Option<u64> },
     /// Someone else holds the lock; it expires in `expires_in` unless renewed
     /// (`None` if the lock has no expiry, which this crate never sets).
     Held { expires_in: Option<Duration> },
+}
+
+impl ReadOrLock {
+    /// The answer without the birth read with a grant: a store whose clock is not where the
+    /// script ran (a cluster's entry slot) reads births apart.
+    pub(crate) fn without_birth(self) -> Self {
+        match self {
+            ReadOrLock::Acquired { fence, .. } => ReadOrLock::Acquired { fence, born: None },
+            other => other,
+        }
+    }
 }
 
 /// The answer of [`StoreExt::store_and_unlock`].
@@ -325,7 +342,7 @@ impl From<ReadOrLock> for Acquire {
     /// A read-or-lock that did not read the value answers like a plain lock attempt.
     fn from(answer: ReadOrLock) -> Self {
         match answer {
-            ReadOrLock::Acquired { fence } => Acquire::Acquired { fence },
+            ReadOrLock::Acquired { fence, .. } => Acquire::Acquired { fence },
             ReadOrLock::Held { expires_in } => Acquire::Held { expires_in },
             // Not answered when the value is not read; "held" is the safe reading.
             ReadOrLock::Value(_) => Acquire::Held { expires_in: None },
@@ -336,7 +353,7 @@ impl From<ReadOrLock> for Acquire {
 impl From<Acquire> for ReadOrLock {
     fn from(answer: Acquire) -> Self {
         match answer {
-            Acquire::Acquired { fence } => ReadOrLock::Acquired { fence },
+            Acquire::Acquired { fence } => ReadOrLock::Acquired { fence, born: None },
             Acquire::Held { expires_in } => ReadOrLock::Held { expires_in },
         }
     }

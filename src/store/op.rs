@@ -183,7 +183,8 @@ pub(crate) enum Op<'a> {
     /// The namespace's clock now: [`Reply::Number`]. Microseconds on Redis (the server's `TIME`,
     /// on the node that holds `clock`, the namespace's clear key, so that every epoch and every
     /// birth of a namespace is read from one clock even on a cluster); a counter in memory. A
-    /// value records it as its birth when its computation starts (see `cache/tags.rs`).
+    /// value records it as its birth when its computation starts (see `cache/tags.rs`); where
+    /// the grant of its lock answered the clock ([`ReadOrLock::Acquired`]), not asked again.
     Born { clock: &'a str },
     /// The epochs under `names` (clear and tag keys), in order, 0 for one never raised:
     /// [`Reply::Epochs`].

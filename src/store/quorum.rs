@@ -12,12 +12,26 @@ use tokio::time::Instant;
 use super::op::FromReply;
 use super::{
     Acquire, Backend, BoxFuture, ConnectionOptions, LockOp, LockPeek, LockStore, LockStoreExt,
-    Reply, StoreError, StoreResult,
+    Reply, Store, StoreError, StoreExt, StoreResult,
 };
 use crate::error::Error;
 use crate::join::join_all;
 use crate::store::wakeup::Listener;
 use crate::wire::key::EntryKeys;
+
+/// Opens each node's connection now, all at once, each within `limit`. The node timeout bounds
+/// a node's answer (1/20 of the lease: 15 ms for a 300 ms lease), too short for a connection's
+/// set-up, which would otherwise fall in the first acquisition and cost it its quorum (a cold
+/// start answered `NoQuorum`). A node that does not answer now is no error: a majority is
+/// enough, and it connects when it is next asked.
+async fn warm(nodes: &[Arc<dyn Store>], limit: Duration) {
+    let pings = nodes.iter().map(|node| {
+        Box::pin(async move {
+            let _ = tokio::time::timeout(limit, node.ping()).await;
+        }) as BoxFuture<'_, ()>
+    });
+    join_all(pings.collect()).await;
+}
 
 /// The lock operations over a majority of independent stores.
 pub(crate) struct QuorumStore {
@@ -26,9 +40,10 @@ pub(crate) struct QuorumStore {
 }
 
 impl QuorumStore {
-    /// Connects (lazily) to the nodes. `node_timeout` defaults to 1/20 of the lease, between 10
-    /// and 250 ms.
-    pub(crate) fn connect(
+    /// Connects to the nodes, each within the connection's connect timeout (see [`warm`]); one
+    /// that does not answer now connects when it is next asked. `node_timeout` defaults to 1/20
+    /// of the lease, between 10 and 250 ms.
+    pub(crate) async fn connect(
         urls: Vec<String>,
         lease: Duration,
         node_timeout: Option<Duration>,
@@ -40,11 +55,15 @@ impl QuorumStore {
                 "Redlock needs an odd number of nodes, at least 3 (got {n})"
             )));
         }
-        let mut nodes = Vec::with_capacity(n);
+        let mut opened = Vec::with_capacity(n);
         for url in urls {
-            let node: Arc<dyn LockStore> = Backend::RedisUrl(url).open(connection, None)?;
-            nodes.push(node);
+            opened.push(Backend::RedisUrl(url).open(connection, None)?);
         }
+        warm(&opened, connection.connect_timeout).await;
+        let nodes = opened
+            .into_iter()
+            .map(|node| node as Arc<dyn LockStore>)
+            .collect();
         let node_timeout = node_timeout.unwrap_or_else(|| {
             (lease / 20).clamp(Duration::from_millis(10), Duration::from_millis(250))
         });

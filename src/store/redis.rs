@@ -9,6 +9,7 @@
 //! - `coalesce.rs`: the single-key read of a value with its epochs, alone or coalesced with the
 //!   reads that arrive while one is out into one `MGET`;
 //! - `mget.rs`: `MGET` on one server (sized, read in place) and across a cluster's slots;
+//! - `held_epoch.rs`: the namespace's epoch held under tracking, so a hit reads its value alone;
 //! - `cluster.rs`: the lazy Redis Cluster connection;
 //! - `pubsub.rs`: wake-up subscriptions, counted per channel;
 //! - `replicas.rs`: lock and fencing writes that wait for replicas (`WAIT`);
@@ -32,6 +33,7 @@ mod coalesce;
 mod connection;
 mod eviction;
 mod feed;
+mod held_epoch;
 mod lock_writes;
 mod mget;
 mod pubsub;

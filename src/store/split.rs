@@ -263,7 +263,7 @@ mod tests {
     /// Takes the free lock through the split store for `token`; its fencing token.
     async fn fence_of(store: &SplitStore, keys: &EntryKeys, token: &str, read: bool) -> u64 {
         match store.read_or_lock(keys, token, LEASE, read).await.unwrap() {
-            ReadOrLock::Acquired { fence } => fence,
+            ReadOrLock::Acquired { fence, .. } => fence,
             other => panic!("the lock is free: {other:?}"),
         }
     }

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use crate::signal as watch;
 
 use crate::sync::lock;
 

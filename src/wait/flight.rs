@@ -19,13 +19,14 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::watch;
+use crate::signal as watch;
 
 use crate::error::Error;
 use crate::sync::lock;
 
 type Outcome<T> = Result<T, Error>;
 
+#[derive(Clone)]
 enum State<T> {
     Running,
     Done(Outcome<T>),
@@ -206,8 +207,8 @@ impl<T: Clone> Follower<T> {
             .wait_for(|s| !matches!(s, State::Running))
             .await
             .ok()?;
-        match &*state {
-            State::Done(outcome) => Some(outcome.clone()),
+        match state {
+            State::Done(outcome) => Some(outcome),
             _ => None,
         }
     }

@@ -84,7 +84,10 @@ impl<'a> Waiter<'a> {
         self.attempt = self.attempt.saturating_add(1);
         match self.listener.as_mut() {
             Some(l) => {
+                // Biased: either way the waiter looks again; in a fixed order, a seeded
+                // simulation replays the same polls.
                 tokio::select! {
+                    biased;
                     _ = l.notified() => {}
                     _ = tokio::time::sleep(delay) => {}
                 }

@@ -39,7 +39,14 @@
 //!   it was lost on the server in between (a restart, a flush, an eviction of the epoch key);
 //!   and the server's side of it: each invalidation that returned `Ok` raised and announced
 //!   its epochs while it ran, epochs only go up, and each stored value records the tags it
-//!   was given and a birth no later than its computation's start.
+//!   was given and a birth no later than its computation's start;
+//! - (i) a queued write wins in its own instance: after a `set`, an `invalidate`, a tag
+//!   invalidation or a clear returned `Written::Queued` (auto-recovery), no call of that
+//!   instance that began later reads (as a hit or a stale value) a value the write replaces:
+//!   for a key, one the server had before the write began; for a tag or a clear, one born
+//!   before it that carries the tag (any value for a clear), unless every epoch that judges
+//!   it was lost on the server before the read ended, as in (h). The replay comes before the
+//!   read (docs/after-commit.md).
 
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
@@ -113,6 +120,10 @@ pub const TESTS: &[(&str, fn())] = &[
     (
         "checker_rule_h_holds_the_server_to_the_invalidations",
         checker_rule_h_holds_the_server_to_the_invalidations,
+    ),
+    (
+        "checker_rule_i_finds_reads_that_beat_a_queued_write",
+        checker_rule_i_finds_reads_that_beat_a_queued_write,
     ),
     (
         "checker_counts_what_a_failover_may_break_and_nothing_else",
@@ -193,6 +204,7 @@ fn findings(h: &History) -> Vec<Violation> {
         no_value_served_after_its_invalidation(h),
         invalidations_reach_the_server(h),
         stored_values_carry_their_tags(h),
+        queued_writes_win(h),
     ]
     .concat()
 }
@@ -827,6 +839,92 @@ fn completed_invalidations(h: &History) -> Vec<(&Call, u64, Vec<Epoch>)> {
         .collect()
 }
 
+/// Rule (i): a queued write (`Outcome::Queued`) wins in its instance: no later call of it
+/// reads a value that write replaces (see the module docs). Values read by the call itself
+/// are judged (`hit`, `stale`); a follower of an older flight, a computation, a fallback are
+/// not reads of the server after the write.
+fn queued_writes_win(h: &History) -> Vec<Violation> {
+    let births = Births::of(h);
+    // When the server first held each value.
+    let mut first_held: HashMap<&str, u64> = HashMap::new();
+    for c in &h.changes {
+        if let Some(v) = &c.value {
+            let at = first_held.entry(v).or_insert(c.at_us);
+            *at = (*at).min(c.at_us);
+        }
+    }
+    let mut found = Vec::new();
+    for call in h
+        .calls
+        .iter()
+        .filter(|c| c.source == "hit" || c.source == "stale")
+    {
+        let Outcome::Value(v) = &call.outcome else {
+            continue;
+        };
+        let beaten = h.calls.iter().find(|q| {
+            q.outcome == Outcome::Queued
+                && q.instance == call.instance
+                && q.end_us.is_some_and(|end| end < call.start_us)
+                && replaces(h, &births, &first_held, q, call, v)
+        });
+        if let Some(q) = beaten {
+            found.push(violation(
+                'i',
+                format!(
+                    "{} call #{} for {} began at {} and read {v} ({}), which {} call #{} {} {} \
+                     ({}..{}) replaced: that write was queued, and its replay must come first",
+                    call.instance,
+                    call.id,
+                    call.key,
+                    call.start_us,
+                    call.source,
+                    q.instance,
+                    q.id,
+                    q.op,
+                    q.key,
+                    q.start_us,
+                    q.end_us.unwrap_or(q.start_us),
+                ),
+            ));
+        }
+    }
+    found
+}
+
+/// Whether the queued write `q` replaces the value `v` that `call` read (see
+/// [`queued_writes_win`]).
+fn replaces(
+    h: &History,
+    births: &Births<'_>,
+    first_held: &HashMap<&str, u64>,
+    q: &Call,
+    call: &Call,
+    v: &str,
+) -> bool {
+    let Some(epochs) = raised_by(q) else {
+        // A key's write (`set`, `invalidate`): the value the server held before it began.
+        return q.key == call.key && first_held.get(v).is_some_and(|&at| at < q.start_us);
+    };
+    let Some(parts) = parse_value(v) else {
+        return false;
+    };
+    let judging: Vec<&Epoch> = epochs
+        .iter()
+        .filter(|epoch| match epoch {
+            Epoch::Clear => true,
+            Epoch::Tag(tag) => parts.tags.contains(tag),
+        })
+        .collect();
+    // As for rule (h): the epochs the read judged the value by may have been read after
+    // they were lost (a restart before the call ended), which excuses it.
+    let end = call.end_us.unwrap_or(u64::MAX);
+    let lost = judging
+        .iter()
+        .all(|epoch| epoch_lost(h, epoch, q.start_us, end));
+    !judging.is_empty() && !lost && births.latest(v, &parts).is_some_and(|b| b < q.start_us)
+}
+
 /// The latest each value can have been born, from what the history knows of how it was made:
 /// its computation's start (the birth is read after the lock was granted, before `f` runs),
 /// the end of the `set` that wrote it, and the first time the server wrote it (a birth is read
@@ -954,23 +1052,27 @@ enum Verdict<'h> {
     },
 }
 
+/// Whether `epoch` was lost on the server between `from` and `to`: a restart, a failover of
+/// its key's master, or an eviction of its key (seen within the notification slack): the
+/// documented price of an epoch kept in Redis, which rules (h) and (i) excuse.
+fn epoch_lost(h: &History, epoch: &Epoch, from: u64, to: u64) -> bool {
+    let notification_slack_us = 2 * h.lease_ms * 1000;
+    h.restarts_us.iter().any(|at| (from..=to).contains(at))
+        || h.failovers
+            .iter()
+            .any(|f| f.covers(&epoch_tag(epoch), from, to))
+        || h.epoch_evictions.iter().any(|(seen, evicted)| {
+            evicted == epoch && (from..=to + notification_slack_us).contains(seen)
+        })
+}
+
 /// Rule (h)'s verdict on every value a call got (see
 /// [`no_value_served_after_its_invalidation`]).
 fn tag_verdicts(h: &History) -> Vec<(&Call, Verdict<'_>)> {
     let mut invalidations = completed_invalidations(h);
     invalidations.sort_by_key(|(inv, _, _)| inv.start_us);
     let births = Births::of(h);
-    let notification_slack_us = 2 * h.lease_ms * 1000;
-    // Whether `epoch` was lost on the server between `from` and `to`.
-    let lost = |epoch: &Epoch, from: u64, to: u64| {
-        h.restarts_us.iter().any(|at| (from..=to).contains(at))
-            || h.failovers
-                .iter()
-                .any(|f| f.covers(&epoch_tag(epoch), from, to))
-            || h.epoch_evictions.iter().any(|(seen, evicted)| {
-                evicted == epoch && (from..=to + notification_slack_us).contains(seen)
-            })
-    };
+    let lost = |epoch: &Epoch, from: u64, to: u64| epoch_lost(h, epoch, from, to);
     let mut verdicts = Vec::new();
     for call in &h.calls {
         let (Outcome::Value(v), Some(end)) = (&call.outcome, call.end_us) else {
@@ -1577,6 +1679,66 @@ fn checker_holds_near_reads_to_max_staleness() {
     let mut h = read_at(50_000);
     h.changes.remove(0);
     assert_eq!(check(&h), vec![]);
+}
+
+/// Rule (i) on hand-made histories: b's invalidation of k0 (and then its clear) was queued
+/// at 30..32 ms; b reads k0 at 40 ms.
+fn checker_rule_i_finds_reads_that_beat_a_queued_write() {
+    let with = |op: &str, key: &str, source: &str| {
+        let mut h = good_history();
+        // The invalidation the server ran at 35 ms was a's: no value after it is read here.
+        h.changes.truncate(1);
+        let queued = Call {
+            instance: "b".into(),
+            id: 7,
+            op: op.into(),
+            key: key.into(),
+            start_us: 30_000,
+            end_us: Some(32_000),
+            outcome: Outcome::Queued,
+            held: false,
+            hit: false,
+            source: String::new(),
+        };
+        let read = Call {
+            id: 8,
+            op: "get_or_compute".into(),
+            key: "k0".into(),
+            start_us: 40_000,
+            end_us: Some(41_000),
+            outcome: Outcome::Value(value("k0", 10, "a")),
+            hit: source == "hit",
+            source: source.into(),
+            ..queued.clone()
+        };
+        h.calls.push(queued);
+        h.calls.push(read);
+        h.calls.remove(2);
+        h
+    };
+    // The value the server held since 25 ms, read after the queued write returned: found.
+    for (op, key) in [("invalidate", "k0"), ("set", "k0"), ("clear", "*")] {
+        let found = check(&with(op, key, "hit"));
+        assert_eq!(rules(&found), HashSet::from(['i']), "{op}: {found:?}");
+    }
+    // Another key's write, a tag the value does not carry, a follower's value: not judged.
+    assert_eq!(check(&with("invalidate", "k1", "hit")), vec![]);
+    assert_eq!(check(&with("invalidate_tag", "t0", "hit")), vec![]);
+    assert_eq!(check(&with("invalidate", "k0", "waited")), vec![]);
+    // Another instance may read it until the replay: its own promise is its instance's.
+    let mut h = with("invalidate", "k0", "hit");
+    if let Some(read) = h.calls.last_mut() {
+        read.instance = "a".into();
+    }
+    assert_eq!(check(&h), vec![]);
+    // A clear's epoch lost with a restart in between excuses the read, up to the read's end
+    // (its epochs may have been read after the restart), not after it.
+    for (restart_us, excused) in [(36_000, true), (40_500, true), (41_001, false)] {
+        let mut h = with("clear", "*", "hit");
+        h.restarts_us.push(restart_us);
+        let found = rules(&check(&h)).contains(&'i');
+        assert_eq!(found, !excused, "restart at {restart_us}");
+    }
 }
 
 /// Rule (g) on hand-made histories: b (near tier, `max_staleness` 10 ms, `serve_while_down`

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use crate::checker::{check, documented, documented_kinds};
 use crate::history::{Call, Ending, FailoverWindow, History, Outcome, Rollback, ServerEvent};
@@ -699,7 +699,7 @@ fn report(c: &Controller, h: &History, rounds: u64, seed: u64, took: Duration) {
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     for call in &calls_done {
         let kind = match &call.outcome {
-            Outcome::Value(_) | Outcome::Done => format!("{} ok", call.op),
+            Outcome::Value(_) | Outcome::Done | Outcome::Queued => format!("{} ok", call.op),
             Outcome::Error(kind) => format!("{} {kind}", call.op),
             Outcome::Pending => "pending".into(),
         };

@@ -67,6 +67,9 @@ pub enum Outcome {
     Value(String),
     /// `invalidate` / `set` succeeded.
     Done,
+    /// The write could not reach the server and waits in the instance's auto-recovery queue
+    /// (`Written::Queued`): judged by rule (i), not as done.
+    Queued,
     /// A typed error, by kind (`Backend`, `WaitTimeout`, `Compute`...).
     Error(String),
 }

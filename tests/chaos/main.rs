@@ -69,7 +69,7 @@ use history::{
     ServerEvent,
 };
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::{
     Cache, CallOptions, Computed, ConnectionOptions, Error, Lease, NearCacheOptions, Source,
@@ -947,7 +947,7 @@ fn chaos_run() {
     let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
     for call in &calls_done {
         let kind = match &call.outcome {
-            Outcome::Value(_) | Outcome::Done => format!("{} ok", call.op),
+            Outcome::Value(_) | Outcome::Done | Outcome::Queued => format!("{} ok", call.op),
             Outcome::Error(kind) => format!("{} {kind}", call.op),
             Outcome::Pending => "pending".into(),
         };

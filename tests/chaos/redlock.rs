@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use stampede_guard::{CallOptions, Error, Lock, Redlock};
 
 use crate::history::{Ending, History, Pause};

@@ -1,6 +1,5 @@
 //! A Redis Cluster on loopback ports. Needs `server` and `poll` declared beside it.
 
-use std::process::Stdio;
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -100,11 +99,17 @@ impl RedisCluster {
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
+            .output()
             .unwrap_or_else(|e| panic!("{}", not_started(create.get_program().as_ref(), &e)));
-        assert!(created.success(), "{create:?} failed");
+        // Its own words say why (a node refused, a slot already taken, ...): once it failed in a
+        // CI run with nothing else to go on.
+        assert!(
+            created.status.success(),
+            "{create:?} failed ({}):\n{}{}",
+            created.status,
+            String::from_utf8_lossy(&created.stdout),
+            String::from_utf8_lossy(&created.stderr)
+        );
         let cluster = RedisCluster { nodes, _turn: turn };
         assert!(
             eventually(Duration::from_secs(30), || cluster.is_healthy()),

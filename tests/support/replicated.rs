@@ -28,6 +28,15 @@ impl Replicated {
                 .contains(&replica.port())),
             "the replica did not come online"
         );
+        // Online on the master's side, the replica may still be loading what it was sent and
+        // acknowledge nothing yet: a test's first `WAIT` would then time out (a CI failure of
+        // failover_safe_locks). The replica's acknowledgement of the master's offset first.
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(10_000)
+            .query(&mut master.conn())
+            .expect("WAIT on the master");
+        assert_eq!(acked, 1, "the replica acknowledged nothing within 10 s");
         Replicated { master, replica }
     }
 }

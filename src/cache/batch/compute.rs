@@ -235,8 +235,12 @@ where
     for _ in &locked {
         cache.core.counters.record(Event::Compute);
     }
-    // One birth for the batch, before `f` runs (see `cache/tags.rs`).
-    let born = cache.born_now().await;
+    // One birth for the batch, before `f` runs (see `cache/tags.rs`): the earliest its grants
+    // came with, or read now if one came without.
+    let born = match locked.iter().map(|l| l.held.born()).min().flatten() {
+        Some(born) => born,
+        None => cache.born_now().await,
+    };
     let (ran, took) = call_within_hard_timeout(&cache, &f, names).await;
     for _ in &locked {
         cache.core.counters.record(Event::ComputeTime(took));

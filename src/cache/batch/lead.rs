@@ -158,8 +158,8 @@ where
     ) {
         let cache = self.cache;
         match answer {
-            Ok(ReadOrLock::Acquired { fence }) => {
-                let held = acquiring.granted(fence, asked);
+            Ok(ReadOrLock::Acquired { fence, born }) => {
+                let held = acquiring.granted(fence, asked).with_birth(born);
                 if l.replace {
                     answered.taken_over.push((l, held));
                 } else {

@@ -109,7 +109,10 @@ where
                 for ((&slot, ticket), (bytes, entry)) in remote.iter().zip(tickets).zip(read) {
                     let keys = &distinct[slot];
                     let Some(bytes) = bytes else { continue };
-                    let entry = entry.filter(|entry| cache.alive_by(entry, &epochs));
+                    let entry = entry.filter(|entry| {
+                        crate::planted::on(crate::planted::Bug::EpochIgnoredInBatch)
+                            || cache.alive_by(entry, &epochs)
+                    });
                     match entry.map(|entry| cache.sort(entry)) {
                         Some(Sorted::Serve(entry)) => {
                             cache.remember_near(Read {

@@ -63,4 +63,19 @@ impl<C: Codec> Engine<C> {
             "backend unavailable; write queued for auto-recovery");
         Some(recovery.queue(batch))
     }
+
+    /// [`queue_failed`](Self::queue_failed), or else the write's failure as the caller's
+    /// error, counted.
+    pub(crate) fn queue_or_fail(
+        &self,
+        op: &'static str,
+        batch: Vec<Queued>,
+        error: StoreError,
+    ) -> Result<Written, Error> {
+        if let Some(queued) = self.queue_failed(op, batch, &error) {
+            return queued;
+        }
+        self.core.counters.record(Event::BackendError);
+        Err(Error::backend(op, error))
+    }
 }

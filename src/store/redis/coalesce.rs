@@ -17,13 +17,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use redis::aio::ConnectionLike;
+use redis::Value;
 use tokio::sync::oneshot;
 use tracing::{Instrument, Span};
 
 use super::mget;
 use super::traced::{record_error, Target};
 use crate::join::join_all;
-use crate::store::{Blob, StoreResult};
+use crate::store::{Blob, StoreError, StoreResult};
 use crate::sync::lock;
 
 /// The most reads one `MGET` carries; a longer queue goes out as several, at once.
@@ -32,16 +33,44 @@ pub(crate) const MAX_READS: usize = 128;
 /// A read's answer: the value's bytes, then its epochs in the order it named them.
 pub(crate) type Answer = (Option<Blob>, Vec<u64>);
 
+/// The epochs a read asks for: `all` but its first `skip` (a read whose namespace epoch is held
+/// skips it, see `held_epoch.rs`), borrowed as the caller has them, so that skipping allocates
+/// nothing.
+#[derive(Clone, Copy)]
+pub(crate) struct Names<'n> {
+    pub(crate) all: &'n Arc<[String]>,
+    pub(crate) skip: usize,
+}
+
+impl<'n> Names<'n> {
+    /// All of `all`.
+    pub(crate) fn all(all: &'n Arc<[String]>) -> Self {
+        Names { all, skip: 0 }
+    }
+
+    fn asked(&self) -> &'n [String] {
+        self.all.get(self.skip..).unwrap_or_default()
+    }
+}
+
 /// One queued read.
 struct Read {
     /// The value key.
     value: String,
-    /// The epochs read with it.
+    /// The epochs read with it: `names` from `skip` on (see [`Names`]).
     names: Arc<[String]>,
+    skip: usize,
     answer: oneshot::Sender<StoreResult<Answer>>,
     /// The caller's client span for this read (disabled without a subscriber that wants it):
     /// the `MGET` that carries it is its request (see `traced.rs`).
     span: Span,
+}
+
+impl Read {
+    /// The epochs this read asks for.
+    fn asked(&self) -> &[String] {
+        self.names.get(self.skip..).unwrap_or_default()
+    }
 }
 
 /// How a store's single-key reads go out.
@@ -122,20 +151,20 @@ pub(crate) async fn read<C>(
     coalescer: Option<&Arc<Coalescer>>,
     request: Request<'_>,
     value: &str,
-    names: &Arc<[String]>,
+    names: Names<'_>,
 ) -> StoreResult<Answer>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let per_slot = request.per_slot;
     let Some(coalescer) = coalescer else {
-        return read_alone(conn, per_slot, value, names).await;
+        return read_alone(conn, per_slot, value, names.asked()).await;
     };
     if coalescer.lead() {
         // Nothing was out: this caller reads now, alone (no company waited for). Dropped
         // before it returns, its guard hands the turn to a task, as when answered.
         let handover = Handover { conn, coalescer };
-        let read = read_alone(conn, per_slot, value, names).await;
+        let read = read_alone(conn, per_slot, value, names.asked()).await;
         drop(handover);
         return read;
     }
@@ -147,7 +176,8 @@ where
     }
     let read = Read {
         value: value.to_owned(),
-        names: Arc::clone(names),
+        names: Arc::clone(names.all),
+        skip: names.skip,
         answer,
         span: span.clone(),
     };
@@ -163,15 +193,16 @@ where
         Ok(answer) => answer,
         // The caller that carried this read went away with it: read alone, in this read's span.
         Err(_) => {
-            read_alone(conn, per_slot, value, names)
+            read_alone(conn, per_slot, value, names.asked())
                 .instrument(span)
                 .await
         }
     }
 }
 
-/// One read by itself: on one server an `MGET` sized up front and taken apart in place; on a
-/// cluster one per slot (the epochs may lie on other slots than the value).
+/// One read by itself: on one server a `GET` when it asks for no epoch, else an `MGET` sized up
+/// front and taken apart in place; on a cluster one per slot (the epochs may lie on other slots
+/// than the value).
 async fn read_alone<C>(
     conn: &C,
     per_slot: bool,
@@ -185,8 +216,37 @@ where
         let (mut values, epochs) = mget::values_and_epochs(conn, &[value], names, true).await?;
         return Ok((values.pop().flatten().map(Blob::Owned), epochs));
     }
+    if names.is_empty() {
+        let found = value_alone(conn, value).await?;
+        return Ok((found.map(Blob::Owned), Vec::new()));
+    }
     let (found, epochs) = mget::value_with_epochs(conn, value, names).await?;
     Ok((found.map(Blob::Owned), epochs))
+}
+
+/// One value by itself, no epoch beside it (`Store::get`, or a hit on one server whose
+/// namespace epoch is held, see `held_epoch.rs`): `GET`, its reply taken as it is. A key of
+/// another Redis type is foreign data: a miss (as `MGET` answers it), logged, replaced on the
+/// next write.
+pub(crate) async fn value_alone<C>(conn: &C, value: &str) -> StoreResult<Option<Vec<u8>>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut get = redis::Cmd::with_capacity(2, 3 + value.len());
+    get.arg("GET").arg(value);
+    let reply = conn.clone().req_packed_command(&get).await;
+    let reply = reply.and_then(|reply| match reply {
+        Value::BulkString(bytes) => Ok(Some(bytes)),
+        other => redis::from_redis_value(other.extract_error()?).map_err(Into::into),
+    });
+    match reply {
+        Ok(found) => Ok(found),
+        Err(e) if e.code() == Some("WRONGTYPE") => {
+            crate::log::throttled!(warn, key = %value, "a non-string Redis value sits under the key; treating it as a miss");
+            Ok(None)
+        }
+        Err(e) => Err(StoreError::from(e).about(value)),
+    }
 }
 
 /// Hands the queue of a coalescer to a task when the caller that sent its batch returns (the
@@ -307,7 +367,7 @@ where
                 None => at(&read.value).cloned().flatten().map(Blob::Owned),
             };
             let epochs = read
-                .names
+                .asked()
                 .iter()
                 .map(|name| mget::parse_epoch(name, at(name).and_then(|v| v.as_deref())))
                 .collect();
@@ -357,7 +417,7 @@ impl<'r> Keys<'r> {
         let all = reads.iter().map(|read| read.value.as_str()).chain(
             reads
                 .iter()
-                .flat_map(|read| read.names.iter().map(String::as_str)),
+                .flat_map(|read| read.asked().iter().map(String::as_str)),
         );
         for name in all {
             if keys.position(name).is_none() {
@@ -395,6 +455,7 @@ mod tests {
         let read = Read {
             value: value.to_owned(),
             names: Arc::default(),
+            skip: 0,
             answer,
             span: Span::none(),
         };

@@ -58,7 +58,10 @@ pub(crate) use write_fenced::WriteFencedCall;
 /// ever is written without `PX` and shows `PTTL` -1.
 ///
 /// `keep_at_least` never shortens a key's life: the fencing counter must live at least as long
-/// as every value and lock it guards (the fencing guarantee, `FENCE_RETENTION_LEASES`).
+/// as every value and lock it guards (the fencing guarantee, `FENCE_RETENTION_LEASES`). One
+/// command where it can: `PERSIST` (a no-op on a key without expiry or no key), and on Redis 7+
+/// `PEXPIRE ... GT` (a key without expiry counts as living for ever, so it is left alone);
+/// before 7 (no `GT`, no `redis.REDIS_VERSION_NUM`), `PTTL` first.
 ///
 /// `bump_fence` hands out max(counter + 1, the server clock in microseconds) and stores it as the
 /// counter (`SET ... KEEPTTL`: the counter keeps its life, then `keep_at_least` as for any
@@ -69,7 +72,9 @@ pub(crate) use write_fenced::WriteFencedCall;
 /// asynchronous, so the new master may lack the old one's last bumps, but every token the old
 /// master handed out was at most its clock then, and a failover takes longer than the nodes'
 /// clocks disagree (NTP), so the new master's next token is above them all. Within one µs the
-/// counter + 1 keeps tokens strictly increasing.
+/// counter + 1 keeps tokens strictly increasing. It also returns the clock it read (as text),
+/// which `read_or_lock` sends back with a granted lock: on one server that is the namespace's
+/// clock, the new value's birth, read without a request of its own.
 ///
 /// `write_value` carries out an accepted fenced write: `'set'` for `ms`, `'keep'` (the
 /// fail-safe's throttled copy: new bytes, a life never shortened and at least `ms`), or a delete.
@@ -89,14 +94,18 @@ local function set_expiring(key, value, ms, ...)
   end
   return redis.call('SET', key, value, 'PX', ms, ...)
 end
+local expire_gt = (tonumber(redis.REDIS_VERSION_NUM) or 0) >= 0x070000
 local function keep_at_least(key, ms)
-  local pttl = redis.call('PTTL', key)
-  if pttl == -1 or pttl == -2 then
-    return
-  end
   if tonumber(ms) == 0 then
     redis.call('PERSIST', key)
-  elseif pttl < tonumber(ms) then
+    return
+  end
+  if expire_gt then
+    redis.call('PEXPIRE', key, ms, 'GT')
+    return
+  end
+  local pttl = redis.call('PTTL', key)
+  if pttl >= 0 and pttl < tonumber(ms) then
     redis.call('PEXPIRE', key, ms)
   end
 end
@@ -138,14 +147,14 @@ local function bump_fence(fence, retention_ms)
   local now = t[1] .. string.format('%06d', tonumber(t[2]))
   if n == 1 then
     set_expiring(fence, now, retention_ms)
-    return tonumber(now)
+    return tonumber(now), now
   end
   if tonumber(now) > n then
     redis.call('SET', fence, now, 'KEEPTTL')
     n = tonumber(now)
   end
   keep_at_least(fence, retention_ms)
-  return n
+  return n, now
 end
 local function read_or_lock(value, lock, fence, token, lease_ms, read_value, retention_ms)
   if read_value == '1' then
@@ -155,7 +164,8 @@ local function read_or_lock(value, lock, fence, token, lease_ms, read_value, ret
     end
   end
   if set_expiring(lock, token, lease_ms, 'NX') then
-    return {2, bump_fence(fence, retention_ms)}
+    local n, now = bump_fence(fence, retention_ms)
+    return {2, n, now}
   end
   return {3, redis.call('PTTL', lock)}
 end
@@ -225,9 +235,45 @@ impl Lua {
             Scripts::Sharded => (&self.sharded, "'SPUBLISH'"),
         };
         cell.get_or_init(|| {
-            Script::new(&format!("{PRELUDE}{}", self.body).replace("'PUBLISH'", publish))
+            let text = format!("{}{}", prelude_for(self.body), self.body);
+            Script::new(&text.replace("'PUBLISH'", publish))
         })
     }
+}
+
+/// The helpers of [`PRELUDE`] that `body` calls, with those they call, in the prelude's order.
+/// Lua builds every `local function` of a script on each run (a closure each): a script that
+/// carried them all would pay for the ones it never calls, on every call. A helper only calls
+/// helpers above it, so one pass from the last up finds them all; a name that merely appears
+/// in a longer one includes a helper too many, never one too few.
+fn prelude_for(body: &str) -> String {
+    let mut helpers: Vec<&str> = Vec::new();
+    let mut rest = PRELUDE;
+    while let Some(at) = rest[1..].find("\nlocal ") {
+        helpers.push(&rest[..=at]);
+        rest = &rest[at + 1..];
+    }
+    helpers.push(rest);
+    let mut needed = body.to_owned();
+    let mut kept = vec![false; helpers.len()];
+    for (i, helper) in helpers.iter().enumerate().rev() {
+        let name = helper
+            .trim_start()
+            .trim_start_matches("local ")
+            .trim_start_matches("function ")
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or_default();
+        if !name.is_empty() && needed.contains(name) {
+            kept[i] = true;
+            needed.push_str(helper);
+        }
+    }
+    helpers
+        .iter()
+        .zip(kept)
+        .filter_map(|(helper, kept)| kept.then_some(*helper))
+        .collect()
 }
 
 /// Every script by name, with its SHA1 as each set ([`Scripts`]) sends it: for the test that
@@ -430,4 +476,31 @@ pub(crate) enum Scripts {
     Plain,
     /// Redis Cluster: wake-ups by sharded pub/sub.
     Sharded,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prelude_for;
+
+    #[test]
+    fn a_script_carries_the_helpers_it_calls_and_theirs_only() {
+        let prelude = prelude_for("return read_or_lock(KEYS[1])");
+        for used in [
+            "function set_expiring",
+            "expire_gt =",
+            "function keep_at_least",
+            "function bump_fence",
+            "function read_or_lock",
+        ] {
+            assert!(prelude.contains(used), "{used} missing from {prelude}");
+        }
+        for unused in [
+            "function write_value",
+            "function announce",
+            "function invalidate",
+        ] {
+            assert!(!prelude.contains(unused), "{unused} carried in {prelude}");
+        }
+        assert!(prelude_for("return 1").is_empty());
+    }
 }

@@ -14,6 +14,7 @@ use super::cluster::LazyCluster;
 use super::coalesce::{self, Coalescer};
 use super::connection::ConnectionOptions;
 use super::eviction::Answered;
+use super::held_epoch::HeldEpoch;
 use super::lock_writes;
 use super::mget;
 use super::pubsub::PubSub;
@@ -76,6 +77,9 @@ pub(crate) struct RedisStore<C> {
     per_slot: bool,
     /// Concurrent single-key reads, coalesced into one `MGET` ([`ConnectionOptions::coalesce_reads`]).
     coalescer: Option<Arc<Coalescer>>,
+    /// One server's namespace epoch held under tracking, so that a hit reads its value alone
+    /// (see [`held_epoch`](super::held_epoch)). `None` on a cluster.
+    held: Option<HeldEpoch>,
     /// Lock and fencing writes wait for replicas over this connection
     /// ([`ConnectionOptions::wait_for_replicas`]); `None`: they do not wait.
     replicas: Option<ReplicaWait<Traced<C>>>,
@@ -117,6 +121,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             near_channel: String::new(),
             per_slot: false,
             coalescer: None,
+            held: None,
             replicas: None,
             probed,
             probe_client: None,
@@ -167,6 +172,12 @@ impl RedisStore<ConnectionManager> {
         let mut store = RedisStore::new(conn, target, pubsub, Scripts::Plain, channel_suffix(db))
             .coalescing(connection);
         store.probe_client = Some((client.clone(), connection.async_config()));
+        store.held = Some(HeldEpoch::new(
+            client.clone(),
+            connection.async_config(),
+            Arc::clone(&store.target),
+            connection.coalesce_reads,
+        ));
         if let Some(acks) = connection.wait_for_replicas {
             let config = connection.waited_manager_config(acks);
             let waited = ConnectionManager::new_lazy_with_config(client, config)?;
@@ -463,7 +474,18 @@ where
                 Err(short)
             }
             // A value read or a lock found held wrote nothing: no replica needs it.
-            (answer, _) => Ok(answer),
+            ((answer, trace), _) => Ok((self.birth_here(answer), trace)),
+        }
+    }
+
+    /// A granted lock's birth, kept where the script's clock is the namespace's: one server.
+    /// On a cluster the script ran on the entry's node, the clock is the clear key's, and the
+    /// birth is read from there apart (`Op::Born`).
+    fn birth_here(&self, answer: ReadOrLock) -> ReadOrLock {
+        if self.per_slot {
+            answer.without_birth()
+        } else {
+            answer
         }
     }
 
@@ -480,7 +502,10 @@ where
                 lease,
             };
             match self.run_acked(call).await {
-                Ok((answers, Ok(()))) => answers,
+                Ok((answers, Ok(()))) => answers
+                    .into_iter()
+                    .map(|answer| answer.map(|answer| self.birth_here(answer)))
+                    .collect(),
                 Ok((answers, Err(short))) => {
                     self.release_unacked_many(&chunk, answers, &short).await
                 }
@@ -510,20 +535,8 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn get(&self, keys: &EntryKeys) -> StoreResult<Option<Blob>> {
-        let mut conn = self.conn.clone();
-        match redis::cmd("GET")
-            .arg(&keys.value)
-            .query_async::<Option<Vec<u8>>>(&mut conn)
-            .await
-        {
-            Ok(v) => Ok(v.map(Blob::Owned)),
-            // Another type under our key is foreign data: a miss, replaced on the next write.
-            Err(e) if e.code() == Some("WRONGTYPE") => {
-                crate::log::throttled!(warn, key = %keys.user, "a non-string Redis value sits under the key; treating it as a miss");
-                Ok(None)
-            }
-            Err(e) => Err(StoreError::from(e).about(&keys.value)),
-        }
+        let found = coalesce::value_alone(&self.conn, &keys.value).await?;
+        Ok(found.map(Blob::Owned))
     }
 
     async fn epochs(&self, names: &[String]) -> StoreResult<Vec<u64>> {
@@ -538,15 +551,25 @@ where
         keys: &EntryKeys,
         names: &Arc<[String]>,
     ) -> StoreResult<(Option<Blob>, Vec<u64>)> {
-        let coalescer = self.coalescer.as_ref();
-        if coalescer.is_none() && names.is_empty() {
-            return Ok((self.get(keys).await?, Vec::new()));
-        }
         let read = coalesce::Request {
             target: &self.target,
             per_slot: self.per_slot,
         };
-        coalesce::read(&self.conn, coalescer, read, &keys.value, names).await
+        if let Some(held) = &self.held {
+            if let Some(answer) = held.read(read, &keys.value, names).await? {
+                return Ok(answer);
+            }
+        }
+        let coalescer = self.coalescer.as_ref();
+        if coalescer.is_none() && names.is_empty() {
+            return Ok((self.get(keys).await?, Vec::new()));
+        }
+        let all = coalesce::Names::all(names);
+        let answer = coalesce::read(&self.conn, coalescer, read, &keys.value, all).await?;
+        if let Some(held) = &self.held {
+            held.answered(names);
+        }
+        Ok(answer)
     }
 
     async fn get_many_with_epochs(
@@ -767,6 +790,15 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        // The hit's read in a future of its own: boxed with the others, it would be as large
+        // as the largest operation's (kilobytes), built and moved on every hit.
+        if let Op::GetWithEpochs { keys, names } = op {
+            return self.watched(async move {
+                Ok(Reply::ValueWithEpochs(
+                    self.get_with_epochs(keys, names).await?,
+                ))
+            });
+        }
         self.watched(async move {
             Ok(match op {
                 Op::Get { keys } => Reply::Value(self.get(keys).await?),
@@ -799,6 +831,7 @@ where
                     self.raise_epochs(names, floor).await?;
                     Reply::Done
                 }
+                // Answered above; here too, so that the match needs no arm that panics.
                 Op::GetWithEpochs { keys, names } => {
                     Reply::ValueWithEpochs(self.get_with_epochs(keys, names).await?)
                 }

@@ -10,8 +10,8 @@ use crate::store::{expiry_ms, HolderTrace, ReadOrLock, StoreResult, MAX_HOLDER_T
 use crate::wire::key::EntryKeys;
 
 /// KEYS: value, lock, fence[, trace]. ARGV: token, lease ms, read value (1/0), fence retention
-/// ms[, traceparent, most trace bytes]. Returns {1, value} | {2, fence} (lock taken) | {3, lock
-/// pttl[, holder's trace]} (held by another).
+/// ms[, traceparent, most trace bytes]. Returns {1, value} | {2, fence, server clock in µs as
+/// text} (lock taken) | {3, lock pttl[, holder's trace]} (held by another).
 /// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
 ///
 /// With the trace key (the `opentelemetry` feature, a caller with a trace context): a lock
@@ -159,13 +159,20 @@ impl FromReply for Vec<StoreResult<ReadOrLock>> {
     }
 }
 
-/// One entry's answer: `{1, value}`, `{2, fence}` or `{3, lock pttl}`.
+/// One entry's answer: `{1, value}`, `{2, fence, clock}` or `{3, lock pttl}`. The clock is
+/// the value's birth (see [`ReadOrLock::Acquired`]); a store whose clock is elsewhere drops it.
 fn entry_reply(reply: Vec<Value>) -> StoreResult<ReadOrLock> {
     match reply.as_slice() {
         [Value::Int(1), Value::BulkString(v)] => Ok(ReadOrLock::Value(v.clone())),
-        [Value::Int(2), fence] => match int(fence) {
-            Some(n) if n > 0 => Ok(ReadOrLock::Acquired { fence: n as u64 }),
-            _ => Err(unexpected("read-or-lock: bad fencing token", fence)),
+        [Value::Int(2), fence, clock] => match (int(fence), clock_text(clock)) {
+            (Some(n), Some(born)) if n > 0 => Ok(ReadOrLock::Acquired {
+                fence: n as u64,
+                born: Some(born),
+            }),
+            _ => Err(unexpected(
+                "read-or-lock: bad fencing token or clock",
+                &Value::Array(reply.clone()),
+            )),
         },
         [Value::Int(3), pttl] => Ok(ReadOrLock::Held {
             expires_in: int(pttl)
@@ -183,6 +190,14 @@ fn entry_reply(reply: Vec<Value>) -> StoreResult<ReadOrLock> {
 fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+/// The server clock the script sends as text (Lua's numbers would round it), in µs.
+fn clock_text(v: &Value) -> Option<u64> {
+    match v {
+        Value::BulkString(text) => std::str::from_utf8(text).ok()?.parse().ok(),
         _ => None,
     }
 }

@@ -1,0 +1,280 @@
+//! The namespace's epoch held in process, so that a hit on one server reads its value alone.
+//!
+//! Every read asks for the namespace's epoch (its clear key) beside the value: a value born
+//! before the last `clear` is no value. Held in process, the epoch need not be read again as
+//! long as Redis has not changed it, and Redis says so itself: the reads go out on one RESP3
+//! connection of their own with `CLIENT TRACKING ON OPTIN`, the epoch read once on it after
+//! `CLIENT CACHING yes` (so only that key is tracked), and any change of it (a `clear` by any
+//! client, an outside `SET`, an eviction, `FLUSHDB`) comes back as an invalidation on that very
+//! connection. Redis writes the invalidation into the connection's stream when the change
+//! happens, so it comes before the reply of any read the server ran after the change, and
+//! redis-rs hands it to the push sender before it hands on that reply. A read therefore takes a
+//! [`Ticket`] (the epoch and a generation) before it is sent, and after its answer checks that
+//! the generation did not move ([`HeldEpoch::still`]); if it moved, the read is done again the
+//! old way, the epoch read beside the value. A lost connection moves the generation too, and the
+//! next read connects and learns again, in the background; until then reads go the old way.
+//!
+//! Only on one server: on a cluster the epoch lies on another node than most values, and an
+//! invalidation from one node is not ordered with a reply from another.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, PushInfo};
+use tokio::time::Instant;
+
+use super::coalesce::{self, Coalescer};
+use super::mget::parse_epoch;
+use super::traced::{Target, Traced};
+use crate::store::StoreResult;
+use crate::sync::lock;
+
+/// The longest wait before connecting again after a failure (a server without RESP3 or
+/// tracking, or a managed one that refuses `CLIENT`): reads go the old way meanwhile.
+const MAX_RETRY: Duration = Duration::from_secs(60);
+
+/// The reads' own connection, as handed to a read.
+pub(crate) type Tracked = Traced<MultiplexedConnection>;
+
+/// The epoch of one namespace, held under Redis's own tracking (see the module's docs).
+pub(crate) struct HeldEpoch {
+    /// The server, over RESP3, and the time-outs of the data connection.
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    target: Arc<Target>,
+    /// The clear key, taken from the first read that asks for it: a store serves one namespace.
+    name: OnceLock<String>,
+    shared: Arc<Shared>,
+    /// The reads that go out on the tracked connection, coalesced as the data connection's
+    /// are ([`ConnectionOptions::coalesce_reads`](crate::ConnectionOptions::coalesce_reads)).
+    coalescer: Option<Arc<Coalescer>>,
+}
+
+/// What the push sender (on the connection's driver) and the reads share.
+#[derive(Default)]
+struct Shared {
+    /// Moved (under `state`'s lock) by every invalidation and every lost connection.
+    generation: AtomicU64,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    conn: Option<Tracked>,
+    /// The epoch, read on `conn` under tracking, in the current generation.
+    epoch: Option<u64>,
+    /// A connection or a learning read is under way.
+    busy: bool,
+    /// After a failure, no attempt before this; the wait doubles up to [`MAX_RETRY`].
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+/// A read's leave to skip the epoch: the connection to read on and the epoch to judge by, valid
+/// if the generation has not moved once the read is answered.
+struct Ticket {
+    conn: Tracked,
+    epoch: u64,
+    generation: u64,
+}
+
+impl Shared {
+    /// Redis changed the epoch, or the connection is gone: what is held is no longer proven.
+    fn forget(&self, connection_lost: bool) {
+        let mut state = lock(&self.state);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        state.epoch = None;
+        if connection_lost {
+            state.conn = None;
+        }
+    }
+
+    /// An attempt failed: forget the connection and wait before the next.
+    fn failed(&self) {
+        self.forget(true);
+        let mut state = lock(&self.state);
+        state.busy = false;
+        state.backoff = (state.backoff * 2).clamp(Duration::from_secs(1), MAX_RETRY);
+        state.retry_at = Some(Instant::now() + state.backoff);
+    }
+}
+
+impl HeldEpoch {
+    /// The held epoch of the server `client` reaches (turned to RESP3 here), with the data
+    /// connection's time-outs; its reads coalesced if `coalesce`.
+    pub(crate) fn new(
+        client: redis::Client,
+        config: AsyncConnectionConfig,
+        target: Arc<Target>,
+        coalesce: bool,
+    ) -> Self {
+        HeldEpoch {
+            client,
+            config,
+            target,
+            name: OnceLock::new(),
+            shared: Arc::default(),
+            coalescer: coalesce.then(|| Arc::new(Coalescer::new(false))),
+        }
+    }
+
+    /// The read of `value` with the epochs `names` (the clear key first), the first taken as
+    /// held: the value and the other epochs read on the tracked connection, the held epoch put
+    /// first. `Ok(None)` when it is not held, or when Redis changed it or the tracked connection
+    /// was lost before the answer came back: then the caller reads the old way. Any other
+    /// failure is the read's error: a time-out (the server did not answer in the time the data
+    /// connection allows either: asked again the old way, a frozen server would cost every read
+    /// two time-outs) or an error reply (the old way would be refused alike).
+    pub(crate) async fn read(
+        &self,
+        request: coalesce::Request<'_>,
+        value: &str,
+        names: &Arc<[String]>,
+    ) -> StoreResult<Option<coalesce::Answer>> {
+        let Some(ticket) = self.ticket(names) else {
+            return Ok(None);
+        };
+        let rest = coalesce::Names {
+            all: names,
+            skip: 1,
+        };
+        let read = coalesce::read(&ticket.conn, self.coalescer.as_ref(), request, value, rest);
+        let (value, mut epochs) = match read.await {
+            Ok(answer) => answer,
+            Err(e) if e.connection_lost() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !self.still(&ticket) {
+            return Ok(None);
+        }
+        epochs.insert(0, ticket.epoch);
+        Ok(Some((value, epochs)))
+    }
+
+    /// Leave for a read that asks for `names` (the clear key first) to skip the first: `None`
+    /// when the epoch is not held now.
+    fn ticket(&self, names: &[String]) -> Option<Ticket> {
+        if self.name.get()? != names.first()? {
+            return None;
+        }
+        let state = lock(&self.shared.state);
+        let (conn, epoch) = (state.conn.as_ref()?, state.epoch?);
+        Some(Ticket {
+            conn: conn.clone(),
+            epoch,
+            generation: self.shared.generation.load(Ordering::SeqCst),
+        })
+    }
+
+    /// A read that asked for `names` (the clear key first) was answered the old way: the
+    /// server answers, so the epoch is learned under tracking now, in the background (the
+    /// connection made first if there is none), unless that is under way or failed a moment
+    /// ago.
+    pub(crate) fn answered(&self, names: &[String]) {
+        let Some(first) = names.first() else {
+            return;
+        };
+        if self.name.get_or_init(|| first.clone()) != first {
+            return;
+        }
+        let mut state = lock(&self.shared.state);
+        let waiting = state.retry_at.is_some_and(|at| Instant::now() < at);
+        if state.epoch.is_some() || state.busy || waiting {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            state.busy = true;
+            let conn = state.conn.clone();
+            drop(state);
+            runtime.spawn(self.learn(conn, first.clone()));
+        }
+    }
+
+    /// Whether what `ticket` was given still holds now that its read was answered: no
+    /// invalidation and no lost connection came in between (see the module's docs).
+    fn still(&self, ticket: &Ticket) -> bool {
+        self.shared.generation.load(Ordering::SeqCst) == ticket.generation
+    }
+
+    /// Connects (if `conn` is `None`) and reads the epoch `name` under tracking.
+    fn learn(
+        &self,
+        conn: Option<Tracked>,
+        name: String,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let (client, shared, target) = (
+            self.client.clone(),
+            Arc::clone(&self.shared),
+            Arc::clone(&self.target),
+        );
+        let config = self.config.clone();
+        async move {
+            let conn = match conn {
+                Some(conn) => conn,
+                None => match connect(&client, config, &shared, target).await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "reads keep asking for the namespace's epoch: no tracked connection");
+                        return shared.failed();
+                    }
+                },
+            };
+            let generation = shared.generation.load(Ordering::SeqCst);
+            let read = redis::pipe()
+                .cmd("CLIENT")
+                .arg("CACHING")
+                .arg("yes")
+                .ignore()
+                .cmd("GET")
+                .arg(&name)
+                .query_async::<(Option<Vec<u8>>,)>(&mut conn.clone())
+                .await;
+            let epoch = match read {
+                Ok((epoch,)) => parse_epoch(&name, epoch.as_deref()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "reads keep asking for the namespace's epoch: it could not be read under tracking");
+                    return shared.failed();
+                }
+            };
+            let mut state = lock(&shared.state);
+            state.busy = false;
+            state.backoff = Duration::ZERO;
+            state.retry_at = None;
+            // An invalidation or a lost connection since the read was sent: not proven.
+            if shared.generation.load(Ordering::SeqCst) == generation {
+                state.conn = Some(conn);
+                state.epoch = Some(epoch);
+            }
+        }
+    }
+}
+
+/// A RESP3 connection whose pushes (invalidations, the connection's loss) make `shared` forget,
+/// with tracking on for the keys read after `CLIENT CACHING yes`.
+async fn connect(
+    client: &redis::Client,
+    config: AsyncConnectionConfig,
+    shared: &Arc<Shared>,
+    target: Arc<Target>,
+) -> redis::RedisResult<Tracked> {
+    let heard = Arc::downgrade(shared);
+    let config = config.set_push_sender(move |push: PushInfo| {
+        if let Some(shared) = heard.upgrade() {
+            shared.forget(push.kind == redis::PushKind::Disconnection);
+        }
+        Ok::<(), std::convert::Infallible>(())
+    });
+    let client = super::connection::resp3(client)?;
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    redis::cmd("CLIENT")
+        .arg("TRACKING")
+        .arg("ON")
+        .arg("OPTIN")
+        .exec_async(&mut conn)
+        .await?;
+    Ok(Traced::new(conn, target))
+}

@@ -1,0 +1,400 @@
+//! The deterministic simulation's server (feature `simulation`, for `tests/sim/` only): the
+//! memory store, which `memory_model_tests.rs` keeps equivalent to the Lua scripts, behind one
+//! connection per instance whose requests and replies travel through a [`Network`] the
+//! simulation controls (delays, losses with the connection, a frozen server). The server can
+//! be restarted empty, and it reports every change it makes ([`Applied`]) in its own order: the
+//! server's side of the history the chaos checker judges.
+//!
+//! Every operation of the memory store is carried out when it is sent, with no `.await` inside,
+//! so one operation is atomic here as a script is on Redis; the network decides only when it
+//! is sent and whether its answer comes back.
+//!
+//! Each instance may also run a near-tier feed ([`feed`]) over a connection of its own: the
+//! server reports its changes to every subscribed feed through the same network.
+
+mod feed;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::wakeup::Listener;
+use super::{
+    Acquire, BoxFuture, Clock, LockOp, LockStore, MemoryLimits, MemoryStore, Op, ReadOrLock, Reply,
+    Store, StoreError, StoreResult, Stored, Write,
+};
+use crate::sync::lock;
+use crate::wire::key::EntryKeys;
+pub(crate) use feed::Feed;
+use feed::{Message, Subscription};
+
+/// A change the simulated server made, in the server's order, by user key (an epoch by its
+/// store name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // The fields are named for what they hold: the user key, the bytes.
+pub enum Applied {
+    /// A lock was taken and the fencing counter bumped to `token`.
+    Acquired { key: String, token: u64 },
+    /// A fenced write (a computation's, or the fail-safe's copy) was accepted: these bytes.
+    Written { key: String, bytes: Vec<u8> },
+    /// A failed refresh's fenced delete was accepted.
+    Deleted { key: String },
+    /// `set`: the counter bumped, then these bytes written.
+    Set { key: String, bytes: Vec<u8> },
+    /// An invalidation: the counter bumped, the value deleted.
+    Invalidated { key: String },
+    /// The fencing counter bumped without a lock (`next_fence`).
+    Bumped { key: String },
+    /// An epoch (its store name) raised to `value`.
+    Raised { name: String, value: u64 },
+}
+
+/// What carries a connection's requests and replies: the simulation's network.
+pub trait Network: Send + Sync + 'static {
+    /// The request of connection `conn` travels to the server; `false`: lost with its
+    /// connection, never carried out.
+    fn request(&self, conn: u64) -> Pin<Box<dyn Future<Output = bool> + Send>>;
+    /// Its reply travels back; `false`: lost with its connection (the request was carried out).
+    fn reply(&self, conn: u64) -> Pin<Box<dyn Future<Output = bool> + Send>>;
+    /// The server carried out a request of `conn` and changed this.
+    fn applied(&self, conn: u64, change: Applied);
+}
+
+/// The simulated server: one memory store at a time (a restart replaces it with an empty one),
+/// on a wall clock that starts at a given instant and moves with `tokio::time` only.
+pub struct Server {
+    store: Mutex<Arc<MemoryStore>>,
+    /// The simulation's clock in microseconds ([`tick`]): births, epochs and the history.
+    clock: Arc<AtomicU64>,
+    limits: MemoryLimits,
+    epoch_ms: u64,
+    epoch: Instant,
+    /// The near-tier feeds subscribed to this server process (a restart forgets them, as a
+    /// new process knows no client), in the order they subscribed.
+    feeds: Mutex<Vec<Subscription>>,
+    next_subscription: AtomicU64,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Server {{ epoch_ms: {} }}", self.epoch_ms)
+    }
+}
+
+impl Server {
+    /// An empty server keeping at most `max_entries` values, whose clock reads `epoch_ms` now.
+    pub fn new(max_entries: u64, epoch_ms: u64) -> Arc<Self> {
+        let limits = MemoryLimits::default().max_entries(max_entries);
+        let clock = Arc::new(AtomicU64::new(0));
+        let store = MemoryStore::simulated(limits.clone(), epoch_ms, Arc::clone(&clock));
+        Arc::new(Server {
+            store: Mutex::new(Arc::new(store)),
+            clock,
+            limits,
+            epoch_ms,
+            epoch: Instant::now(),
+            feeds: Mutex::default(),
+            next_subscription: AtomicU64::new(0),
+        })
+    }
+
+    /// Restarts the server empty: values, locks, fencing counters and epochs are gone.
+    pub fn restart_empty(&self) {
+        let fresh =
+            MemoryStore::simulated(self.limits.clone(), self.now_ms(), Arc::clone(&self.clock));
+        *lock(&self.store) = Arc::new(fresh);
+        lock(&self.feeds).clear();
+    }
+
+    /// Another program deletes the value of `key` in `namespace` (`DEL` of the value key, as
+    /// an operator or a script would): no fence bump, no wake-up.
+    pub fn outside_delete(&self, namespace: &str, key: &str) {
+        if let Ok(keys) = EntryKeys::new(namespace, key) {
+            self.current().outside_delete(&keys);
+            // Tracking reports a `DEL` as it reports the crate's own changes.
+            self.report(&Applied::Deleted {
+                key: key.to_owned(),
+            });
+        }
+    }
+
+    /// Subscribes a feed of connection `conn` over `network`: its id, and where its
+    /// messages arrive (dropping it unsubscribes).
+    fn subscribe(
+        &self,
+        conn: u64,
+        network: Arc<dyn Network>,
+    ) -> (u64, tokio::sync::mpsc::UnboundedReceiver<feed::InFlight>) {
+        let id = self.next_subscription.fetch_add(1, Ordering::Relaxed);
+        let (to_feed, reports) = tokio::sync::mpsc::unbounded_channel();
+        lock(&self.feeds).push(Subscription {
+            id,
+            conn,
+            network,
+            to_feed,
+        });
+        (id, reports)
+    }
+
+    /// Runs the heartbeat of subscription `id`, sent at `sent`: its proof goes back behind
+    /// every report before it. `false`: this process knows no such subscription.
+    fn heartbeat(&self, id: u64, sent: Instant) -> bool {
+        let feeds = lock(&self.feeds);
+        let Some(feed) = feeds.iter().find(|f| f.id == id && !f.to_feed.is_closed()) else {
+            return false;
+        };
+        feed.send(Message::Proof(sent));
+        true
+    }
+
+    /// Reports `change` to every subscribed feed, now (in the server's order); forgets the
+    /// feeds that are gone.
+    fn report(&self, change: &Applied) {
+        if matches!(change, Applied::Acquired { .. } | Applied::Bumped { .. }) {
+            // Locks and fencing counters name no copy: not sent (the near tier skips them).
+            return;
+        }
+        let mut feeds = lock(&self.feeds);
+        feeds.retain(|f| !f.to_feed.is_closed());
+        for feed in feeds.iter() {
+            feed.send(Message::Change(change.clone()));
+        }
+    }
+
+    /// The simulation's clock now, in microseconds: above every reading before it, and never
+    /// behind the server's wall clock. Births and epochs are read from it too, so the history
+    /// and the server's stamps compare.
+    pub fn now_us(&self) -> u64 {
+        let elapsed = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+        crate::time::tick(
+            &self.clock,
+            self.epoch_ms.saturating_mul(1000).saturating_add(elapsed),
+        )
+    }
+
+    fn current(&self) -> Arc<MemoryStore> {
+        Arc::clone(&lock(&self.store))
+    }
+}
+
+impl Clock for Server {
+    fn now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.epoch_ms.saturating_add(elapsed)
+    }
+}
+
+/// One instance's connection to the simulated server: the store a simulated cache is built over.
+pub struct Connection {
+    server: Arc<Server>,
+    network: Arc<dyn Network>,
+    conn: u64,
+    /// How long a request waits for its reply before it fails as timed out (the client's
+    /// response time-out).
+    timeout: Duration,
+    /// The network connection of this instance's near-tier feed, if it has one, and how long
+    /// its feed waits for a heartbeat or a report before it gives the connection up.
+    feed: Option<(u64, Duration)>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Connection {{ conn: {}, .. }}", self.conn)
+    }
+}
+
+impl Connection {
+    /// Connection `conn` to `server` over `network`, with the client's response time-out.
+    pub fn new(
+        server: Arc<Server>,
+        network: Arc<dyn Network>,
+        conn: u64,
+        timeout: Duration,
+    ) -> Self {
+        Connection {
+            server,
+            network,
+            conn,
+            timeout,
+            feed: None,
+        }
+    }
+
+    /// The same connection, with a near-tier feed over connection `feed` of the network (a
+    /// cache built over it may run a near tier), which gives a connection up when a heartbeat
+    /// or a report takes longer than `give_up` (a black-holed socket fails nothing for
+    /// seconds: the near tier's bound must not rest on the feed noticing soon).
+    pub fn with_feed(self, feed: u64, give_up: Duration) -> Self {
+        Connection {
+            feed: Some((feed, give_up)),
+            ..self
+        }
+    }
+
+    /// The near-tier feed of this connection for `namespace`, heartbeating every `period`;
+    /// `None` without [`with_feed`](Self::with_feed).
+    pub(crate) fn feed(&self, namespace: &str, period: Duration, tracked: bool) -> Option<Feed> {
+        let (conn, give_up) = self.feed?;
+        Some(Feed::new(self, (conn, give_up), namespace, period, tracked))
+    }
+
+    /// Sends a request that `carry_out` answers on the server's current store, reporting what
+    /// it changed, within the response time-out.
+    fn exchange<'a, T: Send + 'a>(
+        &'a self,
+        carry_out: impl FnOnce(Arc<MemoryStore>) -> BoxFuture<'a, (StoreResult<T>, Vec<Applied>)>
+            + Send
+            + 'a,
+    ) -> BoxFuture<'a, StoreResult<T>> {
+        Box::pin(async move {
+            let exchange = async {
+                if !self.network.request(self.conn).await {
+                    return Err(io_error(std::io::ErrorKind::ConnectionReset));
+                }
+                let (answer, changes) = carry_out(self.server.current()).await;
+                for change in changes {
+                    self.server.report(&change);
+                    self.network.applied(self.conn, change);
+                }
+                if !self.network.reply(self.conn).await {
+                    return Err(io_error(std::io::ErrorKind::ConnectionReset));
+                }
+                answer
+            };
+            tokio::time::timeout(self.timeout, exchange)
+                .await
+                .unwrap_or_else(|_| Err(io_error(std::io::ErrorKind::TimedOut)))
+        })
+    }
+}
+
+/// A failure as the Redis client reports it: the same classification as a real outage.
+fn io_error(kind: std::io::ErrorKind) -> StoreError {
+    StoreError::from(::redis::RedisError::from(std::io::Error::new(
+        kind,
+        "simulated network",
+    )))
+}
+
+impl LockStore for Connection {
+    fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        self.exchange(move |store| {
+            Box::pin(async move {
+                let answer = store.lock(op).await;
+                let changes = lock_changes(&op, &answer);
+                (answer, changes)
+            })
+        })
+    }
+
+    fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
+        self.exchange(move |store| Box::pin(async move { (store.listen(keys).await, Vec::new()) }))
+    }
+}
+
+impl Store for Connection {
+    fn run<'a>(&'a self, op: Op<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
+        self.exchange(move |store| {
+            Box::pin(async move {
+                let asked = op.clone();
+                let answer = store.run(op).await;
+                let mut changes = changes(&asked, &answer);
+                if let Op::RaiseEpochs { names, .. } = asked {
+                    if let Ok(Reply::Epochs(values)) = store.run(Op::Epochs { names }).await {
+                        changes.extend(names.iter().zip(values).map(|(name, value)| {
+                            Applied::Raised {
+                                name: name.clone(),
+                                value,
+                            }
+                        }));
+                    }
+                }
+                (answer, changes)
+            })
+        })
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &*self.server
+    }
+}
+
+/// What a lock operation changed, by its reply.
+fn lock_changes(op: &LockOp<'_>, answer: &StoreResult<Reply>) -> Vec<Applied> {
+    match (op, answer) {
+        (LockOp::TryLock { keys, .. }, Ok(Reply::Acquire(Acquire::Acquired { fence }))) => {
+            vec![Applied::Acquired {
+                key: keys.user.clone(),
+                token: *fence,
+            }]
+        }
+        (LockOp::NextFence { keys, .. }, Ok(Reply::Number(_))) => vec![Applied::Bumped {
+            key: keys.user.clone(),
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// What a value operation changed, by its reply.
+fn changes(op: &Op<'_>, answer: &StoreResult<Reply>) -> Vec<Applied> {
+    let acquired = |keys: &EntryKeys, answer: &ReadOrLock| match answer {
+        ReadOrLock::Acquired { fence, .. } => vec![Applied::Acquired {
+            key: keys.user.clone(),
+            token: *fence,
+        }],
+        _ => Vec::new(),
+    };
+    let Ok(reply) = answer else {
+        return Vec::new();
+    };
+    match (op, reply) {
+        (Op::ReadOrLock { keys, .. }, Reply::ReadOrLock(answer))
+        | (Op::ReadOrLock { keys, .. }, Reply::ReadOrLockTraced((answer, _))) => {
+            acquired(keys, answer)
+        }
+        (Op::ReadOrLockMany { entries, .. }, Reply::PerEntry(answers)) => entries
+            .iter()
+            .zip(answers)
+            .flat_map(|((keys, _, _), answer)| match answer {
+                Ok(answer) => acquired(keys, answer),
+                Err(_) => Vec::new(),
+            })
+            .collect(),
+        (Op::StoreAndUnlock { keys, write, .. }, Reply::Stored(Stored { written, .. }))
+            if *written =>
+        {
+            vec![fenced_write(keys, write)]
+        }
+        (Op::WriteFenced { keys, write, .. }, Reply::Flag(true)) => vec![fenced_write(keys, write)],
+        (Op::Set { keys, value, .. }, Reply::Done) => vec![Applied::Set {
+            key: keys.user.clone(),
+            bytes: value.clone(),
+        }],
+        (Op::Invalidate { keys, .. }, Reply::Done) => vec![Applied::Invalidated {
+            key: keys.user.clone(),
+        }],
+        (Op::InvalidateMany { entries, .. }, Reply::Done) => entries
+            .iter()
+            .map(|keys| Applied::Invalidated {
+                key: keys.user.clone(),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// An accepted fenced write of `write`.
+fn fenced_write(keys: &EntryKeys, write: &Write) -> Applied {
+    let key = keys.user.clone();
+    match write {
+        Write::Value { bytes, .. } | Write::Keep { bytes, .. } => Applied::Written {
+            key,
+            bytes: bytes.clone(),
+        },
+        Write::Delete => Applied::Deleted { key },
+    }
+}

@@ -1,0 +1,204 @@
+//! A schedule's plan, drawn from its seed: which instance calls what when, and which faults
+//! strike when. A plan is data, so a failing one can be shrunk step by step and printed.
+
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+/// The instances (caches, each with its own in-process flights and locks) of a schedule.
+pub const INSTANCES: usize = 3;
+const KEYS: u64 = 3;
+const TAGS: &[&str] = &["t0", "t1", "t2"];
+const LOCKS: &[&str] = &["L0", "L1"];
+
+/// One call of the cache API.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Fetch {
+        key: String,
+        compute_ms: u64,
+        fail: bool,
+        ttl_ms: u64,
+        handle_tags: Vec<String>,
+        computed_tags: Vec<String>,
+    },
+    Batch {
+        keys: Vec<String>,
+        compute_ms: u64,
+        leave_out: bool,
+        ttl_ms: u64,
+        handle_tags: Vec<String>,
+    },
+    Set {
+        key: String,
+        handle_tags: Vec<String>,
+    },
+    Invalidate {
+        key: String,
+    },
+    InvalidateTag {
+        tag: String,
+    },
+    Clear,
+    /// A critical section under a `Lock`: a write to the fenced sink per hold, each after a
+    /// check that the lease is still valid.
+    Lock {
+        name: String,
+        holds_ms: Vec<u64>,
+    },
+}
+
+/// A fault of the server or the network.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fault {
+    /// The server runs nothing for this long.
+    Freeze(u64),
+    /// The server restarts empty.
+    Restart,
+    /// An instance's connection drops (what it had in flight is lost).
+    Drop(usize),
+    /// An instance is cut off for this long (its messages are lost; it sees time-outs).
+    Cut(usize, u64),
+    /// An instance's connection for calls is cut off for this long, its feed's not (one
+    /// black-holed socket): its near tier goes on hearing the server while its calls fail.
+    CutCalls(usize, u64),
+    /// An instance is killed: its calls stop where they are (computations included), nothing
+    /// more of it reaches the server, and it makes no further call.
+    Kill(usize),
+    /// Another program deletes a key's value (`DEL`): no fence bump, no wake-up.
+    OutsideDelete(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum What {
+    Call { instance: usize, action: Action },
+    Fault(Fault),
+}
+
+/// One step: at `at_ms` into the schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub at_ms: u64,
+    pub what: What,
+}
+
+/// A schedule: its seed (the network's draws, the crate's own random draws) and its steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub seed: u64,
+    pub steps: Vec<Step>,
+}
+
+fn key(rng: &mut StdRng) -> String {
+    format!("k{}", rng.random_range(0..KEYS))
+}
+
+/// `n` distinct tags.
+fn tags(rng: &mut StdRng, n: usize) -> Vec<String> {
+    rand::seq::index::sample(rng, TAGS.len(), n)
+        .into_iter()
+        .map(|i| TAGS[i].to_string())
+        .collect()
+}
+
+fn action(rng: &mut StdRng) -> Action {
+    let handle_tags = {
+        let n = rng.random_range(0..3);
+        tags(rng, n)
+    };
+    // Mostly quick computations, some past the lease (the heartbeat must keep it).
+    let compute_ms = match rng.random_range(0..100) {
+        0..70 => rng.random_range(0..20),
+        70..92 => rng.random_range(20..120),
+        _ => rng.random_range(150..400),
+    };
+    let ttl_ms = rng.random_range(50..1000);
+    match rng.random_range(0..100) {
+        0..10 => Action::Invalidate { key: key(rng) },
+        10..16 => Action::Set {
+            key: key(rng),
+            handle_tags,
+        },
+        16..30 => Action::Batch {
+            keys: (0..rng.random_range(2..=3)).map(|_| key(rng)).collect(),
+            compute_ms,
+            leave_out: rng.random_range(0..100) < 5,
+            ttl_ms,
+            handle_tags,
+        },
+        30..36 => Action::InvalidateTag {
+            tag: tags(rng, 1).remove(0),
+        },
+        36..38 => Action::Clear,
+        38..46 => Action::Lock {
+            name: LOCKS[rng.random_range(0..LOCKS.len())].to_string(),
+            holds_ms: (0..rng.random_range(1..=3))
+                .map(|_| rng.random_range(0..150))
+                .collect(),
+        },
+        _ => Action::Fetch {
+            key: key(rng),
+            compute_ms,
+            fail: rng.random_range(0..100) < 5,
+            ttl_ms,
+            handle_tags,
+            computed_tags: {
+                let n = usize::from(rng.random_range(0..10) < 3);
+                tags(rng, n)
+            },
+        },
+    }
+}
+
+fn fault(rng: &mut StdRng) -> Fault {
+    match rng.random_range(0..100) {
+        0..25 => Fault::Freeze(rng.random_range(20..300)),
+        25..38 => Fault::Restart,
+        38..58 => Fault::Drop(rng.random_range(0..INSTANCES)),
+        58..66 => Fault::Kill(rng.random_range(0..INSTANCES)),
+        66..74 => Fault::OutsideDelete(key(rng)),
+        kind => {
+            let (instance, ms) = (rng.random_range(0..INSTANCES), rng.random_range(50..500));
+            match kind {
+                74..90 => Fault::Cut(instance, ms),
+                _ => Fault::CutCalls(instance, ms),
+            }
+        }
+    }
+}
+
+impl Plan {
+    /// The plan of `seed`: `calls` calls spread over the instances, and now and then a fault.
+    pub fn draw(seed: u64, calls: usize) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut steps = Vec::new();
+        let mut at_ms = 0;
+        for _ in 0..calls {
+            at_ms += rng.random_range(0..40);
+            if rng.random_range(0..100) < 8 {
+                steps.push(Step {
+                    at_ms,
+                    what: What::Fault(fault(&mut rng)),
+                });
+            }
+            steps.push(Step {
+                at_ms,
+                what: What::Call {
+                    instance: rng.random_range(0..INSTANCES),
+                    action: action(&mut rng),
+                },
+            });
+        }
+        Plan { seed, steps }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.what {
+            What::Call { instance, action } => {
+                write!(f, "{:>6} ms  i{instance} {action:?}", self.at_ms)
+            }
+            What::Fault(fault) => write!(f, "{:>6} ms  FAULT {fault:?}", self.at_ms),
+        }
+    }
+}

@@ -1,0 +1,599 @@
+//! Runs one plan: the instances over one simulated server on tokio's current-thread runtime
+//! with paused time, every random draw of the crate seeded from the plan's seed; records the
+//! history the chaos checker judges (calls, computations, critical sections, what the server
+//! ran). The same plan gives the same history: nothing here reads the machine's clock or its
+//! randomness.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use stampede_guard::__private::sim::{self, Applied, Connection, Server};
+use stampede_guard::__private::{epoch_key, read_stored};
+use stampede_guard::{
+    Cache, CallOptions, Computed, Error, Lease, NearCacheOptions, RecoveryOptions, Source, Written,
+};
+
+use crate::history::{
+    parse_value, tags_label, BumpCause, Call, Change, Compute, Ending, History, Outcome, Raise,
+    Section, ServerEvent, Write,
+};
+use crate::net::{feed_conn, Net, Rates};
+use crate::plan::{Action, Fault, Plan, What, INSTANCES};
+
+const NAMESPACE: &str = "sim";
+/// The server's wall clock at the start of every schedule (2026-01-01): fixed, not read.
+const EPOCH_MS: u64 = 1_767_225_600_000;
+const LEASE: Duration = Duration::from_millis(150);
+/// The client's response time-out.
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(250);
+const WAIT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The most a call may take: a wait, a computation past a few leases, the retries.
+const CALL_BOUND: Duration = Duration::from_secs(10);
+/// How many values the server keeps: fewer than the keys and locks, so it evicts.
+const MAX_ENTRIES: u64 = 4;
+/// A killed instance's connection stays cut this long: past the end of any schedule.
+const KILLED_FOR_MS: u64 = 3_600_000;
+/// The instances that run a near tier (the others read the server for every call).
+const NEAR: &[usize] = &[0, 1];
+/// Their staleness bound: a heartbeat every quarter of it.
+const MAX_STALENESS: Duration = Duration::from_millis(200);
+/// How long a feed waits for a heartbeat or a report before it gives its connection up: long,
+/// as over a black-holed socket, so the bound rests on the proofs alone.
+const FEED_GIVES_UP: Duration = Duration::from_secs(1);
+
+/// What one instance records, shared by its tasks (all on one thread).
+#[derive(Default)]
+struct Recorder {
+    calls: Vec<Call>,
+    computes: Vec<Compute>,
+    sections: Vec<Section>,
+    next_id: u64,
+    sink: HashMap<String, u64>,
+}
+
+/// The schedule's shared pieces.
+#[derive(Clone)]
+struct Ctx {
+    server: Arc<Server>,
+    log: Arc<Mutex<Recorder>>,
+}
+
+impl Ctx {
+    fn now(&self) -> u64 {
+        self.server.now_us()
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn next_id(&self) -> u64 {
+        let mut log = self.log();
+        log.next_id += 1;
+        log.next_id
+    }
+
+    /// A call begins: its index in the log.
+    fn begin(&self, instance: &str, op: &str, key: &str) -> (usize, u64) {
+        let id = self.next_id();
+        let start_us = self.now();
+        let mut log = self.log();
+        log.calls.push(Call {
+            instance: instance.to_string(),
+            id,
+            op: op.to_string(),
+            key: key.to_string(),
+            start_us,
+            end_us: None,
+            outcome: Outcome::Pending,
+            held: false,
+            hit: false,
+            source: String::new(),
+        });
+        (log.calls.len() - 1, id)
+    }
+
+    fn end(&self, at: usize, outcome: Outcome, source: Option<Source>) {
+        let end = self.now();
+        let mut log = self.log();
+        let call = &mut log.calls[at];
+        call.end_us = Some(end);
+        call.outcome = outcome;
+        if let Some(source) = source {
+            call.held = source == Source::Held;
+            call.hit = source == Source::Hit;
+            call.source = format!("{source:?}").to_lowercase();
+        }
+    }
+
+    fn computed(&self, instance: &str, key: &str, token: u64, began: u64, value: &str) {
+        let end_us = self.now();
+        self.log().computes.push(Compute {
+            instance: instance.to_string(),
+            key: key.to_string(),
+            token,
+            start_us: began,
+            end_us,
+            value: value.to_string(),
+        });
+    }
+}
+
+fn kind(e: &Error) -> String {
+    let debug = format!("{e:?}");
+    debug
+        .split(|c: char| !c.is_alphanumeric())
+        .next()
+        .unwrap_or("Other")
+        .to_string()
+}
+
+fn outcome<T: ToString>(got: Result<T, Error>) -> Outcome {
+    match got {
+        Ok(v) => Outcome::Value(v.to_string()),
+        Err(e) => Outcome::Error(kind(&e)),
+    }
+}
+
+fn done(got: Result<Written, Error>) -> Outcome {
+    match got {
+        Ok(Written::Queued) => Outcome::Queued,
+        Ok(_) => Outcome::Done,
+        Err(e) => Outcome::Error(kind(&e)),
+    }
+}
+
+/// One call of `instance`, recorded as the chaos workers record theirs.
+async fn call(ctx: Ctx, cache: Cache, instance: String, action: Action) {
+    match action {
+        Action::Fetch {
+            key,
+            compute_ms,
+            fail,
+            ttl_ms,
+            handle_tags,
+            computed_tags,
+        } => {
+            let (at, id) = ctx.begin(&instance, "get_or_compute", &key);
+            let handle = with_tags(&cache, &handle_tags);
+            let label = tags_label(&[&handle_tags[..], &computed_tags[..]].concat());
+            let (inner, k, me) = (ctx.clone(), key.clone(), instance.clone());
+            let got = handle
+                .fetch(
+                    &key,
+                    Duration::from_millis(ttl_ms),
+                    move |lease: Lease| async move {
+                        let began = inner.now();
+                        let token = lease.fencing_token().unwrap_or(0);
+                        tokio::time::sleep(Duration::from_millis(compute_ms)).await;
+                        if fail {
+                            return Err("planned failure".to_string());
+                        }
+                        let value = format!("V|{k}|{token}|{me}|{id}|{label}");
+                        inner.computed(&me, &k, token, began, &value);
+                        Ok(Computed::new(value).tags(computed_tags))
+                    },
+                )
+                .await;
+            let source = got.as_ref().ok().map(|f| f.source);
+            ctx.end(at, outcome(got.map(|f| f.value)), source);
+        }
+        Action::Batch {
+            keys,
+            compute_ms,
+            leave_out,
+            ttl_ms,
+            handle_tags,
+        } => {
+            batch(
+                ctx,
+                cache,
+                instance,
+                keys,
+                compute_ms,
+                leave_out,
+                ttl_ms,
+                handle_tags,
+            )
+            .await
+        }
+        Action::Set { key, handle_tags } => {
+            let (at, id) = ctx.begin(&instance, "set", &key);
+            let value = format!("S|{key}|{instance}|{id}|{}", tags_label(&handle_tags));
+            let handle = with_tags(&cache, &handle_tags);
+            let got = handle.set(&key, &value, Duration::from_millis(1500)).await;
+            ctx.end(at, done(got), None);
+        }
+        Action::Invalidate { key } => {
+            let (at, _) = ctx.begin(&instance, "invalidate", &key);
+            let got = cache.invalidate(&key).await;
+            ctx.end(at, done(got), None);
+        }
+        Action::InvalidateTag { tag } => {
+            let (at, _) = ctx.begin(&instance, "invalidate_tag", &tag);
+            let got = cache.invalidate_tag(&tag).await;
+            ctx.end(at, done(got), None);
+        }
+        Action::Clear => {
+            let (at, _) = ctx.begin(&instance, "clear", "*");
+            let got = cache.clear().await;
+            ctx.end(at, done(got), None);
+        }
+        Action::Lock { name, holds_ms } => section(ctx, cache, instance, name, holds_ms).await,
+    }
+}
+
+/// The handle that gives values these tags.
+fn with_tags(cache: &Cache, tags: &[String]) -> Cache {
+    if tags.is_empty() {
+        return cache.clone();
+    }
+    cache.with_options(cache.options().clone().tags(tags.to_vec()))
+}
+
+/// One `fetch_many`, recorded as one call per key asked.
+#[allow(clippy::too_many_arguments)]
+async fn batch(
+    ctx: Ctx,
+    cache: Cache,
+    instance: String,
+    keys: Vec<String>,
+    compute_ms: u64,
+    leave_out: bool,
+    ttl_ms: u64,
+    handle_tags: Vec<String>,
+) {
+    let started: Vec<(usize, u64)> = keys
+        .iter()
+        .map(|key| ctx.begin(&instance, "batch", key))
+        .collect();
+    let label = tags_label(&handle_tags);
+    let left_out = leave_out.then(|| keys[0].clone());
+    let (inner, me) = (ctx.clone(), instance.clone());
+    let handle = with_tags(&cache, &handle_tags);
+    let got = handle
+        .fetch_many(
+            &keys,
+            Duration::from_millis(ttl_ms),
+            move |locked: Vec<(String, Lease)>| {
+                let (ctx, me, label, left_out) =
+                    (inner.clone(), me.clone(), label.clone(), left_out.clone());
+                async move {
+                    let began = ctx.now();
+                    tokio::time::sleep(Duration::from_millis(compute_ms)).await;
+                    let mut values = Vec::new();
+                    for (key, lease) in locked {
+                        if left_out.as_ref() == Some(&key) {
+                            continue;
+                        }
+                        let token = lease.fencing_token().unwrap_or(0);
+                        let value = format!("V|{key}|{token}|{me}|{}|{label}", ctx.next_id());
+                        ctx.computed(&me, &key, token, began, &value);
+                        values.push((key, Computed::new(value)));
+                    }
+                    Ok::<_, String>(values)
+                }
+            },
+        )
+        .await;
+    for ((at, _), result) in started.into_iter().zip(got) {
+        let source = result.as_ref().ok().map(|f| f.source);
+        ctx.end(at, outcome(result.map(|f| f.value)), source);
+    }
+}
+
+/// A critical section under a `Lock`: before each write to the fenced sink, a check that the
+/// lease is still valid.
+async fn section(ctx: Ctx, cache: Cache, instance: String, name: String, holds_ms: Vec<u64>) {
+    let Ok(lock) = cache.lock(&name) else {
+        return;
+    };
+    let id = ctx.next_id();
+    let asked_us = ctx.now();
+    let Ok(guard) = lock.acquire().await else {
+        return;
+    };
+    let token = guard.fencing_token();
+    let start_us = ctx.now();
+    let (mut end_us, mut writes, mut accepted) = (start_us, 0, 0);
+    for hold in holds_ms {
+        let t0 = ctx.now();
+        if !guard.is_held() {
+            break;
+        }
+        end_us = t0;
+        writes += 1;
+        {
+            let mut log = ctx.log();
+            let max = log.sink.entry(name.clone()).or_insert(0);
+            if token >= *max {
+                *max = token;
+                accepted += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(hold)).await;
+    }
+    let _ = guard.release().await;
+    ctx.log().sections.push(Section {
+        instance,
+        id,
+        lock: name,
+        token,
+        asked_us,
+        start_us,
+        end_us,
+        writes,
+        accepted,
+    });
+}
+
+/// What a run of a plan left: the history, and the server's record as lines (for the
+/// determinism test and the timeline).
+pub struct Ran {
+    pub history: History,
+    /// What the instances' own counters say the run did, by name (`Cache::stats`): the near
+    /// tiers' hits, the queued writes replayed, for the census.
+    pub counted: Vec<(&'static str, u64)>,
+}
+
+/// The instances' caches, one connection each.
+async fn instances(server: &Arc<Server>, net: &Net) -> Vec<Cache> {
+    let options = CallOptions::default()
+        .lease(LEASE)
+        .wait_timeout(WAIT_TIMEOUT)
+        .stale_for(Duration::from_millis(100))
+        .early_refresh(1.0);
+    let mut caches = Vec::new();
+    for i in 0..INSTANCES {
+        let connection = Connection::new(
+            Arc::clone(server),
+            Arc::new(net.clone()),
+            i as u64,
+            RESPONSE_TIMEOUT,
+        )
+        .with_feed(feed_conn(i) as u64, FEED_GIVES_UP);
+        let mut builder = sim::builder(connection)
+            .namespace(NAMESPACE)
+            .options(options.clone())
+            .auto_recovery(RecoveryOptions::default());
+        if NEAR.contains(&i) {
+            builder = builder.near_cache(NearCacheOptions::new(100).max_staleness(MAX_STALENESS));
+        }
+        let cache = builder.build().await.expect("a simulated cache builds");
+        caches.push(cache);
+    }
+    caches
+}
+
+/// Runs `plan` and records its history.
+pub fn run(plan: &Plan, rates: Rates) -> Ran {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    sim::seed_thread(Some(plan.seed));
+    let ran = runtime.block_on(drive(plan, rates));
+    sim::seed_thread(None);
+    ran
+}
+
+async fn drive(plan: &Plan, rates: Rates) -> Ran {
+    let server = Server::new(MAX_ENTRIES, EPOCH_MS);
+    let net = Net::new(plan.seed, INSTANCES, rates, Arc::clone(&server));
+    let caches = instances(&server, &net).await;
+    let ctx = Ctx {
+        server: Arc::clone(&server),
+        log: Arc::default(),
+    };
+    let start = tokio::time::Instant::now();
+    // Each instance's call tasks, and whether it was killed.
+    let mut tasks: Vec<Vec<tokio::task::JoinHandle<()>>> =
+        (0..INSTANCES).map(|_| Vec::new()).collect();
+    let mut killed = [false; INSTANCES];
+    // Where each restart falls in the server's record, and when.
+    let mut restarts: Vec<(usize, u64)> = Vec::new();
+    for step in &plan.steps {
+        tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
+        match &step.what {
+            What::Call { instance, .. } if killed[*instance] => {}
+            What::Call { instance, action } => {
+                let task = call(
+                    ctx.clone(),
+                    caches[*instance].clone(),
+                    format!("i{instance}"),
+                    action.clone(),
+                );
+                tasks[*instance].push(tokio::spawn(task));
+            }
+            What::Fault(Fault::Kill(i)) => {
+                // Nothing of it reaches the server any more (a killed process cleans nothing
+                // up: its locks run out with their leases), then its tasks stop.
+                net.cut(*i, KILLED_FOR_MS);
+                killed[*i] = true;
+                for task in &tasks[*i] {
+                    task.abort();
+                }
+            }
+            What::Fault(Fault::Freeze(ms)) => net.freeze(*ms),
+            What::Fault(Fault::Restart) => {
+                restarts.push((net.applied().len(), ctx.now()));
+                server.restart_empty();
+            }
+            What::Fault(Fault::Drop(i)) => net.drop_connection(*i),
+            What::Fault(Fault::OutsideDelete(key)) => server.outside_delete(NAMESPACE, key),
+            What::Fault(Fault::Cut(i, ms)) => net.cut(*i, *ms),
+            What::Fault(Fault::CutCalls(i, ms)) => net.cut_calls(*i, *ms),
+        }
+    }
+    // Every call ends within its bound; one that does not stays unended, and rule (d) says so.
+    let _ = tokio::time::timeout(CALL_BOUND * 2, async {
+        for task in tasks.into_iter().flatten() {
+            let _ = task.await;
+        }
+    })
+    .await;
+    // Background work (renewals, releases) settles, then each instance reports its flights.
+    tokio::time::sleep(LEASE * 4).await;
+    let endings = caches
+        .iter()
+        .enumerate()
+        .map(|(i, cache)| Ending {
+            instance: format!("i{i}"),
+            killed: killed[i],
+            clean_exit: !killed[i],
+            in_flight: Some(cache.in_flight()),
+        })
+        .collect();
+    let log = std::mem::take(&mut *ctx.log());
+    let (server_events, changes) = server_record(&net.applied(), &restarts);
+    let history = History {
+        calls: log.calls,
+        computes: log.computes,
+        sections: log.sections,
+        server: server_events,
+        restarts_us: restarts.iter().map(|(_, at)| *at).collect(),
+        endings,
+        lease_ms: LEASE.as_millis() as u64,
+        near_instances: NEAR
+            .iter()
+            .map(|i| (format!("i{i}"), MAX_STALENESS.as_micros() as u64))
+            .collect(),
+        call_bound_us: CALL_BOUND.as_micros() as u64,
+        changes,
+        ..History::default()
+    };
+    Ran {
+        history,
+        counted: counted(&caches),
+    }
+}
+
+/// The instances' counters the census asks for, summed.
+fn counted(caches: &[Cache]) -> Vec<(&'static str, u64)> {
+    let stats: Vec<_> = caches.iter().map(Cache::stats).collect();
+    let sum = |f: fn(&stampede_guard::Stats) -> u64| stats.iter().map(f).sum();
+    vec![
+        ("near hits", sum(|s| s.near_hits)),
+        ("replayed writes", sum(|s| s.recovery_replayed)),
+        ("held", sum(|s| s.held_served)),
+    ]
+}
+
+/// The server's record in the checker's terms, restarts in their places.
+fn server_record(
+    applied: &[(u64, u64, Applied)],
+    restarts: &[(usize, u64)],
+) -> (Vec<ServerEvent>, Vec<Change>) {
+    let mut events = Vec::new();
+    let mut changes = Vec::new();
+    let mut life = 0;
+    let mut restarts = restarts.iter().peekable();
+    for (i, (at_us, _conn, change)) in applied.iter().enumerate() {
+        while restarts.peek().is_some_and(|(at, _)| *at <= i) {
+            restarts.next();
+            life += 1;
+            events.push(ServerEvent::Life(life));
+        }
+        let at_us = *at_us;
+        match change {
+            Applied::Acquired { key, token } => events.push(ServerEvent::Acquire {
+                key: key.clone(),
+                token: *token,
+            }),
+            Applied::Written { key, bytes } => {
+                if let Some(e) = write(key, bytes, true, at_us, &mut changes) {
+                    events.push(e);
+                }
+            }
+            Applied::Set { key, bytes } => {
+                events.push(ServerEvent::Bump {
+                    key: key.clone(),
+                    cause: BumpCause::Set,
+                });
+                if let Some(e) = write(key, bytes, false, at_us, &mut changes) {
+                    events.push(e);
+                }
+            }
+            Applied::Invalidated { key } => {
+                events.push(ServerEvent::Bump {
+                    key: key.clone(),
+                    cause: BumpCause::Invalidate,
+                });
+                changes.push(Change {
+                    key: key.clone(),
+                    at_us,
+                    value: None,
+                });
+            }
+            Applied::Deleted { key } => {
+                events.push(ServerEvent::Delete { key: key.clone() });
+                changes.push(Change {
+                    key: key.clone(),
+                    at_us,
+                    value: None,
+                });
+            }
+            Applied::Bumped { key } => events.push(ServerEvent::Bump {
+                key: key.clone(),
+                cause: BumpCause::Set,
+            }),
+            Applied::Raised { name, value } => match epoch_key(NAMESPACE, name) {
+                Some(epoch) => events.push(ServerEvent::Raise(Raise {
+                    epoch,
+                    value: *value,
+                    at_us,
+                    announced: true,
+                })),
+                None => events.push(ServerEvent::Unreadable {
+                    key: name.clone(),
+                    reason: "not an epoch of the namespace".to_string(),
+                }),
+            },
+        }
+    }
+    (events, changes)
+}
+
+/// A write the server accepted, read back as the cache reads it. A remembered failure is no
+/// value: it is left out, as the chaos replay leaves it out.
+fn write(
+    key: &str,
+    bytes: &[u8],
+    computed: bool,
+    at_us: u64,
+    changes: &mut Vec<Change>,
+) -> Option<ServerEvent> {
+    let stored = match read_stored::<String>(bytes) {
+        Ok(stored) => stored,
+        Err(reason) => {
+            return Some(ServerEvent::Unreadable {
+                key: key.to_string(),
+                reason,
+            })
+        }
+    };
+    let value = stored.value?;
+    changes.push(Change {
+        key: key.to_string(),
+        at_us,
+        value: Some(value.clone()),
+    });
+    let token = if computed {
+        parse_value(&value).map_or(0, |p| p.token)
+    } else {
+        0
+    };
+    Some(ServerEvent::Write(Write {
+        key: key.to_string(),
+        computed,
+        token,
+        fence: stored.fence,
+        counter: Some(stored.fence),
+        value,
+        born: stored.born,
+        tags: stored.tags,
+        at_us,
+    }))
+}
