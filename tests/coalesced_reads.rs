@@ -1,21 +1,24 @@
 //! Concurrent single-key reads of one cache go out as one `MGET` while another is out
 //! (`ConnectionOptions::coalesce_reads`, on by default), against a real redis-server: fewer
 //! commands than reads under concurrency, one command per read when alone, each read its own
-//! answer, and a sender dropped while its `MGET` is out stalls no one.
+//! answer, a sender dropped while its `MGET` is out stalls no one, and reads queued behind one
+//! that the server leaves unanswered fail with it.
 
 /// The shared helpers this file uses, one module each (tests/support/): a helper that no
 /// file declaring it uses is a dead-code warning.
 mod support {
     pub mod commandstats;
+    pub mod monitor;
     pub mod server;
-    pub use {commandstats::*, server::*};
+    pub mod signal;
+    pub use {commandstats::*, monitor::*, server::*, signal::*};
 }
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use stampede_guard::{Cache, ConnectionOptions, Source};
-use support::{commands_since_reset, reset_command_stats, RedisServer};
+use support::{commands_since_reset, reads, reset_command_stats, signal, Monitor, RedisServer};
 
 const TTL: Duration = Duration::from_secs(600);
 
@@ -186,4 +189,38 @@ async fn a_sender_dropped_while_its_mget_is_out_stalls_no_one() {
         assert_eq!(value.unwrap(), Some(format!("v-{key}")));
     }
     let _ = sleeping.join();
+}
+
+/// Reads queued while one is out on a server that leaves it unanswered fail with it when it
+/// times out, never sent: sent after it, each would wait out a second time-out, and callers out
+/// together would fail apart (a fallback's single flight would run once for the first and
+/// again for the rest; seen in `outage_processes` with a killed server too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_queued_behind_a_timed_out_read_fail_with_it_unsent() {
+    let server = RedisServer::start();
+    let connection = ConnectionOptions::default().response_timeout(Duration::from_millis(500));
+    let cache = cache(&server, connection).await;
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    fill(&cache, &keys).await;
+    let monitor = Monitor::start(&server);
+    // Frozen, the server takes the requests into its socket's buffer and answers none; they run
+    // once it goes on, so the monitor sees every read that was sent.
+    let pid = server.pid().expect("the test's own server");
+    signal(pid, "STOP");
+    let answers =
+        futures_like_join(keys.iter().map(|key| cache.get::<String>(key)).collect()).await;
+    signal(pid, "CONT");
+    for (key, answer) in keys.iter().zip(&answers) {
+        assert!(
+            answer.as_ref().is_err_and(|e| e.is_unreachable()),
+            "{key}: a frozen server's read is an error: {answer:?}"
+        );
+    }
+    let sent = reads(&monitor.lines_until_now(&server));
+    assert_eq!(
+        sent.len(),
+        1,
+        "the first read went out alone and timed out; the three queued behind it failed with \
+         it: {sent:?}"
+    );
 }

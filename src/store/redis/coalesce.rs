@@ -26,6 +26,7 @@ use super::traced::{record_error, Target};
 use crate::join::join_all;
 use crate::store::{Blob, StoreError, StoreResult};
 use crate::sync::lock;
+use crate::BackendErrorKind;
 
 /// The most reads one `MGET` carries; a longer queue goes out as several, at once.
 pub(crate) const MAX_READS: usize = 128;
@@ -132,6 +133,22 @@ impl Coalescer {
         state.queued.clear();
     }
 
+    /// A read out failed for want of an answer (`error`: the connection dropped or refused, or
+    /// the server silent past the response time-out): the reads queued meanwhile fail with it
+    /// at once. Sent next, they would wait on the same server a second time (a frozen server's
+    /// second time-out, a dead one's reconnection attempts), and callers that were out
+    /// together would fail apart, as they never do without coalescing: a fallback's single
+    /// flight (`ComputeUncached`) would then run once for the first and again for the rest.
+    fn fail_queued(&self, error: &StoreError) {
+        if error.kind() != BackendErrorKind::Unreachable {
+            return;
+        }
+        let queued = std::mem::take(&mut lock(&self.state).queued);
+        for read in queued {
+            let _ = read.answer.send(Err(error.clone()));
+        }
+    }
+
     /// After a batch was answered: the reads queued meanwhile, to send next; `None` when
     /// there are none (then no batch is out).
     fn next(&self) -> Option<Vec<Read>> {
@@ -165,6 +182,9 @@ where
         // before it returns, its guard hands the turn to a task, as when answered.
         let handover = Handover { conn, coalescer };
         let read = read_alone(conn, per_slot, value, names.asked()).await;
+        if let Err(e) = &read {
+            coalescer.fail_queued(e);
+        }
         drop(handover);
         return read;
     }
@@ -185,7 +205,9 @@ where
         // The batch out came back meanwhile: this caller sends the queue now. Dropped before
         // it returns, its guard hands the queue to a task.
         let handover = Handover { conn, coalescer };
-        send(conn, batch, per_slot).await;
+        if let Some(e) = send(conn, batch, per_slot).await {
+            coalescer.fail_queued(&e);
+        }
         // Answered: the reads queued meanwhile go out from a task.
         drop(handover);
     }
@@ -283,7 +305,9 @@ where
         let mut turn = turn;
         let mut batch = batch;
         loop {
-            send(&conn, batch, turn.coalescer.per_slot).await;
+            if let Some(e) = send(&conn, batch, turn.coalescer.per_slot).await {
+                turn.coalescer.fail_queued(&e);
+            }
             match turn.coalescer.next() {
                 Some(next) => batch = next,
                 None => {
@@ -316,8 +340,8 @@ impl Drop for Turn {
 }
 
 /// Sends `batch`: one `MGET` per [`MAX_READS`] reads (all at once; on a cluster, `per_slot`, one
-/// per slot of each), each answering its reads.
-async fn send<C>(conn: &C, batch: Vec<Read>, per_slot: bool)
+/// per slot of each), each answering its reads. Returns a failure met, if any.
+async fn send<C>(conn: &C, batch: Vec<Read>, per_slot: bool) -> Option<StoreError>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -332,11 +356,14 @@ where
             .map(|chunk| send_one(conn, chunk, per_slot))
             .collect(),
     )
-    .await;
+    .await
+    .into_iter()
+    .find_map(Result::err)
 }
 
-/// One `MGET` of `reads`' value keys and the union of their epochs, each key once.
-async fn send_one<C>(conn: &C, reads: Vec<Read>, per_slot: bool)
+/// One `MGET` of `reads`' value keys and the union of their epochs, each key once; its failure
+/// returned too.
+async fn send_one<C>(conn: &C, reads: Vec<Read>, per_slot: bool) -> StoreResult<()>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -378,6 +405,7 @@ where
         // A caller that went away no longer listens.
         let _ = read.answer.send(answer);
     }
+    answered.map(drop)
 }
 
 /// Records on each carried read's client span how many reads the `MGET` that carried it carried,

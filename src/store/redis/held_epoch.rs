@@ -11,8 +11,9 @@
 //! redis-rs hands it to the push sender before it hands on that reply. A read therefore takes a
 //! [`Ticket`] (the epoch and a generation) before it is sent, and after its answer checks that
 //! the generation did not move ([`HeldEpoch::still`]); if it moved, the read is done again the
-//! old way, the epoch read beside the value. A lost connection moves the generation too, and the
-//! next read connects and learns again, in the background; until then reads go the old way.
+//! old way, the epoch read beside the value. A lost connection moves the generation too (a read
+//! out on it fails, as one on the data connection would), and the next read connects and learns
+//! again, in the background; until then reads go the old way.
 //!
 //! Only on one server: on a cluster the epoch lies on another node than most values, and an
 //! invalidation from one node is not ordered with a reply from another.
@@ -122,11 +123,12 @@ impl HeldEpoch {
 
     /// The read of `value` with the epochs `names` (the clear key first), the first taken as
     /// held: the value and the other epochs read on the tracked connection, the held epoch put
-    /// first. `Ok(None)` when it is not held, or when Redis changed it or the tracked connection
-    /// was lost before the answer came back: then the caller reads the old way. Any other
-    /// failure is the read's error: a time-out (the server did not answer in the time the data
-    /// connection allows either: asked again the old way, a frozen server would cost every read
-    /// two time-outs) or an error reply (the old way would be refused alike).
+    /// first. `Ok(None)` when it is not held, or when Redis changed it before the answer came
+    /// back: then the caller reads the old way. A failure is the read's error, as on the data
+    /// connection: asked again the old way, a frozen server would cost the read a second
+    /// time-out, a refusal would come again, and a server that went away would keep the
+    /// callers that were out together waiting on the data connection's reconnection one by
+    /// one, so that a fallback's single flight (`ComputeUncached`) ran more than once.
     pub(crate) async fn read(
         &self,
         request: coalesce::Request<'_>,
@@ -141,11 +143,7 @@ impl HeldEpoch {
             skip: 1,
         };
         let read = coalesce::read(&ticket.conn, self.coalescer.as_ref(), request, value, rest);
-        let (value, mut epochs) = match read.await {
-            Ok(answer) => answer,
-            Err(e) if e.connection_lost() => return Ok(None),
-            Err(e) => return Err(e),
-        };
+        let (value, mut epochs) = read.await?;
         if !self.still(&ticket) {
             return Ok(None);
         }
