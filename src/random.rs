@@ -38,6 +38,15 @@ fn with_rng<T>(draw: impl FnOnce(&mut dyn rand::Rng) -> T) -> T {
     draw(&mut rand::rng())
 }
 
+/// How the crate hashes keys where the hash decides something (the near tier's stripes, an
+/// order of iteration): std's `RandomState`, seeded by the OS, so that no one can choose keys
+/// that collide. Under the simulation a fixed hasher instead: two keys that shared a stripe in
+/// one run and not in the next would make one seed give two histories.
+#[cfg(not(feature = "simulation"))]
+pub(crate) type Hasher = std::collections::hash_map::RandomState;
+#[cfg(feature = "simulation")]
+pub(crate) type Hasher = std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+
 /// A uniform `u64` in `0..=max`.
 pub(crate) fn up_to(max: u64) -> u64 {
     use rand::RngExt;

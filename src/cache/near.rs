@@ -201,7 +201,7 @@ pub(crate) struct NearTier {
     copies: moka::sync::Cache<String, Arc<NearCopy>>,
     /// Bumped by every announcement of a key of the stripe, before its copy is dropped.
     stripes: Box<[AtomicU64]>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: crate::random::Hasher,
     /// Bumped whenever every copy is dropped (a new connection, a lapsed proof): tickets taken
     /// before cannot insert.
     epoch: AtomicU64,

@@ -23,7 +23,8 @@ use crate::sync::lock;
 /// The `std` mutex is right here: it is held only for map look-ups, never across an `.await`.
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
-    channels: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Hashed by [`Hasher`](crate::random::Hasher): `notify_all` wakes in its order.
+    channels: Mutex<HashMap<String, watch::Sender<u64>, crate::random::Hasher>>,
 }
 
 impl Wakeups {

@@ -95,7 +95,8 @@ pub(crate) type Pending = (u64, Queued, Arc<tokio::sync::Mutex<()>>);
 #[derive(Debug)]
 pub(crate) struct Queue {
     /// Per value key (`ns:{k}`), its intent.
-    slots: HashMap<String, Slot>,
+    /// Hashed by [`Hasher`](crate::random::Hasher): some steps go over every slot in its order.
+    slots: HashMap<String, Slot, crate::random::Hasher>,
     /// The keys oldest first, by the sequence number of their current intent.
     order: BTreeMap<u64, String>,
     /// The slots whose intent raises an epoch (a tag's or the clear key): a read replays them
@@ -111,7 +112,7 @@ pub(crate) struct Queue {
 impl Queue {
     pub(crate) fn new(max_entries: usize, max_bytes: usize) -> Self {
         Queue {
-            slots: HashMap::new(),
+            slots: HashMap::default(),
             order: BTreeMap::new(),
             raises: BTreeSet::new(),
             next_seq: 0,
@@ -137,7 +138,7 @@ impl Queue {
     pub(crate) fn push(&mut self, batch: Vec<Queued>) -> Result<(), RecoveryLimit> {
         let batch = self.covered(batch);
         // The batch's newest intent per key, in the batch's order.
-        let mut newest: HashMap<String, usize> = HashMap::new();
+        let mut newest: HashMap<String, usize, crate::random::Hasher> = HashMap::default();
         for (i, queued) in batch.iter().enumerate() {
             newest.insert(queued.intent.slot().to_owned(), i);
         }
