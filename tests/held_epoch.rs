@@ -233,3 +233,71 @@ async fn a_hit_on_a_frozen_server_waits_one_time_out_not_two() {
          old way, every read would wait out a second time-out"
     );
 }
+
+/// A cache kept across runtimes (a `static` shared by tests, a blocking wrapper that makes a
+/// runtime per call): the tracked connection's driver goes with the runtime that ran it, and
+/// says nothing. On the next runtime the hits answer (at most one fails, as on any lost
+/// connection), and the epoch is held again on a new connection.
+#[test]
+fn a_cache_that_outlives_its_runtime_answers_and_holds_the_epoch_again() {
+    let server = RedisServer::start();
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    };
+    let first = runtime();
+    let (cache, computed) = first.block_on(warm_and_held(&server, "2019-05"));
+    drop(first);
+    runtime().block_on(async {
+        let mut failed = 0;
+        for _ in 0..100 {
+            let hit = cache.get_or_compute("2019-05", TTL, || async { Ok::<_, String>(0u32) });
+            match hit.await {
+                Ok(value) => {
+                    assert_eq!(value, 1, "the value computed on the first runtime");
+                    break;
+                }
+                Err(e) => {
+                    assert!(e.is_unreachable(), "only a lost connection fails: {e}");
+                    failed += 1;
+                }
+            }
+        }
+        assert!(failed <= 2, "{failed} hits failed on the new runtime");
+        until_hits_read_alone(&server, &cache, "2019-05", &computed).await;
+    });
+}
+
+/// With `hold_epoch(false)` (behind a sharding proxy) no connection tracks the epoch: every
+/// hit reads it beside the value, however long the cache has been answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_hold_epoch_off_every_hit_reads_the_epoch_beside_the_value() {
+    let server = RedisServer::start();
+    let cache = Cache::builder()
+        .redis_url(server.url())
+        .namespace(NAMESPACE)
+        .connection(ConnectionOptions::default().hold_epoch(false))
+        .build()
+        .await
+        .expect("a cache on the test server");
+    let computed = Arc::new(AtomicU32::new(0));
+    for _ in 0..10 {
+        read(&cache, "2019-05", &computed).await;
+    }
+    // Time enough for the epoch to be learned in the background, were it held.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let monitor = Monitor::start(&server);
+    assert_eq!(read(&cache, "2019-05", &computed).await, 1, "a hit");
+    let sent = reads(&monitor.lines_until_now(&server));
+    assert_eq!(
+        sent,
+        [vec![
+            "MGET".to_owned(),
+            format!("{NAMESPACE}:{{2019-05}}"),
+            format!("{NAMESPACE}:{{%c}}")
+        ]],
+        "the hit read the epoch beside the value"
+    );
+}

@@ -26,7 +26,6 @@ use super::traced::{record_error, Target};
 use crate::join::join_all;
 use crate::store::{Blob, StoreError, StoreResult};
 use crate::sync::lock;
-use crate::BackendErrorKind;
 
 /// The most reads one `MGET` carries; a longer queue goes out as several, at once.
 pub(crate) const MAX_READS: usize = 128;
@@ -133,19 +132,29 @@ impl Coalescer {
         state.queued.clear();
     }
 
-    /// A read out failed for want of an answer (`error`: the connection dropped or refused, or
-    /// the server silent past the response time-out): the reads queued meanwhile fail with it
-    /// at once. Sent next, they would wait on the same server a second time (a frozen server's
-    /// second time-out, a dead one's reconnection attempts), and callers that were out
-    /// together would fail apart, as they never do without coalescing: a fallback's single
-    /// flight (`ComputeUncached`) would then run once for the first and again for the rest.
+    /// A read out on one server failed for want of an answer (`error`: the server silent past
+    /// the response time-out, or the connection refused): the reads queued meanwhile fail with
+    /// it at once, each about its own key. Sent next, they would wait on the same server a
+    /// second time (a frozen server's second time-out, a dead one's reconnection attempts), and
+    /// callers that were out together would fail apart, as they never do without coalescing: a
+    /// fallback's single flight (`ComputeUncached`) would then run once for the first and again
+    /// for the rest. A dropped connection is not such a failure: the queue goes out on the new
+    /// connection, which may answer. Nor is anything on a cluster, whose queue holds reads of
+    /// other masters.
     fn fail_queued(&self, error: &StoreError) {
-        if error.kind() != BackendErrorKind::Unreachable {
+        let StoreError::Redis { source, .. } = error else {
+            return;
+        };
+        if self.per_slot || !(source.is_timeout() || source.is_connection_refusal()) {
             return;
         }
         let queued = std::mem::take(&mut lock(&self.state).queued);
         for read in queued {
-            let _ = read.answer.send(Err(error.clone()));
+            let mut own = error.clone();
+            if let StoreError::Redis { key, .. } = &mut own {
+                *key = Some(read.value.clone());
+            }
+            let _ = read.answer.send(Err(own));
         }
     }
 

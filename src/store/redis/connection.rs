@@ -26,6 +26,7 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// | [`response_timeout`](Self::response_timeout) | 5 s | one command's answer; a hung server becomes [`Error::Backend`](crate::Error::Backend) |
 /// | [`reconnect_retries`](Self::reconnect_retries) | 2 | attempts after the first failed one, with a jittered exponential delay of at most 500 ms in between; a cluster keeps its own command retries (they also follow redirections during a failover) |
 /// | [`coalesce_reads`](Self::coalesce_reads) | on | concurrent single-key reads of one cache go out as one `MGET` while another is out (a lone read is sent at once) |
+/// | [`hold_epoch`](Self::hold_epoch) | on | a hit on one server reads its value alone, the namespace's epoch held under `CLIENT TRACKING`; off behind a sharding proxy |
 /// | [`wait_for_replicas`](Self::wait_for_replicas) | off | a granted lock, a renewal and a fencing bump count only once that many replicas acknowledged them (`WAIT`) |
 ///
 /// While no connection can be made, each call fails with [`Error::Backend`](crate::Error::Backend), and each failure
@@ -61,6 +62,7 @@ pub struct ConnectionOptions {
     pub(crate) response_timeout: Duration,
     pub(crate) reconnect_retries: usize,
     pub(crate) coalesce_reads: bool,
+    pub(crate) hold_epoch: bool,
     /// Lock and fencing writes wait for this many replicas (`None`: off).
     pub(crate) wait_for_replicas: Option<ReplicaAcks>,
 }
@@ -84,6 +86,7 @@ impl Default for ConnectionOptions {
             response_timeout: Duration::from_secs(5),
             reconnect_retries: 2,
             coalesce_reads: true,
+            hold_epoch: true,
             wait_for_replicas: None,
         }
     }
@@ -112,6 +115,22 @@ impl ConnectionOptions {
         /// assert!(!options.get_coalesce_reads());
         /// ```
         coalesce_reads: bool;
+
+        /// Whether a cache on one server holds its namespace's epoch in process (default on):
+        /// every read needs the epoch (a value born before the last `clear` is no value), and
+        /// held under Redis's `CLIENT TRACKING` on a connection of its own it is not read again
+        /// until Redis says it changed, so a hit reads one key. That rests on one server writing
+        /// the invalidation before the reply of any read it runs after the change. Turn it off
+        /// where one address spreads keys over several shards behind a proxy (a multi-shard
+        /// Redis Enterprise or Redis Cloud database): there the epoch's shard sends the
+        /// invalidation and another answers the read, and nothing orders the two. Off, every
+        /// read asks for the epoch beside the value. A Redis Cluster never holds it.
+        ///
+        /// ```
+        /// let options = stampede_guard::ConnectionOptions::default().hold_epoch(false);
+        /// assert!(!options.get_hold_epoch());
+        /// ```
+        hold_epoch: bool;
     }
 
     /// Makes lock writes failover-safe, as far as Redis replication can (off by default): every
@@ -172,6 +191,12 @@ impl ConnectionOptions {
     /// Whether reads are coalesced.
     pub fn get_coalesce_reads(&self) -> bool {
         self.coalesce_reads
+    }
+
+    /// Whether a cache on one server holds its namespace's epoch in process
+    /// ([`hold_epoch`](Self::hold_epoch)).
+    pub fn get_hold_epoch(&self) -> bool {
+        self.hold_epoch
     }
 
     /// The connect timeout in force.

@@ -12,8 +12,11 @@
 //! [`Ticket`] (the epoch and a generation) before it is sent, and after its answer checks that
 //! the generation did not move ([`HeldEpoch::still`]); if it moved, the read is done again the
 //! old way, the epoch read beside the value. A lost connection moves the generation too (a read
-//! out on it fails, as one on the data connection would), and the next read connects and learns
-//! again, in the background; until then reads go the old way.
+//! out on it fails, as one on the data connection would), and so does a read on it that gets no
+//! answer (a time-out; a driver dropped with its runtime says nothing): the connection is let
+//! go, the next reads go the old way, and one answered there connects and learns again, in the
+//! background. Each connection has its own queue of coalesced reads, so a read is sent on the
+//! connection its ticket was given for.
 //!
 //! Only on one server: on a cluster the epoch lies on another node than most values, and an
 //! invalidation from one node is not ordered with a reply from another.
@@ -31,6 +34,7 @@ use super::mget::parse_epoch;
 use super::traced::{Target, Traced};
 use crate::store::StoreResult;
 use crate::sync::lock;
+use crate::BackendErrorKind;
 
 /// The longest wait before connecting again after a failure (a server without RESP3 or
 /// tracking, or a managed one that refuses `CLIENT`): reads go the old way meanwhile.
@@ -48,9 +52,9 @@ pub(crate) struct HeldEpoch {
     /// The clear key, taken from the first read that asks for it: a store serves one namespace.
     name: OnceLock<String>,
     shared: Arc<Shared>,
-    /// The reads that go out on the tracked connection, coalesced as the data connection's
-    /// are ([`ConnectionOptions::coalesce_reads`](crate::ConnectionOptions::coalesce_reads)).
-    coalescer: Option<Arc<Coalescer>>,
+    /// Whether the reads on a tracked connection are coalesced, as the data connection's are
+    /// ([`ConnectionOptions::coalesce_reads`](crate::ConnectionOptions::coalesce_reads)).
+    coalesce: bool,
 }
 
 /// What the push sender (on the connection's driver) and the reads share.
@@ -58,13 +62,15 @@ pub(crate) struct HeldEpoch {
 struct Shared {
     /// Moved (under `state`'s lock) by every invalidation and every lost connection.
     generation: AtomicU64,
+    /// The serial the next tracked connection gets.
+    serials: AtomicU64,
     state: Mutex<State>,
 }
 
 #[derive(Default)]
 struct State {
-    conn: Option<Tracked>,
-    /// The epoch, read on `conn` under tracking, in the current generation.
+    link: Option<Link>,
+    /// The epoch, read on `link` under tracking, in the current generation.
     epoch: Option<u64>,
     /// A connection or a learning read is under way.
     busy: bool,
@@ -73,32 +79,69 @@ struct State {
     backoff: Duration,
 }
 
+/// One tracked connection, and the queue of the reads that go out on it: a read queued behind
+/// another goes out on the connection its ticket was given for, never on a later one.
+#[derive(Clone)]
+struct Link {
+    /// Which connection a push or a failure is about: only the current one's loss drops it.
+    serial: u64,
+    conn: Tracked,
+    coalescer: Option<Arc<Coalescer>>,
+}
+
 /// A read's leave to skip the epoch: the connection to read on and the epoch to judge by, valid
 /// if the generation has not moved once the read is answered.
 struct Ticket {
-    conn: Tracked,
+    link: Link,
     epoch: u64,
     generation: u64,
 }
 
 impl Shared {
-    /// Redis changed the epoch, or the connection is gone: what is held is no longer proven.
-    fn forget(&self, connection_lost: bool) {
+    /// Redis changed the epoch (an invalidation, on any tracked connection): what is held is
+    /// no longer proven.
+    fn forget(&self) {
         let mut state = lock(&self.state);
         self.generation.fetch_add(1, Ordering::SeqCst);
         state.epoch = None;
-        if connection_lost {
-            state.conn = None;
+    }
+
+    /// The connection `serial` is lost, or no longer trusted: nothing held is proven, and if
+    /// it is the current one, the next learning connects again. A late push from an older
+    /// connection does not drop the current one.
+    fn lost(&self, serial: u64) {
+        let mut state = lock(&self.state);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        state.epoch = None;
+        if state
+            .link
+            .as_ref()
+            .is_some_and(|link| link.serial == serial)
+        {
+            state.link = None;
         }
     }
 
-    /// An attempt failed: forget the connection and wait before the next.
-    fn failed(&self) {
-        self.forget(true);
+    /// An attempt to learn failed (on the connection `serial`, if it got one): forget that
+    /// connection and wait before the next attempt.
+    fn failed(&self, serial: Option<u64>) {
+        match serial {
+            Some(serial) => self.lost(serial),
+            None => self.forget(),
+        }
         let mut state = lock(&self.state);
-        state.busy = false;
         state.backoff = (state.backoff * 2).clamp(Duration::from_secs(1), MAX_RETRY);
         state.retry_at = Some(Instant::now() + state.backoff);
+    }
+}
+
+/// Marks a learning as under way, and ends it however its task ends: completed, failed, or
+/// dropped with its runtime (a cache kept across runtimes must not stay without its epoch).
+struct Learning(Arc<Shared>);
+
+impl Drop for Learning {
+    fn drop(&mut self) {
+        lock(&self.0.state).busy = false;
     }
 }
 
@@ -117,7 +160,7 @@ impl HeldEpoch {
             target,
             name: OnceLock::new(),
             shared: Arc::default(),
-            coalescer: coalesce.then(|| Arc::new(Coalescer::new(false))),
+            coalesce,
         }
     }
 
@@ -142,8 +185,21 @@ impl HeldEpoch {
             all: names,
             skip: 1,
         };
-        let read = coalesce::read(&ticket.conn, self.coalescer.as_ref(), request, value, rest);
-        let (value, mut epochs) = read.await?;
+        let link = &ticket.link;
+        let read = coalesce::read(&link.conn, link.coalescer.as_ref(), request, value, rest);
+        let (value, mut epochs) = match read.await {
+            Ok(answer) => answer,
+            Err(e) => {
+                // No answer on it: the connection is not trusted any more. Its driver may be
+                // gone without a word (dropped with the runtime that ran it) or its path
+                // black-holed; the next reads go the old way, and one answered there connects
+                // again.
+                if e.kind() == BackendErrorKind::Unreachable {
+                    self.shared.lost(link.serial);
+                }
+                return Err(e);
+            }
+        };
         if !self.still(&ticket) {
             return Ok(None);
         }
@@ -158,9 +214,9 @@ impl HeldEpoch {
             return None;
         }
         let state = lock(&self.shared.state);
-        let (conn, epoch) = (state.conn.as_ref()?, state.epoch?);
+        let (link, epoch) = (state.link.as_ref()?, state.epoch?);
         Some(Ticket {
-            conn: conn.clone(),
+            link: link.clone(),
             epoch,
             generation: self.shared.generation.load(Ordering::SeqCst),
         })
@@ -184,9 +240,10 @@ impl HeldEpoch {
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             state.busy = true;
-            let conn = state.conn.clone();
+            let link = state.link.clone();
             drop(state);
-            runtime.spawn(self.learn(conn, first.clone()));
+            let learning = Learning(Arc::clone(&self.shared));
+            runtime.spawn(self.learn(link, first.clone(), learning));
         }
     }
 
@@ -196,11 +253,13 @@ impl HeldEpoch {
         self.shared.generation.load(Ordering::SeqCst) == ticket.generation
     }
 
-    /// Connects (if `conn` is `None`) and reads the epoch `name` under tracking.
+    /// Connects (if `link` is `None`) and reads the epoch `name` under tracking; `learning`
+    /// ends with it.
     fn learn(
         &self,
-        conn: Option<Tracked>,
+        link: Option<Link>,
         name: String,
+        learning: Learning,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let (client, shared, target) = (
             self.client.clone(),
@@ -208,14 +267,17 @@ impl HeldEpoch {
             Arc::clone(&self.target),
         );
         let config = self.config.clone();
+        let coalesce = self.coalesce;
         async move {
-            let conn = match conn {
-                Some(conn) => conn,
-                None => match connect(&client, config, &shared, target).await {
-                    Ok(conn) => conn,
+            // Declared first, dropped last: after the state's lock below is let go.
+            let _learning = learning;
+            let link = match link {
+                Some(link) => link,
+                None => match connect(&client, config, &shared, target, coalesce).await {
+                    Ok(link) => link,
                     Err(e) => {
                         tracing::debug!(error = %e, "reads keep asking for the namespace's epoch: no tracked connection");
-                        return shared.failed();
+                        return shared.failed(None);
                     }
                 },
             };
@@ -227,22 +289,21 @@ impl HeldEpoch {
                 .ignore()
                 .cmd("GET")
                 .arg(&name)
-                .query_async::<(Option<Vec<u8>>,)>(&mut conn.clone())
+                .query_async::<(Option<Vec<u8>>,)>(&mut link.conn.clone())
                 .await;
             let epoch = match read {
                 Ok((epoch,)) => parse_epoch(&name, epoch.as_deref()),
                 Err(e) => {
                     tracing::debug!(error = %e, "reads keep asking for the namespace's epoch: it could not be read under tracking");
-                    return shared.failed();
+                    return shared.failed(Some(link.serial));
                 }
             };
             let mut state = lock(&shared.state);
-            state.busy = false;
             state.backoff = Duration::ZERO;
             state.retry_at = None;
             // An invalidation or a lost connection since the read was sent: not proven.
             if shared.generation.load(Ordering::SeqCst) == generation {
-                state.conn = Some(conn);
+                state.link = Some(link);
                 state.epoch = Some(epoch);
             }
         }
@@ -250,17 +311,23 @@ impl HeldEpoch {
 }
 
 /// A RESP3 connection whose pushes (invalidations, the connection's loss) make `shared` forget,
-/// with tracking on for the keys read after `CLIENT CACHING yes`.
+/// with tracking on for the keys read after `CLIENT CACHING yes`; its reads coalesced if
+/// `coalesce`.
 async fn connect(
     client: &redis::Client,
     config: AsyncConnectionConfig,
     shared: &Arc<Shared>,
     target: Arc<Target>,
-) -> redis::RedisResult<Tracked> {
+    coalesce: bool,
+) -> redis::RedisResult<Link> {
+    let serial = shared.serials.fetch_add(1, Ordering::SeqCst);
     let heard = Arc::downgrade(shared);
     let config = config.set_push_sender(move |push: PushInfo| {
         if let Some(shared) = heard.upgrade() {
-            shared.forget(push.kind == redis::PushKind::Disconnection);
+            match push.kind {
+                redis::PushKind::Disconnection => shared.lost(serial),
+                _ => shared.forget(),
+            }
         }
         Ok::<(), std::convert::Infallible>(())
     });
@@ -274,5 +341,9 @@ async fn connect(
         .arg("OPTIN")
         .exec_async(&mut conn)
         .await?;
-    Ok(Traced::new(conn, target))
+    Ok(Link {
+        serial,
+        conn: Traced::new(conn, target),
+        coalescer: coalesce.then(|| Arc::new(Coalescer::new(false))),
+    })
 }

@@ -172,12 +172,14 @@ impl RedisStore<ConnectionManager> {
         let mut store = RedisStore::new(conn, target, pubsub, Scripts::Plain, channel_suffix(db))
             .coalescing(connection);
         store.probe_client = Some((client.clone(), connection.async_config()));
-        store.held = Some(HeldEpoch::new(
-            client.clone(),
-            connection.async_config(),
-            Arc::clone(&store.target),
-            connection.coalesce_reads,
-        ));
+        store.held = connection.hold_epoch.then(|| {
+            HeldEpoch::new(
+                client.clone(),
+                connection.async_config(),
+                Arc::clone(&store.target),
+                connection.coalesce_reads,
+            )
+        });
         if let Some(acks) = connection.wait_for_replicas {
             let config = connection.waited_manager_config(acks);
             let waited = ConnectionManager::new_lazy_with_config(client, config)?;
