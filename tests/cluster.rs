@@ -106,7 +106,7 @@ async fn waiters_on_a_cluster_are_woken_by_sharded_pubsub() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_fails_over_and_calls_recover_without_wrong_values() {
-    let mut cluster = RedisCluster::start();
+    let mut cluster = RedisCluster::failing_over();
     let options = CallOptions::default()
         .lease(Duration::from_secs(2))
         .wait_timeout(Duration::from_secs(5));
@@ -187,7 +187,7 @@ async fn the_lock_works_on_a_cluster() {
 /// it is back (the nodes keep their cluster configuration across the restart).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_and_a_lock_built_while_the_cluster_is_down_work_once_it_is_up() {
-    let mut cluster = RedisCluster::start();
+    let mut cluster = RedisCluster::failing_over();
     for node in &mut cluster.nodes {
         node.kill();
     }
@@ -290,7 +290,7 @@ fn months_on_every_master(cluster: &RedisCluster) -> Vec<String> {
 /// it, and a master's death switches it off until the failover is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_near_tier_on_a_cluster_hears_every_master_and_stops_when_one_dies() {
-    let mut cluster = RedisCluster::start();
+    let mut cluster = RedisCluster::failing_over();
     // The writer has no near tier: it announces its changes all the same.
     let writer = cluster_cache(&cluster, "reports", CallOptions::default()).await;
     let reader = near_reader(&cluster).await;

@@ -131,13 +131,18 @@ impl Admin {
             let info = seed_info
                 .clone()
                 .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
-            let conn = redis::Client::open(info)?
+            let mut conn = redis::Client::open(info)?
                 .get_connection_with_timeout(ADMIN_TIMEOUT)
                 .map_err(|e| format!("cluster node {host_port}: {e}"))?;
-            if flags.contains(&"master") {
-                admin.masters.push(conn);
-            } else if flags.contains(&"slave") {
-                admin.replicas.push(conn);
+            // The node's own word on its role: the seed's listing can lag behind (right after
+            // `--cluster create`, a node not yet told that another replicates still lists it
+            // as a master, and a write there is refused `READONLY`).
+            let role: Vec<redis::Value> = redis::cmd("ROLE")
+                .query(&mut conn)
+                .map_err(|e| format!("cluster node {host_port}: ROLE: {e}"))?;
+            match role.first() {
+                Some(redis::Value::BulkString(r)) if r == b"master" => admin.masters.push(conn),
+                _ => admin.replicas.push(conn),
             }
         }
         if admin.masters.is_empty() {

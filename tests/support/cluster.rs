@@ -52,8 +52,17 @@ impl Drop for Turn {
     reason = "each test binary calls a different subset of these methods"
 )]
 impl RedisCluster {
-    /// A cluster whose node timeout is 1 s.
+    /// A cluster for tests that make no fault: its node timeout (5 s) outlasts the stalls of
+    /// a loaded machine, so no master is failed over by itself (with 1 s, the stall of a busy
+    /// CI run can pass for a death; see [`Turn`]), and its nodes still learn their roles from
+    /// each other within a few seconds.
     pub fn start() -> Self {
+        Self::start_with_timeout(5_000)
+    }
+
+    /// A cluster that fails a killed master over within a few seconds (node timeout 1 s), for
+    /// the tests that kill one.
+    pub fn failing_over() -> Self {
         Self::start_with_timeout(1000)
     }
 
@@ -112,8 +121,10 @@ impl RedisCluster {
         );
         let cluster = RedisCluster { nodes, _turn: turn };
         assert!(
-            eventually(Duration::from_secs(30), || cluster.is_healthy()),
-            "the cluster did not become healthy"
+            eventually(Duration::from_secs(30), || cluster.is_healthy()
+                && cluster.roles_agree()),
+            "the cluster did not become healthy, every node seeing three masters with one \
+             replica each"
         );
         cluster
     }
@@ -267,17 +278,27 @@ impl RedisCluster {
                 .unwrap_or_default();
             info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
         });
-        let Some(view) = self.view(0).filter(|_| all_ok) else {
-            return false;
-        };
-        let masters: Vec<&NodeView> = view.iter().filter(|n| n.master).collect();
-        masters.len() == 3
-            && view.iter().all(|n| !n.failing)
-            && masters.iter().all(|m| {
-                view.iter()
-                    .filter(|n| n.master_id.as_deref() == Some(m.id.as_str()))
-                    .count()
-                    == 1
-            })
+        all_ok && self.view(0).is_some_and(|view| settled(&view))
     }
+
+    /// Every node sees three masters, each with one replica, and no node failing: after
+    /// `--cluster create` the nodes learn who replicates whom by gossip, and a node that has
+    /// not yet heard it still lists a replica as a master (a client that trusts its listing
+    /// writes there and is refused `READONLY`).
+    pub fn roles_agree(&self) -> bool {
+        (0..self.nodes.len()).all(|i| self.view(i).is_some_and(|view| settled(&view)))
+    }
+}
+
+/// A view of three masters, each with one replica, and no node failing.
+fn settled(view: &[NodeView]) -> bool {
+    let masters: Vec<&NodeView> = view.iter().filter(|n| n.master).collect();
+    masters.len() == 3
+        && view.iter().all(|n| !n.failing)
+        && masters.iter().all(|m| {
+            view.iter()
+                .filter(|n| n.master_id.as_deref() == Some(m.id.as_str()))
+                .count()
+                == 1
+        })
 }
