@@ -547,6 +547,53 @@ impl MemoryStore {
         self.update(keys, |e, _| e.value = None);
     }
 
+    /// Another program's `SET` of `bytes` under the value key (`PX ttl` if given): the
+    /// value is replaced and its expiry with it; the lock and the fencing counter stay (they
+    /// are keys of their own on Redis), and nobody is woken.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn outside_set(&self, keys: &EntryKeys, bytes: Vec<u8>, ttl: Option<Duration>) {
+        self.update(keys, |e, now| {
+            e.value = Some(entry::Value {
+                bytes: Arc::from(bytes),
+                until: ttl.and_then(|ttl| deadline(now, ttl)),
+                decoded: None,
+            });
+        });
+    }
+
+    /// Another program's `PEXPIRE` of the value key: a live value goes `ttl` from now, whatever
+    /// it was given; nothing else changes. Whether the value is there to expire.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn outside_expire(&self, keys: &EntryKeys, ttl: Duration) -> bool {
+        self.update(keys, |e, now| match e.value_mut(now) {
+            Some(value) => {
+                value.until = deadline(now, ttl);
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// Whether the value key holds a live value (the simulation asks when a shortened expiry
+    /// falls due, to report the expiry as Redis's tracking would).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn holds_value(&self, keys: &EntryKeys) -> bool {
+        self.read(keys, |e, now| e.is_some_and(|e| e.value(now).is_some()))
+    }
+
+    /// The store after another program's `FLUSHDB`: empty (values, locks, fencing counters,
+    /// epochs, the high-water mark of tokens, so a counter is seeded again from the clock as on
+    /// Redis), on the same clock, with the same waiters (a flush closes no connection: the
+    /// subscriptions stay).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn flushed(&self) -> MemoryStore {
+        MemoryStore {
+            wakeups: Arc::clone(&self.wakeups),
+            shared_clock: self.shared_clock.clone(),
+            ..MemoryStore::starting_at(self.limits.clone(), self.ms_at(Instant::now()))
+        }
+    }
+
     fn born_now(&self) -> u64 {
         #[cfg(feature = "simulation")]
         if let Some(clock) = &self.shared_clock {

@@ -51,6 +51,17 @@ pub enum Applied {
     Bumped { key: String },
     /// An epoch (its store name) raised to `value`.
     Raised { name: String, value: u64 },
+    /// Another program deleted the value (`DEL`): no fence bump.
+    OutsideDeleted { key: String },
+    /// Another program wrote bytes that are not the crate's under the value key (`SET`).
+    OutsideSet { key: String },
+    /// Another program shortened the value's life to `ms` (`PEXPIRE`); the value is still
+    /// there until [`Expired`](Self::Expired).
+    OutsideExpire { key: String, ms: u64 },
+    /// A shortened life ran out: the value is gone.
+    Expired { key: String },
+    /// Another program flushed the database (`FLUSHDB`): every key is gone.
+    Flushed,
 }
 
 /// What carries a connection's requests and replies: the simulation's network.
@@ -111,15 +122,77 @@ impl Server {
     }
 
     /// Another program deletes the value of `key` in `namespace` (`DEL` of the value key, as
-    /// an operator or a script would): no fence bump, no wake-up.
-    pub fn outside_delete(&self, namespace: &str, key: &str) {
-        if let Ok(keys) = EntryKeys::new(namespace, key) {
-            self.current().outside_delete(&keys);
-            // Tracking reports a `DEL` as it reports the crate's own changes.
-            self.report(&Applied::Deleted {
-                key: key.to_owned(),
-            });
+    /// an operator or a script would): no fence bump, no wake-up. What it changed, reported
+    /// to the feeds as tracking reports it (`None`: not a key of the namespace).
+    pub fn outside_delete(&self, namespace: &str, key: &str) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        self.current().outside_delete(&keys);
+        Some(self.outside(Applied::OutsideDeleted {
+            key: key.to_owned(),
+        }))
+    }
+
+    /// Another program writes `bytes` under the value key of `key` (`SET`, with `PX ttl_ms` if
+    /// given): no fence bump, no wake-up.
+    pub fn outside_set(
+        &self,
+        namespace: &str,
+        key: &str,
+        bytes: &[u8],
+        ttl_ms: Option<u64>,
+    ) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        let ttl = ttl_ms.map(Duration::from_millis);
+        self.current().outside_set(&keys, bytes.to_vec(), ttl);
+        Some(self.outside(Applied::OutsideSet {
+            key: key.to_owned(),
+        }))
+    }
+
+    /// Another program shortens the life of the value of `key` to `ms` (`PEXPIRE`); `None` if
+    /// there was no value (Redis answers 0 and reports nothing). Call
+    /// [`expire_due`](Self::expire_due) `ms` later.
+    pub fn outside_expire(&self, namespace: &str, key: &str, ms: u64) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        if !self
+            .current()
+            .outside_expire(&keys, Duration::from_millis(ms))
+        {
+            return None;
         }
+        Some(self.outside(Applied::OutsideExpire {
+            key: key.to_owned(),
+            ms,
+        }))
+    }
+
+    /// When a shortened life falls due: if the value is gone, the expiry is reported as
+    /// Redis's tracking reports one (the memory store reports no expiry of its own, and a
+    /// near copy read after the `PEXPIRE` must not outlive the value by more than its bound).
+    /// `None`: a write since gave the key a value again, or the key is no value key.
+    pub fn expire_due(&self, namespace: &str, key: &str) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        if self.current().holds_value(&keys) {
+            return None;
+        }
+        Some(self.outside(Applied::Expired {
+            key: key.to_owned(),
+        }))
+    }
+
+    /// Another program flushes the database (`FLUSHDB`): values, locks, fencing counters and
+    /// epochs are gone, as after a restart, but the process and its connections stay (the
+    /// feeds are told, as tracking tells its clients of a flush).
+    pub fn flushdb(&self) -> Applied {
+        let store = self.current();
+        *lock(&self.store) = Arc::new(store.flushed());
+        self.outside(Applied::Flushed)
+    }
+
+    /// Reports an outside write to the feeds; returns it, for the history.
+    fn outside(&self, change: Applied) -> Applied {
+        self.report(&change);
+        change
     }
 
     /// Subscribes a feed of connection `conn` over `network`: its id, and where its

@@ -96,6 +96,9 @@ fn the_schedules_exercise_every_path() {
         "near hits",
         "invalidate Queued",
         "replayed writes",
+        "outside sets",
+        "outside expiries",
+        "flushes",
     ] {
         assert!(
             counts.get(needed).is_some_and(|n| *n > 0),
@@ -356,5 +359,134 @@ fn a_queued_tag_invalidation_hides_the_near_copies_it_judges() {
     assert_eq!(calls[3].outcome, history::Outcome::Queued, "{calls:#?}");
     if let Err(failure) = shrink::judge(&plan) {
         panic!("{}", failure.report(&plan));
+    }
+}
+
+/// Another program's bytes under a value key (`SET` of something not the crate's, without
+/// expiry): read as a miss, computed afresh and replaced on the server, never served; the
+/// replacement is then a hit everywhere, near tiers included.
+#[test]
+fn foreign_bytes_under_a_key_are_replaced_not_served() {
+    use crate::plan::{Fault, Step, What};
+    let plan = Plan {
+        seed: 39,
+        steps: vec![
+            call(0, 2, fetch("k0")),
+            call(30, 0, fetch("k0")),
+            Step {
+                at_ms: 60,
+                what: What::Fault(Fault::OutsideSet {
+                    key: "k0".into(),
+                    bytes: "from another program".into(),
+                    ttl_ms: None,
+                }),
+            },
+            call(100, 2, fetch("k0")),
+            call(150, 0, fetch("k0")),
+            call(200, 1, fetch("k0")),
+        ],
+    };
+    let calls = run::run(&plan, RATES).history.calls;
+    let sources: Vec<&str> = calls.iter().map(|c| c.source.as_str()).collect();
+    assert_eq!(
+        sources,
+        ["computed", "hit", "computed", "hit", "hit"],
+        "{calls:#?}"
+    );
+    assert_eq!(calls[2].outcome, calls[4].outcome, "{calls:#?}");
+    if let Err(failure) = shrink::judge(&plan) {
+        panic!("{}", failure.report(&plan));
+    }
+}
+
+/// A `FLUSHDB` while a lock is held and a value is stored: the value is computed again, and the
+/// next holder of the lock gets a token above every token before the flush (the counter is
+/// seeded again from the clock), so the fenced sink refuses no write of it.
+#[test]
+fn a_flush_loses_values_and_locks_but_tokens_still_rise() {
+    use crate::plan::{Action, Fault, Step, What};
+    let lock = |holds_ms: Vec<u64>| Action::Lock {
+        name: "L0".into(),
+        holds_ms,
+    };
+    let plan = Plan {
+        seed: 39,
+        steps: vec![
+            call(0, 2, fetch("k0")),
+            call(10, 1, lock(vec![100, 100])),
+            Step {
+                at_ms: 60,
+                what: What::Fault(Fault::FlushDb),
+            },
+            call(100, 2, fetch("k0")),
+            call(120, 0, lock(vec![10])),
+        ],
+    };
+    let history = run::run(&plan, RATES).history;
+    assert_eq!(history.calls[1].source, "computed", "{:#?}", history.calls);
+    let tokens: Vec<u64> = history.sections.iter().map(|s| s.token).collect();
+    assert_eq!(tokens.len(), 2, "{:#?}", history.sections);
+    assert!(tokens.iter().all(|t| *t > 0), "{tokens:?}");
+    let (first, second) = (
+        history.sections.iter().find(|s| s.instance == "i1"),
+        history.sections.iter().find(|s| s.instance == "i0"),
+    );
+    assert!(
+        matches!((first, second), (Some(a), Some(b)) if b.token > a.token),
+        "{:#?}",
+        history.sections
+    );
+    if let Err(failure) = shrink::judge(&plan) {
+        panic!("{}", failure.report(&plan));
+    }
+}
+
+/// A `PEXPIRE` that shortens a value's life: the value is gone when it falls due, near copies
+/// included (the expiry is reported as tracking reports it), and the next call computes.
+#[test]
+fn a_shortened_expiry_is_heard_by_the_near_tiers() {
+    use crate::plan::{Fault, Step, What};
+    let plan = Plan {
+        seed: 39,
+        steps: vec![
+            call(0, 2, fetch("k0")),
+            call(20, 0, fetch("k0")),
+            Step {
+                at_ms: 40,
+                what: What::Fault(Fault::OutsideExpire("k0".into(), 30)),
+            },
+            call(50, 0, fetch("k0")),
+            call(400, 0, fetch("k0")),
+        ],
+    };
+    let calls = run::run(&plan, RATES).history.calls;
+    let sources: Vec<&str> = calls.iter().map(|c| c.source.as_str()).collect();
+    assert_eq!(
+        sources,
+        ["computed", "hit", "hit", "computed"],
+        "{calls:#?}"
+    );
+    if let Err(failure) = shrink::judge(&plan) {
+        panic!("{}", failure.report(&plan));
+    }
+}
+
+/// A call step of a hand-made plan.
+fn call(at_ms: u64, instance: usize, action: plan::Action) -> plan::Step {
+    plan::Step {
+        at_ms,
+        what: plan::What::Call { instance, action },
+    }
+}
+
+/// A quick single-key fetch, untagged, that lives a second.
+fn fetch(key: &str) -> plan::Action {
+    plan::Action::Fetch {
+        key: key.into(),
+        compute_ms: 5,
+        fail: false,
+        ttl_ms: 1000,
+        handle_tags: vec![],
+        computed_tags: vec![],
     }
 }

@@ -66,6 +66,18 @@ pub enum Fault {
     Kill(usize),
     /// Another program deletes a key's value (`DEL`): no fence bump, no wake-up.
     OutsideDelete(String),
+    /// Another program writes bytes that are not the crate's under a key's value (`SET`, with
+    /// `PX` if `ttl_ms`): read as a miss and replaced, never served.
+    OutsideSet {
+        key: String,
+        bytes: String,
+        ttl_ms: Option<u64>,
+    },
+    /// Another program shortens a key's value's life to this many ms (`PEXPIRE`).
+    OutsideExpire(String, u64),
+    /// Another program flushes the database (`FLUSHDB`): values, locks, fencing counters and
+    /// epochs gone, connections kept.
+    FlushDb,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -155,14 +167,32 @@ fn fault(rng: &mut StdRng) -> Fault {
         25..38 => Fault::Restart,
         38..58 => Fault::Drop(rng.random_range(0..INSTANCES)),
         58..66 => Fault::Kill(rng.random_range(0..INSTANCES)),
-        66..74 => Fault::OutsideDelete(key(rng)),
+        66..78 => outside_write(rng),
         kind => {
             let (instance, ms) = (rng.random_range(0..INSTANCES), rng.random_range(50..500));
             match kind {
-                74..90 => Fault::Cut(instance, ms),
+                78..91 => Fault::Cut(instance, ms),
                 _ => Fault::CutCalls(instance, ms),
             }
         }
+    }
+}
+
+/// What another program may write under a value key: nothing the crate wrote (none is its
+/// envelope), some of it nearly so.
+const FOREIGN: &[&str] = &["from another program", "", "\u{1}\u{0}\u{0}", "{\"v\":1}"];
+
+/// Another program's write, straight to the server (as the chaos test's outside writer).
+fn outside_write(rng: &mut StdRng) -> Fault {
+    match rng.random_range(0..100) {
+        0..40 => Fault::OutsideDelete(key(rng)),
+        40..70 => Fault::OutsideSet {
+            key: key(rng),
+            bytes: FOREIGN[rng.random_range(0..FOREIGN.len())].to_string(),
+            ttl_ms: (rng.random_range(0..2) == 0).then(|| rng.random_range(1..1000)),
+        },
+        70..90 => Fault::OutsideExpire(key(rng), rng.random_range(0..200)),
+        _ => Fault::FlushDb,
     }
 }
 
