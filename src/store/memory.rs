@@ -432,7 +432,15 @@ impl MemoryStore {
     }
 
     fn bump(&self, e: &mut Entry, lease: Duration, now: Instant) -> u64 {
-        e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water)
+        let n = e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
+        // The simulated server stands for Redis, whose script hands out max(counter + 1, its
+        // clock in µs) so that a failover that lost the last bumps hands out no token twice.
+        // In one process no bump is ever lost: counter + 1 is enough there.
+        #[cfg(feature = "simulation")]
+        if self.shared_clock.is_some() {
+            return e.raise_to_clock(n, self.wall_us(now), &self.high_water);
+        }
+        n
     }
 
     fn raise_fence_now(&self, keys: &EntryKeys, floor: u64, lease: Duration) {
@@ -574,11 +582,45 @@ impl MemoryStore {
         })
     }
 
-    /// Whether the value key holds a live value (the simulation asks when a shortened expiry
-    /// falls due, to report the expiry as Redis's tracking would).
+    /// The fencing counter and the live value's bytes of `keys`, looked at without counting as
+    /// a read (the simulation's record of a failover; whether a shortened expiry fell due).
     #[cfg(feature = "simulation")]
-    pub(crate) fn holds_value(&self, keys: &EntryKeys) -> bool {
-        self.read(keys, |e, now| e.is_some_and(|e| e.value(now).is_some()))
+    pub(crate) fn fence_and_value(&self, keys: &EntryKeys) -> (Option<u64>, Option<Vec<u8>>) {
+        let now = Instant::now();
+        let shard = lock(self.shard(&keys.value));
+        let Some(entry) = shard.entry(&keys.value) else {
+            return (None, None);
+        };
+        (entry.fence(now), entry.value(now).map(|v| v.bytes.to_vec()))
+    }
+
+    /// A replica's copy of the store as it is now (the simulation's lagging replica): every
+    /// entry and epoch, with the same expiries, on the same clock; no waiters (a failover
+    /// closes every connection) and no high-water mark of tokens (a replica's counters are
+    /// what was replicated; one missing is seeded again from the clock, as on Redis).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn replica(&self) -> MemoryStore {
+        let now = Instant::now();
+        let copy = MemoryStore {
+            shared_clock: self.shared_clock.clone(),
+            ..MemoryStore::starting_at(self.limits.clone(), self.ms_at(now))
+        };
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            // In a fixed order: the copy's eviction queues must not depend on a hash seed.
+            let mut keys: Vec<&str> = shard.keys().collect();
+            keys.sort_unstable();
+            for key in keys {
+                if let Some(entry) = shard.entry(key).map(Entry::replica) {
+                    lock(copy.shard(key)).update(key, now, &copy.totals, |e| *e = entry);
+                }
+            }
+        }
+        let epochs = self.epochs.read().unwrap_or_else(PoisonError::into_inner);
+        *copy.epochs.write().unwrap_or_else(PoisonError::into_inner) = epochs.clone();
+        copy.raised
+            .store(self.raised.load(Ordering::Acquire), Ordering::Release);
+        copy
     }
 
     /// The store after another program's `FLUSHDB`: empty (values, locks, fencing counters,

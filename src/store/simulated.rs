@@ -79,6 +79,9 @@ pub trait Network: Send + Sync + 'static {
 /// on a wall clock that starts at a given instant and moves with `tokio::time` only.
 pub struct Server {
     store: Mutex<Arc<MemoryStore>>,
+    /// What the replica holds (`None`: it has not caught up since the last failover, restart or
+    /// flush): what the server becomes when it fails over.
+    replica: Mutex<Option<Arc<MemoryStore>>>,
     /// The simulation's clock in microseconds ([`tick`]): births, epochs and the history.
     clock: Arc<AtomicU64>,
     limits: MemoryLimits,
@@ -104,6 +107,7 @@ impl Server {
         let store = MemoryStore::simulated(limits.clone(), epoch_ms, Arc::clone(&clock));
         Arc::new(Server {
             store: Mutex::new(Arc::new(store)),
+            replica: Mutex::default(),
             clock,
             limits,
             epoch_ms,
@@ -119,6 +123,8 @@ impl Server {
             MemoryStore::simulated(self.limits.clone(), self.now_ms(), Arc::clone(&self.clock));
         *lock(&self.store) = Arc::new(fresh);
         lock(&self.feeds).clear();
+        // The replica resynchronises from the empty server.
+        *lock(&self.replica) = None;
     }
 
     /// Another program deletes the value of `key` in `namespace` (`DEL` of the value key, as
@@ -172,7 +178,7 @@ impl Server {
     /// `None`: a write since gave the key a value again, or the key is no value key.
     pub fn expire_due(&self, namespace: &str, key: &str) -> Option<Applied> {
         let keys = EntryKeys::new(namespace, key).ok()?;
-        if self.current().holds_value(&keys) {
+        if self.current().fence_and_value(&keys).1.is_some() {
             return None;
         }
         Some(self.outside(Applied::Expired {
@@ -186,7 +192,42 @@ impl Server {
     pub fn flushdb(&self) -> Applied {
         let store = self.current();
         *lock(&self.store) = Arc::new(store.flushed());
+        // Replicated: the replica is empty too.
+        *lock(&self.replica) = None;
         self.outside(Applied::Flushed)
+    }
+
+    /// The replica catches up: from now on it holds what the server holds now, until the next
+    /// call (a replica that lags by as long as until then).
+    pub fn sync_replica(&self) {
+        let copy = self.current().replica();
+        *lock(&self.replica) = Some(Arc::new(copy));
+    }
+
+    /// The server fails over to its replica: what it ran since the replica last caught up is
+    /// lost (values, locks, fencing counters and epochs go back), and every connection closes
+    /// (the instances' with [`Network`]; the feeds are forgotten, as a new master knows no
+    /// client). Without a replica ([`sync_replica`](Self::sync_replica) since the last restart
+    /// or flush) it takes an empty one.
+    pub fn fail_over(&self) {
+        let replica = lock(&self.replica).take();
+        let store = match replica {
+            Some(replica) => replica,
+            None => Arc::new(self.current().flushed()),
+        };
+        // The old master comes back as the new one's replica, caught up from here.
+        *lock(&self.replica) = Some(Arc::new(store.replica()));
+        *lock(&self.store) = store;
+        lock(&self.feeds).clear();
+    }
+
+    /// The fencing counter and the value's bytes the server holds for `key` now: what a
+    /// failover left, for the history.
+    pub fn fence_and_value(&self, namespace: &str, key: &str) -> (Option<u64>, Option<Vec<u8>>) {
+        match EntryKeys::new(namespace, key) {
+            Ok(keys) => self.current().fence_and_value(&keys),
+            Err(_) => (None, None),
+        }
     }
 
     /// Reports an outside write to the feeds; returns it, for the history.

@@ -75,6 +75,9 @@ pub enum Fault {
     },
     /// Another program shortens a key's value's life to this many ms (`PEXPIRE`).
     OutsideExpire(String, u64),
+    /// The server fails over to a replica that lags by `lag_ms`: what it ran in those last ms
+    /// is lost (values, locks, fencing counters, epochs go back), every connection closes.
+    Failover { lag_ms: u64 },
     /// Another program flushes the database (`FLUSHDB`): values, locks, fencing counters and
     /// epochs gone, connections kept.
     FlushDb,
@@ -98,6 +101,34 @@ pub struct Step {
 pub struct Plan {
     pub seed: u64,
     pub steps: Vec<Step>,
+}
+
+/// The hash tags of every key a schedule may touch (entries, locks, epochs: `%t:<tag>`, `%c`),
+/// as the checker names what a failover covers.
+pub fn hash_tags() -> Vec<String> {
+    let keys = (0..KEYS).map(|k| format!("k{k}"));
+    let locks = LOCKS.iter().map(|l| l.to_string());
+    let epochs = TAGS.iter().map(|t| format!("%t:{t}"));
+    keys.chain(locks)
+        .chain(epochs)
+        .chain(["%c".to_string()])
+        .collect()
+}
+
+impl Plan {
+    /// When the replica catches up before each failover: its lag before it, in order.
+    pub fn replica_syncs(&self) -> Vec<u64> {
+        let mut syncs: Vec<u64> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s.what {
+                What::Fault(Fault::Failover { lag_ms }) => Some(s.at_ms.saturating_sub(lag_ms)),
+                _ => None,
+            })
+            .collect();
+        syncs.sort_unstable();
+        syncs
+    }
 }
 
 fn key(rng: &mut StdRng) -> String {
@@ -163,7 +194,10 @@ fn action(rng: &mut StdRng) -> Action {
 
 fn fault(rng: &mut StdRng) -> Fault {
     match rng.random_range(0..100) {
-        0..25 => Fault::Freeze(rng.random_range(20..300)),
+        0..20 => Fault::Freeze(rng.random_range(20..300)),
+        20..25 => Fault::Failover {
+            lag_ms: rng.random_range(0..300),
+        },
         25..38 => Fault::Restart,
         38..58 => Fault::Drop(rng.random_range(0..INSTANCES)),
         58..66 => Fault::Kill(rng.random_range(0..INSTANCES)),

@@ -15,8 +15,8 @@ use stampede_guard::{
 };
 
 use crate::history::{
-    parse_value, tags_label, BumpCause, Call, Change, Compute, Ending, History, Outcome, Raise,
-    Section, ServerEvent, Write,
+    parse_value, tags_label, BumpCause, Call, Change, Compute, Ending, FailoverWindow, History,
+    Outcome, Raise, Rollback, Section, ServerEvent, Write,
 };
 use crate::net::{feed_conn, Net, Rates};
 use crate::plan::{Action, Fault, Plan, What, INSTANCES};
@@ -394,7 +394,17 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
     let mut killed = [false; INSTANCES];
     // Where each restart falls in the server's record, and when.
     let mut restarts: Vec<(usize, u64)> = Vec::new();
+    // When the replica catches up (each failover's lag before it), and where in the server's
+    // record it last did: what a failover keeps.
+    let mut syncs = plan.replica_syncs().into_iter().peekable();
+    let mut synced = 0;
+    let mut failovers: Vec<FailedOver> = Vec::new();
     for step in &plan.steps {
+        while let Some(at_ms) = syncs.next_if(|at| *at <= step.at_ms) {
+            tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
+            server.sync_replica();
+            synced = net.applied().len();
+        }
         tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
         match &step.what {
             What::Call { instance, .. } if killed[*instance] => {}
@@ -420,6 +430,12 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
             What::Fault(Fault::Restart) => {
                 restarts.push((net.applied().len(), ctx.now()));
                 server.restart_empty();
+                synced = net.applied().len();
+            }
+            What::Fault(Fault::Failover { .. }) => {
+                let failed_over = fail_over(&server, &net, synced, ctx.now());
+                synced = failed_over.index;
+                failovers.push(failed_over);
             }
             What::Fault(Fault::Drop(i)) => net.drop_connection(*i),
             What::Fault(Fault::OutsideDelete(key)) => {
@@ -445,6 +461,7 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
                 // life of the server (as the chaos test counts its outside writer's flush).
                 restarts.push((net.applied().len(), ctx.now()));
                 outside(&net, Some(server.flushdb()));
+                synced = net.applied().len();
             }
             What::Fault(Fault::Cut(i, ms)) => net.cut(*i, *ms),
             What::Fault(Fault::CutCalls(i, ms)) => net.cut_calls(*i, *ms),
@@ -470,7 +487,7 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
         })
         .collect();
     let log = std::mem::take(&mut *ctx.log());
-    let (server_events, changes) = server_record(&net.applied(), &restarts);
+    let (server_events, changes) = server_record(&net.applied(), &restarts, &failovers);
     let history = History {
         calls: log.calls,
         computes: log.computes,
@@ -485,6 +502,7 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
             .collect(),
         call_bound_us: CALL_BOUND.as_micros() as u64,
         changes,
+        failovers: failovers.iter().map(FailedOver::window).collect(),
         ..History::default()
     };
     let mut counted = counted(&caches);
@@ -541,21 +559,159 @@ fn counted(caches: &[Cache]) -> Vec<(&'static str, u64)> {
     ]
 }
 
-/// The server's record in the checker's terms, restarts in their places.
+/// A failover to the lagging replica, as the run saw it: where it fell in the server's
+/// record, where the replica had last caught up, and each key's fencing counter before and
+/// after it, with the value it left.
+struct FailedOver {
+    index: usize,
+    at_us: u64,
+    synced: usize,
+    keys: Vec<String>,
+    from: Vec<Option<u64>>,
+    kept: Vec<(Option<u64>, Option<Vec<u8>>)>,
+}
+
+/// Fails the server over to its replica and closes every connection, as clients of a
+/// master that went away see it; what it lost, for the history.
+fn fail_over(server: &Server, net: &Net, synced: usize, at_us: u64) -> FailedOver {
+    let applied = net.applied();
+    let mut keys: Vec<String> = applied.iter().filter_map(|(_, _, a)| key_of(a)).collect();
+    keys.sort();
+    keys.dedup();
+    let from = keys
+        .iter()
+        .map(|k| server.fence_and_value(NAMESPACE, k).0)
+        .collect();
+    server.fail_over();
+    for conn in 0..INSTANCES * 2 {
+        net.drop_connection(conn);
+    }
+    let kept = keys
+        .iter()
+        .map(|k| server.fence_and_value(NAMESPACE, k))
+        .collect();
+    FailedOver {
+        index: applied.len(),
+        at_us,
+        synced,
+        keys,
+        from,
+        kept,
+    }
+}
+
+/// The entry a change is of, if any.
+fn key_of(change: &Applied) -> Option<String> {
+    match change {
+        Applied::Acquired { key, .. }
+        | Applied::Written { key, .. }
+        | Applied::Deleted { key }
+        | Applied::Set { key, .. }
+        | Applied::Invalidated { key }
+        | Applied::Bumped { key }
+        | Applied::OutsideDeleted { key }
+        | Applied::OutsideSet { key }
+        | Applied::OutsideExpire { key, .. }
+        | Applied::Expired { key } => Some(key.clone()),
+        Applied::Raised { .. } | Applied::Flushed => None,
+    }
+}
+
+impl FailedOver {
+    /// The checker's window: the one server fails over every key, lock and epoch at once.
+    fn window(&self) -> FailoverWindow {
+        FailoverWindow {
+            from_us: self.at_us,
+            to_us: self.at_us,
+            kind: "replica_lag".to_string(),
+            tags: crate::plan::hash_tags(),
+        }
+    }
+
+    /// What it did to each key, as the chaos replay proves a failover's effect: the counter
+    /// the new master goes on from, the acquisitions it lost (whose tokens it may hand out
+    /// again), the last bump it kept; and each key's value going back.
+    fn record(
+        &self,
+        applied: &[(u64, u64, Applied)],
+        lives: &[usize],
+        events: &mut Vec<ServerEvent>,
+        changes: &mut Vec<Change>,
+    ) {
+        // Bumps before the replica's copy count from the server's last new life before it.
+        let life_start = lives.iter().copied().filter(|&at| at <= self.synced).max();
+        let kept_from = life_start.unwrap_or(0);
+        for (i, key) in self.keys.iter().enumerate() {
+            let (to, value) = &self.kept[i];
+            let bumps = |range: std::ops::Range<usize>| {
+                applied[range]
+                    .iter()
+                    .filter_map(move |(_, _, a)| bump_of(a, key))
+            };
+            let lost = bumps(self.synced..self.index)
+                .filter_map(|(token, what)| token.map(|t| (t, what)))
+                .collect();
+            let survivor = bumps(kept_from..self.synced).next_back();
+            events.push(ServerEvent::Rollback(Rollback {
+                key: key.clone(),
+                at_us: self.at_us,
+                to: *to,
+                reseeded: false,
+                // A counter the replica never had is seeded again from the clock at the next
+                // bump: above every token before.
+                raised: to.is_none(),
+                from: self.from[i],
+                lost,
+                survivor,
+            }));
+            let value = value
+                .as_deref()
+                .and_then(|bytes| read_stored::<String>(bytes).ok())
+                .and_then(|stored| stored.value);
+            changes.push(Change {
+                key: key.clone(),
+                at_us: self.at_us,
+                value,
+            });
+        }
+    }
+}
+
+/// A bump of `key`'s fencing counter: an acquisition's token, or what else bumped it.
+fn bump_of(change: &Applied, key: &str) -> Option<(Option<u64>, &'static str)> {
+    match change {
+        Applied::Acquired { key: k, token } if k == key => Some((Some(*token), "acquisition")),
+        Applied::Set { key: k, .. } | Applied::Bumped { key: k } if k == key => Some((None, "set")),
+        Applied::Invalidated { key: k } if k == key => Some((None, "invalidation")),
+        _ => None,
+    }
+}
+
+/// The server's record in the checker's terms, restarts and failovers in their places.
 fn server_record(
     applied: &[(u64, u64, Applied)],
     restarts: &[(usize, u64)],
+    failovers: &[FailedOver],
 ) -> (Vec<ServerEvent>, Vec<Change>) {
     let mut events = Vec::new();
     let mut changes = Vec::new();
     let mut life = 0;
+    let lives: Vec<usize> = restarts.iter().map(|(at, _)| *at).collect();
     let mut restarts = restarts.iter().peekable();
-    for (i, (at_us, _conn, change)) in applied.iter().enumerate() {
-        while restarts.peek().is_some_and(|(at, _)| *at <= i) {
-            restarts.next();
+    let mut failovers = failovers.iter().peekable();
+    for i in 0..=applied.len() {
+        // A failover and a restart at one place: the run ran them in the plan's order, and a
+        // restart (or flush) right after a failover empties what it kept either way.
+        while let Some(f) = failovers.next_if(|f| f.index <= i) {
+            f.record(applied, &lives, &mut events, &mut changes);
+        }
+        while restarts.next_if(|(at, _)| *at <= i).is_some() {
             life += 1;
             events.push(ServerEvent::Life(life));
         }
+        let Some((at_us, _conn, change)) = applied.get(i) else {
+            break;
+        };
         let at_us = *at_us;
         match change {
             Applied::Acquired { key, token } => events.push(ServerEvent::Acquire {
