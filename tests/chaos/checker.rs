@@ -46,7 +46,8 @@
 //!   for a key, one the server had before the write began; for a tag or a clear, one born
 //!   before it that carries the tag (any value for a clear), unless every epoch that judges
 //!   it was lost on the server before the read ended, as in (h). The replay comes before the
-//!   read (docs/after-commit.md).
+//!   read (docs/after-commit.md). A key's write undone by a failover of its master before the
+//!   read ended is a documented kind of the failover.
 
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
@@ -869,24 +870,33 @@ fn queued_writes_win(h: &History) -> Vec<Violation> {
                 && replaces(h, &births, &first_held, q, call, v)
         });
         if let Some(q) = beaten {
-            found.push(violation(
-                'i',
-                format!(
-                    "{} call #{} for {} began at {} and read {v} ({}), which {} call #{} {} {} \
+            // A key's write the server ran, undone by a failover of its master before the
+            // read ended: the documented price of asynchronous replication ("an `Ok`
+            // invalidation or `set` can be undone"), counted apart.
+            let undone = raised_by(q).is_none()
+                && h.failovers
+                    .iter()
+                    .any(|f| f.covers(&q.key, q.start_us, call.end_us.unwrap_or(u64::MAX)));
+            let detail = format!(
+                "{} call #{} for {} began at {} and read {v} ({}), which {} call #{} {} {} \
                      ({}..{}) replaced: that write was queued, and its replay must come first",
-                    call.instance,
-                    call.id,
-                    call.key,
-                    call.start_us,
-                    call.source,
-                    q.instance,
-                    q.id,
-                    q.op,
-                    q.key,
-                    q.start_us,
-                    q.end_us.unwrap_or(q.start_us),
-                ),
-            ));
+                call.instance,
+                call.id,
+                call.key,
+                call.start_us,
+                call.source,
+                q.instance,
+                q.id,
+                q.op,
+                q.key,
+                q.start_us,
+                q.end_us.unwrap_or(q.start_us),
+            );
+            found.push(if undone {
+                documented_finding('i', "a queued write undone by a failover", detail)
+            } else {
+                violation('i', detail)
+            });
         }
     }
     found
@@ -1738,6 +1748,27 @@ fn checker_rule_i_finds_reads_that_beat_a_queued_write() {
         h.restarts_us.push(restart_us);
         let found = rules(&check(&h)).contains(&'i');
         assert_eq!(found, !excused, "restart at {restart_us}");
+    }
+    // A key's write undone by a failover of its master before the read ended: counted apart;
+    // a failover of another master, or after the read, excuses nothing.
+    for (tag, at_us, counted) in [
+        ("k0", 36_000, true),
+        ("k1", 36_000, false),
+        ("k0", 41_001, false),
+    ] {
+        let mut h = with("invalidate", "k0", "hit");
+        h.failovers.push(FailoverWindow {
+            from_us: at_us,
+            to_us: at_us,
+            kind: "replica_lag".into(),
+            tags: vec![tag.into()],
+        });
+        assert_eq!(check(&h).is_empty(), counted, "{tag} at {at_us}");
+        assert_eq!(
+            documented(&h).len(),
+            usize::from(counted),
+            "{tag} at {at_us}"
+        );
     }
 }
 

@@ -45,7 +45,13 @@ pub enum Action {
         name: String,
         holds_ms: Vec<u64>,
     },
+    /// A `leader::Leader` on the lock [`LEADER`] from now to the end of the schedule (or the
+    /// instance's kill): each run of its job writes to the fenced sink, one section per term.
+    Lead,
 }
+
+/// The lock the leaders of a schedule elect by.
+pub const LEADER: &str = "leader";
 
 /// A fault of the server or the network.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,6 +116,7 @@ pub fn hash_tags() -> Vec<String> {
     let locks = LOCKS.iter().map(|l| l.to_string());
     let epochs = TAGS.iter().map(|t| format!("%t:{t}"));
     keys.chain(locks)
+        .chain([LEADER.to_string()])
         .chain(epochs)
         .chain(["%c".to_string()])
         .collect()
@@ -230,6 +237,22 @@ fn outside_write(rng: &mut StdRng) -> Fault {
     }
 }
 
+/// One or two instances that run a leader from the start.
+fn leaders(seed: u64) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x1ead_e125);
+    let n = rng.random_range(1..=2);
+    rand::seq::index::sample(&mut rng, INSTANCES, n)
+        .into_iter()
+        .map(|instance| Step {
+            at_ms: 0,
+            what: What::Call {
+                instance,
+                action: Action::Lead,
+            },
+        })
+        .collect()
+}
+
 impl Plan {
     /// The plan of `seed`: `calls` calls spread over the instances, and now and then a fault.
     pub fn draw(seed: u64, calls: usize) -> Self {
@@ -252,6 +275,9 @@ impl Plan {
                 },
             });
         }
+        // The leaders from a draw of their own: the rest of the plan is what it was before
+        // schedules had leaders.
+        steps.splice(0..0, leaders(seed));
         Plan { seed, steps }
     }
 }

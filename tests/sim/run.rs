@@ -5,11 +5,13 @@
 //! randomness.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use stampede_guard::__private::sim::{self, Applied, Connection, Network, Server};
 use stampede_guard::__private::{epoch_key, read_stored};
+use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::{
     Cache, CallOptions, Computed, Error, Lease, NearCacheOptions, RecoveryOptions, Source, Written,
 };
@@ -19,7 +21,7 @@ use crate::history::{
     Outcome, Raise, Rollback, Section, ServerEvent, Write,
 };
 use crate::net::{feed_conn, Net, Rates};
-use crate::plan::{Action, Fault, Plan, What, INSTANCES};
+use crate::plan::{Action, Fault, Plan, What, INSTANCES, LEADER};
 
 const NAMESPACE: &str = "sim";
 /// The server's wall clock at the start of every schedule (2026-01-01): fixed, not read.
@@ -117,6 +119,50 @@ impl Ctx {
             end_us,
             value: value.to_string(),
         });
+    }
+}
+
+impl Ctx {
+    /// One run of a leader's job at `t0` under `token`: a write to the sink, counted in the
+    /// term's section (begun if the term is new); how long the run then works (seeded).
+    fn leader_run(
+        &self,
+        instance: &str,
+        term: &Mutex<Option<(u64, usize)>>,
+        token: u64,
+        asked_us: u64,
+        t0: u64,
+    ) -> u64 {
+        let mut term = term.lock().unwrap_or_else(|p| p.into_inner());
+        let id = self.next_id();
+        let mut log = self.log();
+        let max = log.sink.entry(LEADER.to_string()).or_insert(0);
+        let accepted = u32::from(token >= *max);
+        *max = (*max).max(token);
+        let at = match *term {
+            Some((t, at)) if t == token => at,
+            _ => {
+                log.sections.push(Section {
+                    instance: instance.to_string(),
+                    id,
+                    lock: LEADER.to_string(),
+                    token,
+                    asked_us,
+                    start_us: t0,
+                    end_us: t0,
+                    writes: 0,
+                    accepted: 0,
+                });
+                *term = Some((token, log.sections.len() - 1));
+                log.sections.len() - 1
+            }
+        };
+        let section = &mut log.sections[at];
+        section.end_us = t0;
+        section.writes += 1;
+        section.accepted += accepted;
+        // The run's work: 10..80 ms, drawn from the run's id (the plan's own draws stay apart).
+        10 + (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % 70
     }
 }
 
@@ -221,7 +267,60 @@ async fn call(ctx: Ctx, cache: Cache, instance: String, action: Action) {
             ctx.end(at, done(got), None);
         }
         Action::Lock { name, holds_ms } => section(ctx, cache, instance, name, holds_ms).await,
+        // Started by `drive`, which holds its shutdown.
+        Action::Lead => {}
     }
+}
+
+/// How often an active leader runs its job.
+const LEADER_EVERY: Duration = Duration::from_millis(30);
+
+/// A `Leader` on [`LEADER`] until `stop` says so: each run of its job checks that the lease
+/// holds, writes to the fenced sink and works a seeded while; one section per term (fencing
+/// token), as the chaos workers record theirs, judged by rules (a) and (b) as a lock's.
+async fn lead(
+    ctx: Ctx,
+    cache: Cache,
+    instance: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let Ok(lock) = cache.lock(LEADER) else {
+        return;
+    };
+    let leader = Leader::new(lock, LEADER_EVERY);
+    // When the instance last went to standby: no later than its request of the lock that its
+    // next term holds (the section's "asked" time, from which a loss of the lock counts).
+    let standby_since = Arc::new(AtomicU64::new(ctx.now()));
+    let mut status = leader.status();
+    let (watcher, since) = (ctx.clone(), Arc::clone(&standby_since));
+    let watching = tokio::spawn(async move {
+        while status.changed().await.is_ok() {
+            if *status.borrow_and_update() == Role::Standby {
+                since.store(watcher.now(), Ordering::Relaxed);
+            }
+        }
+    });
+    // The term's section in the log, by token.
+    let term: Arc<Mutex<Option<(u64, usize)>>> = Arc::default();
+    let job = move |job: JobContext| {
+        let (ctx, term, me) = (ctx.clone(), Arc::clone(&term), instance.clone());
+        let asked_us = standby_since.load(Ordering::Relaxed);
+        async move {
+            let t0 = ctx.now();
+            if job.is_cancelled() {
+                return Ok::<(), String>(());
+            }
+            let token = job.fencing_token();
+            let pause = ctx.leader_run(&me, &term, token, asked_us, t0);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            Ok(())
+        }
+    };
+    let shutdown = async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    };
+    let _ = leader.run(job, shutdown).await;
+    watching.abort();
 }
 
 /// The handle that gives values these tags.
@@ -392,6 +491,10 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
     let mut tasks: Vec<Vec<tokio::task::JoinHandle<()>>> =
         (0..INSTANCES).map(|_| Vec::new()).collect();
     let mut killed = [false; INSTANCES];
+    // Each instance's leaders, told to shut down once the plan's steps are done.
+    let mut leaders: Vec<Vec<tokio::task::JoinHandle<()>>> =
+        (0..INSTANCES).map(|_| Vec::new()).collect();
+    let stop_leaders = tokio::sync::watch::Sender::new(false);
     // Where each restart falls in the server's record, and when.
     let mut restarts: Vec<(usize, u64)> = Vec::new();
     // When the replica catches up (each failover's lag before it), and where in the server's
@@ -408,6 +511,18 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
         tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
         match &step.what {
             What::Call { instance, .. } if killed[*instance] => {}
+            What::Call {
+                instance,
+                action: Action::Lead,
+            } => {
+                let task = lead(
+                    ctx.clone(),
+                    caches[*instance].clone(),
+                    format!("i{instance}"),
+                    stop_leaders.subscribe(),
+                );
+                leaders[*instance].push(tokio::spawn(task));
+            }
             What::Call { instance, action } => {
                 let task = call(
                     ctx.clone(),
@@ -422,7 +537,7 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
                 // up: its locks run out with their leases), then its tasks stop.
                 net.cut(*i, KILLED_FOR_MS);
                 killed[*i] = true;
-                for task in &tasks[*i] {
+                for task in tasks[*i].iter().chain(&leaders[*i]) {
                     task.abort();
                 }
             }
@@ -467,9 +582,11 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
             What::Fault(Fault::CutCalls(i, ms)) => net.cut_calls(*i, *ms),
         }
     }
+    // The leaders shut down (releasing their lock) with the schedule's last step.
+    stop_leaders.send_replace(true);
     // Every call ends within its bound; one that does not stays unended, and rule (d) says so.
     let _ = tokio::time::timeout(CALL_BOUND * 2, async {
-        for task in tasks.into_iter().flatten() {
+        for task in tasks.into_iter().chain(leaders).flatten() {
             let _ = task.await;
         }
     })
