@@ -265,6 +265,17 @@ fn accepted_computations_never_overlap(h: &History) -> Vec<Violation> {
                         detail,
                     ))
                 }
+                // One holder's grant was lost with the old master: the new master still had
+                // the other's lock and counter, and took its write.
+                (Some(ta), Some(tb))
+                    if reissued.contains(&(key, ta)) || reissued.contains(&(key, tb)) =>
+                {
+                    out.push(documented_finding(
+                        'a',
+                        "a holder whose acquisition a failover lost",
+                        detail,
+                    ))
+                }
                 _ => out.push(violation('a', detail)),
             }
         }
@@ -406,9 +417,19 @@ fn tokens_only_increase(h: &History) -> Vec<Violation> {
             ServerEvent::Rollback(r) => {
                 // The new master goes on from its own counter: what the old one handed out
                 // above it is no longer a bound (lost), and an unproven start bounds nothing.
-                for last in [&mut last_write, &mut last_acquire] {
+                // When the counter's survivor is an acquisition, a write under its token is
+                // that holder's own (one write, which releases the lock), not a repeat of a
+                // write the old master took above it: the bound on writes is one below.
+                let granted_to =
+                    matches!(r.survivor, Some((Some(t), "acquisition")) if Some(t) == r.to);
+                for (last, writes) in [(&mut last_write, true), (&mut last_acquire, false)] {
                     match r.to.filter(|_| !r.reseeded) {
                         Some(to) => {
+                            let to = if writes && granted_to {
+                                to.saturating_sub(1)
+                            } else {
+                                to
+                            };
                             if let Some(prev) = last.get_mut(r.key.as_str()) {
                                 *prev = (*prev).min(to);
                             }
@@ -2233,6 +2254,45 @@ fn checker_counts_what_a_failover_may_break_and_nothing_else() {
         assert_eq!(check(&h).is_empty(), excused, "{lost:?}");
         assert_eq!(documented(&h).len(), usize::from(excused), "{lost:?}");
     }
+
+    // A holder whose acquisition (11) and write were lost with the old master, overlapping
+    // one whose grant (10) the new master still had, and whose write it then took: counted
+    // (rule (a)), and the survivor's write is no repeat (rule (b)). Unproven: violations.
+    let resurrected = |lost: Vec<(u64, &'static str)>| {
+        let b = Compute {
+            token: 11,
+            start_us: 12_000,
+            end_us: 18_000,
+            value: value("k0", 11, "b"),
+            ..compute("b", 0, 0)
+        };
+        History {
+            computes: vec![compute("a", 5_000, 30_000), b],
+            server: vec![
+                ServerEvent::Life(0),
+                acquire(10),
+                acquire(11),
+                write("k0", 11, "b", 19_000),
+                rollback(Some(10), lost),
+                write("k0", 10, "a", 31_000),
+            ],
+            lease_ms: 400,
+            call_bound_us: 40_000,
+            ..History::default()
+        }
+    };
+    let h = resurrected(vec![(11, "acquisition")]);
+    assert_eq!(check(&h), vec![]);
+    assert_eq!(
+        documented_kinds(&documented(&h))
+            .into_iter()
+            .collect::<Vec<_>>(),
+        vec![(
+            "(a) a holder whose acquisition a failover lost".to_string(),
+            1
+        )]
+    );
+    assert_eq!(rules(&check(&resurrected(vec![]))), HashSet::from(['a']));
 
     // A write after a switch whose counter the replay could not prove: counted.
     let h = History {
