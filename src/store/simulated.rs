@@ -2,8 +2,11 @@
 //! memory store, which `memory_model_tests.rs` keeps equivalent to the Lua scripts, behind one
 //! connection per instance whose requests and replies travel through a [`Network`] the
 //! simulation controls (delays, losses with the connection, a frozen server). The server can
-//! be restarted empty, and it reports every change it makes ([`Applied`]) in its own order: the
-//! server's side of the history the chaos checker judges.
+//! be restarted empty, written by another program (`SET`, `DEL`, `PEXPIRE`, `FLUSHDB`), or
+//! failed over to a replica that caught up at a moment the simulation chose, and it reports
+//! every change it makes ([`Applied`]) in its own order: the server's side of the history the
+//! chaos checker judges. Its fencing counters bump as the Redis script does (see
+//! `MemoryStore::bump`), so a failover hands out no token twice there either.
 //!
 //! Every operation of the memory store is carried out when it is sent, with no `.await` inside,
 //! so one operation is atomic here as a script is on Redis; the network decides only when it
