@@ -207,8 +207,11 @@ impl Leader {
         loop {
             self.set(Role::Standby, &name);
             let acquired = tokio::select! {
-                acquired = self.lock.acquire() => acquired,
+                // Biased here and below, shutdown (and a lost lease) before more work: a fixed
+                // order, which a seeded simulation replays (an unbiased select draws one).
+                biased;
                 () = &mut shutdown => break,
+                acquired = self.lock.acquire() => acquired,
             };
             let guard = match acquired {
                 Ok(guard) => guard,
@@ -218,8 +221,9 @@ impl Leader {
                     let delay = self.lock.options().backoff.delay(failures);
                     failures = failures.saturating_add(1);
                     tokio::select! {
-                        () = tokio::time::sleep(delay) => continue,
+                        biased;
                         () = &mut shutdown => break,
+                        () = tokio::time::sleep(delay) => continue,
                     }
                 }
             };
@@ -261,6 +265,7 @@ impl Leader {
         E: fmt::Display,
     {
         let first_run = tokio::select! {
+            biased;
             () = &mut *shutdown => return TermEnd::Shutdown,
             () = lease.lost() => return TermEnd::LeaseLost,
             first_run = self.first_run() => first_run,
@@ -269,6 +274,7 @@ impl Leader {
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                biased;
                 () = &mut *shutdown => return TermEnd::Shutdown,
                 () = lease.lost() => return TermEnd::LeaseLost,
                 _ = ticks.tick() => {}
@@ -301,6 +307,7 @@ impl Leader {
                 lease: lease.clone(),
             };
             tokio::select! {
+                biased;
                 () = &mut *shutdown => return TermEnd::Shutdown,
                 () = lease.lost() => return TermEnd::LeaseLost,
                 outcome = job(ctx) => {

@@ -432,7 +432,15 @@ impl MemoryStore {
     }
 
     fn bump(&self, e: &mut Entry, lease: Duration, now: Instant) -> u64 {
-        e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water)
+        let n = e.bump_fence(retention(lease), now, self.wall_us(now), &self.high_water);
+        // The simulated server stands for Redis, whose script hands out max(counter + 1, its
+        // clock in µs) so that a failover that lost the last bumps hands out no token twice.
+        // In one process no bump is ever lost: counter + 1 is enough there.
+        #[cfg(feature = "simulation")]
+        if self.shared_clock.is_some() {
+            return e.raise_to_clock(n, self.wall_us(now), &self.high_water);
+        }
+        n
     }
 
     fn raise_fence_now(&self, keys: &EntryKeys, floor: u64, lease: Duration) {
@@ -545,6 +553,87 @@ impl MemoryStore {
     #[cfg(feature = "simulation")]
     pub(crate) fn outside_delete(&self, keys: &EntryKeys) {
         self.update(keys, |e, _| e.value = None);
+    }
+
+    /// Another program's `SET` of `bytes` under the value key (`PX ttl` if given): the
+    /// value is replaced and its expiry with it; the lock and the fencing counter stay (they
+    /// are keys of their own on Redis), and nobody is woken.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn outside_set(&self, keys: &EntryKeys, bytes: Vec<u8>, ttl: Option<Duration>) {
+        self.update(keys, |e, now| {
+            e.value = Some(entry::Value {
+                bytes: Arc::from(bytes),
+                until: ttl.and_then(|ttl| deadline(now, ttl)),
+                decoded: None,
+            });
+        });
+    }
+
+    /// Another program's `PEXPIRE` of the value key: a live value goes `ttl` from now, whatever
+    /// it was given; nothing else changes. Whether the value is there to expire.
+    #[cfg(feature = "simulation")]
+    pub(crate) fn outside_expire(&self, keys: &EntryKeys, ttl: Duration) -> bool {
+        self.update(keys, |e, now| match e.value_mut(now) {
+            Some(value) => {
+                value.until = deadline(now, ttl);
+                true
+            }
+            None => false,
+        })
+    }
+
+    /// The fencing counter and the live value's bytes of `keys`, looked at without counting as
+    /// a read (the simulation's record of a failover; whether a shortened expiry fell due).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn fence_and_value(&self, keys: &EntryKeys) -> (Option<u64>, Option<Vec<u8>>) {
+        let now = Instant::now();
+        let shard = lock(self.shard(&keys.value));
+        let Some(entry) = shard.entry(&keys.value) else {
+            return (None, None);
+        };
+        (entry.fence(now), entry.value(now).map(|v| v.bytes.to_vec()))
+    }
+
+    /// A replica's copy of the store as it is now (the simulation's lagging replica): every
+    /// entry and epoch, with the same expiries, on the same clock; no waiters (a failover
+    /// closes every connection) and no high-water mark of tokens (a replica's counters are
+    /// what was replicated; one missing is seeded again from the clock, as on Redis).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn replica(&self) -> MemoryStore {
+        let now = Instant::now();
+        let copy = MemoryStore {
+            shared_clock: self.shared_clock.clone(),
+            ..MemoryStore::starting_at(self.limits.clone(), self.ms_at(now))
+        };
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            // In a fixed order: the copy's eviction queues must not depend on a hash seed.
+            let mut keys: Vec<&str> = shard.keys().collect();
+            keys.sort_unstable();
+            for key in keys {
+                if let Some(entry) = shard.entry(key).map(Entry::replica) {
+                    lock(copy.shard(key)).update(key, now, &copy.totals, |e| *e = entry);
+                }
+            }
+        }
+        let epochs = self.epochs.read().unwrap_or_else(PoisonError::into_inner);
+        *copy.epochs.write().unwrap_or_else(PoisonError::into_inner) = epochs.clone();
+        copy.raised
+            .store(self.raised.load(Ordering::Acquire), Ordering::Release);
+        copy
+    }
+
+    /// The store after another program's `FLUSHDB`: empty (values, locks, fencing counters,
+    /// epochs, the high-water mark of tokens, so a counter is seeded again from the clock as on
+    /// Redis), on the same clock, with the same waiters (a flush closes no connection: the
+    /// subscriptions stay).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn flushed(&self) -> MemoryStore {
+        MemoryStore {
+            wakeups: Arc::clone(&self.wakeups),
+            shared_clock: self.shared_clock.clone(),
+            ..MemoryStore::starting_at(self.limits.clone(), self.ms_at(Instant::now()))
+        }
     }
 
     fn born_now(&self) -> u64 {

@@ -2,8 +2,11 @@
 //! memory store, which `memory_model_tests.rs` keeps equivalent to the Lua scripts, behind one
 //! connection per instance whose requests and replies travel through a [`Network`] the
 //! simulation controls (delays, losses with the connection, a frozen server). The server can
-//! be restarted empty, and it reports every change it makes ([`Applied`]) in its own order: the
-//! server's side of the history the chaos checker judges.
+//! be restarted empty, written by another program (`SET`, `DEL`, `PEXPIRE`, `FLUSHDB`), or
+//! failed over to a replica that caught up at a moment the simulation chose, and it reports
+//! every change it makes ([`Applied`]) in its own order: the server's side of the history the
+//! chaos checker judges. Its fencing counters bump as the Redis script does (see
+//! `MemoryStore::bump`), so a failover hands out no token twice there either.
 //!
 //! Every operation of the memory store is carried out when it is sent, with no `.await` inside,
 //! so one operation is atomic here as a script is on Redis; the network decides only when it
@@ -51,6 +54,17 @@ pub enum Applied {
     Bumped { key: String },
     /// An epoch (its store name) raised to `value`.
     Raised { name: String, value: u64 },
+    /// Another program deleted the value (`DEL`): no fence bump.
+    OutsideDeleted { key: String },
+    /// Another program wrote bytes that are not the crate's under the value key (`SET`).
+    OutsideSet { key: String },
+    /// Another program shortened the value's life to `ms` (`PEXPIRE`); the value is still
+    /// there until [`Expired`](Self::Expired).
+    OutsideExpire { key: String, ms: u64 },
+    /// A shortened life ran out: the value is gone.
+    Expired { key: String },
+    /// Another program flushed the database (`FLUSHDB`): every key is gone.
+    Flushed,
 }
 
 /// What carries a connection's requests and replies: the simulation's network.
@@ -68,6 +82,9 @@ pub trait Network: Send + Sync + 'static {
 /// on a wall clock that starts at a given instant and moves with `tokio::time` only.
 pub struct Server {
     store: Mutex<Arc<MemoryStore>>,
+    /// What the replica holds (`None`: it has not caught up since the last failover, restart or
+    /// flush): what the server becomes when it fails over.
+    replica: Mutex<Option<Arc<MemoryStore>>>,
     /// The simulation's clock in microseconds ([`tick`]): births, epochs and the history.
     clock: Arc<AtomicU64>,
     limits: MemoryLimits,
@@ -93,6 +110,7 @@ impl Server {
         let store = MemoryStore::simulated(limits.clone(), epoch_ms, Arc::clone(&clock));
         Arc::new(Server {
             store: Mutex::new(Arc::new(store)),
+            replica: Mutex::default(),
             clock,
             limits,
             epoch_ms,
@@ -108,18 +126,117 @@ impl Server {
             MemoryStore::simulated(self.limits.clone(), self.now_ms(), Arc::clone(&self.clock));
         *lock(&self.store) = Arc::new(fresh);
         lock(&self.feeds).clear();
+        // The replica resynchronises from the empty server.
+        *lock(&self.replica) = None;
     }
 
     /// Another program deletes the value of `key` in `namespace` (`DEL` of the value key, as
-    /// an operator or a script would): no fence bump, no wake-up.
-    pub fn outside_delete(&self, namespace: &str, key: &str) {
-        if let Ok(keys) = EntryKeys::new(namespace, key) {
-            self.current().outside_delete(&keys);
-            // Tracking reports a `DEL` as it reports the crate's own changes.
-            self.report(&Applied::Deleted {
-                key: key.to_owned(),
-            });
+    /// an operator or a script would): no fence bump, no wake-up. What it changed, reported
+    /// to the feeds as tracking reports it (`None`: not a key of the namespace).
+    pub fn outside_delete(&self, namespace: &str, key: &str) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        self.current().outside_delete(&keys);
+        Some(self.outside(Applied::OutsideDeleted {
+            key: key.to_owned(),
+        }))
+    }
+
+    /// Another program writes `bytes` under the value key of `key` (`SET`, with `PX ttl_ms` if
+    /// given): no fence bump, no wake-up.
+    pub fn outside_set(
+        &self,
+        namespace: &str,
+        key: &str,
+        bytes: &[u8],
+        ttl_ms: Option<u64>,
+    ) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        let ttl = ttl_ms.map(Duration::from_millis);
+        self.current().outside_set(&keys, bytes.to_vec(), ttl);
+        Some(self.outside(Applied::OutsideSet {
+            key: key.to_owned(),
+        }))
+    }
+
+    /// Another program shortens the life of the value of `key` to `ms` (`PEXPIRE`); `None` if
+    /// there was no value (Redis answers 0 and reports nothing). Call
+    /// [`expire_due`](Self::expire_due) `ms` later.
+    pub fn outside_expire(&self, namespace: &str, key: &str, ms: u64) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        if !self
+            .current()
+            .outside_expire(&keys, Duration::from_millis(ms))
+        {
+            return None;
         }
+        Some(self.outside(Applied::OutsideExpire {
+            key: key.to_owned(),
+            ms,
+        }))
+    }
+
+    /// When a shortened life falls due: if the value is gone, the expiry is reported as
+    /// Redis's tracking reports one (the memory store reports no expiry of its own, and a
+    /// near copy read after the `PEXPIRE` must not outlive the value by more than its bound).
+    /// `None`: a write since gave the key a value again, or the key is no value key.
+    pub fn expire_due(&self, namespace: &str, key: &str) -> Option<Applied> {
+        let keys = EntryKeys::new(namespace, key).ok()?;
+        if self.current().fence_and_value(&keys).1.is_some() {
+            return None;
+        }
+        Some(self.outside(Applied::Expired {
+            key: key.to_owned(),
+        }))
+    }
+
+    /// Another program flushes the database (`FLUSHDB`): values, locks, fencing counters and
+    /// epochs are gone, as after a restart, but the process and its connections stay (the
+    /// feeds are told, as tracking tells its clients of a flush).
+    pub fn flushdb(&self) -> Applied {
+        let store = self.current();
+        *lock(&self.store) = Arc::new(store.flushed());
+        // Replicated: the replica is empty too.
+        *lock(&self.replica) = None;
+        self.outside(Applied::Flushed)
+    }
+
+    /// The replica catches up: from now on it holds what the server holds now, until the next
+    /// call (a replica that lags by as long as until then).
+    pub fn sync_replica(&self) {
+        let copy = self.current().replica();
+        *lock(&self.replica) = Some(Arc::new(copy));
+    }
+
+    /// The server fails over to its replica: what it ran since the replica last caught up is
+    /// lost (values, locks, fencing counters and epochs go back), and every connection closes
+    /// (the instances' with [`Network`]; the feeds are forgotten, as a new master knows no
+    /// client). Without a replica ([`sync_replica`](Self::sync_replica) since the last restart
+    /// or flush) it takes an empty one.
+    pub fn fail_over(&self) {
+        let replica = lock(&self.replica).take();
+        let store = match replica {
+            Some(replica) => replica,
+            None => Arc::new(self.current().flushed()),
+        };
+        // The old master comes back as the new one's replica, caught up from here.
+        *lock(&self.replica) = Some(Arc::new(store.replica()));
+        *lock(&self.store) = store;
+        lock(&self.feeds).clear();
+    }
+
+    /// The fencing counter and the value's bytes the server holds for `key` now: what a
+    /// failover left, for the history.
+    pub fn fence_and_value(&self, namespace: &str, key: &str) -> (Option<u64>, Option<Vec<u8>>) {
+        match EntryKeys::new(namespace, key) {
+            Ok(keys) => self.current().fence_and_value(&keys),
+            Err(_) => (None, None),
+        }
+    }
+
+    /// Reports an outside write to the feeds; returns it, for the history.
+    fn outside(&self, change: Applied) -> Applied {
+        self.report(&change);
+        change
     }
 
     /// Subscribes a feed of connection `conn` over `network`: its id, and where its

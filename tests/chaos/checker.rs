@@ -46,7 +46,8 @@
 //!   for a key, one the server had before the write began; for a tag or a clear, one born
 //!   before it that carries the tag (any value for a clear), unless every epoch that judges
 //!   it was lost on the server before the read ended, as in (h). The replay comes before the
-//!   read (docs/after-commit.md).
+//!   read (docs/after-commit.md). A key's write undone by a failover of its master before the
+//!   read ended is a documented kind of the failover.
 
 //!
 //! Each rule's function returns its own findings; [`check`] collects them. A write the replay
@@ -264,6 +265,17 @@ fn accepted_computations_never_overlap(h: &History) -> Vec<Violation> {
                         detail,
                     ))
                 }
+                // One holder's grant was lost with the old master: the new master still had
+                // the other's lock and counter, and took its write.
+                (Some(ta), Some(tb))
+                    if reissued.contains(&(key, ta)) || reissued.contains(&(key, tb)) =>
+                {
+                    out.push(documented_finding(
+                        'a',
+                        "a holder whose acquisition a failover lost",
+                        detail,
+                    ))
+                }
                 _ => out.push(violation('a', detail)),
             }
         }
@@ -405,9 +417,19 @@ fn tokens_only_increase(h: &History) -> Vec<Violation> {
             ServerEvent::Rollback(r) => {
                 // The new master goes on from its own counter: what the old one handed out
                 // above it is no longer a bound (lost), and an unproven start bounds nothing.
-                for last in [&mut last_write, &mut last_acquire] {
+                // When the counter's survivor is an acquisition, a write under its token is
+                // that holder's own (one write, which releases the lock), not a repeat of a
+                // write the old master took above it: the bound on writes is one below.
+                let granted_to =
+                    matches!(r.survivor, Some((Some(t), "acquisition")) if Some(t) == r.to);
+                for (last, writes) in [(&mut last_write, true), (&mut last_acquire, false)] {
                     match r.to.filter(|_| !r.reseeded) {
                         Some(to) => {
+                            let to = if writes && granted_to {
+                                to.saturating_sub(1)
+                            } else {
+                                to
+                            };
                             if let Some(prev) = last.get_mut(r.key.as_str()) {
                                 *prev = (*prev).min(to);
                             }
@@ -869,24 +891,33 @@ fn queued_writes_win(h: &History) -> Vec<Violation> {
                 && replaces(h, &births, &first_held, q, call, v)
         });
         if let Some(q) = beaten {
-            found.push(violation(
-                'i',
-                format!(
-                    "{} call #{} for {} began at {} and read {v} ({}), which {} call #{} {} {} \
+            // A key's write the server ran, undone by a failover of its master before the
+            // read ended: the documented price of asynchronous replication ("an `Ok`
+            // invalidation or `set` can be undone"), counted apart.
+            let undone = raised_by(q).is_none()
+                && h.failovers
+                    .iter()
+                    .any(|f| f.covers(&q.key, q.start_us, call.end_us.unwrap_or(u64::MAX)));
+            let detail = format!(
+                "{} call #{} for {} began at {} and read {v} ({}), which {} call #{} {} {} \
                      ({}..{}) replaced: that write was queued, and its replay must come first",
-                    call.instance,
-                    call.id,
-                    call.key,
-                    call.start_us,
-                    call.source,
-                    q.instance,
-                    q.id,
-                    q.op,
-                    q.key,
-                    q.start_us,
-                    q.end_us.unwrap_or(q.start_us),
-                ),
-            ));
+                call.instance,
+                call.id,
+                call.key,
+                call.start_us,
+                call.source,
+                q.instance,
+                q.id,
+                q.op,
+                q.key,
+                q.start_us,
+                q.end_us.unwrap_or(q.start_us),
+            );
+            found.push(if undone {
+                documented_finding('i', "a queued write undone by a failover", detail)
+            } else {
+                violation('i', detail)
+            });
         }
     }
     found
@@ -1739,6 +1770,27 @@ fn checker_rule_i_finds_reads_that_beat_a_queued_write() {
         let found = rules(&check(&h)).contains(&'i');
         assert_eq!(found, !excused, "restart at {restart_us}");
     }
+    // A key's write undone by a failover of its master before the read ended: counted apart;
+    // a failover of another master, or after the read, excuses nothing.
+    for (tag, at_us, counted) in [
+        ("k0", 36_000, true),
+        ("k1", 36_000, false),
+        ("k0", 41_001, false),
+    ] {
+        let mut h = with("invalidate", "k0", "hit");
+        h.failovers.push(FailoverWindow {
+            from_us: at_us,
+            to_us: at_us,
+            kind: "replica_lag".into(),
+            tags: vec![tag.into()],
+        });
+        assert_eq!(check(&h).is_empty(), counted, "{tag} at {at_us}");
+        assert_eq!(
+            documented(&h).len(),
+            usize::from(counted),
+            "{tag} at {at_us}"
+        );
+    }
 }
 
 /// Rule (g) on hand-made histories: b (near tier, `max_staleness` 10 ms, `serve_while_down`
@@ -2202,6 +2254,45 @@ fn checker_counts_what_a_failover_may_break_and_nothing_else() {
         assert_eq!(check(&h).is_empty(), excused, "{lost:?}");
         assert_eq!(documented(&h).len(), usize::from(excused), "{lost:?}");
     }
+
+    // A holder whose acquisition (11) and write were lost with the old master, overlapping
+    // one whose grant (10) the new master still had, and whose write it then took: counted
+    // (rule (a)), and the survivor's write is no repeat (rule (b)). Unproven: violations.
+    let resurrected = |lost: Vec<(u64, &'static str)>| {
+        let b = Compute {
+            token: 11,
+            start_us: 12_000,
+            end_us: 18_000,
+            value: value("k0", 11, "b"),
+            ..compute("b", 0, 0)
+        };
+        History {
+            computes: vec![compute("a", 5_000, 30_000), b],
+            server: vec![
+                ServerEvent::Life(0),
+                acquire(10),
+                acquire(11),
+                write("k0", 11, "b", 19_000),
+                rollback(Some(10), lost),
+                write("k0", 10, "a", 31_000),
+            ],
+            lease_ms: 400,
+            call_bound_us: 40_000,
+            ..History::default()
+        }
+    };
+    let h = resurrected(vec![(11, "acquisition")]);
+    assert_eq!(check(&h), vec![]);
+    assert_eq!(
+        documented_kinds(&documented(&h))
+            .into_iter()
+            .collect::<Vec<_>>(),
+        vec![(
+            "(a) a holder whose acquisition a failover lost".to_string(),
+            1
+        )]
+    );
+    assert_eq!(rules(&check(&resurrected(vec![]))), HashSet::from(['a']));
 
     // A write after a switch whose counter the replay could not prove: counted.
     let h = History {

@@ -45,7 +45,13 @@ pub enum Action {
         name: String,
         holds_ms: Vec<u64>,
     },
+    /// A `leader::Leader` on the lock [`LEADER`] from now to the end of the schedule (or the
+    /// instance's kill): each run of its job writes to the fenced sink, one section per term.
+    Lead,
 }
+
+/// The lock the leaders of a schedule elect by.
+pub const LEADER: &str = "leader";
 
 /// A fault of the server or the network.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,6 +72,21 @@ pub enum Fault {
     Kill(usize),
     /// Another program deletes a key's value (`DEL`): no fence bump, no wake-up.
     OutsideDelete(String),
+    /// Another program writes bytes that are not the crate's under a key's value (`SET`, with
+    /// `PX` if `ttl_ms`): read as a miss and replaced, never served.
+    OutsideSet {
+        key: String,
+        bytes: String,
+        ttl_ms: Option<u64>,
+    },
+    /// Another program shortens a key's value's life to this many ms (`PEXPIRE`).
+    OutsideExpire(String, u64),
+    /// The server fails over to a replica that lags by `lag_ms`: what it ran in those last ms
+    /// is lost (values, locks, fencing counters, epochs go back), every connection closes.
+    Failover { lag_ms: u64 },
+    /// Another program flushes the database (`FLUSHDB`): values, locks, fencing counters and
+    /// epochs gone, connections kept.
+    FlushDb,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -86,6 +107,35 @@ pub struct Step {
 pub struct Plan {
     pub seed: u64,
     pub steps: Vec<Step>,
+}
+
+/// The hash tags of every key a schedule may touch (entries, locks, epochs: `%t:<tag>`, `%c`),
+/// as the checker names what a failover covers.
+pub fn hash_tags() -> Vec<String> {
+    let keys = (0..KEYS).map(|k| format!("k{k}"));
+    let locks = LOCKS.iter().map(|l| l.to_string());
+    let epochs = TAGS.iter().map(|t| format!("%t:{t}"));
+    keys.chain(locks)
+        .chain([LEADER.to_string()])
+        .chain(epochs)
+        .chain(["%c".to_string()])
+        .collect()
+}
+
+impl Plan {
+    /// When the replica catches up before each failover: its lag before it, in order.
+    pub fn replica_syncs(&self) -> Vec<u64> {
+        let mut syncs: Vec<u64> = self
+            .steps
+            .iter()
+            .filter_map(|s| match s.what {
+                What::Fault(Fault::Failover { lag_ms }) => Some(s.at_ms.saturating_sub(lag_ms)),
+                _ => None,
+            })
+            .collect();
+        syncs.sort_unstable();
+        syncs
+    }
 }
 
 fn key(rng: &mut StdRng) -> String {
@@ -151,19 +201,56 @@ fn action(rng: &mut StdRng) -> Action {
 
 fn fault(rng: &mut StdRng) -> Fault {
     match rng.random_range(0..100) {
-        0..25 => Fault::Freeze(rng.random_range(20..300)),
+        0..20 => Fault::Freeze(rng.random_range(20..300)),
+        20..25 => Fault::Failover {
+            lag_ms: rng.random_range(0..300),
+        },
         25..38 => Fault::Restart,
         38..58 => Fault::Drop(rng.random_range(0..INSTANCES)),
         58..66 => Fault::Kill(rng.random_range(0..INSTANCES)),
-        66..74 => Fault::OutsideDelete(key(rng)),
+        66..78 => outside_write(rng),
         kind => {
             let (instance, ms) = (rng.random_range(0..INSTANCES), rng.random_range(50..500));
             match kind {
-                74..90 => Fault::Cut(instance, ms),
+                78..91 => Fault::Cut(instance, ms),
                 _ => Fault::CutCalls(instance, ms),
             }
         }
     }
+}
+
+/// What another program may write under a value key: nothing the crate wrote (none is its
+/// envelope), some of it nearly so.
+const FOREIGN: &[&str] = &["from another program", "", "\u{1}\u{0}\u{0}", "{\"v\":1}"];
+
+/// Another program's write, straight to the server (as the chaos test's outside writer).
+fn outside_write(rng: &mut StdRng) -> Fault {
+    match rng.random_range(0..100) {
+        0..40 => Fault::OutsideDelete(key(rng)),
+        40..70 => Fault::OutsideSet {
+            key: key(rng),
+            bytes: FOREIGN[rng.random_range(0..FOREIGN.len())].to_string(),
+            ttl_ms: (rng.random_range(0..2) == 0).then(|| rng.random_range(1..1000)),
+        },
+        70..90 => Fault::OutsideExpire(key(rng), rng.random_range(0..200)),
+        _ => Fault::FlushDb,
+    }
+}
+
+/// One or two instances that run a leader from the start.
+fn leaders(seed: u64) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x1ead_e125);
+    let n = rng.random_range(1..=2);
+    rand::seq::index::sample(&mut rng, INSTANCES, n)
+        .into_iter()
+        .map(|instance| Step {
+            at_ms: 0,
+            what: What::Call {
+                instance,
+                action: Action::Lead,
+            },
+        })
+        .collect()
 }
 
 impl Plan {
@@ -188,6 +275,9 @@ impl Plan {
                 },
             });
         }
+        // The leaders from a draw of their own: the rest of the plan is what it was before
+        // schedules had leaders.
+        steps.splice(0..0, leaders(seed));
         Plan { seed, steps }
     }
 }

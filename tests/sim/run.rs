@@ -5,21 +5,23 @@
 //! randomness.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stampede_guard::__private::sim::{self, Applied, Connection, Server};
+use stampede_guard::__private::sim::{self, Applied, Connection, Network, Server};
 use stampede_guard::__private::{epoch_key, read_stored};
+use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::{
     Cache, CallOptions, Computed, Error, Lease, NearCacheOptions, RecoveryOptions, Source, Written,
 };
 
 use crate::history::{
-    parse_value, tags_label, BumpCause, Call, Change, Compute, Ending, History, Outcome, Raise,
-    Section, ServerEvent, Write,
+    parse_value, tags_label, BumpCause, Call, Change, Compute, Ending, FailoverWindow, History,
+    Outcome, Raise, Rollback, Section, ServerEvent, Write,
 };
 use crate::net::{feed_conn, Net, Rates};
-use crate::plan::{Action, Fault, Plan, What, INSTANCES};
+use crate::plan::{Action, Fault, Plan, What, INSTANCES, LEADER};
 
 const NAMESPACE: &str = "sim";
 /// The server's wall clock at the start of every schedule (2026-01-01): fixed, not read.
@@ -117,6 +119,50 @@ impl Ctx {
             end_us,
             value: value.to_string(),
         });
+    }
+}
+
+impl Ctx {
+    /// One run of a leader's job at `t0` under `token`: a write to the sink, counted in the
+    /// term's section (begun if the term is new); how long the run then works (seeded).
+    fn leader_run(
+        &self,
+        instance: &str,
+        term: &Mutex<Option<(u64, usize)>>,
+        token: u64,
+        asked_us: u64,
+        t0: u64,
+    ) -> u64 {
+        let mut term = term.lock().unwrap_or_else(|p| p.into_inner());
+        let id = self.next_id();
+        let mut log = self.log();
+        let max = log.sink.entry(LEADER.to_string()).or_insert(0);
+        let accepted = u32::from(token >= *max);
+        *max = (*max).max(token);
+        let at = match *term {
+            Some((t, at)) if t == token => at,
+            _ => {
+                log.sections.push(Section {
+                    instance: instance.to_string(),
+                    id,
+                    lock: LEADER.to_string(),
+                    token,
+                    asked_us,
+                    start_us: t0,
+                    end_us: t0,
+                    writes: 0,
+                    accepted: 0,
+                });
+                *term = Some((token, log.sections.len() - 1));
+                log.sections.len() - 1
+            }
+        };
+        let section = &mut log.sections[at];
+        section.end_us = t0;
+        section.writes += 1;
+        section.accepted += accepted;
+        // The run's work: 10..80 ms, drawn from the run's id (the plan's own draws stay apart).
+        10 + (id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % 70
     }
 }
 
@@ -221,7 +267,60 @@ async fn call(ctx: Ctx, cache: Cache, instance: String, action: Action) {
             ctx.end(at, done(got), None);
         }
         Action::Lock { name, holds_ms } => section(ctx, cache, instance, name, holds_ms).await,
+        // Started by `drive`, which holds its shutdown.
+        Action::Lead => {}
     }
+}
+
+/// How often an active leader runs its job.
+const LEADER_EVERY: Duration = Duration::from_millis(30);
+
+/// A `Leader` on [`LEADER`] until `stop` says so: each run of its job checks that the lease
+/// holds, writes to the fenced sink and works a seeded while; one section per term (fencing
+/// token), as the chaos workers record theirs, judged by rules (a) and (b) as a lock's.
+async fn lead(
+    ctx: Ctx,
+    cache: Cache,
+    instance: String,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let Ok(lock) = cache.lock(LEADER) else {
+        return;
+    };
+    let leader = Leader::new(lock, LEADER_EVERY);
+    // When the instance last went to standby: no later than its request of the lock that its
+    // next term holds (the section's "asked" time, from which a loss of the lock counts).
+    let standby_since = Arc::new(AtomicU64::new(ctx.now()));
+    let mut status = leader.status();
+    let (watcher, since) = (ctx.clone(), Arc::clone(&standby_since));
+    let watching = tokio::spawn(async move {
+        while status.changed().await.is_ok() {
+            if *status.borrow_and_update() == Role::Standby {
+                since.store(watcher.now(), Ordering::Relaxed);
+            }
+        }
+    });
+    // The term's section in the log, by token.
+    let term: Arc<Mutex<Option<(u64, usize)>>> = Arc::default();
+    let job = move |job: JobContext| {
+        let (ctx, term, me) = (ctx.clone(), Arc::clone(&term), instance.clone());
+        let asked_us = standby_since.load(Ordering::Relaxed);
+        async move {
+            let t0 = ctx.now();
+            if job.is_cancelled() {
+                return Ok::<(), String>(());
+            }
+            let token = job.fencing_token();
+            let pause = ctx.leader_run(&me, &term, token, asked_us, t0);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            Ok(())
+        }
+    };
+    let shutdown = async move {
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    };
+    let _ = leader.run(job, shutdown).await;
+    watching.abort();
 }
 
 /// The handle that gives values these tags.
@@ -392,12 +491,38 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
     let mut tasks: Vec<Vec<tokio::task::JoinHandle<()>>> =
         (0..INSTANCES).map(|_| Vec::new()).collect();
     let mut killed = [false; INSTANCES];
+    // Each instance's leaders, told to shut down once the plan's steps are done.
+    let mut leaders: Vec<Vec<tokio::task::JoinHandle<()>>> =
+        (0..INSTANCES).map(|_| Vec::new()).collect();
+    let stop_leaders = tokio::sync::watch::Sender::new(false);
     // Where each restart falls in the server's record, and when.
     let mut restarts: Vec<(usize, u64)> = Vec::new();
+    // When the replica catches up (each failover's lag before it), and where in the server's
+    // record it last did: what a failover keeps.
+    let mut syncs = plan.replica_syncs().into_iter().peekable();
+    let mut synced = 0;
+    let mut failovers: Vec<FailedOver> = Vec::new();
     for step in &plan.steps {
+        while let Some(at_ms) = syncs.next_if(|at| *at <= step.at_ms) {
+            tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
+            server.sync_replica();
+            synced = net.applied().len();
+        }
         tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
         match &step.what {
             What::Call { instance, .. } if killed[*instance] => {}
+            What::Call {
+                instance,
+                action: Action::Lead,
+            } => {
+                let task = lead(
+                    ctx.clone(),
+                    caches[*instance].clone(),
+                    format!("i{instance}"),
+                    stop_leaders.subscribe(),
+                );
+                leaders[*instance].push(tokio::spawn(task));
+            }
             What::Call { instance, action } => {
                 let task = call(
                     ctx.clone(),
@@ -412,7 +537,7 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
                 // up: its locks run out with their leases), then its tasks stop.
                 net.cut(*i, KILLED_FOR_MS);
                 killed[*i] = true;
-                for task in &tasks[*i] {
+                for task in tasks[*i].iter().chain(&leaders[*i]) {
                     task.abort();
                 }
             }
@@ -420,16 +545,48 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
             What::Fault(Fault::Restart) => {
                 restarts.push((net.applied().len(), ctx.now()));
                 server.restart_empty();
+                synced = net.applied().len();
+            }
+            What::Fault(Fault::Failover { .. }) => {
+                let failed_over = fail_over(&server, &net, synced, ctx.now());
+                synced = failed_over.index;
+                failovers.push(failed_over);
             }
             What::Fault(Fault::Drop(i)) => net.drop_connection(*i),
-            What::Fault(Fault::OutsideDelete(key)) => server.outside_delete(NAMESPACE, key),
+            What::Fault(Fault::OutsideDelete(key)) => {
+                outside(&net, server.outside_delete(NAMESPACE, key))
+            }
+            What::Fault(Fault::OutsideSet { key, bytes, ttl_ms }) => outside(
+                &net,
+                server.outside_set(NAMESPACE, key, bytes.as_bytes(), *ttl_ms),
+            ),
+            What::Fault(Fault::OutsideExpire(key, ms)) => {
+                if let Some(change) = server.outside_expire(NAMESPACE, key, *ms) {
+                    outside(&net, Some(change));
+                    tokio::spawn(expire_when_due(
+                        server.clone(),
+                        net.clone(),
+                        key.clone(),
+                        *ms,
+                    ));
+                }
+            }
+            What::Fault(Fault::FlushDb) => {
+                // Every lock and epoch goes, as in a restart: the checker counts it as a new
+                // life of the server (as the chaos test counts its outside writer's flush).
+                restarts.push((net.applied().len(), ctx.now()));
+                outside(&net, Some(server.flushdb()));
+                synced = net.applied().len();
+            }
             What::Fault(Fault::Cut(i, ms)) => net.cut(*i, *ms),
             What::Fault(Fault::CutCalls(i, ms)) => net.cut_calls(*i, *ms),
         }
     }
+    // The leaders shut down (releasing their lock) with the schedule's last step.
+    stop_leaders.send_replace(true);
     // Every call ends within its bound; one that does not stays unended, and rule (d) says so.
     let _ = tokio::time::timeout(CALL_BOUND * 2, async {
-        for task in tasks.into_iter().flatten() {
+        for task in tasks.into_iter().chain(leaders).flatten() {
             let _ = task.await;
         }
     })
@@ -447,7 +604,7 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
         })
         .collect();
     let log = std::mem::take(&mut *ctx.log());
-    let (server_events, changes) = server_record(&net.applied(), &restarts);
+    let (server_events, changes) = server_record(&net.applied(), &restarts, &failovers);
     let history = History {
         calls: log.calls,
         computes: log.computes,
@@ -462,12 +619,50 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
             .collect(),
         call_bound_us: CALL_BOUND.as_micros() as u64,
         changes,
+        failovers: failovers.iter().map(FailedOver::window).collect(),
         ..History::default()
     };
-    Ran {
-        history,
-        counted: counted(&caches),
+    let mut counted = counted(&caches);
+    counted.extend(outside_counted(&net.applied()));
+    Ran { history, counted }
+}
+
+/// The connection the outside writer's changes are recorded under: none of an instance's.
+const OUTSIDE: u64 = u64::MAX;
+
+/// Records an outside write the server ran, in the server's order.
+fn outside(net: &Net, change: Option<Applied>) {
+    if let Some(change) = change {
+        Network::applied(net, OUTSIDE, change);
     }
+}
+
+/// A shortened life falls due `ms` later: the expiry is recorded (and reported) then, if the
+/// value is gone.
+async fn expire_when_due(server: Arc<Server>, net: Net, key: String, ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    outside(&net, server.expire_due(NAMESPACE, &key));
+}
+
+/// The outside writes the server ran, by kind, for the census.
+fn outside_counted(applied: &[(u64, u64, Applied)]) -> Vec<(&'static str, u64)> {
+    let count = |f: fn(&Applied) -> bool| {
+        applied
+            .iter()
+            .filter(|(_, conn, change)| *conn == OUTSIDE && f(change))
+            .count() as u64
+    };
+    vec![
+        (
+            "outside sets",
+            count(|c| matches!(c, Applied::OutsideSet { .. })),
+        ),
+        (
+            "outside expiries",
+            count(|c| matches!(c, Applied::Expired { .. })),
+        ),
+        ("flushes", count(|c| matches!(c, Applied::Flushed))),
+    ]
 }
 
 /// The instances' counters the census asks for, summed.
@@ -481,21 +676,159 @@ fn counted(caches: &[Cache]) -> Vec<(&'static str, u64)> {
     ]
 }
 
-/// The server's record in the checker's terms, restarts in their places.
+/// A failover to the lagging replica, as the run saw it: where it fell in the server's
+/// record, where the replica had last caught up, and each key's fencing counter before and
+/// after it, with the value it left.
+struct FailedOver {
+    index: usize,
+    at_us: u64,
+    synced: usize,
+    keys: Vec<String>,
+    from: Vec<Option<u64>>,
+    kept: Vec<(Option<u64>, Option<Vec<u8>>)>,
+}
+
+/// Fails the server over to its replica and closes every connection, as clients of a
+/// master that went away see it; what it lost, for the history.
+fn fail_over(server: &Server, net: &Net, synced: usize, at_us: u64) -> FailedOver {
+    let applied = net.applied();
+    let mut keys: Vec<String> = applied.iter().filter_map(|(_, _, a)| key_of(a)).collect();
+    keys.sort();
+    keys.dedup();
+    let from = keys
+        .iter()
+        .map(|k| server.fence_and_value(NAMESPACE, k).0)
+        .collect();
+    server.fail_over();
+    for conn in 0..INSTANCES * 2 {
+        net.drop_connection(conn);
+    }
+    let kept = keys
+        .iter()
+        .map(|k| server.fence_and_value(NAMESPACE, k))
+        .collect();
+    FailedOver {
+        index: applied.len(),
+        at_us,
+        synced,
+        keys,
+        from,
+        kept,
+    }
+}
+
+/// The entry a change is of, if any.
+fn key_of(change: &Applied) -> Option<String> {
+    match change {
+        Applied::Acquired { key, .. }
+        | Applied::Written { key, .. }
+        | Applied::Deleted { key }
+        | Applied::Set { key, .. }
+        | Applied::Invalidated { key }
+        | Applied::Bumped { key }
+        | Applied::OutsideDeleted { key }
+        | Applied::OutsideSet { key }
+        | Applied::OutsideExpire { key, .. }
+        | Applied::Expired { key } => Some(key.clone()),
+        Applied::Raised { .. } | Applied::Flushed => None,
+    }
+}
+
+impl FailedOver {
+    /// The checker's window: the one server fails over every key, lock and epoch at once.
+    fn window(&self) -> FailoverWindow {
+        FailoverWindow {
+            from_us: self.at_us,
+            to_us: self.at_us,
+            kind: "replica_lag".to_string(),
+            tags: crate::plan::hash_tags(),
+        }
+    }
+
+    /// What it did to each key, as the chaos replay proves a failover's effect: the counter
+    /// the new master goes on from, the acquisitions it lost (whose tokens it may hand out
+    /// again), the last bump it kept; and each key's value going back.
+    fn record(
+        &self,
+        applied: &[(u64, u64, Applied)],
+        lives: &[usize],
+        events: &mut Vec<ServerEvent>,
+        changes: &mut Vec<Change>,
+    ) {
+        // Bumps before the replica's copy count from the server's last new life before it.
+        let life_start = lives.iter().copied().filter(|&at| at <= self.synced).max();
+        let kept_from = life_start.unwrap_or(0);
+        for (i, key) in self.keys.iter().enumerate() {
+            let (to, value) = &self.kept[i];
+            let bumps = |range: std::ops::Range<usize>| {
+                applied[range]
+                    .iter()
+                    .filter_map(move |(_, _, a)| bump_of(a, key))
+            };
+            let lost = bumps(self.synced..self.index)
+                .filter_map(|(token, what)| token.map(|t| (t, what)))
+                .collect();
+            let survivor = bumps(kept_from..self.synced).next_back();
+            events.push(ServerEvent::Rollback(Rollback {
+                key: key.clone(),
+                at_us: self.at_us,
+                to: *to,
+                reseeded: false,
+                // A counter the replica never had is seeded again from the clock at the next
+                // bump: above every token before.
+                raised: to.is_none(),
+                from: self.from[i],
+                lost,
+                survivor,
+            }));
+            let value = value
+                .as_deref()
+                .and_then(|bytes| read_stored::<String>(bytes).ok())
+                .and_then(|stored| stored.value);
+            changes.push(Change {
+                key: key.clone(),
+                at_us: self.at_us,
+                value,
+            });
+        }
+    }
+}
+
+/// A bump of `key`'s fencing counter: an acquisition's token, or what else bumped it.
+fn bump_of(change: &Applied, key: &str) -> Option<(Option<u64>, &'static str)> {
+    match change {
+        Applied::Acquired { key: k, token } if k == key => Some((Some(*token), "acquisition")),
+        Applied::Set { key: k, .. } | Applied::Bumped { key: k } if k == key => Some((None, "set")),
+        Applied::Invalidated { key: k } if k == key => Some((None, "invalidation")),
+        _ => None,
+    }
+}
+
+/// The server's record in the checker's terms, restarts and failovers in their places.
 fn server_record(
     applied: &[(u64, u64, Applied)],
     restarts: &[(usize, u64)],
+    failovers: &[FailedOver],
 ) -> (Vec<ServerEvent>, Vec<Change>) {
     let mut events = Vec::new();
     let mut changes = Vec::new();
     let mut life = 0;
+    let lives: Vec<usize> = restarts.iter().map(|(at, _)| *at).collect();
     let mut restarts = restarts.iter().peekable();
-    for (i, (at_us, _conn, change)) in applied.iter().enumerate() {
-        while restarts.peek().is_some_and(|(at, _)| *at <= i) {
-            restarts.next();
+    let mut failovers = failovers.iter().peekable();
+    for i in 0..=applied.len() {
+        // A failover and a restart at one place: the run ran them in the plan's order, and a
+        // restart (or flush) right after a failover empties what it kept either way.
+        while let Some(f) = failovers.next_if(|f| f.index <= i) {
+            f.record(applied, &lives, &mut events, &mut changes);
+        }
+        while restarts.next_if(|(at, _)| *at <= i).is_some() {
             life += 1;
             events.push(ServerEvent::Life(life));
         }
+        let Some((at_us, _conn, change)) = applied.get(i) else {
+            break;
+        };
         let at_us = *at_us;
         match change {
             Applied::Acquired { key, token } => events.push(ServerEvent::Acquire {
@@ -539,6 +872,27 @@ fn server_record(
                 key: key.clone(),
                 cause: BumpCause::Set,
             }),
+            // Another program's change: no value of the crate's, so no write to judge, but a
+            // change every near copy must hear of (rule (f)), as in the chaos replay.
+            Applied::OutsideDeleted { key }
+            | Applied::OutsideSet { key }
+            | Applied::Expired { key } => changes.push(Change {
+                key: key.clone(),
+                at_us,
+                value: None,
+            }),
+            // The value stays until it expires.
+            Applied::OutsideExpire { .. } => {}
+            Applied::Flushed => {
+                let mut keys: Vec<String> = changes.iter().map(|c| c.key.clone()).collect();
+                keys.sort();
+                keys.dedup();
+                changes.extend(keys.into_iter().map(|key| Change {
+                    key,
+                    at_us,
+                    value: None,
+                }));
+            }
             Applied::Raised { name, value } => match epoch_key(NAMESPACE, name) {
                 Some(epoch) => events.push(ServerEvent::Raise(Raise {
                     epoch,

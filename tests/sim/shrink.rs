@@ -133,7 +133,13 @@ pub fn timeline(h: &History) -> String {
         ));
     }
     for at in &h.restarts_us {
-        lines.push((*at, "SERVER restarts empty".to_string()));
+        lines.push((*at, "SERVER restarts empty (or is flushed)".to_string()));
+    }
+    for f in &h.failovers {
+        lines.push((
+            f.from_us,
+            "SERVER fails over to its lagging replica".to_string(),
+        ));
     }
     for e in &h.server {
         let line = match e {
@@ -161,6 +167,10 @@ pub fn timeline(h: &History) -> String {
             ServerEvent::Acquire { key, token } => out.push_str(&format!(" acq({key},{token})")),
             ServerEvent::Bump { key, cause } => out.push_str(&format!(" bump({key},{cause:?})")),
             ServerEvent::Life(n) => out.push_str(&format!(" LIFE{n}")),
+            ServerEvent::Rollback(r) => out.push_str(&format!(
+                " failover({},{:?}->{:?},lost {:?})",
+                r.key, r.from, r.to, r.lost
+            )),
             _ => {}
         }
     }

@@ -101,6 +101,32 @@ fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 }
 
 impl Entry {
+    /// What a replica holds of this entry (the simulation's failover): the same keys with the
+    /// same expiries, the bytes without their decoded copy (a replica has bytes only).
+    #[cfg(feature = "simulation")]
+    pub(super) fn replica(&self) -> Entry {
+        Entry {
+            value: self.value.as_ref().map(|v| Value {
+                bytes: Arc::clone(&v.bytes),
+                until: v.until,
+                decoded: None,
+            }),
+            lock: self.lock.as_ref().map(|l| Expiring {
+                item: l.item.clone(),
+                until: l.until,
+            }),
+            fence: self.fence.as_ref().map(|f| Fence {
+                n: f.n,
+                until: f.until,
+                leased_until: f.leased_until,
+            }),
+            run: self.run.as_ref().map(|r| Expiring {
+                item: r.item,
+                until: r.until,
+            }),
+        }
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.value.is_none() && self.lock.is_none() && self.fence.is_none() && self.run.is_none()
     }
@@ -188,6 +214,18 @@ impl Entry {
         let n = fence.n;
         self.fence = Some(fence);
         n
+    }
+
+    /// After a bump to `n`: the counter raised to `wall_us` if the clock is ahead of it, as
+    /// the Redis script bumps (the simulated server's counters); the token handed out.
+    #[cfg(feature = "simulation")]
+    pub(super) fn raise_to_clock(&mut self, n: u64, wall_us: u64, high_water: &AtomicU64) -> u64 {
+        let Some(fence) = self.fence.as_mut().filter(|_| wall_us > n) else {
+            return n;
+        };
+        fence.n = wall_us;
+        high_water.fetch_max(wall_us, Ordering::Relaxed);
+        wall_us
     }
 
     /// Keeps a live counter at least until `until`: it guards what lives that long (a value).

@@ -347,13 +347,13 @@ impl Shard {
     }
 
     /// The keys of the entries the shard holds (with or without a value).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "simulation"))]
     pub(super) fn keys(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(|k| &**k)
     }
 
-    /// The entry of `key`, for tests that look inside.
-    #[cfg(test)]
+    /// The entry of `key`, for tests that look inside (and the simulation's replica).
+    #[cfg(any(test, feature = "simulation"))]
     pub(super) fn entry(&self, key: &str) -> Option<&Entry> {
         let at = *self.index.get(key)?;
         self.slots[at as usize].as_ref().map(|slot| &slot.entry)

@@ -10,9 +10,11 @@
 //! can go unseen while copies are served); a frozen server runs no heartbeat, so no proof
 //! comes; a restarted server knows no subscription, and the next heartbeat says so.
 //!
-//! Not reported, unlike Redis: a value the memory store evicts or lets expire. No copy outlives
-//! its value's expiry (a copy is never served past its fresh-until), and the checker counts no
-//! eviction as a change; the write that fills the key again is reported.
+//! Not reported, unlike Redis: a value the memory store evicts or lets expire by itself. No
+//! copy outlives its value's own expiry (a copy is never served past its fresh-until), and
+//! the checker counts no eviction as a change; the write that fills the key again is reported.
+//! An expiry another program shortened (`PEXPIRE`) is reported when it falls due
+//! (`Server::expire_due`): a copy could outlive that one.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -208,6 +210,8 @@ impl Delivery {
             };
             match message {
                 Message::Proof(sent) => sink.proof(self.number, sent),
+                // Tracking reports a flush as no key in particular: every copy goes.
+                Message::Change(Applied::Flushed) => sink.flushed(),
                 Message::Change(change) => {
                     if let Some(name) = self.name_of(&change) {
                         sink.changed(name.as_bytes());
@@ -223,11 +227,15 @@ impl Delivery {
             Applied::Written { key, .. }
             | Applied::Deleted { key }
             | Applied::Set { key, .. }
-            | Applied::Invalidated { key } => {
+            | Applied::Invalidated { key }
+            | Applied::OutsideDeleted { key }
+            | Applied::OutsideSet { key }
+            | Applied::OutsideExpire { key, .. }
+            | Applied::Expired { key } => {
                 EntryKeys::new(&self.namespace, key).ok().map(|k| k.value)
             }
             Applied::Raised { name, .. } => Some(name.clone()),
-            Applied::Acquired { .. } | Applied::Bumped { .. } => None,
+            Applied::Acquired { .. } | Applied::Bumped { .. } | Applied::Flushed => None,
         }
     }
 }
