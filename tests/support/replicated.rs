@@ -29,14 +29,26 @@ impl Replicated {
             "the replica did not come online"
         );
         // Online on the master's side, the replica may still be loading what it was sent and
-        // acknowledge nothing yet: a test's first `WAIT` would then time out (a CI failure of
-        // failover_safe_locks). The replica's acknowledgement of the master's offset first.
-        let acked: i64 = redis::cmd("WAIT")
+        // acknowledge nothing yet: a test's first `WAIT` would then time out (CI failures of
+        // failover_safe_locks). So a write, and the replica's acknowledgement of it: `WAIT`
+        // counts the replicas that acknowledged the connection's last write, and a connection
+        // that wrote nothing is answered at once, whatever the replica is doing.
+        let mut conn = master.conn();
+        let (acked,): (i64,) = redis::pipe()
+            .cmd("SET")
+            .arg("replicated:started")
+            .arg(1)
+            .ignore()
+            .cmd("WAIT")
             .arg(1)
             .arg(10_000)
-            .query(&mut master.conn())
-            .expect("WAIT on the master");
-        assert_eq!(acked, 1, "the replica acknowledged nothing within 10 s");
+            .query(&mut conn)
+            .expect("SET and WAIT on the master");
+        assert_eq!(acked, 1, "the replica acknowledged no write within 10 s");
+        let _: () = redis::cmd("DEL")
+            .arg("replicated:started")
+            .query(&mut conn)
+            .expect("DEL on the master");
         Replicated { master, replica }
     }
 }
