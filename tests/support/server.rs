@@ -372,15 +372,22 @@ impl RedisServer {
     }
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, and never handed out before in this process.
 /// At most 55535: a cluster node also listens on its port + 10000 (the cluster bus).
+///
+/// Never twice: a test that kills a server keeps clients pointed at its port, and if another
+/// test of the same binary started a server there, those clients would reconnect to a stranger
+/// (a Redlock test once waited 30 s on a lock a neighbour's server held, most likely so).
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free loopback port");
-        if port <= 55535 {
+        let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+        if port <= 55535 && !given.contains(&port) {
+            given.push(port);
             return port;
         }
     }
