@@ -212,9 +212,10 @@ where
     };
     if let Some(batch) = coalescer.enqueue(read) {
         // The batch out came back meanwhile: this caller sends the queue now. Dropped before
-        // it returns, its guard hands the queue to a task.
+        // it returns, its guard hands the queue to a task. Boxed, as the read alone below:
+        // the lone read, the common one, does not carry these futures in its own.
         let handover = Handover { conn, coalescer };
-        if let Some(e) = send(conn, batch, per_slot).await {
+        if let Some(e) = Box::pin(send(conn, batch, per_slot)).await {
             coalescer.fail_queued(&e);
         }
         // Answered: the reads queued meanwhile go out from a task.
@@ -223,11 +224,7 @@ where
     match answered.instrument(span.clone()).await {
         Ok(answer) => answer,
         // The caller that carried this read went away with it: read alone, in this read's span.
-        Err(_) => {
-            read_alone(conn, per_slot, value, names.asked())
-                .instrument(span)
-                .await
-        }
+        Err(_) => Box::pin(read_alone(conn, per_slot, value, names.asked()).instrument(span)).await,
     }
 }
 
@@ -244,7 +241,12 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     if per_slot {
-        let (mut values, epochs) = mget::values_and_epochs(conn, &[value], names, true).await?;
+        // Boxed: a hit on one server, the common read, does not carry the cluster's larger
+        // future in its own (the store boxes the hit's future; past 1 KiB it leaves the
+        // allocator's fast path, and it is copied whole into its box).
+        let values = [value];
+        let read = Box::pin(mget::values_and_epochs(conn, &values, names, true));
+        let (mut values, epochs) = read.await?;
         return Ok((values.pop().flatten().map(Blob::Owned), epochs));
     }
     if names.is_empty() {

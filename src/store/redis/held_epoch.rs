@@ -69,7 +69,8 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    link: Option<Link>,
+    /// Shared: a read's ticket holds it by one reference count, not a copy of the connection.
+    link: Option<Arc<Link>>,
     /// The epoch, read on `link` under tracking, in the current generation.
     epoch: Option<u64>,
     /// A connection or a learning read is under way.
@@ -92,7 +93,7 @@ struct Link {
 /// A read's leave to skip the epoch: the connection to read on and the epoch to judge by, valid
 /// if the generation has not moved once the read is answered.
 struct Ticket {
-    link: Link,
+    link: Arc<Link>,
     epoch: u64,
     generation: u64,
 }
@@ -257,7 +258,7 @@ impl HeldEpoch {
     /// ends with it.
     fn learn(
         &self,
-        link: Option<Link>,
+        link: Option<Arc<Link>>,
         name: String,
         learning: Learning,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -274,7 +275,7 @@ impl HeldEpoch {
             let link = match link {
                 Some(link) => link,
                 None => match connect(&client, config, &shared, target, coalesce).await {
-                    Ok(link) => link,
+                    Ok(link) => Arc::new(link),
                     Err(e) => {
                         tracing::debug!(error = %e, "reads keep asking for the namespace's epoch: no tracked connection");
                         return shared.failed(None);

@@ -294,12 +294,18 @@ where
     /// An operation (`run`, `lock`), boxed, watched for a lost connection: it may come back
     /// to another server (a failover), so the capabilities are probed again at its next
     /// answer. Only failures pay.
-    fn watched<'a, T: Send + 'a>(
+    ///
+    /// `operation` makes the future inside the box: a future passed in would be kept twice
+    /// there (as given, and as awaited), which takes a hit's box past the allocator's fast path.
+    fn watched<'a, T: Send + 'a, F>(
         &'a self,
-        operation: impl std::future::Future<Output = StoreResult<T>> + Send + 'a,
-    ) -> BoxFuture<'a, StoreResult<T>> {
+        operation: impl FnOnce() -> F + Send + 'a,
+    ) -> BoxFuture<'a, StoreResult<T>>
+    where
+        F: std::future::Future<Output = StoreResult<T>> + Send + 'a,
+    {
         Box::pin(async move {
-            let answer = operation.await;
+            let answer = operation().await;
             if let Err(e) = &answer {
                 if e.connection_lost() || e.kind() == BackendErrorKind::Unreachable {
                     self.conn.rearm();
@@ -731,7 +737,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<Reply>> {
-        self.watched(async move {
+        self.watched(move || async move {
             Ok(match op {
                 LockOp::TryLock { keys, token, lease } => {
                     let (answer, _) = self.read_or_lock(keys, token, lease, false, None).await?;
@@ -795,13 +801,13 @@ where
         // The hit's read in a future of its own: boxed with the others, it would be as large
         // as the largest operation's (kilobytes), built and moved on every hit.
         if let Op::GetWithEpochs { keys, names } = op {
-            return self.watched(async move {
+            return self.watched(move || async move {
                 Ok(Reply::ValueWithEpochs(
                     self.get_with_epochs(keys, names).await?,
                 ))
             });
         }
-        self.watched(async move {
+        self.watched(move || async move {
             Ok(match op {
                 Op::Get { keys } => Reply::Value(self.get(keys).await?),
                 Op::GetMany { entries } => {
