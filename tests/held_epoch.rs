@@ -1,6 +1,7 @@
-//! A hit on one server reads its value alone: the namespace's epoch is held in process under
-//! Redis's tracking (`src/store/redis/held_epoch.rs`), and whatever changes it (a `clear` by
-//! another instance, an outside `SET`, a lost tracked connection) is seen by the very next hit.
+//! A hit on one server reads its value alone: the namespace's epoch and its tags' are held in
+//! process under Redis's tracking (`src/store/redis/held_epoch.rs`), and whatever changes one
+//! (a `clear` or an `invalidate_tag` by another instance, an outside `SET`, a lost tracked
+//! connection) is seen by the very next hit.
 
 #[path = "support"]
 /// The shared helpers this file uses, one module each (tests/support/).
@@ -108,6 +109,29 @@ async fn a_clear_by_another_instance_is_seen_by_the_next_hit() {
             after,
             before + 1,
             "round {round}: a read after another instance's clear served the value from before it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tag_invalidated_by_another_instance_is_seen_by_the_next_hit() {
+    let server = RedisServer::start();
+    // A handle whose values carry its tag: its hits hold the tag's epoch too, and read the
+    // value alone.
+    let tagged = CallOptions::default().tags(["year:2019"]);
+    let reader = cache(&server, NAMESPACE, tagged).await;
+    let (reader, computed) = held(reader, &server, "2019-05").await;
+    let invalidator = cache(&server, NAMESPACE, CallOptions::default()).await;
+    for round in 0..50 {
+        let before = read(&reader, "2019-05", &computed).await;
+        let written = invalidator.invalidate_tag("year:2019").await;
+        assert!(written.expect("invalidated").is_applied());
+        // The invalidation has returned: no hit may serve a value born before it.
+        let after = read(&reader, "2019-05", &computed).await;
+        assert_eq!(
+            after,
+            before + 1,
+            "round {round}: a read after another instance's invalidation of its tag served the value from before it"
         );
     }
 }

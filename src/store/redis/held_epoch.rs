@@ -1,17 +1,21 @@
-//! The namespace's epoch held in process, so that a hit on one server reads its value alone.
+//! The namespace's epoch, and its tags' epochs, held in process, so that a hit on one server
+//! reads its value alone, tags or not.
 //!
-//! Every read asks for the namespace's epoch (its clear key) beside the value: a value born
-//! before the last `clear` is no value. Held in process, the epoch need not be read again as
-//! long as Redis has not changed it, and Redis says so itself: the reads go out on one RESP3
-//! connection of their own with `CLIENT TRACKING ON OPTIN`, the epoch read once on it after
-//! `CLIENT CACHING yes` (so only that key is tracked), and any change of it (a `clear` by any
-//! client, an outside `SET`, an eviction, `FLUSHDB`) comes back as an invalidation on that very
-//! connection. Redis writes the invalidation into the connection's stream when the change
+//! Every read asks for the namespace's epoch (its clear key) beside the value, and for the
+//! epochs of the tags the handle names or the value carried: a value born before the last
+//! `clear` or an invalidation of one of its tags is no value. Held in process, an epoch need not
+//! be read again as long as Redis has not changed it, and Redis says so itself: the reads go out
+//! on one RESP3 connection of their own with `CLIENT TRACKING ON OPTIN`, the epochs read once
+//! on it after `CLIENT CACHING yes` (so only those keys are tracked, at most [`HELD_NAMES`]),
+//! and any change of one (a `clear` or an `invalidate_tag` by any client, an outside `SET`, an
+//! eviction, `FLUSHDB`) comes back as an invalidation on that very connection; it forgets them
+//! all, and the next reads learn them again. Redis writes the invalidation into the connection's stream when the change
 //! happens, so it comes before the reply of any read the server ran after the change, and
 //! redis-rs hands it to the push sender before it hands on that reply. A read therefore takes a
 //! [`Ticket`] (the epoch and a generation) before it is sent, and after its answer checks that
 //! the generation did not move ([`HeldEpoch::still`]); if it moved, the read is done again the
-//! old way, the epoch read beside the value. A lost connection moves the generation too (a read
+//! old way, the epochs read beside the value. A read whose first names are held skips those
+//! and reads the rest beside the value. A lost connection moves the generation too (a read
 //! out on it fails, as one on the data connection would), and so does a read on it that gets no
 //! answer (a time-out; a driver dropped with its runtime says nothing): the connection is let
 //! go, the next reads go the old way, and one answered there connects and learns again, in the
@@ -40,10 +44,15 @@ use crate::BackendErrorKind;
 /// tracking, or a managed one that refuses `CLIENT`): reads go the old way meanwhile.
 const MAX_RETRY: Duration = Duration::from_secs(60);
 
+/// The most epochs held at once: the clear key's and the tags' that reads ask for most (a
+/// handle's tags, then those values carried). A read asking for more reads the others beside
+/// its value; the server tracks no more keys than this for the connection.
+pub(crate) const HELD_NAMES: usize = 32;
+
 /// The reads' own connection, as handed to a read.
 pub(crate) type Tracked = Traced<MultiplexedConnection>;
 
-/// The epoch of one namespace, held under Redis's own tracking (see the module's docs).
+/// The epochs of one namespace, held under Redis's own tracking (see the module's docs).
 pub(crate) struct HeldEpoch {
     /// The server, over RESP3, and the time-outs of the data connection.
     client: redis::Client,
@@ -71,8 +80,9 @@ struct Shared {
 struct State {
     /// Shared: a read's ticket holds it by one reference count, not a copy of the connection.
     link: Option<Arc<Link>>,
-    /// The epoch, read on `link` under tracking, in the current generation.
-    epoch: Option<u64>,
+    /// The epochs read on `link` under tracking in the current generation, by name: the clear
+    /// key's first, once learned; at most [`HELD_NAMES`].
+    epochs: Vec<(String, u64)>,
     /// A connection or a learning read is under way.
     busy: bool,
     /// After a failure, no attempt before this; the wait doubles up to [`MAX_RETRY`].
@@ -90,11 +100,12 @@ struct Link {
     coalescer: Option<Arc<Coalescer>>,
 }
 
-/// A read's leave to skip the epoch: the connection to read on and the epoch to judge by, valid
-/// if the generation has not moved once the read is answered.
+/// A read's leave to skip the first of its epochs: the connection to read on and the epochs to
+/// judge by (with room for those read beside the value), valid if the generation has not moved
+/// once the read is answered.
 struct Ticket {
     link: Arc<Link>,
-    epoch: u64,
+    epochs: Vec<u64>,
     generation: u64,
 }
 
@@ -104,7 +115,7 @@ impl Shared {
     fn forget(&self) {
         let mut state = lock(&self.state);
         self.generation.fetch_add(1, Ordering::SeqCst);
-        state.epoch = None;
+        state.epochs.clear();
     }
 
     /// The connection `serial` is lost, or no longer trusted: nothing held is proven, and if
@@ -113,7 +124,7 @@ impl Shared {
     fn lost(&self, serial: u64) {
         let mut state = lock(&self.state);
         self.generation.fetch_add(1, Ordering::SeqCst);
-        state.epoch = None;
+        state.epochs.clear();
         if state
             .link
             .as_ref()
@@ -184,7 +195,7 @@ impl HeldEpoch {
         };
         let rest = coalesce::Names {
             all: names,
-            skip: 1,
+            skip: ticket.epochs.len(),
         };
         let link = &ticket.link;
         let read = coalesce::read(&link.conn, link.coalescer.as_ref(), request, value, rest);
@@ -204,29 +215,44 @@ impl HeldEpoch {
         if !self.still(&ticket) {
             return Ok(None);
         }
-        epochs.insert(0, ticket.epoch);
-        Ok(Some((value, epochs)))
+        let mut held = ticket.epochs;
+        if held.len() < names.len() {
+            // Some were read beside the value: learned for the next reads.
+            self.answered(names);
+        }
+        held.append(&mut epochs);
+        Ok(Some((value, held)))
     }
 
-    /// Leave for a read that asks for `names` (the clear key first) to skip the first: `None`
-    /// when the epoch is not held now.
+    /// Leave for a read that asks for `names` (the clear key first) to skip the longest run of
+    /// them from the first that is held: `None` when the clear key's epoch is not held now.
     fn ticket(&self, names: &[String]) -> Option<Ticket> {
         if self.name.get()? != names.first()? {
             return None;
         }
         let state = lock(&self.shared.state);
-        let (link, epoch) = (state.link.as_ref()?, state.epoch?);
+        let link = state.link.as_ref()?;
+        let mut epochs = Vec::with_capacity(names.len());
+        for name in names {
+            match state.epochs.iter().find(|(held, _)| held == name) {
+                Some(&(_, epoch)) => epochs.push(epoch),
+                None => break,
+            }
+        }
+        if epochs.is_empty() {
+            return None;
+        }
         Some(Ticket {
-            link: link.clone(),
-            epoch,
+            link: Arc::clone(link),
+            epochs,
             generation: self.shared.generation.load(Ordering::SeqCst),
         })
     }
 
-    /// A read that asked for `names` (the clear key first) was answered the old way: the
-    /// server answers, so the epoch is learned under tracking now, in the background (the
-    /// connection made first if there is none), unless that is under way or failed a moment
-    /// ago.
+    /// A read that asked for `names` (the clear key first) was answered with some of them read
+    /// beside the value: the server answers, so those not held are learned under tracking now,
+    /// in the background (the connection made first if there is none), unless that is under
+    /// way, failed a moment ago, or [`HELD_NAMES`] are held.
     pub(crate) fn answered(&self, names: &[String]) {
         let Some(first) = names.first() else {
             return;
@@ -236,7 +262,21 @@ impl HeldEpoch {
         }
         let mut state = lock(&self.shared.state);
         let waiting = state.retry_at.is_some_and(|at| Instant::now() < at);
-        if state.epoch.is_some() || state.busy || waiting {
+        if state.busy || waiting {
+            return;
+        }
+        // The held first: those missing are read together, and the clear key's comes first,
+        // without which nothing held is used.
+        let room = HELD_NAMES.saturating_sub(state.epochs.len());
+        if room == 0 {
+            return;
+        }
+        let missing: Vec<String> = (names.iter())
+            .filter(|name| !state.epochs.iter().any(|(held, _)| held == *name))
+            .take(room)
+            .cloned()
+            .collect();
+        if missing.is_empty() {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -244,7 +284,7 @@ impl HeldEpoch {
             let link = state.link.clone();
             drop(state);
             let learning = Learning(Arc::clone(&self.shared));
-            runtime.spawn(self.learn(link, first.clone(), learning));
+            runtime.spawn(self.learn(link, missing, learning));
         }
     }
 
@@ -254,12 +294,12 @@ impl HeldEpoch {
         self.shared.generation.load(Ordering::SeqCst) == ticket.generation
     }
 
-    /// Connects (if `link` is `None`) and reads the epoch `name` under tracking; `learning`
+    /// Connects (if `link` is `None`) and reads the epochs `names` under tracking; `learning`
     /// ends with it.
     fn learn(
         &self,
         link: Option<Arc<Link>>,
-        name: String,
+        names: Vec<String>,
         learning: Learning,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let (client, shared, target) = (
@@ -288,24 +328,31 @@ impl HeldEpoch {
                 .arg("CACHING")
                 .arg("yes")
                 .ignore()
-                .cmd("GET")
-                .arg(&name)
-                .query_async::<(Option<Vec<u8>>,)>(&mut link.conn.clone())
+                .cmd("MGET")
+                .arg(&names)
+                .query_async::<(Vec<Option<Vec<u8>>>,)>(&mut link.conn.clone())
                 .await;
-            let epoch = match read {
-                Ok((epoch,)) => parse_epoch(&name, epoch.as_deref()),
+            let epochs = match read {
+                Ok((epochs,)) if epochs.len() == names.len() => epochs,
+                Ok(_) => return shared.failed(Some(link.serial)),
                 Err(e) => {
-                    tracing::debug!(error = %e, "reads keep asking for the namespace's epoch: it could not be read under tracking");
+                    tracing::debug!(error = %e, "reads keep asking for the namespace's epochs: they could not be read under tracking");
                     return shared.failed(Some(link.serial));
                 }
             };
             let mut state = lock(&shared.state);
             state.backoff = Duration::ZERO;
             state.retry_at = None;
-            // An invalidation or a lost connection since the read was sent: not proven.
+            // An invalidation or a lost connection since the read was sent: not proven. What
+            // is held already was read in this generation too (each move clears it).
             if shared.generation.load(Ordering::SeqCst) == generation {
                 state.link = Some(link);
-                state.epoch = Some(epoch);
+                for (name, epoch) in names.into_iter().zip(epochs) {
+                    let epoch = parse_epoch(&name, epoch.as_deref());
+                    if !state.epochs.iter().any(|(held, _)| *held == name) {
+                        state.epochs.push((name, epoch));
+                    }
+                }
             }
         }
     }
