@@ -474,6 +474,24 @@ pub mod __private {
             crate::random::seed_thread(seed);
         }
 
+        /// Runs `work`, and every task the crate spawns for it, on a monotonic clock that
+        /// runs `ppm` parts per million fast (slow, below zero) from `base` on: one instance's
+        /// clock (`crate::time`).
+        pub async fn drifted<F: std::future::Future>(
+            base: tokio::time::Instant,
+            ppm: i32,
+            work: F,
+        ) -> F::Output {
+            crate::time::drifted(base, ppm, work).await
+        }
+
+        /// Whether `fetched` was served from the near tier of the instance that asked (a
+        /// [`Source::Hit`](crate::Source::Hit) says only that the call read it, from Redis or
+        /// its near tier).
+        pub fn from_near<T>(fetched: &crate::Fetched<T>) -> bool {
+            fetched.via == crate::cache::freshness::Via::Near
+        }
+
         /// The bugs the simulation must find (docs/testing-under-faults.md).
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum Bug {

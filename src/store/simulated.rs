@@ -382,7 +382,8 @@ impl Connection {
                 }
                 answer
             };
-            tokio::time::timeout(self.timeout, exchange)
+            // The client's time-out, on its own clock.
+            crate::time::timeout(self.timeout, exchange)
                 .await
                 .unwrap_or_else(|_| Err(io_error(std::io::ErrorKind::TimedOut)))
         })
