@@ -48,6 +48,16 @@ pub(crate) fn saturate(d: Duration) -> Duration {
     d.min(FOREVER)
 }
 
+/// The most a machine's clock may run fast or slow, in parts per million: what NTP lets a
+/// clock's frequency err by (and quartz clocks keep well within). Leases give it up
+/// ([`drift_allowance`]); the simulation draws every instance's clock within it.
+pub(crate) const MAX_DRIFT_PPM: u32 = 500;
+
+/// What a holder gives up of a lease for its clock running slow by up to [`MAX_DRIFT_PPM`].
+pub(crate) fn drift_allowance(lease: Duration) -> Duration {
+    lease / (1_000_000 / MAX_DRIFT_PPM)
+}
+
 /// `t + d` on the monotonic clock, for a `d` of any size: at most [`FOREVER`] ahead, which fits
 /// the clock on every platform (where `t + Duration::MAX` would panic).
 pub(crate) fn later_by(t: tokio::time::Instant, d: Duration) -> tokio::time::Instant {

@@ -703,14 +703,39 @@ mod tests {
         let s = setup();
         let held = s.hold(false).await;
         let lease = held.lease();
-        tokio::time::sleep(LEASE / 2).await;
+        crate::time::sleep(LEASE / 2).await;
         assert!(!lease.is_lost());
-        tokio::time::timeout(LEASE, lease.lost())
+        crate::time::timeout(LEASE, lease.lost())
             .await
             .expect("the lease ends when it runs out");
+        // The holder gives up first, by what its clock may drift; the store a moment later.
+        assert!(!s.free().await);
+        crate::time::sleep(crate::time::drift_allowance(LEASE)).await;
         assert!(s.free().await);
         assert_eq!(s.store.extends.load(Ordering::SeqCst), 0);
         drop(held);
+    }
+
+    /// Found reading the lease against the simulation's drifting clocks (issue 39): a holder
+    /// whose clock runs slow by the most a clock may (500 ppm) trusted its lease for up to a
+    /// 2000th of it after the store let the lock go, when its request reached the store at
+    /// once. The holder now gives that drift up.
+    #[cfg(feature = "simulation")]
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_clock_does_not_outlive_the_stores_lease() {
+        let s = setup();
+        let base = tokio::time::Instant::now();
+        crate::time::drifted(base, -(crate::time::MAX_DRIFT_PPM as i32), async {
+            let held = s.hold(false).await;
+            let lease = held.lease();
+            // A lease later on the store's clock (tokio's), the store has let the lock go...
+            tokio::time::sleep(LEASE).await;
+            // ...and the holder, on its slow clock, must know it has too.
+            assert!(lease.is_lost(), "the holder still trusts a lease the store ended");
+            assert!(s.free().await);
+            drop(held);
+        })
+        .await;
     }
 
     #[tokio::test(start_paused = true)]
