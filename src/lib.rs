@@ -461,7 +461,7 @@ pub mod __private {
     pub mod sim {
         use std::sync::Arc;
 
-        pub use crate::store::simulated::{Applied, Connection, Network, Server};
+        pub use crate::store::simulated::{Applied, Connection, Network, Server, Skew};
 
         /// A cache builder whose backend is `connection` (a near tier needs its feed:
         /// [`Connection::with_feed`]).
