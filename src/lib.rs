@@ -505,6 +505,8 @@ pub mod __private {
             NearWithoutProof,
             /// A read skips replaying the writes its instance queued for the key.
             QueuedReplayedAfterRead,
+            /// A held near copy is served however long ago its feed was last proven current.
+            HeldPastBound,
         }
 
         /// Switches `bug` on or off, on this thread only.
@@ -516,6 +518,7 @@ pub mod __private {
                 Bug::LeaseNotRenewed => B::LeaseNotRenewed,
                 Bug::NearWithoutProof => B::NearWithoutProof,
                 Bug::QueuedReplayedAfterRead => B::QueuedReplayedAfterRead,
+                Bug::HeldPastBound => B::HeldPastBound,
             };
             crate::planted::plant(bug, on);
         }
