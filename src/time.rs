@@ -91,8 +91,8 @@ pub(crate) use clock::{spawn_on, timeout_at};
 #[cfg(not(feature = "simulation"))]
 mod clock {
     pub(crate) use tokio::spawn;
-    pub(crate) use tokio::time::{interval, interval_at, sleep, sleep_until, timeout, timeout_at};
     use tokio::time::Instant;
+    pub(crate) use tokio::time::{interval, interval_at, sleep, sleep_until, timeout, timeout_at};
 
     #[inline(always)]
     pub(crate) fn now() -> Instant {

@@ -731,7 +731,10 @@ mod tests {
             // A lease later on the store's clock (tokio's), the store has let the lock go...
             tokio::time::sleep(LEASE).await;
             // ...and the holder, on its slow clock, must know it has too.
-            assert!(lease.is_lost(), "the holder still trusts a lease the store ended");
+            assert!(
+                lease.is_lost(),
+                "the holder still trusts a lease the store ended"
+            );
             assert!(s.free().await);
             drop(held);
         })

@@ -35,8 +35,8 @@ use super::{
 };
 use crate::sync::lock;
 use crate::wire::key::EntryKeys;
-use clock::WallClock;
 pub use clock::Skew;
+use clock::WallClock;
 pub(crate) use feed::Feed;
 use feed::{Message, Subscription};
 
