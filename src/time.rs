@@ -58,6 +58,15 @@ pub(crate) fn drift_allowance(lease: Duration) -> Duration {
     lease / (1_000_000 / MAX_DRIFT_PPM)
 }
 
+/// A bound promised in real time, counted on this machine's clock: `d` less what the clock's
+/// drift could add to it ([`drift_allowance`]). [`FOREVER`] stays forever.
+pub(crate) fn less_drift(d: Duration) -> Duration {
+    if d >= FOREVER {
+        return d;
+    }
+    d.saturating_sub(drift_allowance(d))
+}
+
 /// `t + d` on the monotonic clock, for a `d` of any size: at most [`FOREVER`] ahead, which fits
 /// the clock on every platform (where `t + Duration::MAX` would panic).
 pub(crate) fn later_by(t: tokio::time::Instant, d: Duration) -> tokio::time::Instant {

@@ -320,8 +320,10 @@ impl NearTier {
             era: AtomicU64::new(0),
             past: Default::default(),
             base: crate::time::now(),
-            max_staleness: config.max_staleness,
-            serve_while_down: config.serve_while_down,
+            // Both are promised in real time and counted on this machine's clock, which may
+            // run slow: the drift they could take is given up here, once.
+            max_staleness: crate::time::less_drift(config.max_staleness),
+            serve_while_down: crate::time::less_drift(config.serve_while_down),
             namespace: namespace.to_owned(),
             counters,
             breaker: std::sync::OnceLock::new(),
@@ -1081,6 +1083,28 @@ mod tests {
         assert_eq!(read(&tier, KEY).as_deref(), Some("w"));
         let stats = counters.snapshot();
         assert_eq!((stats.near_hits, stats.near_misses), (2, 2));
+    }
+
+    /// Found reading the near tier against the simulation's drifting clocks (issue 39): on a
+    /// clock 500 ppm slow (the most a clock may run) a proof lived 0.2 ms past its 400 ms of
+    /// real time, so a change the server ran just after the heartbeat could be missed for
+    /// longer than `max_staleness`. The tier now gives that drift up.
+    #[cfg(feature = "simulation")]
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_clock_serves_no_copy_past_max_staleness() {
+        let base = tokio::time::Instant::now();
+        let slow = -(crate::time::MAX_DRIFT_PPM as i32);
+        crate::time::drifted(base, slow, async {
+            let config = NearCacheOptions::new(100).max_staleness(Duration::from_millis(400));
+            let (tier, _) = live_tier(&config);
+            put(&tier, KEY, "v", 1);
+            tokio::time::advance(Duration::from_millis(399)).await;
+            assert_eq!(read(&tier, KEY).as_deref(), Some("v"));
+            // 400 ms of real time (the server's) since the proof was sent.
+            tokio::time::advance(Duration::from_millis(1)).await;
+            assert_eq!(read(&tier, KEY), None, "served past max_staleness");
+        })
+        .await;
     }
 
     #[tokio::test(start_paused = true)]
