@@ -578,26 +578,23 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
         tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
         match &step.what {
             What::Call { instance, .. } if killed[*instance] => {}
-            What::Call {
-                instance,
-                action: Action::Lead,
-            } => {
-                let task = lead(
-                    ctx.clone(),
-                    caches[*instance].clone(),
-                    format!("i{instance}"),
-                    stop_leaders.subscribe(),
-                );
-                leaders[*instance].push(clocks.spawn(*instance, task));
-            }
             What::Call { instance, action } => {
-                let task = call(
-                    ctx.clone(),
-                    caches[*instance].clone(),
-                    format!("i{instance}"),
-                    action.clone(),
-                );
-                tasks[*instance].push(clocks.spawn(*instance, task));
+                let (cache, me) = (caches[*instance].clone(), format!("i{instance}"));
+                // A leader runs until the schedule's end; a call ends by itself.
+                let (started, task) = match action {
+                    Action::Lead => {
+                        let stop = stop_leaders.subscribe();
+                        (
+                            &mut leaders,
+                            clocks.spawn(*instance, lead(ctx.clone(), cache, me, stop)),
+                        )
+                    }
+                    _ => {
+                        let work = call(ctx.clone(), cache, me, action.clone());
+                        (&mut tasks, clocks.spawn(*instance, work))
+                    }
+                };
+                started[*instance].push(task);
             }
             What::Fault(Fault::Kill(i)) => {
                 // Nothing of it reaches the server any more (a killed process cleans nothing
