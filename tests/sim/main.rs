@@ -7,7 +7,9 @@
 //! the calls: one or two `leader::Leader`s, outside writers (`SET`, `DEL`, `PEXPIRE`,
 //! `FLUSHDB`) and failovers to a lagging replica, whose effects the history records as the
 //! chaos replay records a cluster's, so the checker counts their documented kinds apart
-//! (the census prints them) instead of passing them or failing the schedule.
+//! (the census prints them) instead of passing them or failing the schedule. Each instance's
+//! clocks drift within the documented bound (`run::skews`), and one near tier serves held
+//! copies while the server is unreachable, judged by rule (g).
 //!
 //! - `cargo test --features simulation --test sim` runs [`CI_SCHEDULES`] schedules;
 //!   `STAMPEDE_SIM_SCHEDULES=100000` runs more (docs/testing-under-faults.md has the figures);

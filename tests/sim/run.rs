@@ -50,8 +50,9 @@ const FEED_GIVES_UP: Duration = Duration::from_secs(1);
 const HOLDS: &[usize] = &[1];
 const SERVE_WHILE_DOWN: Duration = Duration::from_millis(300);
 /// The bound on each instance's clock (docs/history/simulation.md, "Clocks that drift"): its
-/// rate off by up to this many parts per million (NTP's limit on a clock's frequency error),
-/// its wall clock off the server's by up to an hour (what docs/guarantees.md promises for).
+/// rate off by up to this many parts per million (NTP's limit on a clock's frequency error;
+/// the crate's `time::MAX_DRIFT_PPM`, which its leases and near tier give up), its wall clock
+/// off the server's by up to an hour (what docs/guarantees.md promises freshness for).
 pub const MAX_DRIFT_PPM: i32 = 500;
 pub const MAX_OFFSET_MS: i64 = 3_600_000;
 
