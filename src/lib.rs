@@ -461,7 +461,7 @@ pub mod __private {
     pub mod sim {
         use std::sync::Arc;
 
-        pub use crate::store::simulated::{Applied, Connection, Network, Server};
+        pub use crate::store::simulated::{Applied, Connection, Network, Server, Skew};
 
         /// A cache builder whose backend is `connection` (a near tier needs its feed:
         /// [`Connection::with_feed`]).
@@ -472,6 +472,24 @@ pub mod __private {
         /// Seeds every random draw of the crate on this thread (`None`: the OS's again).
         pub fn seed_thread(seed: Option<u64>) {
             crate::random::seed_thread(seed);
+        }
+
+        /// Runs `work`, and every task the crate spawns for it, on a monotonic clock that
+        /// runs `ppm` parts per million fast (slow, below zero) from `base` on: one instance's
+        /// clock (`crate::time`).
+        pub async fn drifted<F: std::future::Future>(
+            base: tokio::time::Instant,
+            ppm: i32,
+            work: F,
+        ) -> F::Output {
+            crate::time::drifted(base, ppm, work).await
+        }
+
+        /// Whether `fetched` was served from the near tier of the instance that asked (a
+        /// [`Source::Hit`](crate::Source::Hit) says only that the call read it, from Redis or
+        /// its near tier).
+        pub fn from_near<T>(fetched: &crate::Fetched<T>) -> bool {
+            fetched.via == crate::cache::freshness::Via::Near
         }
 
         /// The bugs the simulation must find (docs/testing-under-faults.md).
@@ -487,6 +505,8 @@ pub mod __private {
             NearWithoutProof,
             /// A read skips replaying the writes its instance queued for the key.
             QueuedReplayedAfterRead,
+            /// A held near copy is served however long ago its feed was last proven current.
+            HeldPastBound,
         }
 
         /// Switches `bug` on or off, on this thread only.
@@ -498,6 +518,7 @@ pub mod __private {
                 Bug::LeaseNotRenewed => B::LeaseNotRenewed,
                 Bug::NearWithoutProof => B::NearWithoutProof,
                 Bug::QueuedReplayedAfterRead => B::QueuedReplayedAfterRead,
+                Bug::HeldPastBound => B::HeldPastBound,
             };
             crate::planted::plant(bug, on);
         }

@@ -22,6 +22,9 @@ pub(crate) enum Bug {
     /// A read of a key goes to the backend without first replaying the writes this instance
     /// queued for it (auto-recovery): a queued invalidation is replayed after the read.
     QueuedReplayedAfterRead,
+    /// The near tier serves a copy held while the backend is unreachable however long ago its
+    /// feed last proved it current: `serve_while_down` is not counted.
+    HeldPastBound,
 }
 
 #[cfg(feature = "simulation")]

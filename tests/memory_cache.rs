@@ -107,7 +107,12 @@ async fn without_renewal_the_lease_is_lost_when_it_runs_out() {
         })
         .await
         .unwrap();
-    assert_eq!(lost_after, 5 * SECOND);
+    // Less the 500 ppm a holder gives up for its clock's drift (to tokio's millisecond).
+    let lease = 5 * SECOND;
+    assert!(
+        lost_after >= lease - lease / 2000 && lost_after < lease,
+        "lost after {lost_after:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

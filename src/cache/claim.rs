@@ -61,7 +61,7 @@ async fn wait_within(
 ) -> Result<Wake, Cut> {
     let wait = waiter.wait(expires_in);
     match soft {
-        Some(soft) => match tokio::time::timeout_at(soft, wait).await {
+        Some(soft) => match crate::time::timeout_at(soft, wait).await {
             Ok(woke) => woke.map_err(Cut::Bound),
             Err(_) => Err(Cut::Budget),
         },
@@ -438,14 +438,14 @@ mod tests {
             .set(key, &value, Duration::from_secs(1))
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        crate::time::sleep(Duration::from_secs(2)).await;
     }
 
     /// Claims `keys` from the start, for a call starting now.
     async fn claim(cache: &Cache, keys: &Arc<EntryKeys>) -> Claim<u64> {
         cache
             .engine
-            .claim::<u64>(keys, Instant::now(), Start::Read)
+            .claim::<u64>(keys, crate::time::now(), Start::Read)
             .await
     }
 
@@ -456,11 +456,11 @@ mod tests {
         let Claim::Locked(held, None) = claim(&cache, &keys).await else {
             panic!("the first caller takes the lock, with nothing kept");
         };
-        let waiter = tokio::spawn({
+        let waiter = crate::time::spawn({
             let (cache, keys) = (cache.clone(), Arc::clone(&keys));
             async move { claim(&cache, &keys).await }
         });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        crate::time::sleep(Duration::from_millis(500)).await;
         assert!(!waiter.is_finished(), "the waiter waits for the holder");
         let computed = Computed::new(7u64);
         let stored = cache.engine.store_computed(
@@ -482,12 +482,12 @@ mod tests {
         let cache = cache(CallOptions::default().lease(Duration::from_secs(1)));
         let keys = keys(&cache, "k");
         hold_elsewhere(&cache, &keys, Duration::from_secs(1)).await;
-        let started = Instant::now();
+        let started = crate::time::now();
         let Claim::Locked(_held, None) = claim(&cache, &keys).await else {
             panic!("the waiter takes the lock once its holder's lease runs out");
         };
         assert!(
-            started.elapsed() >= Duration::from_secs(1),
+            crate::time::since(started) >= Duration::from_secs(1),
             "not before the lease ran out"
         );
     }
@@ -509,12 +509,12 @@ mod tests {
         let keys = keys(&cache, "k");
         expired_value(&cache, "k", 5).await;
         hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
-        let started = Instant::now();
+        let started = crate::time::now();
         let Claim::Fallback(5) = claim(&cache, &keys).await else {
             panic!("the fallback answers at the soft timeout");
         };
         assert!(
-            started.elapsed() < Duration::from_secs(1),
+            crate::time::since(started) < Duration::from_secs(1),
             "at the soft timeout"
         );
         assert_eq!(cache.stats().soft_timeouts, 1);
@@ -528,12 +528,12 @@ mod tests {
         let cache = cache(options);
         let keys = keys(&cache, "k");
         hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
-        let started = Instant::now();
+        let started = crate::time::now();
         let Claim::Failed(Error::WaitTimeout { .. }) = claim(&cache, &keys).await else {
             panic!("the wait bound ends the wait, with its error");
         };
         assert!(
-            started.elapsed() >= Duration::from_secs(2),
+            crate::time::since(started) >= Duration::from_secs(2),
             "the soft timeout did not end it"
         );
         assert_eq!(cache.stats().soft_timeouts, 0);
@@ -545,12 +545,12 @@ mod tests {
         let keys = keys(&cache, "k");
         expired_value(&cache, "k", 5).await;
         hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
-        let started = Instant::now();
+        let started = crate::time::now();
         let Claim::Fallback(5) = claim(&cache, &keys).await else {
             panic!("the fallback answers at the wait bound");
         };
         assert!(
-            started.elapsed() >= Duration::from_secs(2),
+            crate::time::since(started) >= Duration::from_secs(2),
             "at the wait bound"
         );
     }
@@ -561,11 +561,11 @@ mod tests {
         let keys = keys(&cache, "k");
         expired_value(&cache, "k", 5).await;
         hold_elsewhere(&cache, &keys, Duration::from_secs(10)).await;
-        let waiter = tokio::spawn({
+        let waiter = crate::time::spawn({
             let (cache, keys) = (cache.clone(), Arc::clone(&keys));
             async move { claim(&cache, &keys).await }
         });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        crate::time::sleep(Duration::from_millis(500)).await;
         let _ = cache.invalidate("k").await.unwrap();
         match waiter.await.unwrap() {
             Claim::Failed(Error::WaitTimeout { .. }) => {}

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
-use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::cache::bounds::{CacheValue, ComputeFailure};
@@ -56,7 +55,7 @@ impl<R: Send + 'static> Detachable<R> {
     pub(crate) fn spawn(work: impl Future<Output = R> + Send + 'static) -> Self {
         Detachable {
             // In the caller's span, which it outlives once detached.
-            handle: tokio::spawn(work.in_current_span()),
+            handle: crate::time::spawn(work.in_current_span()),
             detached: false,
         }
     }
@@ -149,7 +148,7 @@ where
                     Err(_) => Ok(engine.serve_fallback(kept.value)),
                 },
             },
-            () = tokio::time::sleep_until(soft) => {
+            () = crate::time::sleep_until(soft) => {
                 task.detach();
                 engine.core.counters.record(Event::SoftTimeout);
                 tracing::debug!(key = %keys.user,
@@ -199,16 +198,16 @@ where
             Some(born) => born,
             None => engine.born_now().await,
         };
-        let computing = Instant::now();
+        let computing = crate::time::now();
         engine.core.counters.record(Event::Compute);
         let run = f(held.lease());
         let ran = match engine.options.max_hold {
-            Some(hold) => tokio::time::timeout_at(later_by(computing, hold), run)
+            Some(hold) => crate::time::timeout_at(later_by(computing, hold), run)
                 .await
                 .ok(),
             None => Some(run.await),
         };
-        (engine.core.counters).record(Event::ComputeTime(computing.elapsed()));
+        (engine.core.counters).record(Event::ComputeTime(crate::time::since(computing)));
         let computed = match ran {
             Some(Ok(computed)) => computed,
             Some(Err(e)) => {
@@ -218,7 +217,7 @@ where
                 return Err(Error::compute(e));
             }
             None => {
-                let after = computing.elapsed();
+                let after = crate::time::since(computing);
                 engine.core.counters.record(Event::HardTimeout);
                 crate::log::throttled!(warn, key = %keys.user, ?after,
                     "hard timeout: the computation is cancelled and its lock freed");
@@ -231,7 +230,7 @@ where
                 });
             }
         };
-        let took = (computing.elapsed(), born);
+        let took = (crate::time::since(computing), born);
         (engine.store_computed(held, &keys, ttl, computed, took)).await
     }
 }

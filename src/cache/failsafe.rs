@@ -185,7 +185,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_soft_timeout_counts_only_with_the_fail_safe_on() {
         let soft = Some(Duration::from_millis(100));
-        let started = Instant::now();
+        let started = crate::time::now();
         let on = cache(fail_safe().soft_timeout(soft));
         assert_eq!(
             on.soft_deadline(started),

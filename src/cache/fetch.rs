@@ -223,7 +223,7 @@ impl<C: Codec> Engine<C> {
         // Taken whole, once, here: every TTL below is at most FOREVER.
         let ttl = saturate(ttl);
         // tokio's clock, like every other timing here, so paused-time tests see it move.
-        let started = tokio::time::Instant::now();
+        let started = crate::time::now();
         // Without a subscriber for it, the span is disabled: then no wrapper is polled, entered
         // and exited on every poll of the call.
         let result = match EntryKeys::new(&self.core.namespace, key) {
@@ -238,7 +238,7 @@ impl<C: Codec> Engine<C> {
             Err(e) => Err(e),
         };
         let outcome = self.count_outcome(&result, started);
-        let waited = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let waited = || u64::try_from(crate::time::since(started).as_millis()).unwrap_or(u64::MAX);
         CallSpan::close(&span, &result, outcome, waited);
         result
     }
@@ -301,8 +301,8 @@ impl<C: Codec> Engine<C> {
         // stall watchdog (which opens it on reads left waiting), rather than dropped and sent
         // anew by every call while the server is silent.
         let (engine, owned) = (self.clone(), Arc::clone(keys));
-        let mut read = tokio::spawn(async move { engine.first_read(&owned).await });
-        let joined = match tokio::time::timeout(HELD_AFTER, &mut read).await {
+        let mut read = crate::time::spawn(async move { engine.first_read(&owned).await });
+        let joined = match crate::time::timeout(HELD_AFTER, &mut read).await {
             Ok(joined) => joined,
             Err(_) => match tiers.held_unanswered::<T>(&keys.user, self.options.fail_safe_for) {
                 Some(held) => return Err(held),
@@ -608,7 +608,7 @@ impl<C: Codec> Engine<C> {
                 let answer = answered(fetched);
                 if matches!(answer, Answered::Joined | Answered::Waited) {
                     // Timed only here: a hit does not read the clock again.
-                    counters.record(Event::AnsweredAfter(answer, started.elapsed()));
+                    counters.record(Event::AnsweredAfter(answer, crate::time::since(started)));
                 } else {
                     counters.record(Event::Answered(answer));
                 }

@@ -268,7 +268,7 @@ impl<C: Codec> Engine<C> {
     pub(crate) async fn health_report(&self) -> Health {
         let store = &self.core.store;
         let reachable = matches!(
-            tokio::time::timeout(HEALTH_PING_TIMEOUT, store.ping()).await,
+            crate::time::timeout(HEALTH_PING_TIMEOUT, store.ping()).await,
             Ok(Ok(()))
         );
         let breaker = self.core.breaker.as_deref();

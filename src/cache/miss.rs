@@ -37,7 +37,7 @@ where
     /// A miss: this process's flight of the key, followed or led (then [`load`](Self::load)).
     pub(crate) async fn share_or_load(mut self, start: Start) -> Result<Fetched<T>, Error> {
         let engine = self.engine;
-        self.started = Instant::now();
+        self.started = crate::time::now();
         let leader = loop {
             match engine
                 .core
@@ -159,7 +159,7 @@ impl<C: Codec> Engine<C> {
         let outcome = follower.outcome();
         tokio::pin!(outcome);
         if let Some(soft) = self.soft_deadline(started).filter(|soft| *soft < bound) {
-            if let Ok(outcome) = tokio::time::timeout_at(soft, &mut outcome).await {
+            if let Ok(outcome) = crate::time::timeout_at(soft, &mut outcome).await {
                 return self.shared(outcome, keys, mark).await;
             }
             let kept = match self.look_again::<T>(keys).await {
@@ -172,12 +172,12 @@ impl<C: Codec> Engine<C> {
                 return Some(Ok(self.serve_fallback(kept.value)));
             }
         }
-        match tokio::time::timeout_at(bound, outcome).await {
+        match crate::time::timeout_at(bound, outcome).await {
             Ok(outcome) => self.shared(outcome, keys, mark).await,
             Err(_) => {
                 let error = Error::WaitTimeout {
                     key: keys.user.clone(),
-                    waited: started.elapsed(),
+                    waited: crate::time::since(started),
                 };
                 let kept = match self.look_again::<T>(keys).await {
                     Some(Err(kept)) => Some(kept),

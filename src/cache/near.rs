@@ -319,9 +319,11 @@ impl NearTier {
             proven_until: AtomicU64::new(0),
             era: AtomicU64::new(0),
             past: Default::default(),
-            base: Instant::now(),
-            max_staleness: config.max_staleness,
-            serve_while_down: config.serve_while_down,
+            base: crate::time::now(),
+            // Both are promised in real time and counted on this machine's clock, which may
+            // run slow: the drift they could take is given up here, once.
+            max_staleness: crate::time::less_drift(config.max_staleness),
+            serve_while_down: crate::time::less_drift(config.serve_while_down),
             namespace: namespace.to_owned(),
             counters,
             breaker: std::sync::OnceLock::new(),
@@ -391,7 +393,7 @@ impl NearTier {
         hit: Event,
         out: impl FnOnce(&NearCopy, &T) -> R,
     ) -> Option<R> {
-        let now = self.nanos(Instant::now());
+        let now = self.nanos(crate::time::now());
         let found = self.live_at(now).then(|| self.copies.get(key)).flatten();
         let served = found.and_then(|copy| {
             // A copy from before a lapse or a reconnection is only held, never a hit.
@@ -425,7 +427,7 @@ impl NearTier {
     /// and counts nothing (the look-up does count as a use for the tier's eviction policy).
     pub(crate) fn peek(&self, key: &str) -> Option<NearPeek> {
         let copy = self.copies.get(key)?;
-        let at = Instant::now();
+        let at = crate::time::now();
         let now = self.nanos(at);
         let servable = self.live_at(now)
             && copy.era == self.era.load(Ordering::Acquire)
@@ -543,7 +545,7 @@ impl NearTier {
     /// Whether the stream is proven current within `max_staleness`. When the proof has lapsed,
     /// the first caller to notice drops every copy and counts the switch-off.
     fn live(&self) -> bool {
-        self.live_at(self.nanos(Instant::now()))
+        self.live_at(self.nanos(crate::time::now()))
     }
 
     /// [`live`](Self::live) at `now` (nanoseconds since `base`).
@@ -623,9 +625,11 @@ impl NearTier {
         if !self.holds() {
             return None;
         }
-        let now = self.nanos(Instant::now());
+        let now = self.nanos(crate::time::now());
         let copy = self.copies.get(key)?;
-        if self.held_until(copy.era).is_none_or(|until| now > until)
+        let past_bound = self.held_until(copy.era).is_none_or(|until| now > until)
+            && !crate::planted::on(crate::planted::Bug::HeldPastBound);
+        if past_bound
             || copy.type_id != TypeId::of::<T>()
             || copy.fresh_until_nanos.saturating_add(as_nanos(past_fresh)) <= now
             || !self.outlived_epochs(&copy)
@@ -666,7 +670,7 @@ impl NearTier {
             && proven > 0
             && self
                 .held_until(self.era.load(Ordering::Acquire))
-                .is_some_and(|until| self.nanos(Instant::now()) <= until)
+                .is_some_and(|until| self.nanos(crate::time::now()) <= until)
     }
 
     /// Whether the feed is proven current now, so that copies are served.
@@ -691,7 +695,7 @@ impl NearTier {
         let recheck_by = if self.tracking() == TrackingState::On {
             u64::MAX
         } else {
-            self.nanos(Instant::now())
+            self.nanos(crate::time::now())
                 .saturating_add(as_nanos(self.max_staleness))
         };
         Some(Ticket {
@@ -721,7 +725,7 @@ impl NearTier {
         // runs slower than the store's (a wall clock stepped forward does not extend it, nor
         // does stepping it back shorten it).
         let left = Duration::from_millis(fresh_until_ms - now_ms);
-        let fresh_until_nanos = self.nanos(Instant::now() + left.min(crate::time::FOREVER));
+        let fresh_until_nanos = self.nanos(crate::time::now() + left.min(crate::time::FOREVER));
         let copy = Arc::new(NearCopy {
             type_id: TypeId::of::<T>(),
             value: Box::new(fill.value.clone()),
@@ -736,7 +740,7 @@ impl NearTier {
             born: fill.born,
             tag_epochs: fill.tag_epochs,
             alive_at: AtomicU64::new(u64::MAX),
-            inserted: Instant::now(),
+            inserted: crate::time::now(),
         });
         self.copies.insert(fill.key.to_owned(), copy);
         // After the insert: an announcement that bumped the stripe before this check dropped
@@ -918,7 +922,7 @@ mod tests {
         tier.reset(1);
         tier.tracking_state(1, TrackingState::On);
         tier.subscribed(1);
-        tier.proof(1, Instant::now());
+        tier.proof(1, crate::time::now());
         (tier, counters)
     }
 
@@ -1033,7 +1037,7 @@ mod tests {
         tier.reset(1);
         assert_eq!(tier.ticket(KEY), None, "connecting, not subscribed");
         tier.subscribed(1);
-        tier.proof(1, Instant::now());
+        tier.proof(1, crate::time::now());
         put(&tier, KEY, "v", 1);
         let before = tier.ticket(KEY).unwrap();
         // The connection drops: copies go, tickets taken before cannot insert, and the new
@@ -1046,13 +1050,13 @@ mod tests {
         assert_eq!(tier.len(), 0);
         put(&tier, KEY, "w", 2);
         assert_eq!(read(&tier, KEY), None, "not proven since the reconnection");
-        tier.proof(1, Instant::now());
+        tier.proof(1, crate::time::now());
         assert_eq!(
             read(&tier, KEY),
             None,
             "a heartbeat of the old connection proves nothing"
         );
-        tier.proof(2, Instant::now());
+        tier.proof(2, crate::time::now());
         assert_eq!(read(&tier, KEY).as_deref(), Some("w"));
         assert_eq!(counters.snapshot().near_switched_off, 1);
     }
@@ -1074,18 +1078,40 @@ mod tests {
             "counted once per lapse"
         );
         // Proven again: reads go in and are served.
-        tier.proof(1, Instant::now());
+        tier.proof(1, crate::time::now());
         put(&tier, KEY, "w", 2);
         assert_eq!(read(&tier, KEY).as_deref(), Some("w"));
         let stats = counters.snapshot();
         assert_eq!((stats.near_hits, stats.near_misses), (2, 2));
     }
 
+    /// Found reading the near tier against the simulation's drifting clocks (issue 39): on a
+    /// clock 500 ppm slow (the most a clock may run) a proof lived 0.2 ms past its 400 ms of
+    /// real time, so a change the server ran just after the heartbeat could be missed for
+    /// longer than `max_staleness`. The tier now gives that drift up.
+    #[cfg(feature = "simulation")]
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_clock_serves_no_copy_past_max_staleness() {
+        let base = tokio::time::Instant::now();
+        let slow = -(crate::time::MAX_DRIFT_PPM as i32);
+        crate::time::drifted(base, slow, async {
+            let config = NearCacheOptions::new(100).max_staleness(Duration::from_millis(400));
+            let (tier, _) = live_tier(&config);
+            put(&tier, KEY, "v", 1);
+            tokio::time::advance(Duration::from_millis(399)).await;
+            assert_eq!(read(&tier, KEY).as_deref(), Some("v"));
+            // 400 ms of real time (the server's) since the proof was sent.
+            tokio::time::advance(Duration::from_millis(1)).await;
+            assert_eq!(read(&tier, KEY), None, "served past max_staleness");
+        })
+        .await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_proof_counts_from_when_the_heartbeat_was_sent() {
         let config = NearCacheOptions::new(100).max_staleness(Duration::from_millis(400));
         let (tier, _) = live_tier(&config);
-        let sent = Instant::now();
+        let sent = crate::time::now();
         tokio::time::advance(Duration::from_millis(300)).await;
         // Came back late: it still proves the stream current only as of when it was sent.
         tier.proof(1, sent);
@@ -1102,7 +1128,7 @@ mod tests {
         // Fresh until FRESH, 60 s after NOW by the store's clock: 60 s from now on the
         // monotonic one (kept proven meanwhile).
         tokio::time::advance(Duration::from_millis(59_999)).await;
-        tier.proof(1, Instant::now());
+        tier.proof(1, crate::time::now());
         assert!(tier.get::<String>(KEY).is_some());
         tokio::time::advance(Duration::from_millis(1)).await;
         assert!(tier.get::<String>(KEY).is_none(), "fresh-until reached");
@@ -1161,7 +1187,7 @@ mod tests {
         // the copy from before is still held, and still no hit (it may have missed changes).
         tier.reset(2);
         tier.subscribed(2);
-        tier.proof(2, Instant::now());
+        tier.proof(2, crate::time::now());
         assert_eq!(read(&tier, KEY), None, "an earlier era is never a hit");
         assert_eq!(held(&tier, KEY), Some("v".to_owned()));
         // A tracking report of its key leaves a held copy (it may be another instance's
@@ -1175,7 +1201,7 @@ mod tests {
         assert_eq!(read(&tier, "fresh").as_deref(), Some("f"));
         // The bound: 1 s past the last proof of the copy's era (400 ms after the start).
         tokio::time::advance(Duration::from_millis(899)).await;
-        tier.proof(2, Instant::now());
+        tier.proof(2, crate::time::now());
         assert_eq!(held(&tier, KEY), Some("v".to_owned()));
         tokio::time::advance(Duration::from_millis(2)).await;
         assert_eq!(held(&tier, KEY), None, "past its era's bound");
@@ -1242,7 +1268,7 @@ mod tests {
         assert_eq!(held(&tier, "tagged"), None, "its tag was invalidated");
         // A read of the new era brings the tag's epoch back: raised to 4, the copy born at 5
         // outlived it and is held again; raised to 7, it did not.
-        tier.proof(1, Instant::now());
+        tier.proof(1, crate::time::now());
         put_tagged(&tier, "other", 9);
         let ticket = tier.ticket("x").unwrap();
         tier.hold_epochs(
@@ -1322,7 +1348,7 @@ mod tests {
             tokio::time::advance(Duration::from_millis(100)).await;
             insert(&tier, ticket, KEY, &"v".to_owned(), 1, FRESH, 0, 1, NOW);
             tokio::time::advance(Duration::from_millis(299)).await;
-            tier.proof(1, Instant::now());
+            tier.proof(1, crate::time::now());
             assert_eq!(read(&tier, KEY).as_deref(), Some("v"), "{state:?}");
             assert!(tier.peek(KEY).unwrap().servable);
             tokio::time::advance(Duration::from_millis(1)).await;

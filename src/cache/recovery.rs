@@ -240,7 +240,7 @@ impl Recovery {
             counters,
             clock,
         });
-        tokio::spawn(replay::drain(Arc::clone(&shared)));
+        crate::time::spawn(replay::drain(Arc::clone(&shared)));
         Recovery { shared }
     }
 

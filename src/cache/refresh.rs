@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
-use tokio::time::Instant;
 
 use crate::cache::bounds::ComputeFailure;
 use crate::cache::compute::{Computation, OnFailure};
@@ -47,7 +46,7 @@ impl<C: Codec> Engine<C> {
             return;
         };
         let cache = self.clone();
-        tokio::spawn(async move {
+        crate::time::spawn(async move {
             let store = &cache.core.store;
             let options = &cache.options;
             let mut acquiring = cache.acquiring(&keys);
@@ -91,7 +90,7 @@ impl<C: Codec> Engine<C> {
                 }
                 Ok(ReadOrLock::Held { expires_in }) => {
                     let wait = expires_in.unwrap_or(HOLD_OFF_MAX).min(HOLD_OFF_MAX);
-                    claim.hold_off = Some(Instant::now() + wait);
+                    claim.hold_off = Some(crate::time::now() + wait);
                 }
                 Ok(ReadOrLock::Value(_)) => {}
                 Err(e) => {

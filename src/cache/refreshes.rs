@@ -20,7 +20,7 @@ impl Refreshes {
     /// Claims the key's refresh for this process, unless one runs or is held off.
     pub(crate) fn claim(self: &Arc<Self>, key: &str) -> Option<Claim> {
         let mut map = lock(&self.map);
-        let now = Instant::now();
+        let now = crate::time::now();
         if let Some(state) = map.get(key) {
             match state {
                 None => return None,
@@ -56,7 +56,7 @@ impl Drop for Claim {
             }
         }
         // Forget hold-offs that have passed, so the map stays as small as the keys in play.
-        let now = Instant::now();
+        let now = crate::time::now();
         map.retain(|_, state| state.is_none_or(|until| until > now));
     }
 }

@@ -223,7 +223,7 @@ impl Leader {
                     tokio::select! {
                         biased;
                         () = &mut shutdown => break,
-                        () = tokio::time::sleep(delay) => continue,
+                        () = crate::time::sleep(delay) => continue,
                     }
                 }
             };
@@ -270,7 +270,7 @@ impl Leader {
             () = lease.lost() => return TermEnd::LeaseLost,
             first_run = self.first_run() => first_run,
         };
-        let mut ticks = tokio::time::interval_at(first_run, self.every);
+        let mut ticks = crate::time::interval_at(first_run, self.every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -325,7 +325,7 @@ impl Leader {
     async fn first_run(&self) -> tokio::time::Instant {
         let since = self.lock.since_last_run().await;
         // Counted from the answer, not the request: the reply's latency can only delay the run.
-        let now = tokio::time::Instant::now();
+        let now = crate::time::now();
         match since {
             Ok(Some(since)) => now + self.every.saturating_sub(since),
             Ok(None) => now,

@@ -104,7 +104,7 @@ impl Lease {
     pub fn is_lost(&self) -> bool {
         self.state.as_ref().is_some_and(|rx| {
             let state = *rx.borrow();
-            state.lost || Instant::now() >= state.valid_until
+            state.lost || crate::time::now() >= state.valid_until
         })
     }
 
@@ -129,7 +129,7 @@ impl Lease {
                         return;
                     }
                 }
-                _ = tokio::time::sleep_until(state.valid_until) => return,
+                _ = crate::time::sleep_until(state.valid_until) => return,
             }
         }
     }
@@ -201,7 +201,7 @@ impl Heartbeat {
             state: Arc::clone(&state),
         };
         Heartbeat {
-            task: tokio::spawn(renewing.run()),
+            task: crate::time::spawn(renewing.run()),
             state,
             valid_for,
         }
@@ -271,20 +271,20 @@ impl Renewing {
         let period = self.renewal.lease / 3;
         loop {
             if self.stops_renewing() {
-                tokio::time::sleep_until(self.valid_until).await;
+                crate::time::sleep_until(self.valid_until).await;
                 return;
             }
-            let mut next = later_by(Instant::now(), period).min(self.valid_until);
+            let mut next = later_by(crate::time::now(), period).min(self.valid_until);
             if let Some(until) = self.renew_until {
                 next = next.min(until);
             }
-            tokio::time::sleep_until(next).await;
-            if Instant::now() >= self.valid_until {
+            crate::time::sleep_until(next).await;
+            if crate::time::now() >= self.valid_until {
                 return;
             }
             if self
                 .renew_until
-                .is_some_and(|until| Instant::now() >= until)
+                .is_some_and(|until| crate::time::now() >= until)
             {
                 tracing::info!(key = %self.keys.user, "maximum hold time reached; no more renewals");
                 continue;
@@ -300,14 +300,14 @@ impl Renewing {
         !self.renewal.renew
             || self
                 .renew_until
-                .is_some_and(|until| Instant::now() >= until)
+                .is_some_and(|until| crate::time::now() >= until)
     }
 
     /// One renewal request, given up after `period`; a success moves the lease on, counted
     /// from when the request was sent.
     async fn renew(&mut self, period: Duration) -> Renewed {
         let keys = &self.keys;
-        let asked = Instant::now();
+        let asked = crate::time::now();
         let extension = self.store.extend(keys, &self.token, self.renewal.lease);
         let extension = async {
             if crate::planted::on(crate::planted::Bug::LeaseNotRenewed) {
@@ -315,7 +315,7 @@ impl Renewing {
             }
             extension.await
         };
-        match tokio::time::timeout(period, extension).await {
+        match crate::time::timeout(period, extension).await {
             Ok(Ok(true)) => {
                 if let Some(counters) = &self.renewal.counters {
                     counters.record(Event::LeaseRenewed);
@@ -407,7 +407,7 @@ impl Acquiring {
     /// which the lease counts.
     pub(crate) fn sending(&mut self) -> Instant {
         self.maybe_granted = true;
-        Instant::now()
+        crate::time::now()
     }
 
     /// The server answered that the lock was not taken (held by another, or a value was read).
@@ -469,7 +469,7 @@ fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: 
     let store = Arc::clone(store);
     let keys = Arc::clone(keys);
     let token = Arc::clone(token);
-    runtime.spawn(async move {
+    crate::time::spawn_on(&runtime, async move {
         if let Err(e) = store.unlock(&keys, &token).await {
             // An outage fails every such clean-up: one line a minute, with the count.
             static FAILED: LogThrottle = LogThrottle::new();
@@ -539,7 +539,7 @@ impl HeldLock {
     }
 
     pub(crate) async fn extend(&self) -> StoreResult<bool> {
-        let asked = Instant::now();
+        let asked = crate::time::now();
         let extended = self
             .store
             .extend(&self.keys, &self.token, self.lease)
@@ -688,7 +688,7 @@ mod tests {
         let s = setup();
         let held = s.hold(true).await;
         let lease = held.lease();
-        tokio::time::sleep(LEASE * 4).await;
+        crate::time::sleep(LEASE * 4).await;
         assert!(!s.free().await, "the lock ran out although it was renewed");
         assert!(!lease.is_lost());
         let (renewed, lost) = s.renewals();
@@ -703,14 +703,42 @@ mod tests {
         let s = setup();
         let held = s.hold(false).await;
         let lease = held.lease();
-        tokio::time::sleep(LEASE / 2).await;
+        crate::time::sleep(LEASE / 2).await;
         assert!(!lease.is_lost());
-        tokio::time::timeout(LEASE, lease.lost())
+        crate::time::timeout(LEASE, lease.lost())
             .await
             .expect("the lease ends when it runs out");
+        // The holder gives up first, by what its clock may drift; the store a moment later.
+        assert!(!s.free().await);
+        crate::time::sleep(crate::time::drift_allowance(LEASE)).await;
         assert!(s.free().await);
         assert_eq!(s.store.extends.load(Ordering::SeqCst), 0);
         drop(held);
+    }
+
+    /// Found reading the lease against the simulation's drifting clocks (issue 39): a holder
+    /// whose clock runs slow by the most a clock may (500 ppm) trusted its lease for up to a
+    /// 2000th of it after the store let the lock go, when its request reached the store at
+    /// once. The holder now gives that drift up.
+    #[cfg(feature = "simulation")]
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_clock_does_not_outlive_the_stores_lease() {
+        let s = setup();
+        let base = tokio::time::Instant::now();
+        crate::time::drifted(base, -(crate::time::MAX_DRIFT_PPM as i32), async {
+            let held = s.hold(false).await;
+            let lease = held.lease();
+            // A lease later on the store's clock (tokio's), the store has let the lock go...
+            tokio::time::sleep(LEASE).await;
+            // ...and the holder, on its slow clock, must know it has too.
+            assert!(
+                lease.is_lost(),
+                "the holder still trusts a lease the store ended"
+            );
+            assert!(s.free().await);
+            drop(held);
+        })
+        .await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -723,7 +751,7 @@ mod tests {
         let thief = s.store.try_lock(&s.keys, "thief", LEASE).await.unwrap();
         assert!(matches!(thief, Acquire::Acquired { .. }));
         // Seen at the next renewal (a third of the lease), well before the lease runs out.
-        tokio::time::timeout(LEASE / 2, lease.lost())
+        crate::time::timeout(LEASE / 2, lease.lost())
             .await
             .expect("the loss is seen at the next renewal");
         assert!(lease.is_lost());
@@ -738,14 +766,14 @@ mod tests {
         let lease = held.lease();
         s.store.down.store(true, Ordering::SeqCst);
         // A failed renewal is retried, not taken for a loss...
-        tokio::time::sleep(LEASE / 2).await;
+        crate::time::sleep(LEASE / 2).await;
         assert!(s.store.extends.load(Ordering::SeqCst) >= 1);
         assert!(!lease.is_lost());
         // ...until the lease counted from the last good request runs out.
-        tokio::time::timeout(LEASE, lease.lost())
+        crate::time::timeout(LEASE, lease.lost())
             .await
             .expect("the lease is lost once it runs out");
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        crate::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(s.renewals(), (0, 1), "the heartbeat gave up");
         drop(held);
     }
@@ -755,15 +783,15 @@ mod tests {
         let s = setup();
         let held = s.hold(true).await;
         let lease = held.lease();
-        tokio::time::sleep(LEASE).await;
+        crate::time::sleep(LEASE).await;
         let renewals = s.store.extends.load(Ordering::SeqCst);
         assert!(renewals >= 2, "{renewals} renewals");
         drop(held);
         assert!(lease.is_lost(), "the holder let go");
         // The background release runs at the next turn of the runtime.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        crate::time::sleep(Duration::from_millis(1)).await;
         assert!(s.free().await, "freed at once, not when its lease runs out");
-        tokio::time::sleep(LEASE * 3).await;
+        crate::time::sleep(LEASE * 3).await;
         assert_eq!(
             s.store.extends.load(Ordering::SeqCst),
             renewals,

@@ -193,7 +193,7 @@ impl Lock {
             self.store.as_ref(),
             &self.keys,
             &self.options,
-            Instant::now(),
+            crate::time::now(),
         );
         loop {
             match self.attempt(&mut acquiring).await? {

@@ -239,8 +239,8 @@ impl Breaker {
             answers: AtomicU64::new(0),
             watch: Mutex::new(Watch {
                 answers: 0,
-                quiet_since: Instant::now(),
-                last_look: Instant::now(),
+                quiet_since: crate::time::now(),
+                last_look: crate::time::now(),
             }),
             opened: Notify::new(),
             nudged: std::sync::atomic::AtomicBool::new(false),
@@ -312,7 +312,7 @@ impl Breaker {
         if stall.is_zero() {
             return;
         }
-        let now = Instant::now();
+        let now = crate::time::now();
         let answers = self.answers.load(Ordering::Acquire);
         let waiting = self.in_flight.load(Ordering::Acquire);
         let mut watch = crate::sync::lock(&self.watch);
@@ -394,7 +394,7 @@ impl Breaker {
     /// failures in a row, or not closed).
     pub(crate) fn failing_for(&self) -> Option<Duration> {
         let since = crate::sync::lock(&self.spell).since?;
-        Some(since.elapsed())
+        Some(crate::time::since(since))
     }
 
     /// Whether a call may go to the backend now.
@@ -408,7 +408,7 @@ impl Breaker {
         let cooled = self.nudged.swap(false, Ordering::AcqRel)
             || spell
                 .opened_at
-                .is_some_and(|at| at.elapsed() >= self.options.cool_down);
+                .is_some_and(|at| crate::time::since(at) >= self.options.cool_down);
         if cooled
             && self
                 .state
@@ -457,7 +457,7 @@ impl Breaker {
         spell.opened_at = None;
         drop(spell);
         self.counters.breaker(BreakerState::Closed);
-        let down_ms = since.map_or(0, |at| at.elapsed().as_millis());
+        let down_ms = since.map_or(0, |at| crate::time::since(at).as_millis());
         tracing::info!(
             down_ms,
             failed_fast = refused,
@@ -468,7 +468,7 @@ impl Breaker {
     fn failed(&self, e: &StoreError) {
         let in_a_row = self.in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
         let mut spell = crate::sync::lock(&self.spell);
-        let now = Instant::now();
+        let now = crate::time::now();
         spell.since.get_or_insert(now);
         match self.state.load(Ordering::Acquire) {
             CLOSED if in_a_row >= self.options.failures => {
@@ -654,7 +654,7 @@ mod tests {
         );
         // Polled first, before its zero deadline is looked at.
         assert!(
-            tokio::time::timeout(Duration::ZERO, told).await.is_ok(),
+            crate::time::timeout(Duration::ZERO, told).await.is_ok(),
             "the waiting request is told"
         );
         drop(waiting);

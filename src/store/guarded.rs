@@ -36,8 +36,8 @@ impl GuardedStore {
         if !stall.is_zero() {
             let watched = Arc::downgrade(&breaker);
             let every = watch_period(stall);
-            tokio::spawn(async move {
-                let mut ticks = tokio::time::interval(every);
+            crate::time::spawn(async move {
+                let mut ticks = crate::time::interval(every);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     ticks.tick().await;
@@ -113,9 +113,9 @@ impl GuardedStore {
         // Bounded: on a black hole the probe must not keep the breaker half-open for a whole
         // response time-out.
         let limit = breaker.stall().max(breaker.cool_down());
-        tokio::spawn(async move {
+        crate::time::spawn(async move {
             let ping = |inner: Arc<dyn Store>, breaker: Arc<Breaker>| async move {
-                tokio::time::timeout(limit, inner.ping())
+                crate::time::timeout(limit, inner.ping())
                     .await
                     .unwrap_or_else(|_| Err(breaker.aborted()))
             };
@@ -124,7 +124,7 @@ impl GuardedStore {
             // client reconnects on that failure, so one more try soon after tells whether the
             // backend is back, instead of a whole cool-down later.
             if outcome.as_ref().is_err_and(StoreError::connection_lost) {
-                tokio::time::sleep(PROBE_RETRY).await;
+                crate::time::sleep(PROBE_RETRY).await;
                 outcome = ping(inner, Arc::clone(&breaker)).await;
             }
             breaker.record(outcome.as_ref().err());

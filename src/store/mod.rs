@@ -381,10 +381,13 @@ pub(crate) trait LockStore: Send + Sync + 'static {
     /// reaches the listener.
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>>;
 
-    /// How much of a lease the holder must give up for clock drift between the nodes that hold
-    /// it (Redlock); nothing for a single store.
-    fn clock_drift(&self, _lease: Duration) -> Duration {
-        Duration::ZERO
+    /// How much of a lease the holder must give up for clock drift. One server counts the
+    /// lease from the request's arrival on its clock, the holder from before sending it on its
+    /// own, which may run slow by up to [`MAX_DRIFT_PPM`](crate::time::MAX_DRIFT_PPM): a
+    /// request that travels faster than that drift would otherwise leave the holder trusting
+    /// a lock the server has let go. A Redlock quorum gives up more, for its nodes' drift.
+    fn clock_drift(&self, lease: Duration) -> Duration {
+        crate::time::drift_allowance(lease)
     }
 
     /// What the server allows, shared with the store's own probes; `None` for a store that

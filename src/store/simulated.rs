@@ -13,8 +13,11 @@
 //! is sent and whether its answer comes back.
 //!
 //! Each instance may also run a near-tier feed ([`feed`]) over a connection of its own: the
-//! server reports its changes to every subscribed feed through the same network.
+//! server reports its changes to every subscribed feed through the same network. Each has a
+//! wall clock of its own too ([`clock`]), off the server's by a seeded offset and rate, whose
+//! estimate of the server's clock its freshness is judged by, as on Redis.
 
+mod clock;
 mod feed;
 
 use std::future::Future;
@@ -32,6 +35,8 @@ use super::{
 };
 use crate::sync::lock;
 use crate::wire::key::EntryKeys;
+pub use clock::Skew;
+use clock::WallClock;
 pub(crate) use feed::Feed;
 use feed::{Message, Subscription};
 
@@ -316,6 +321,9 @@ pub struct Connection {
     /// The network connection of this instance's near-tier feed, if it has one, and how long
     /// its feed waits for a heartbeat or a report before it gives the connection up.
     feed: Option<(u64, Duration)>,
+    /// This instance's estimate of the server's clock, by which freshness is stamped and
+    /// judged; `None`: the server's clock itself, exactly (no instance reads that on Redis).
+    wall: Option<WallClock>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -338,6 +346,24 @@ impl Connection {
             conn,
             timeout,
             feed: None,
+            wall: None,
+        }
+    }
+
+    /// The same connection, for an instance whose wall clock is off the server's by `skew`:
+    /// freshness is then judged by its estimate of the server's clock, measured over this
+    /// connection as on Redis.
+    pub fn with_skew(self, skew: Skew) -> Self {
+        let wall = WallClock::new(
+            Arc::clone(&self.server),
+            Arc::clone(&self.network),
+            self.conn,
+            self.timeout,
+            skew,
+        );
+        Connection {
+            wall: Some(wall),
+            ..self
         }
     }
 
@@ -382,7 +408,8 @@ impl Connection {
                 }
                 answer
             };
-            tokio::time::timeout(self.timeout, exchange)
+            // The client's time-out, on its own clock.
+            crate::time::timeout(self.timeout, exchange)
                 .await
                 .unwrap_or_else(|_| Err(io_error(std::io::ErrorKind::TimedOut)))
         })
@@ -436,7 +463,27 @@ impl Store for Connection {
     }
 
     fn clock(&self) -> &dyn Clock {
-        &*self.server
+        self
+    }
+}
+
+impl Clock for Connection {
+    fn now_ms(&self) -> u64 {
+        match &self.wall {
+            Some(wall) => wall.now_ms(),
+            None => self.server.now_ms(),
+        }
+    }
+
+    fn is_synced(&self) -> bool {
+        self.wall.as_ref().is_none_or(WallClock::is_synced)
+    }
+
+    fn sync(&self) -> BoxFuture<'_, ()> {
+        match &self.wall {
+            Some(wall) => wall.sync(),
+            None => Box::pin(std::future::ready(())),
+        }
     }
 }
 

@@ -63,7 +63,7 @@ impl<'a> Waiter<'a> {
             }
             return Ok(Wake::Subscribed);
         }
-        let waited = self.started.elapsed();
+        let waited = crate::time::since(self.started);
         let remaining = self.options.wait_timeout.saturating_sub(waited);
         if remaining.is_zero() {
             return Err(Error::WaitTimeout {
@@ -89,10 +89,10 @@ impl<'a> Waiter<'a> {
                 tokio::select! {
                     biased;
                     _ = l.notified() => {}
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = crate::time::sleep(delay) => {}
                 }
             }
-            None => tokio::time::sleep(delay).await,
+            None => crate::time::sleep(delay).await,
         }
         Ok(Wake::Slept)
     }

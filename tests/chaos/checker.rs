@@ -778,12 +778,13 @@ impl<'h> Changes<'h> {
 /// What a stale read missed, for a finding of rule (f) or (g).
 fn missed_change(call: &Call, v: &str, newer: &Change, bound: &str) -> String {
     format!(
-        "{} call #{} for {} began at {} and returned {v}, older than {} the server ran at {} \
-         ({} ms before the call; {bound})",
+        "{} call #{} for {} began at {} and returned {v} ({}), older than {} the server ran at \
+         {} ({} ms before the call; {bound})",
         call.instance,
         call.id,
         call.key,
         call.start_us,
+        call.source,
         match &newer.value {
             Some(w) => format!("the write of {w}"),
             None => "a delete".to_string(),
@@ -863,7 +864,7 @@ fn completed_invalidations(h: &History) -> Vec<(&Call, u64, Vec<Epoch>)> {
 
 /// Rule (i): a queued write (`Outcome::Queued`) wins in its instance: no later call of it
 /// reads a value that write replaces (see the module docs). Values read by the call itself
-/// are judged (`hit`, `stale`); a follower of an older flight, a computation, a fallback are
+/// are judged (hits, from Redis or the near tier, and stale reads); a follower of an older flight, a computation, a fallback are
 /// not reads of the server after the write.
 fn queued_writes_win(h: &History) -> Vec<Violation> {
     let births = Births::of(h);
@@ -876,11 +877,7 @@ fn queued_writes_win(h: &History) -> Vec<Violation> {
         }
     }
     let mut found = Vec::new();
-    for call in h
-        .calls
-        .iter()
-        .filter(|c| c.source == "hit" || c.source == "stale")
-    {
+    for call in h.calls.iter().filter(|c| c.hit || c.source == "stale") {
         let Outcome::Value(v) = &call.outcome else {
             continue;
         };

@@ -41,7 +41,8 @@ pub struct Call {
     /// a follower of this process's flight gets `Waited`, read when its leader asked.
     pub hit: bool,
     /// Where the value came from, as the worker wrote it after the value (`hit`, `held`,
-    /// `computed`, `waited`...; empty for other outcomes): evidence in a finding.
+    /// `computed`, `waited`...; `near` for a hit the near tier served, where the worker can
+    /// tell; empty for other outcomes): evidence in a finding.
     pub source: String,
 }
 

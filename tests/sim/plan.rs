@@ -102,11 +102,16 @@ pub struct Step {
     pub what: What,
 }
 
-/// A schedule: its seed (the network's draws, the crate's own random draws) and its steps.
+/// A schedule: its seed (the network's draws, the crate's own random draws, the instances'
+/// clocks) and its steps.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
     pub seed: u64,
     pub steps: Vec<Step>,
+    /// Whether the instances' clocks drift (`run::skews`, from the seed). `false`: every
+    /// instance reads the server's clock exactly, on tokio's monotonic clock, as every schedule
+    /// did before clocks drifted; kept for the findings replayed from then.
+    pub clocks_drift: bool,
 }
 
 /// The hash tags of every key a schedule may touch (entries, locks, epochs: `%t:<tag>`, `%c`),
@@ -278,7 +283,11 @@ impl Plan {
         // The leaders from a draw of their own: the rest of the plan is what it was before
         // schedules had leaders.
         steps.splice(0..0, leaders(seed));
-        Plan { seed, steps }
+        Plan {
+            seed,
+            steps,
+            clocks_drift: true,
+        }
     }
 }
 

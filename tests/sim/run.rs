@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use stampede_guard::__private::sim::{self, Applied, Connection, Network, Server};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use stampede_guard::__private::sim::{self, Applied, Connection, Network, Server, Skew};
 use stampede_guard::__private::{epoch_key, read_stored};
 use stampede_guard::leader::{JobContext, Leader, Role};
 use stampede_guard::{
@@ -43,6 +45,28 @@ const MAX_STALENESS: Duration = Duration::from_millis(200);
 /// How long a feed waits for a heartbeat or a report before it gives its connection up: long,
 /// as over a black-holed socket, so the bound rests on the proofs alone.
 const FEED_GIVES_UP: Duration = Duration::from_secs(1);
+/// The near instances that also serve held copies while the server is unreachable
+/// (`serve_while_down`), and for how long: rule (g) judges what they serve.
+const HOLDS: &[usize] = &[1];
+const SERVE_WHILE_DOWN: Duration = Duration::from_millis(300);
+/// The bound on each instance's clock (docs/history/simulation.md, "Clocks that drift"): its
+/// rate off by up to this many parts per million (NTP's limit on a clock's frequency error;
+/// the crate's `time::MAX_DRIFT_PPM`, which its leases and near tier give up), its wall clock
+/// off the server's by up to an hour (what docs/guarantees.md promises freshness for).
+pub const MAX_DRIFT_PPM: i32 = 500;
+pub const MAX_OFFSET_MS: i64 = 3_600_000;
+
+/// Each instance's clock, drawn from the schedule's seed apart from the plan's draws (so a
+/// shrunk plan keeps its clocks, and the plan's own draws stay as they were).
+pub fn skews(seed: u64) -> Vec<Skew> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xc10c_d21f_7000_0039);
+    (0..INSTANCES)
+        .map(|_| Skew {
+            offset_ms: rng.random_range(-MAX_OFFSET_MS..=MAX_OFFSET_MS),
+            ppm: rng.random_range(-MAX_DRIFT_PPM..=MAX_DRIFT_PPM),
+        })
+        .collect()
+}
 
 /// What one instance records, shared by its tasks (all on one thread).
 #[derive(Default)]
@@ -59,6 +83,29 @@ struct Recorder {
 struct Ctx {
     server: Arc<Server>,
     log: Arc<Mutex<Recorder>>,
+}
+
+/// Each instance's clock: from when, and how fast.
+#[derive(Clone)]
+struct Clocks {
+    base: tokio::time::Instant,
+    skews: Vec<Skew>,
+}
+
+impl Clocks {
+    /// How fast `instance`'s monotonic clock runs (0 when clocks do not drift).
+    fn ppm(&self, instance: usize) -> i32 {
+        self.skews.get(instance).map_or(0, |skew| skew.ppm)
+    }
+
+    /// Spawns `work` of `instance` on its clock (the crate's own tasks for it follow).
+    fn spawn<F>(&self, instance: usize, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        tokio::spawn(sim::drifted(self.base, self.ppm(instance), work))
+    }
 }
 
 impl Ctx {
@@ -96,16 +143,21 @@ impl Ctx {
         (log.calls.len() - 1, id)
     }
 
-    fn end(&self, at: usize, outcome: Outcome, source: Option<Source>) {
+    /// A call ends; `source` is where its value came from, and whether from the near tier.
+    fn end(&self, at: usize, outcome: Outcome, source: Option<(Source, bool)>) {
         let end = self.now();
         let mut log = self.log();
         let call = &mut log.calls[at];
         call.end_us = Some(end);
         call.outcome = outcome;
-        if let Some(source) = source {
+        if let Some((source, near)) = source {
             call.held = source == Source::Held;
             call.hit = source == Source::Hit;
-            call.source = format!("{source:?}").to_lowercase();
+            // A near hit is a hit (rule (f) judges it), labelled apart for the timeline.
+            call.source = match (source, near) {
+                (Source::Hit, true) => "near".to_string(),
+                _ => format!("{source:?}").to_lowercase(),
+            };
         }
     }
 
@@ -222,7 +274,7 @@ async fn call(ctx: Ctx, cache: Cache, instance: String, action: Action) {
                     },
                 )
                 .await;
-            let source = got.as_ref().ok().map(|f| f.source);
+            let source = got.as_ref().ok().map(|f| (f.source, sim::from_near(f)));
             ctx.end(at, outcome(got.map(|f| f.value)), source);
         }
         Action::Batch {
@@ -377,7 +429,7 @@ async fn batch(
         )
         .await;
     for ((at, _), result) in started.into_iter().zip(got) {
-        let source = result.as_ref().ok().map(|f| f.source);
+        let source = result.as_ref().ok().map(|f| (f.source, sim::from_near(f)));
         ctx.end(at, outcome(result.map(|f| f.value)), source);
     }
 }
@@ -436,8 +488,8 @@ pub struct Ran {
     pub counted: Vec<(&'static str, u64)>,
 }
 
-/// The instances' caches, one connection each.
-async fn instances(server: &Arc<Server>, net: &Net) -> Vec<Cache> {
+/// The instances' caches, one connection each, each built on its own clock.
+async fn instances(server: &Arc<Server>, net: &Net, clocks: &Clocks) -> Vec<Cache> {
     let options = CallOptions::default()
         .lease(LEASE)
         .wait_timeout(WAIT_TIMEOUT)
@@ -452,14 +504,23 @@ async fn instances(server: &Arc<Server>, net: &Net) -> Vec<Cache> {
             RESPONSE_TIMEOUT,
         )
         .with_feed(feed_conn(i) as u64, FEED_GIVES_UP);
+        let connection = match clocks.skews.get(i) {
+            Some(skew) => connection.with_skew(*skew),
+            None => connection,
+        };
         let mut builder = sim::builder(connection)
             .namespace(NAMESPACE)
             .options(options.clone())
             .auto_recovery(RecoveryOptions::default());
         if NEAR.contains(&i) {
-            builder = builder.near_cache(NearCacheOptions::new(100).max_staleness(MAX_STALENESS));
+            let mut near = NearCacheOptions::new(100).max_staleness(MAX_STALENESS);
+            if HOLDS.contains(&i) {
+                near = near.serve_while_down(SERVE_WHILE_DOWN);
+            }
+            builder = builder.near_cache(near);
         }
-        let cache = builder.build().await.expect("a simulated cache builds");
+        let built = sim::drifted(clocks.base, clocks.ppm(i), builder.build()).await;
+        let cache = built.expect("a simulated cache builds");
         caches.push(cache);
     }
     caches
@@ -479,9 +540,16 @@ pub fn run(plan: &Plan, rates: Rates) -> Ran {
 }
 
 async fn drive(plan: &Plan, rates: Rates) -> Ran {
+    let clocks = Clocks {
+        base: tokio::time::Instant::now(),
+        skews: match plan.clocks_drift {
+            true => skews(plan.seed),
+            false => Vec::new(),
+        },
+    };
     let server = Server::new(MAX_ENTRIES, EPOCH_MS);
     let net = Net::new(plan.seed, INSTANCES, rates, Arc::clone(&server));
-    let caches = instances(&server, &net).await;
+    let caches = instances(&server, &net, &clocks).await;
     let ctx = Ctx {
         server: Arc::clone(&server),
         log: Arc::default(),
@@ -511,26 +579,23 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
         tokio::time::sleep_until(start + Duration::from_millis(step.at_ms)).await;
         match &step.what {
             What::Call { instance, .. } if killed[*instance] => {}
-            What::Call {
-                instance,
-                action: Action::Lead,
-            } => {
-                let task = lead(
-                    ctx.clone(),
-                    caches[*instance].clone(),
-                    format!("i{instance}"),
-                    stop_leaders.subscribe(),
-                );
-                leaders[*instance].push(tokio::spawn(task));
-            }
             What::Call { instance, action } => {
-                let task = call(
-                    ctx.clone(),
-                    caches[*instance].clone(),
-                    format!("i{instance}"),
-                    action.clone(),
-                );
-                tasks[*instance].push(tokio::spawn(task));
+                let (cache, me) = (caches[*instance].clone(), format!("i{instance}"));
+                // A leader runs until the schedule's end; a call ends by itself.
+                let (started, task) = match action {
+                    Action::Lead => {
+                        let stop = stop_leaders.subscribe();
+                        (
+                            &mut leaders,
+                            clocks.spawn(*instance, lead(ctx.clone(), cache, me, stop)),
+                        )
+                    }
+                    _ => {
+                        let work = call(ctx.clone(), cache, me, action.clone());
+                        (&mut tasks, clocks.spawn(*instance, work))
+                    }
+                };
+                started[*instance].push(task);
             }
             What::Fault(Fault::Kill(i)) => {
                 // Nothing of it reaches the server any more (a killed process cleans nothing
@@ -616,6 +681,10 @@ async fn drive(plan: &Plan, rates: Rates) -> Ran {
         near_instances: NEAR
             .iter()
             .map(|i| (format!("i{i}"), MAX_STALENESS.as_micros() as u64))
+            .collect(),
+        held_bounds: HOLDS
+            .iter()
+            .map(|i| (format!("i{i}"), SERVE_WHILE_DOWN.as_micros() as u64))
             .collect(),
         call_bound_us: CALL_BOUND.as_micros() as u64,
         changes,

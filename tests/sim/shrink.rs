@@ -31,6 +31,17 @@ impl Failure {
         for v in self.violations.iter().take(5) {
             out.push_str(&format!("  {v}\n"));
         }
+        // The clocks come from the seed, so the shrunk plan keeps them.
+        let skews = match plan.clocks_drift {
+            true => crate::run::skews(plan.seed),
+            false => Vec::new(),
+        };
+        for (i, skew) in skews.iter().enumerate() {
+            out.push_str(&format!(
+                "  i{i}'s clock: {:+} ppm, wall clock {:+} ms off the server's\n",
+                skew.ppm, skew.offset_ms
+            ));
+        }
         let rule = self.violations.first().map_or('?', |v| v.rule);
         let shrunk = shrink(plan, rule);
         out.push_str(&format!(

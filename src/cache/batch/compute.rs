@@ -99,7 +99,7 @@ where
                     Err(_) => None,
                 },
             },
-            () = tokio::time::sleep_until(soft) => {
+            () = crate::time::sleep_until(soft) => {
                 task.detach();
                 for _ in 0..keys {
                     self.cache.core.counters.record(Event::SoftTimeout);
@@ -258,15 +258,15 @@ async fn call_within_hard_timeout<C, T, E>(
     f: &BatchFn<T, E>,
     names: Vec<(String, Lease)>,
 ) -> (Option<Result<HashMap<String, Computed<T>>, E>>, Duration) {
-    let computing = Instant::now();
+    let computing = crate::time::now();
     let run = f(names);
     let ran = match cache.options.max_hold {
-        Some(hold) => tokio::time::timeout_at(later_by(computing, hold), run)
+        Some(hold) => crate::time::timeout_at(later_by(computing, hold), run)
             .await
             .ok(),
         None => Some(run.await),
     };
-    (ran, computing.elapsed())
+    (ran, crate::time::since(computing))
 }
 
 /// `f` returned `values`: each locked key's value is stored under its lock (concurrently); a

@@ -132,7 +132,7 @@ impl<C: Codec> Engine<C> {
         let batch = Batch {
             cache: self,
             ttl,
-            started: Instant::now(),
+            started: crate::time::now(),
             f,
         };
         let plan = Plan::new(&self.core.namespace, &asked);

@@ -130,7 +130,7 @@ pub(super) async fn drain(shared: Arc<Shared>) {
                         }
                     });
                 }
-                tokio::time::sleep(backoff).await;
+                crate::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }

@@ -100,7 +100,7 @@ impl Feed {
 
     /// Runs the feed in a background task until the sink is dropped (the cache with it).
     pub(crate) fn start(self, sink: Weak<dyn FeedSink>) {
-        tokio::spawn(self.run(sink));
+        crate::time::spawn(self.run(sink));
     }
 
     async fn run(self, sink: Weak<dyn FeedSink>) {
@@ -113,7 +113,7 @@ impl Feed {
             }
             self.serve(number, &sink).await;
             // Between attempts, as the Redis feed waits.
-            tokio::time::sleep(self.period).await;
+            crate::time::sleep(self.period).await;
         }
     }
 
@@ -130,7 +130,7 @@ impl Feed {
             timeout: self.timeout,
         };
         // Aborted when this connection ends: its reports stop with it.
-        let delivering = AbortOnDrop(tokio::spawn(delivery.run(reports, lost)));
+        let delivering = AbortOnDrop(crate::time::spawn(delivery.run(reports, lost)));
         match sink.upgrade() {
             Some(sink) => {
                 sink.tracking_state(number, self.tracking);
@@ -138,7 +138,7 @@ impl Feed {
             }
             None => return,
         }
-        let mut ticks = tokio::time::interval(self.period);
+        let mut ticks = crate::time::interval(self.period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // Biased: the simulation's runtime must not draw which branch goes first.
@@ -170,7 +170,7 @@ impl Feed {
             // Dropping `reports` unsubscribes: a lost reply leaves nothing behind.
             self.network.reply(self.conn).await.then_some((id, reports))
         };
-        tokio::time::timeout(self.timeout, exchange)
+        crate::time::timeout(self.timeout, exchange)
             .await
             .ok()
             .flatten()
@@ -179,10 +179,10 @@ impl Feed {
     /// Sends a heartbeat: whether the server ran it on subscription `id` (its proof then
     /// travels back behind every report before it).
     async fn heartbeat(&self, id: u64) -> bool {
-        let sent = Instant::now();
+        let sent = crate::time::now();
         let exchange =
             async { self.network.request(self.conn).await && self.server.heartbeat(id, sent) };
-        tokio::time::timeout(self.timeout, exchange)
+        crate::time::timeout(self.timeout, exchange)
             .await
             .unwrap_or(false)
     }
@@ -200,7 +200,7 @@ impl Delivery {
     /// Until a message is lost (or late past the response time-out): then says so on `lost`.
     async fn run(self, mut reports: mpsc::UnboundedReceiver<InFlight>, lost: oneshot::Sender<()>) {
         while let Some((arrives, message)) = reports.recv().await {
-            let arrived = tokio::time::timeout(self.timeout, arrives).await;
+            let arrived = crate::time::timeout(self.timeout, arrives).await;
             if arrived != Ok(true) {
                 let _ = lost.send(());
                 return;
