@@ -9,9 +9,10 @@
 //! on it after `CLIENT CACHING yes` (so only those keys are tracked, at most [`HELD_NAMES`]),
 //! and any change of one (a `clear` or an `invalidate_tag` by any client, an outside `SET`, an
 //! eviction, `FLUSHDB`) comes back as an invalidation on that very connection; it forgets them
-//! all, and the next reads learn them again. Redis writes the invalidation into the connection's stream when the change
-//! happens, so it comes before the reply of any read the server ran after the change, and
-//! redis-rs hands it to the push sender before it hands on that reply. A read therefore takes a
+//! all, and the next reads learn them again. Redis writes the invalidation into the
+//! connection's stream when the change happens, so it comes before the reply of any read the
+//! server ran after the change, and redis-rs hands it to the push sender before it hands on that
+//! reply. A read therefore takes a
 //! [`Ticket`] (the epoch and a generation) before it is sent, and after its answer checks that
 //! the generation did not move ([`HeldEpoch::still`]); if it moved, the read is done again the
 //! old way, the epochs read beside the value. A read whose first names are held skips those
@@ -265,8 +266,8 @@ impl HeldEpoch {
         if state.busy || waiting {
             return;
         }
-        // The held first: those missing are read together, and the clear key's comes first,
-        // without which nothing held is used.
+        // Only those not held are read (in the order asked: the clear key first if missing,
+        // without which nothing held is used).
         let room = HELD_NAMES.saturating_sub(state.epochs.len());
         if room == 0 {
             return;
