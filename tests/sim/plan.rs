@@ -258,8 +258,73 @@ fn leaders(seed: u64) -> Vec<Step> {
         .collect()
 }
 
+/// One schedule in [`OUTAGE_ONE_IN`] has an outage of a near tier's own: the random mix
+/// rarely lines up what a near tier's bounds need to be tested (docs/history/simulation.md):
+/// a copy (filled only by a hit read from the server), a change of its key by another
+/// instance while the copy's owner hears nothing, and a read of that key by the owner later
+/// than `max_staleness` after the change, before its feed gives up (rule (f)), or later than
+/// `serve_while_down` + `max_staleness` while it is still cut off (rule (g)).
+const OUTAGE_ONE_IN: u64 = 4;
+
+/// A near tier's outage, drawn apart from the plan's own draws (so the rest of the plan, and
+/// every schedule without one, is what it was): another instance `set`s a key, the near
+/// instance reads it (a hit: its copy), is cut off for 50 ms to past both of its bounds and
+/// the feed's giving up, while another instance changes the key; the near instance reads it
+/// three times, 0.1 to 1.4 s after the change. It begins before `until_ms`, among the plan's
+/// own calls.
+fn near_outage(seed: u64, until_ms: u64) -> Vec<Step> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x0a7a_9e00_0039);
+    if rng.random_range(0..OUTAGE_ONE_IN) != 0 {
+        return Vec::new();
+    }
+    let near = crate::run::NEAR[rng.random_range(0..crate::run::NEAR.len())];
+    let other = |rng: &mut StdRng| (near + rng.random_range(1..INSTANCES)) % INSTANCES;
+    let key = key(&mut rng);
+    let set = || Action::Set {
+        key: key.clone(),
+        handle_tags: Vec::new(),
+    };
+    let read = |rng: &mut StdRng| Action::Fetch {
+        key: key.clone(),
+        compute_ms: rng.random_range(0..20),
+        fail: false,
+        ttl_ms: rng.random_range(50..1000),
+        handle_tags: Vec::new(),
+        computed_tags: Vec::new(),
+    };
+    let call = |at_ms, instance, action| Step {
+        at_ms,
+        what: What::Call { instance, action },
+    };
+    let filled = rng.random_range(0..until_ms.max(1));
+    let read_at = filled + rng.random_range(10..40);
+    let cut_at = read_at + rng.random_range(10..60);
+    let longest = (crate::run::FEED_GIVES_UP.as_millis() as u64) * 3 / 2;
+    let cut_ms = rng.random_range(50..longest);
+    let changed_at = cut_at + rng.random_range(0..100);
+    let change = match rng.random_range(0..10) {
+        0..6 => set(),
+        _ => Action::Invalidate { key: key.clone() },
+    };
+    let mut steps = vec![
+        call(filled, other(&mut rng), set()),
+        call(read_at, near, read(&mut rng)),
+        Step {
+            at_ms: cut_at,
+            what: What::Fault(Fault::Cut(near, cut_ms)),
+        },
+        call(changed_at, other(&mut rng), change),
+    ];
+    for _ in 0..3 {
+        let at_ms = changed_at + rng.random_range(100..1400);
+        steps.push(call(at_ms, near, read(&mut rng)));
+    }
+    steps
+}
+
 impl Plan {
-    /// The plan of `seed`: `calls` calls spread over the instances, and now and then a fault.
+    /// The plan of `seed`: `calls` calls spread over the instances, now and then a fault, and
+    /// in one schedule in [`OUTAGE_ONE_IN`] a near tier's outage ([`near_outage`]).
     pub fn draw(seed: u64, calls: usize) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut steps = Vec::new();
@@ -283,6 +348,10 @@ impl Plan {
         // The leaders from a draw of their own: the rest of the plan is what it was before
         // schedules had leaders.
         steps.splice(0..0, leaders(seed));
+        let until_ms = steps.last().map_or(0, |s| s.at_ms);
+        steps.extend(near_outage(seed, until_ms));
+        // In time order; steps at one instant keep the order they were drawn in.
+        steps.sort_by_key(|s| s.at_ms);
         Plan {
             seed,
             steps,

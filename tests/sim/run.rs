@@ -39,12 +39,12 @@ const MAX_ENTRIES: u64 = 4;
 /// A killed instance's connection stays cut this long: past the end of any schedule.
 const KILLED_FOR_MS: u64 = 3_600_000;
 /// The instances that run a near tier (the others read the server for every call).
-const NEAR: &[usize] = &[0, 1];
+pub const NEAR: &[usize] = &[0, 1];
 /// Their staleness bound: a heartbeat every quarter of it.
 const MAX_STALENESS: Duration = Duration::from_millis(200);
 /// How long a feed waits for a heartbeat or a report before it gives its connection up: long,
 /// as over a black-holed socket, so the bound rests on the proofs alone.
-const FEED_GIVES_UP: Duration = Duration::from_secs(1);
+pub const FEED_GIVES_UP: Duration = Duration::from_secs(1);
 /// The near instances that also serve held copies while the server is unreachable
 /// (`serve_while_down`), and for how long: rule (g) judges what they serve.
 const HOLDS: &[usize] = &[1];
