@@ -817,10 +817,13 @@ impl FailedOver {
     /// What it did to each key, as the chaos replay proves a failover's effect: the counter
     /// the new master goes on from, the acquisitions it lost (whose tokens it may hand out
     /// again), the last bump it kept; and each key's value going back.
+    /// `undone`: what earlier failovers lost (their replica's copy to their switch), which no
+    /// replica after them holds.
     fn record(
         &self,
         applied: &[(u64, u64, Applied)],
         lives: &[usize],
+        undone: &[std::ops::Range<usize>],
         events: &mut Vec<ServerEvent>,
         changes: &mut Vec<Change>,
     ) {
@@ -830,9 +833,12 @@ impl FailedOver {
         for (i, key) in self.keys.iter().enumerate() {
             let (to, value) = &self.kept[i];
             let bumps = |range: std::ops::Range<usize>| {
+                let start = range.start;
                 applied[range]
                     .iter()
-                    .filter_map(move |(_, _, a)| bump_of(a, key))
+                    .enumerate()
+                    .filter(move |(at, _)| !undone.iter().any(|lost| lost.contains(&(start + at))))
+                    .filter_map(move |(_, (_, _, a))| bump_of(a, key))
             };
             let lost = bumps(self.synced..self.index)
                 .filter_map(|(token, what)| token.map(|t| (t, what)))
@@ -885,11 +891,13 @@ fn server_record(
     let lives: Vec<usize> = restarts.iter().map(|(at, _)| *at).collect();
     let mut restarts = restarts.iter().peekable();
     let mut failovers = failovers.iter().peekable();
+    let mut undone = Vec::new();
     for i in 0..=applied.len() {
         // A failover and a restart at one place: the run ran them in the plan's order, and a
         // restart (or flush) right after a failover empties what it kept either way.
         while let Some(f) = failovers.next_if(|f| f.index <= i) {
-            f.record(applied, &lives, &mut events, &mut changes);
+            f.record(applied, &lives, &undone, &mut events, &mut changes);
+            undone.push(f.synced..f.index);
         }
         while restarts.next_if(|(at, _)| *at <= i).is_some() {
             life += 1;
