@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, PushInfo};
+use redis::{AsyncConnectionConfig, PushInfo, Value};
 use tokio::time::Instant;
 
 use super::coalesce::{self, Coalescer};
@@ -324,17 +324,23 @@ impl HeldEpoch {
                 },
             };
             let generation = shared.generation.load(Ordering::SeqCst);
+            // One key (the clear key alone, a handle without tags) is a `GET`, as ever; more
+            // are one `MGET`.
             let read = redis::pipe()
                 .cmd("CLIENT")
                 .arg("CACHING")
                 .arg("yes")
                 .ignore()
-                .cmd("MGET")
+                .cmd(if names.len() == 1 { "GET" } else { "MGET" })
                 .arg(&names)
-                .query_async::<(Vec<Option<Vec<u8>>>,)>(&mut link.conn.clone())
-                .await;
-            let epochs = match read {
-                Ok((epochs,)) if epochs.len() == names.len() => epochs,
+                .query_async::<(Value,)>(&mut link.conn.clone())
+                .await
+                .map(|(read,)| match read {
+                    Value::Array(values) => values.into_iter().map(epoch_bytes).collect(),
+                    one => vec![epoch_bytes(one)],
+                });
+            let epochs: Vec<Option<Vec<u8>>> = match read {
+                Ok(epochs) if epochs.len() == names.len() => epochs,
                 Ok(_) => return shared.failed(Some(link.serial)),
                 Err(e) => {
                     tracing::debug!(error = %e, "reads keep asking for the namespace's epochs: they could not be read under tracking");
@@ -356,6 +362,16 @@ impl HeldEpoch {
                 }
             }
         }
+    }
+}
+
+/// An epoch's bytes as read (none for a key that is absent; another type's reply is read as
+/// bytes that are not a number, which `parse_epoch` takes for the highest epoch).
+fn epoch_bytes(value: Value) -> Option<Vec<u8>> {
+    match value {
+        Value::Nil => None,
+        Value::BulkString(bytes) => Some(bytes),
+        _ => Some(Vec::new()),
     }
 }
 
