@@ -277,11 +277,7 @@ fn a_held_copy_served_past_its_bound_is_found() {
 /// reads k0 after the cut, 320 ms after the change.
 #[test]
 fn a_near_copy_served_without_proof_breaks_rule_f() {
-    use crate::plan::{Action, Fault};
-    let set = Action::Set {
-        key: "k0".into(),
-        handle_tags: vec![],
-    };
+    use crate::plan::Fault;
     let plan = Plan {
         seed: 39,
         steps: vec![
@@ -289,7 +285,7 @@ fn a_near_copy_served_without_proof_breaks_rule_f() {
             call(30, 0, fetch("k0")),
             call(60, 0, fetch("k0")),
             fault(70, Fault::Cut(0, 300)),
-            call(80, 1, set),
+            call(80, 1, set("k0")),
             call(400, 0, fetch("k0")),
         ],
         clocks_drift: true,
@@ -303,11 +299,7 @@ fn a_near_copy_served_without_proof_breaks_rule_f() {
 /// 200 ms after the cut began, plus 300 ms).
 #[test]
 fn a_held_copy_served_past_its_bound_breaks_rule_g() {
-    use crate::plan::{Action, Fault};
-    let set = Action::Set {
-        key: "k0".into(),
-        handle_tags: vec![],
-    };
+    use crate::plan::Fault;
     let plan = Plan {
         seed: 39,
         steps: vec![
@@ -315,7 +307,7 @@ fn a_held_copy_served_past_its_bound_breaks_rule_g() {
             call(30, 1, fetch("k0")),
             call(40, 1, fetch("k0")),
             fault(50, Fault::Cut(1, 700)),
-            call(60, 0, set),
+            call(60, 0, set("k0")),
             call(400, 1, fetch("k0")),
             call(600, 1, fetch("k0")),
         ],
@@ -589,10 +581,14 @@ fn fetch(key: &str) -> plan::Action {
     }
 }
 
-/// A failover to a replica that lags behind a lock's acquisition: the new master has no lock,
-/// so a second holder gets in while the first still finds its lease valid. The checker counts
-/// that as the documented kind of a failover, not as a violation; the same overlap with no
-/// failover in between is one (`checker_counts_what_a_failover_may_break_and_nothing_else`).
+/// An untagged `set` of `key`.
+fn set(key: &str) -> plan::Action {
+    plan::Action::Set {
+        key: key.into(),
+        handle_tags: vec![],
+    }
+}
+
 /// Found by the 100,000-schedule run (seed 1,093,257): two failovers 62 ms apart, the first
 /// losing a `set` of k2; a computation begun before the `set` then stored k2 under its older
 /// token (a documented kind). The replay took the lost `set` for the bump the second failover
@@ -604,6 +600,10 @@ fn a_bump_lost_by_one_failover_is_not_kept_by_the_next() {
     }
 }
 
+/// A failover to a replica that lags behind a lock's acquisition: the new master has no lock,
+/// so a second holder gets in while the first still finds its lease valid. The checker counts
+/// that as the documented kind of a failover, not as a violation; the same overlap with no
+/// failover in between is one (`checker_counts_what_a_failover_may_break_and_nothing_else`).
 #[test]
 fn a_lock_lost_in_a_failover_is_counted_apart() {
     use crate::plan::{Action, Fault};
