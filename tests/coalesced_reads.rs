@@ -123,6 +123,43 @@ async fn concurrent_hits_share_mgets_and_each_gets_its_own_value() {
     assert!((1..=4).contains(&mgets), "64 hits cost {mgets} MGETs");
 }
 
+/// Callers that read again as soon as they are answered (a busy service's request loops) go out
+/// together round after round: one `MGET` per round, not a read alone (the first caller woken)
+/// and a batch of the rest behind it, which is two round trips per round with the client idle
+/// during the first.
+#[tokio::test(flavor = "current_thread")]
+async fn callers_that_read_again_at_once_go_out_together_each_round() {
+    const ROUNDS: u64 = 50;
+    let server = RedisServer::start();
+    let cache = cache(&server, ConnectionOptions::default()).await;
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+    fill(&cache, &keys).await;
+    read_all(&cache, &keys[..1]).await;
+    until_epoch_held(&server).await;
+    reset_command_stats(&server);
+    let callers: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (cache, key) = (cache.clone(), key.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    read_all(&cache, std::slice::from_ref(&key)).await;
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.expect("a caller");
+    }
+    let reads = reads_run(&server);
+    let sent: u64 = reads.values().sum();
+    assert!(
+        sent <= ROUNDS + ROUNDS / 5,
+        "{} hits in {ROUNDS} rounds sent {reads:?}",
+        64 * ROUNDS
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_lone_read_goes_out_by_itself_each_time() {
     let server = RedisServer::start();

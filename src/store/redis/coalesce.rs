@@ -5,6 +5,12 @@
 //! for many hits, and the namespace's epoch, which every read asks for, is read once per
 //! `MGET`; reads of one key in a batch share its bytes.
 //!
+//! Company: when reads came together (the last batch carried more than one), the task that
+//! sends the queue lets the scheduler run the other ready tasks once before it takes the
+//! queue, so the callers a batch's answers woke, who read again at once, go out together.
+//! Without it the first of them to read goes out by itself and the rest queue behind it: two
+//! round trips per round, with the client idle during the lone one.
+//!
 //! Cancellation: the caller that sends a batch may be dropped while its `MGET` is out. The
 //! reads it carried then see their answer channel closed and read again, each by itself; the
 //! queue behind it is handed to a task. If that task cannot run or ends early (no runtime, the
@@ -94,6 +100,8 @@ struct State {
     queued: Vec<Read>,
     /// Whether a batch is out (its sender sends the queue when it returns).
     sending: bool,
+    /// Whether the last batch taken carried more than one read (see the module's "Company").
+    company: bool,
 }
 
 impl Coalescer {
@@ -129,6 +137,7 @@ impl Coalescer {
     fn give_up(&self) {
         let mut state = lock(&self.state);
         state.sending = false;
+        state.company = false;
         state.queued.clear();
     }
 
@@ -162,11 +171,26 @@ impl Coalescer {
     /// there are none (then no batch is out).
     fn next(&self) -> Option<Vec<Read>> {
         let mut state = lock(&self.state);
+        state.company = state.queued.len() > 1;
         if state.queued.is_empty() {
             state.sending = false;
             return None;
         }
         Some(std::mem::take(&mut state.queued))
+    }
+
+    /// After a batch was answered, whether its sender keeps the turn to send the next: reads
+    /// are queued, or came in company and may yet come (see the module's "Company"). If not, no
+    /// batch is out any more.
+    fn keep_turn(&self) -> bool {
+        let mut state = lock(&self.state);
+        state.sending = state.company || !state.queued.is_empty();
+        state.sending
+    }
+
+    /// Whether reads came in company lately.
+    fn in_company(&self) -> bool {
+        lock(&self.state).company
     }
 }
 
@@ -302,9 +326,9 @@ fn drain_in_task<C>(conn: &C, coalescer: &Arc<Coalescer>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let Some(batch) = coalescer.next() else {
+    if !coalescer.keep_turn() {
         return;
-    };
+    }
     // The turn to send is the task's from here: if the task ends before the queue is empty
     // (the runtime shutting down, no runtime at all, a panic), its guard gives the turn back.
     let turn = Turn {
@@ -314,17 +338,17 @@ where
     let conn = conn.clone();
     let task = async move {
         let mut turn = turn;
-        let mut batch = batch;
         loop {
+            if turn.coalescer.in_company() {
+                // The callers just answered may read again in this turn of the scheduler.
+                tokio::task::yield_now().await;
+            }
+            let Some(batch) = turn.coalescer.next() else {
+                turn.done = true;
+                return;
+            };
             if let Some(e) = send(&conn, batch, turn.coalescer.per_slot).await {
                 turn.coalescer.fail_queued(&e);
-            }
-            match turn.coalescer.next() {
-                Some(next) => batch = next,
-                None => {
-                    turn.done = true;
-                    return;
-                }
             }
         }
     };
@@ -526,6 +550,27 @@ mod tests {
             coalescer.enqueue(third).is_some(),
             "nothing out: the next read sends"
         );
+    }
+
+    #[test]
+    fn a_sender_keeps_the_turn_while_reads_come_in_company() {
+        let coalescer = Coalescer::new(false);
+        let (a, _a) = read("a");
+        let _sent = coalescer.enqueue(a).expect("nothing out: send now");
+        let (b, _b) = read("b");
+        let (c, _c) = read("c");
+        assert!(coalescer.enqueue(b).is_none());
+        assert!(coalescer.enqueue(c).is_none());
+        assert_eq!(coalescer.next().map(|batch| batch.len()), Some(2));
+        // Answered, the two may read again at once: the turn is kept though none is queued.
+        assert!(coalescer.keep_turn());
+        let (d, _d) = read("d");
+        assert!(coalescer.enqueue(d).is_none(), "the turn is held: queue");
+        assert_eq!(coalescer.next().map(|batch| batch.len()), Some(1));
+        // A batch of one is no company: with nothing queued the turn is given back.
+        assert!(!coalescer.keep_turn());
+        let (e, _e) = read("e");
+        assert!(coalescer.enqueue(e).is_some(), "nothing out: send at once");
     }
 
     #[test]
