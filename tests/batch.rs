@@ -570,6 +570,25 @@ async fn invalidate_many_is_one_round_trip() {
     }
 }
 
+/// A server that lacks a script (new, restarted, flushed) gets it loaded once, however many
+/// calls meet that together: here the chunks of one `invalidate_many`, sent at once. Each load
+/// compiles the script on the server; every chunk loading it was 40 loads here.
+#[tokio::test]
+async fn a_script_the_server_lacks_is_loaded_once_for_the_calls_that_meet_that_together() {
+    let server = RedisServer::start();
+    let cache = cache(&server, "batch", CallOptions::default()).await;
+    let keys: Vec<String> = (0..5_000).map(|i| format!("k{i}")).collect();
+    let monitor = Monitor::start(&server);
+    let _ = cache.invalidate_many(&keys).await.unwrap();
+    let commands = monitor.commands_until_now(&server);
+    let sent = |name: &str| commands.iter().filter(|c| *c == name).count();
+    assert_eq!(sent("SCRIPT"), 1, "{commands:?}");
+    assert!(
+        sent("EVALSHA") > 2,
+        "the keys went out in chunks: {commands:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_near_tier_answers_the_keys_it_holds_without_a_request() {
     let server = RedisServer::start();

@@ -6,17 +6,21 @@
 //!
 //! Each script takes data only through KEYS and ARGV, and every key it touches shares the entry's
 //! hash tag, so it runs on one Redis Cluster slot. Wake-up channels are not keys; they travel in
-//! ARGV. Scripts are sent by SHA (`EVALSHA`); redis-rs reloads one on `NOSCRIPT`. The order of
+//! ARGV. Scripts are sent by SHA (`EVALSHA`), loaded once on `NOSCRIPT` (see `run`). The order of
 //! KEYS and ARGV is part of the contract beyond the Lua text: the chaos test's checker replays
 //! the scripts' commands as the server's `MONITOR` prints them.
 //!
 //! Explained in the guide: `docs/how-it-works.md` (The scripts).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ToRedisArgs, Value};
+use redis::{
+    ErrorKind, FromRedisValue, RedisError, Script, ScriptInvocation, ServerErrorKind, ToRedisArgs,
+    Value,
+};
 
 use crate::store::{expiry_ms, retention, StoreError, StoreResult, Write};
 use crate::wire::key::EntryKeys;
@@ -196,16 +200,57 @@ pub(crate) trait ScriptCall {
     }
 }
 
-/// Runs `call` over `conn`: by SHA, reloading the script on `NOSCRIPT`.
+/// Runs `call` over `conn` by SHA. A server that does not know the script (`NOSCRIPT`: new,
+/// restarted, failed over, flushed) has it loaded once for all the calls that met that together
+/// ([`Lua::load`]), then the call is sent again; its `EVALSHA` ran nothing.
 pub(crate) async fn run<S, C>(scripts: Scripts, call: S, conn: &mut C) -> StoreResult<S::Reply>
 where
     S: ScriptCall,
     C: ConnectionLike,
 {
     let args = Args::of(&call, scripts);
-    match args.invocation().invoke_async(conn).await {
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(args.invocation());
+    let Some(evalsha) = pipe.cmd_iter().next() else {
+        return Err(unexpected("a script call without its EVALSHA", &Value::Nil));
+    };
+    let loads = S::LUA.loads(scripts).done.load(Ordering::Acquire);
+    let mut reply = send(evalsha, conn).await;
+    // Once loaded by this process (maybe on another server, so not for this one), and once
+    // more by this call itself if that was not enough.
+    for load_anyway in [false, true] {
+        if !matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
+            break;
+        }
+        let seen = if load_anyway { None } else { Some(loads) };
+        if let Err(e) = S::LUA.load(scripts, seen, args.invocation(), conn).await {
+            return Err(args.name(e.into()));
+        }
+        reply = send(evalsha, conn).await;
+    }
+    match reply {
         Ok(reply) => call.decode(reply),
         Err(e) => Err(args.name(e.into())),
+    }
+}
+
+/// One command's reply, a server's error in it as the error (as `query_async` reads it).
+async fn send<C: ConnectionLike>(cmd: &redis::Cmd, conn: &mut C) -> Result<Value, RedisError> {
+    conn.req_packed_command(cmd).await?.extract_error()
+}
+
+/// The loads of one script in one set of [`Scripts`] by this process: one at a time, counted.
+struct Loads {
+    gate: tokio::sync::Mutex<()>,
+    done: AtomicU64,
+}
+
+impl Loads {
+    const fn new() -> Self {
+        Loads {
+            gate: tokio::sync::Mutex::const_new(()),
+            done: AtomicU64::new(0),
+        }
     }
 }
 
@@ -215,6 +260,8 @@ pub(crate) struct Lua {
     body: &'static str,
     plain: OnceLock<Script>,
     sharded: OnceLock<Script>,
+    plain_loads: Loads,
+    sharded_loads: Loads,
 }
 
 /// The script whose text is the prelude, then `body`.
@@ -223,10 +270,41 @@ const fn lua(body: &'static str) -> Lua {
         body,
         plain: OnceLock::new(),
         sharded: OnceLock::new(),
+        plain_loads: Loads::new(),
+        sharded_loads: Loads::new(),
     }
 }
 
 impl Lua {
+    fn loads(&self, scripts: Scripts) -> &Loads {
+        match scripts {
+            Scripts::Plain => &self.plain_loads,
+            Scripts::Sharded => &self.sharded_loads,
+        }
+    }
+
+    /// Loads the script over `conn` for a call that met `NOSCRIPT`, one load at a time: the
+    /// calls that met it together (a batch's chunks, every caller after a restart) wait for one
+    /// load rather than each sending their own (`SCRIPT LOAD` compiles the script: the server's
+    /// costliest command here). `seen`: how many loads the call had seen before it was sent; if
+    /// one ended since, it is taken as the load the call needs and none is sent.
+    async fn load<C: ConnectionLike>(
+        &self,
+        scripts: Scripts,
+        seen: Option<u64>,
+        invocation: &ScriptInvocation<'_>,
+        conn: &mut C,
+    ) -> Result<(), RedisError> {
+        let loads = self.loads(scripts);
+        let _turn = loads.gate.lock().await;
+        if seen.is_some_and(|seen| loads.done.load(Ordering::Acquire) != seen) {
+            return Ok(());
+        }
+        invocation.load_async(conn).await?;
+        loads.done.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
     /// The script as the set `scripts` sends it: prefixed with the prelude, with its wake-up
     /// command.
     fn script(&self, scripts: Scripts) -> &Script {
