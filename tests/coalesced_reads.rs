@@ -53,6 +53,23 @@ async fn until_epoch_held(server: &RedisServer) {
     panic!("the store never read the namespace's epoch under tracking");
 }
 
+/// A cache over `server` with `connection`, `n` keys written (`k0`, `k1`, ...), its connection
+/// warmed (its first answer starts the eviction-policy check) and the namespace's epoch held
+/// (one `GET` in the background): then the command counts are reset.
+async fn warm(
+    server: &RedisServer,
+    connection: ConnectionOptions,
+    n: usize,
+) -> (Cache, Vec<String>) {
+    let cache = cache(server, connection).await;
+    let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+    fill(&cache, &keys).await;
+    read_all(&cache, &keys[..1]).await;
+    until_epoch_held(server).await;
+    reset_command_stats(server);
+    (cache, keys)
+}
+
 /// Writes `keys` values `key -> "v-<key>"`.
 async fn fill(cache: &Cache, keys: &[String]) {
     for key in keys {
@@ -106,14 +123,7 @@ async fn futures_like_join<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Ou
 #[tokio::test(flavor = "current_thread")]
 async fn concurrent_hits_share_mgets_and_each_gets_its_own_value() {
     let server = RedisServer::start();
-    let cache = cache(&server, ConnectionOptions::default()).await;
-    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
-    fill(&cache, &keys).await;
-    // Warm the connection (its first answer starts the eviction-policy check) and let the
-    // store learn the namespace's epoch under tracking (one `GET` in the background).
-    read_all(&cache, &keys[..1]).await;
-    until_epoch_held(&server).await;
-    reset_command_stats(&server);
+    let (cache, keys) = warm(&server, ConnectionOptions::default(), 64).await;
     read_all(&cache, &keys).await;
     let reads = reads_run(&server);
     // The first read goes out alone (a `GET`: the namespace's epoch is held), the 63 that
@@ -131,12 +141,7 @@ async fn concurrent_hits_share_mgets_and_each_gets_its_own_value() {
 async fn callers_that_read_again_at_once_go_out_together_each_round() {
     const ROUNDS: u64 = 50;
     let server = RedisServer::start();
-    let cache = cache(&server, ConnectionOptions::default()).await;
-    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
-    fill(&cache, &keys).await;
-    read_all(&cache, &keys[..1]).await;
-    until_epoch_held(&server).await;
-    reset_command_stats(&server);
+    let (cache, keys) = warm(&server, ConnectionOptions::default(), 64).await;
     let callers: Vec<_> = keys
         .iter()
         .map(|key| {
@@ -163,12 +168,7 @@ async fn callers_that_read_again_at_once_go_out_together_each_round() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_lone_read_goes_out_by_itself_each_time() {
     let server = RedisServer::start();
-    let cache = cache(&server, ConnectionOptions::default()).await;
-    let keys: Vec<String> = (0..10).map(|i| format!("k{i}")).collect();
-    fill(&cache, &keys).await;
-    read_all(&cache, &keys[..1]).await;
-    until_epoch_held(&server).await;
-    reset_command_stats(&server);
+    let (cache, keys) = warm(&server, ConnectionOptions::default(), 10).await;
     for key in &keys {
         read_all(&cache, std::slice::from_ref(key)).await;
     }
@@ -180,12 +180,12 @@ async fn a_lone_read_goes_out_by_itself_each_time() {
 #[tokio::test(flavor = "current_thread")]
 async fn switched_off_every_read_is_its_own_command() {
     let server = RedisServer::start();
-    let cache = cache(&server, ConnectionOptions::default().coalesce_reads(false)).await;
-    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
-    fill(&cache, &keys).await;
-    read_all(&cache, &keys[..1]).await;
-    until_epoch_held(&server).await;
-    reset_command_stats(&server);
+    let (cache, keys) = warm(
+        &server,
+        ConnectionOptions::default().coalesce_reads(false),
+        64,
+    )
+    .await;
     read_all(&cache, &keys).await;
     let reads = reads_run(&server);
     assert_eq!(reads, BTreeMap::from([("get".to_owned(), 64)]));
