@@ -73,6 +73,17 @@ async fn lock_on(urls: Target<'_>, name: &str, connection: ConnectionOptions) ->
         .expect("a lock")
 }
 
+/// A cache on `master` whose lock writes wait for one replica.
+async fn waiting_cache(master: &RedisServer) -> Cache {
+    Cache::builder()
+        .redis_url(master.url())
+        .namespace("failover")
+        .connection(waiting())
+        .build()
+        .await
+        .expect("a cache")
+}
+
 #[derive(Clone, Copy)]
 enum Target<'a> {
     Server(&'a RedisServer),
@@ -196,13 +207,7 @@ async fn with_the_replica_stopped_a_renewal_fails_and_the_lock_stays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cache_whose_replica_is_stopped_fails_a_miss_by_its_backend_policy() {
     let servers = Replicated::start();
-    let cache = Cache::builder()
-        .redis_url(servers.master.url())
-        .namespace("failover")
-        .connection(waiting())
-        .build()
-        .await
-        .expect("a cache");
+    let cache = waiting_cache(&servers.master).await;
     let computed = Arc::new(AtomicBool::new(false));
     let stopped = Stopped::stop(&servers.replica);
     let call = cache.get_or_compute("2019-05", Duration::from_secs(60), {
@@ -226,6 +231,33 @@ async fn a_cache_whose_replica_is_stopped_fails_a_miss_by_its_backend_policy() {
         .await
         .expect("computed under the lock once the replica is back");
     assert_eq!(value, 2);
+}
+
+/// Misses that wait for the replica meet a fresh server's `NOSCRIPT` together, as any script
+/// call does: each script is loaded once for all of them, not once per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misses_that_wait_for_the_replica_load_each_script_once() {
+    let servers = Replicated::start();
+    let cache = waiting_cache(&servers.master).await;
+    reset_command_stats(&servers.master);
+    let misses = (0..20).map(|i| {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .get_or_compute(
+                    &format!("k{i}"),
+                    Duration::from_secs(60),
+                    move || async move { Ok::<_, String>(i) },
+                )
+                .await
+        })
+    });
+    for miss in misses.collect::<Vec<_>>() {
+        miss.await.expect("a miss").expect("computed");
+    }
+    let calls = commands_since_reset(&servers.master);
+    let loads = calls.get("script|load").copied().unwrap_or(0);
+    assert!(loads <= 3, "20 misses on a fresh server: {calls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,7 +54,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
 
     /// Runs `call`, then `WAIT` on the same connection: the script's reply, and whether enough
     /// replicas acknowledged it. A script the server does not know (`NOSCRIPT`: restarted,
-    /// failed over, flushed) is loaded and the pair sent once more; its `EVALSHA` wrote nothing.
+    /// failed over, flushed) is loaded as `scripts::run` loads it (once for the calls that meet
+    /// that together) and the pair sent again; its `EVALSHA` wrote nothing.
     pub(crate) async fn run<S: ScriptCall>(
         &self,
         scripts: Scripts,
@@ -68,13 +69,18 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
             .arg(wait_ms(self.acks.timeout));
         let mut conn = self.conn.clone();
         let about = |e: StoreError| args.name(e);
+        let loads = S::LUA.loads_done(scripts);
         let mut replies = conn
             .req_packed_commands(&pipe, 0, 2)
             .await
             .map_err(|e| about(e.into()))?;
-        if is_noscript(replies.first()) {
-            args.invocation()
-                .load_async(&mut conn)
+        for load_anyway in [false, true] {
+            if !is_noscript(replies.first()) {
+                break;
+            }
+            let seen = if load_anyway { None } else { Some(loads) };
+            S::LUA
+                .load(scripts, seen, args.invocation(), &mut conn)
                 .await
                 .map_err(|e| about(e.into()))?;
             replies = conn

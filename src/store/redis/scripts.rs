@@ -214,7 +214,7 @@ where
     let Some(evalsha) = pipe.cmd_iter().next() else {
         return Err(unexpected("a script call without its EVALSHA", &Value::Nil));
     };
-    let loads = S::LUA.loads(scripts).done.load(Ordering::Acquire);
+    let loads = S::LUA.loads_done(scripts);
     let mut reply = send(evalsha, conn).await;
     // Once loaded by this process (maybe on another server, so not for this one), and once
     // more by this call itself if that was not enough.
@@ -276,6 +276,12 @@ const fn lua(body: &'static str) -> Lua {
 }
 
 impl Lua {
+    /// How many loads of the script in `scripts` this process has finished: read before a call
+    /// is sent, for [`load`](Self::load) after a `NOSCRIPT`.
+    pub(super) fn loads_done(&self, scripts: Scripts) -> u64 {
+        self.loads(scripts).done.load(Ordering::Acquire)
+    }
+
     fn loads(&self, scripts: Scripts) -> &Loads {
         match scripts {
             Scripts::Plain => &self.plain_loads,
@@ -288,7 +294,7 @@ impl Lua {
     /// load rather than each sending their own (`SCRIPT LOAD` compiles the script: the server's
     /// costliest command here). `seen`: how many loads the call had seen before it was sent; if
     /// one ended since, it is taken as the load the call needs and none is sent.
-    async fn load<C: ConnectionLike>(
+    pub(super) async fn load<C: ConnectionLike>(
         &self,
         scripts: Scripts,
         seen: Option<u64>,
