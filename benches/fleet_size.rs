@@ -1,11 +1,11 @@
 //! What a fleet costs one Redis, and where one server stops being enough: 1, 10, 50 and 200
 //! instances against one `redis-server`, then against the 3-master cluster the tests start
-//! (3 masters, 3 replicas; sharded pub/sub for wake-ups), there at 1, 10 and 50 instances,
-//! without the announcing fleets (time). Each instance is a `Cache` of its own,
+//! (3 masters, 3 replicas; sharded pub/sub for wake-ups), there without the announcing fleets
+//! (time). Each instance is a `Cache` of its own,
 //! holding what a process would hold: its data connection (which also carries its locks), its
 //! wake-up subscriber, and with the near tier its feed (one connection per master). They share
-//! this process's tokio runtime (one thread, as in the other Redis benches), as lightweight
-//! workers.
+//! this process's tokio runtime, as lightweight workers (one client thread by default, as in the
+//! other Redis benches; see `client_runtime`).
 //!
 //! Three kinds of fleet: no near tier (`near=off`), a near tier that hears the crate's own
 //! announcements only (`near=announce`, `track_outside_writes(false)`), and one with Redis's
@@ -23,11 +23,11 @@
 //! - `hit_load` and `set_load`: as many callers as instances (at least 64; caller `j` uses
 //!   instance `j % n`) reading the filled keys, or replacing values, in a closed loop for 1.5 s:
 //!   operations per second and the CPU shares of the servers (`server_cpu_share`, in cores;
-//!   `busiest_node_share` for the busiest one), of this client process (its one thread) and of
+//!   `busiest_node_share` for the busiest one), of this client process (its threads) and of
 //!   the whole machine (`machine_busy`, 1.0 = both cores). `bound=server` when the busiest
 //!   server used at least 0.9 of its core (Redis runs commands on one thread), else
 //!   `bound=machine` when every core was busy (the client, the servers and whatever else ran on
-//!   the machine), else `bound=client`: the client thread ran out, not the server;
+//!   the machine), else `bound=client`: the client ran out, not the server;
 //! - `idle`: the fleet doing nothing for 1 s (heartbeats, pings): `ops=0`, and the `_per_op`
 //!   fields are per second;
 //! - `wakeup`: 1,000 waiters spread over the instances wait on one key that another instance
@@ -62,12 +62,14 @@ use support::{RedisCluster, RedisServer, ServerCounters};
 use tokio::sync::oneshot;
 
 const SIZES: [usize; 4] = [1, 10, 50, 200];
+/// The client's worker threads (see [`client_runtime`]).
+const CLIENT_THREADS: usize = 1;
 /// Keys of the `set`, `fill` and hit measurements.
 const OPS: usize = 1_000;
 
 /// Operations of each one-at-a-time measurement (`set`, `fill`) for a fleet of `size`: fewer
-/// for large fleets, where this one client thread also receives every instance's messages (a
-/// write to 200 announcing instances took 23 ms of wall time here), so that the bench stays
+/// for large fleets, where the client also receives every instance's messages (a write to
+/// 200 announcing instances took 23 ms of wall time on one client thread), so that the bench stays
 /// within minutes. The figures are per operation either way.
 fn sequential_ops(size: usize) -> usize {
     (OPS * 10 / size).clamp(100, OPS)
@@ -494,6 +496,29 @@ async fn run(target: &Target, size: usize, near: Near) {
     wakeup(target, &fleet).await;
 }
 
+/// The client's runtime: [`CLIENT_THREADS`] (a current-thread runtime, as the other Redis
+/// benches have), or as many worker threads as `STAMPEDE_FLEET_THREADS` says, for a machine
+/// with cores to spare. On this 2-core machine two client threads did not lower what the server
+/// spends: under load the same per `set`, one at a time up to half again as much (on loopback,
+/// waking the client's idle threads is charged to the server's core), and the client's threads
+/// and the server then share two cores (`docs/history/past-one-redis.md`). Each line's `bound`
+/// says whether the server, the machine or the client ran out.
+fn client_runtime() -> tokio::runtime::Runtime {
+    let threads = std::env::var("STAMPEDE_FLEET_THREADS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(CLIENT_THREADS)
+        .max(1);
+    if threads == 1 {
+        return support::load::runtime();
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
 /// A comma-separated list from the environment, or `all`.
 fn chosen<T: Copy>(var: &str, all: &[T], parse: impl Fn(&str) -> Option<T>) -> Vec<T> {
     match std::env::var(var) {
@@ -513,9 +538,7 @@ fn main() {
     let targets = chosen("STAMPEDE_FLEET_TARGETS", &["one", "cluster"], |s| {
         ["one", "cluster"].into_iter().find(|t| *t == s)
     });
-    // One client thread, as the other Redis benches have: the server keeps the other core,
-    // so that a load that saturates the client cannot pass for one that saturates Redis.
-    let rt = support::load::runtime();
+    let rt = client_runtime();
     let started = Instant::now();
     if targets.contains(&"one") {
         for &size in &sizes {
@@ -528,9 +551,7 @@ fn main() {
     }
     if targets.contains(&"cluster") {
         let target = Target::Cluster(RedisCluster::start());
-        // Without 200 unless asked (`STAMPEDE_FLEET_SIZES`), and without the announcing
-        // fleets: the bench would pass its few minutes.
-        let sizes = chosen("STAMPEDE_FLEET_SIZES", &SIZES[..3], |s| s.parse().ok());
+        // Without the announcing fleets: the bench would pass its few minutes.
         for &size in &sizes {
             for near in [Near::Off, Near::Tracking] {
                 rt.block_on(run(&target, size, near));
