@@ -5,11 +5,10 @@
 mod support {
     pub mod cluster;
     pub mod cluster_cache;
-    pub mod commandstats;
     pub mod poll;
     pub mod server;
     pub mod signal;
-    pub use {cluster::*, cluster_cache::*, commandstats::*, poll::*, signal::*};
+    pub use {cluster::*, cluster_cache::*, poll::*, signal::*};
 }
 
 use std::collections::{HashMap, HashSet};
@@ -517,86 +516,5 @@ async fn batches_on_a_cluster_lock_per_slot_and_compute_each_key_once() {
     let _ = caches[1].invalidate_many(&months).await.unwrap();
     for m in &months {
         assert_eq!(caches[2].get::<String>(m).await.unwrap(), None, "{m}");
-    }
-}
-
-/// A warm hit on a cluster is one request, to its value's master: the namespace's clear epoch
-/// has a copy in the value's slot, so no other node is asked, and the clear key's master is not
-/// hot for every hit (issue 38, item 3). A `clear` still reaches every slot's values, and a value
-/// computed after it lives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_warm_hit_on_a_cluster_is_one_request_to_its_master_and_a_clear_reaches_every_slot() {
-    let cluster = RedisCluster::start();
-    let months: Vec<String> = (0..24).map(month).collect();
-    let master = |m: &str| cluster.master_of(&format!("reports:{{{m}}}"));
-    let cache = Cache::builder()
-        .redis_cluster(cluster.urls())
-        .namespace("reports")
-        .connection(ConnectionOptions::default().coalesce_reads(false))
-        .build()
-        .await
-        .unwrap();
-    let fill = |round: &'static str| {
-        let cache = cache.clone();
-        let months = months.clone();
-        async move {
-            for m in &months {
-                let key = m.clone();
-                let value = cache
-                    .get_or_compute(m, TTL, move || async move {
-                        Ok::<_, String>(format!("{round} {key}"))
-                    })
-                    .await
-                    .unwrap();
-                assert!(value.ends_with(m.as_str()), "{value}");
-            }
-        }
-    };
-    fill("before").await;
-    // Cleared once, so the epoch is there to be read (a namespace never cleared is read alike).
-    let _ = cache.clear().await.unwrap();
-    fill("after").await;
-
-    for node in &cluster.nodes {
-        support::reset_command_stats(node);
-    }
-    for m in &months {
-        let hit: String = cache
-            .get_or_compute(m, TTL, || async { Err::<String, _>("warm: not called") })
-            .await
-            .unwrap();
-        assert_eq!(
-            hit,
-            format!("after {m}"),
-            "the value computed after the clear"
-        );
-    }
-    let mut expected = vec![0u64; cluster.nodes.len()];
-    for m in &months {
-        expected[master(m)] += 1;
-    }
-    let reads: Vec<u64> = (cluster.nodes.iter())
-        .map(|node| {
-            let ran = support::commands_since_reset(node);
-            ran.get("mget").copied().unwrap_or(0) + ran.get("get").copied().unwrap_or(0)
-        })
-        .collect();
-    assert_eq!(
-        reads, expected,
-        "one read per hit, each on its value's master (per node)"
-    );
-
-    // A clear made by another instance reaches every slot: each month is computed again.
-    let other = cluster_cache(&cluster, "reports", CallOptions::default()).await;
-    let _ = other.clear().await.unwrap();
-    for m in &months {
-        let key = m.clone();
-        let value: String = cache
-            .get_or_compute(m, TTL, move || async move {
-                Ok::<_, String>(format!("again {key}"))
-            })
-            .await
-            .unwrap();
-        assert_eq!(value, format!("again {m}"), "cleared");
     }
 }

@@ -280,8 +280,7 @@ impl Breaker {
     }
 
     /// As [`sending`](Self::sending), for a request answered slowly by design (a lock write
-    /// that waits for replicas, up to its `WAIT` timeout; a cluster's `clear`, thousands of
-    /// requests answered as one): left out of the stall watchdog's
+    /// that waits for replicas, up to its `WAIT` timeout): left out of the stall watchdog's
     /// count, which would take its wait for a dead server. Its outcome is still recorded, and
     /// it still fails at once when the breaker opens.
     pub(crate) fn sending_slow(&self) -> InFlight<'_> {

@@ -66,12 +66,11 @@ impl GuardedStore {
         request: BoxFuture<'a, StoreResult<T>>,
         failure: fn(&StoreResult<T>) -> Option<&StoreError>,
     ) -> BoxFuture<'a, StoreResult<T>> {
-        // A lock write that waits for replicas, and an operation of many requests, wait
-        // unwatched by the stall watchdog (see [`Breaker::sending_slow`]).
+        // A lock write that waits for replicas waits unwatched by the stall watchdog (see
+        // [`Breaker::sending_slow`]).
         let slow = match class {
             Class::CleanUp => return request,
             Class::LockWrite => self.slow_locks,
-            Class::Long => true,
             Class::Plain => false,
         };
         if let Err(refused) = self.admit() {

@@ -13,7 +13,7 @@ use super::{
     Acquire, Blob, HolderTrace, LockPeek, ManyWithEpochs, ReadOrLock, StoreError, StoreResult,
     Stored, Write,
 };
-use crate::wire::key::{clear_key_namespace, EntryKeys};
+use crate::wire::key::EntryKeys;
 
 /// What a wrapper in front of a backend must know of an operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,11 +27,6 @@ pub(crate) enum Class {
     /// Frees a lock: clean-up, mostly of a request the breaker itself cut off (it may have been
     /// granted), so an open breaker still lets it through (see `guarded.rs`).
     CleanUp,
-    /// Many requests in one operation, answered together: a `clear` on a cluster raises the
-    /// clear epoch's copy in every slot (16,384 script calls, `store/redis/clear_copies.rs`),
-    /// which may take longer than the stall bound while every node answers, so the breaker's
-    /// stall watchdog leaves it out; its outcome counts as any other's.
-    Long,
 }
 
 /// An operation of a lock: what a [`LockStore`](super::LockStore) answers. Every one is about
@@ -196,8 +191,7 @@ pub(crate) enum Op<'a> {
     Epochs { names: &'a [String] },
     /// Raises each epoch to at least `floor` and above what it was, for ever (no expiry), and
     /// tells the near tiers (announced like an entry's change): [`Reply::Done`]. One request per
-    /// name, all sent at once; the first failure is reported, after every name was tried. On a
-    /// cluster, a clear key's copy in every slot first (`store/redis/clear_copies.rs`).
+    /// name, all sent at once; the first failure is reported, after every name was tried.
     RaiseEpochs { names: &'a [String], floor: u64 },
     /// [`Op::Get`] and [`Op::Epochs`] together: [`Reply::ValueWithEpochs`]. On Redis one `MGET`
     /// (on a cluster, per slot, sent at once).
@@ -245,11 +239,6 @@ impl Op<'_> {
     pub(crate) fn class(&self) -> Class {
         match self {
             Op::ReadOrLock { .. } | Op::ReadOrLockMany { .. } => Class::LockWrite,
-            Op::RaiseEpochs { names, .. }
-                if names.iter().any(|name| clear_key_namespace(name).is_some()) =>
-            {
-                Class::Long
-            }
             _ => Class::Plain,
         }
     }

@@ -10,8 +10,6 @@
 //!   reads that arrive while one is out into one `MGET`;
 //! - `mget.rs`: `MGET` on one server (sized, read in place) and across a cluster's slots;
 //! - `held_epoch.rs`: the namespace's epoch held under tracking, so a hit reads its value alone;
-//! - `clear_copies.rs`: on a cluster, the clear epoch's copy in every slot, so a hit reads its
-//!   value and its epoch from one node;
 //! - `cluster.rs`: the lazy Redis Cluster connection;
 //! - `pubsub.rs`: wake-up subscriptions, counted per channel;
 //! - `replicas.rs`: lock and fencing writes that wait for replicas (`WAIT`);
@@ -29,7 +27,6 @@
 
 mod capabilities;
 mod classify;
-mod clear_copies;
 mod clock;
 mod cluster;
 mod coalesce;

@@ -141,19 +141,6 @@ pub(crate) fn clear_key(namespace: &str) -> String {
     format!("{namespace}:{{%c}}")
 }
 
-/// The namespace whose [`clear_key`] `name` is, if it is one.
-pub(crate) fn clear_key_namespace(name: &str) -> Option<&str> {
-    name.strip_suffix(":{%c}")
-}
-
-/// On a Redis Cluster, the copy of the namespace's clear epoch in the slot of hash tag `tag`,
-/// `ns:%c{<tag>}` (see `store/redis/clear_copies.rs`). No key the crate builds for an entry or
-/// an epoch starts with `ns:%` (they all start with `ns:{`), so none shares this name, and it
-/// lies outside the near tier's tracked prefix: raising the copies reports nothing.
-pub(crate) fn clear_copy_key(namespace: &str, tag: u32) -> String {
-    format!("{namespace}:%c{{{tag}}}")
-}
-
 /// The epoch of `tag`, `ns:{%t:<escaped tag>}`: raised by `Cache::invalidate_tag`. Its own hash
 /// tag, so the tags of a namespace spread over a cluster's slots. Checked like a key: an empty
 /// tag or one over [`MAX_KEY_BYTES`] is [`Error::InvalidKey`].

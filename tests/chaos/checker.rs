@@ -949,7 +949,7 @@ fn replaces(
     let end = call.end_us.unwrap_or(u64::MAX);
     let lost = judging
         .iter()
-        .all(|epoch| epoch_lost(h, epoch, call, q.start_us, end));
+        .all(|epoch| epoch_lost(h, epoch, q.start_us, end));
     !judging.is_empty() && !lost && births.latest(v, &parts).is_some_and(|b| b < q.start_us)
 }
 
@@ -1080,19 +1080,15 @@ enum Verdict<'h> {
     },
 }
 
-/// Whether `epoch` was lost on the server between `from` and `to`, for a read of `read`: a
-/// restart, a failover of its key's master, or an eviction of its key (seen within the
-/// notification slack): the documented price of an epoch kept in Redis, which rules (h) and
-/// (i) excuse. On a cluster a single-key read judges its value by the clear epoch's copy in
-/// the value's own slot, so for it a failover of the value's master loses the clear too.
-fn epoch_lost(h: &History, epoch: &Epoch, read: &Call, from: u64, to: u64) -> bool {
+/// Whether `epoch` was lost on the server between `from` and `to`: a restart, a failover of
+/// its key's master, or an eviction of its key (seen within the notification slack): the
+/// documented price of an epoch kept in Redis, which rules (h) and (i) excuse.
+fn epoch_lost(h: &History, epoch: &Epoch, from: u64, to: u64) -> bool {
     let notification_slack_us = 2 * h.lease_ms * 1000;
-    let copy_in_slot = (*epoch == Epoch::Clear && read.op != "batch").then_some(&read.key);
     h.restarts_us.iter().any(|at| (from..=to).contains(at))
-        || h.failovers.iter().any(|f| {
-            f.covers(&epoch_tag(epoch), from, to)
-                || copy_in_slot.is_some_and(|key| f.covers(key, from, to))
-        })
+        || h.failovers
+            .iter()
+            .any(|f| f.covers(&epoch_tag(epoch), from, to))
         || h.epoch_evictions.iter().any(|(seen, evicted)| {
             evicted == epoch && (from..=to + notification_slack_us).contains(seen)
         })
@@ -1104,6 +1100,7 @@ fn tag_verdicts(h: &History) -> Vec<(&Call, Verdict<'_>)> {
     let mut invalidations = completed_invalidations(h);
     invalidations.sort_by_key(|(inv, _, _)| inv.start_us);
     let births = Births::of(h);
+    let lost = |epoch: &Epoch, from: u64, to: u64| epoch_lost(h, epoch, from, to);
     let mut verdicts = Vec::new();
     for call in &h.calls {
         let (Outcome::Value(v), Some(end)) = (&call.outcome, call.end_us) else {
@@ -1150,7 +1147,7 @@ fn tag_verdicts(h: &History) -> Vec<(&Call, Verdict<'_>)> {
             if epochs
                 .iter()
                 .filter(|e| judges(e))
-                .all(|e| epoch_lost(h, e, call, inv.start_us, end))
+                .all(|e| lost(e, inv.start_us, end))
             {
                 verdict = Verdict::Excused;
                 continue;

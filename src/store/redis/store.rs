@@ -9,7 +9,6 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::Value;
 
 use super::capabilities::{probe, LockWrite, ProbeError, Probed};
-use super::clear_copies;
 use super::clock::ServerClock;
 use super::cluster::LazyCluster;
 use super::coalesce::{self, Coalescer};
@@ -84,10 +83,6 @@ pub(crate) struct RedisStore<C> {
     /// Lock and fencing writes wait for replicas over this connection
     /// ([`ConnectionOptions::wait_for_replicas`]); `None`: they do not wait.
     replicas: Option<ReplicaWait<Traced<C>>>,
-    /// On a cluster, a `clear` raises the clear epoch's copy in every slot over this
-    /// connection of its own ([`clear_copies`]): its 16,384 requests do not queue the data
-    /// connection's reads and writes behind them. `None` on one server.
-    copies: Option<Traced<C>>,
     /// What the server allows, probed at `build()` or at the first answer, and again after a
     /// call finds the connection lost (see [`capabilities`](super::capabilities)).
     probed: Arc<Probed>,
@@ -128,7 +123,6 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> RedisStore<C> {
             coalescer: None,
             held: None,
             replicas: None,
-            copies: None,
             probed,
             probe_client: None,
         }
@@ -215,8 +209,6 @@ impl RedisStore<LazyCluster> {
         let target = Target::cluster();
         let mut store = RedisStore::new(conn, target, pubsub, Scripts::Sharded, String::new());
         store.per_slot = true;
-        let copies = LazyCluster::new(connection.cluster_builder(seeds).build()?);
-        store.copies = Some(Traced::new(copies, Arc::clone(&store.target)));
         if let Some(acks) = connection.wait_for_replicas {
             let waited = connection.waited_cluster_builder(seeds, acks).build()?;
             let waited = Traced::new(LazyCluster::new(waited), Arc::clone(&store.target));
@@ -580,11 +572,7 @@ where
         if coalescer.is_none() && names.is_empty() {
             return Ok((self.get(keys).await?, Vec::new()));
         }
-        // On a cluster, the clear epoch's copy in the value's slot: one request, one node.
-        let in_slot = self
-            .per_slot
-            .then(|| clear_copies::in_slot_of(&keys.value, names));
-        let all = coalesce::Names::all(in_slot.as_ref().unwrap_or(names));
+        let all = coalesce::Names::all(names);
         let answer = coalesce::read(&self.conn, coalescer, read, &keys.value, all).await?;
         if let Some(held) = &self.held {
             held.answered(names);
@@ -634,12 +622,6 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn raise_epochs(&self, names: &[String], floor: u64) -> StoreResult<()> {
-        if self.copies.is_some() {
-            // A clear's copies first: the clear key is raised only once every slot's copy is.
-            for name in names {
-                self.raise_copies(name, floor).await?;
-            }
-        }
         let near_channel = self.near_channel.as_str();
         let raises = names.iter().map(|name| {
             self.script(RaiseEpochCall {
@@ -655,36 +637,6 @@ where
             }
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    /// On a cluster, raises every slot's copy of the clear key `name` to at least `floor`
-    /// (none if `name` is a tag's), announcing none of them: see
-    /// [`clear_copies`](super::clear_copies). The first failure is reported once its chunk
-    /// is done; the copies already raised stay raised (epochs only rise).
-    async fn raise_copies(&self, name: &str, floor: u64) -> StoreResult<()> {
-        let Some(conn) = &self.copies else {
-            return Ok(());
-        };
-        let copies = clear_copies::all_copies(name);
-        for chunk in copies.chunks(clear_copies::RAISED_AT_ONCE) {
-            let raises = chunk.iter().map(|copy| {
-                let call = RaiseEpochCall {
-                    name: copy,
-                    floor,
-                    near_channel: "",
-                };
-                let mut conn = conn.clone();
-                async move { scripts::run(self.scripts, call, &mut conn).await }
-            });
-            if let Some(e) = join_all(raises.collect())
-                .await
-                .into_iter()
-                .find_map(Result::err)
-            {
-                return Err(e);
-            }
-        }
-        Ok(())
     }
 
     async fn invalidate_many(&self, entries: &[&EntryKeys], lease: Duration) -> StoreResult<()> {
