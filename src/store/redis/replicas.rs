@@ -54,8 +54,8 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
 
     /// Runs `call`, then `WAIT` on the same connection: the script's reply, and whether enough
     /// replicas acknowledged it. A script the server does not know (`NOSCRIPT`: restarted,
-    /// failed over, flushed) is loaded as `scripts::run` loads it (once for the calls that meet
-    /// that together) and the pair sent again; its `EVALSHA` wrote nothing.
+    /// failed over, flushed) is loaded as every script call loads it (`Lua::reload`: once for the
+    /// calls that meet that together) and the pair sent again; its `EVALSHA` wrote nothing.
     pub(crate) async fn run<S: ScriptCall>(
         &self,
         scripts: Scripts,
@@ -69,20 +69,16 @@ impl<C: ConnectionLike + Clone + Send + Sync> ReplicaWait<C> {
             .arg(wait_ms(self.acks.timeout));
         let mut conn = self.conn.clone();
         let about = |e: StoreError| args.name(e);
-        let loads = S::LUA.loads_done(scripts);
+        let mut loading = S::LUA.loading(scripts);
         let mut replies = conn
             .req_packed_commands(&pipe, 0, 2)
             .await
             .map_err(|e| about(e.into()))?;
-        for load_anyway in [false, true] {
-            if !is_noscript(replies.first()) {
-                break;
-            }
-            let seen = if load_anyway { None } else { Some(loads) };
-            S::LUA
-                .load(scripts, seen, args.invocation(), &mut conn)
+        while is_noscript(replies.first())
+            && (S::LUA.reload(&mut loading, args.invocation(), &mut conn))
                 .await
-                .map_err(|e| about(e.into()))?;
+                .map_err(|e| about(e.into()))?
+        {
             replies = conn
                 .req_packed_commands(&pipe, 0, 2)
                 .await

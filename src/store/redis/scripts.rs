@@ -214,19 +214,14 @@ where
     let Some(evalsha) = pipe.cmd_iter().next() else {
         return Err(unexpected("a script call without its EVALSHA", &Value::Nil));
     };
-    let loads = S::LUA.loads_done(scripts);
+    let mut loading = S::LUA.loading(scripts);
     let mut reply = send(evalsha, conn).await;
-    // Once loaded by this process (maybe on another server, so not for this one), and once
-    // more by this call itself if that was not enough.
-    for load_anyway in [false, true] {
-        if !matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
-            break;
+    while matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
+        match S::LUA.reload(&mut loading, args.invocation(), conn).await {
+            Ok(true) => reply = send(evalsha, conn).await,
+            Ok(false) => break,
+            Err(e) => return Err(args.name(e.into())),
         }
-        let seen = if load_anyway { None } else { Some(loads) };
-        if let Err(e) = S::LUA.load(scripts, seen, args.invocation(), conn).await {
-            return Err(args.name(e.into()));
-        }
-        reply = send(evalsha, conn).await;
     }
     match reply {
         Ok(reply) => call.decode(reply),
@@ -237,6 +232,14 @@ where
 /// One command's reply, a server's error in it as the error (as `query_async` reads it).
 async fn send<C: ConnectionLike>(cmd: &redis::Cmd, conn: &mut C) -> Result<Value, RedisError> {
     conn.req_packed_command(cmd).await?.extract_error()
+}
+
+/// One call's loads of its script after `NOSCRIPT` (see [`Lua::reload`]).
+pub(super) struct Loading {
+    scripts: Scripts,
+    /// The loads this process had finished before the call was sent.
+    seen: Option<u64>,
+    tries: u8,
 }
 
 /// The loads of one script in one set of [`Scripts`] by this process: one at a time, counted.
@@ -276,10 +279,37 @@ const fn lua(body: &'static str) -> Lua {
 }
 
 impl Lua {
-    /// How many loads of the script in `scripts` this process has finished: read before a call
-    /// is sent, for [`load`](Self::load) after a `NOSCRIPT`.
-    pub(super) fn loads_done(&self, scripts: Scripts) -> u64 {
-        self.loads(scripts).done.load(Ordering::Acquire)
+    /// A call's leave to load the script after `NOSCRIPT` ([`reload`](Self::reload)), taken
+    /// before the call is sent: a load that ends after it is the one the call needs.
+    pub(super) fn loading(&self, scripts: Scripts) -> Loading {
+        Loading {
+            scripts,
+            seen: Some(self.loads(scripts).done.load(Ordering::Acquire)),
+            tries: 0,
+        }
+    }
+
+    /// After a call of the script met `NOSCRIPT`: loads it, first through the load the calls
+    /// that met it together share ([`load`](Self::load)), then, if the server still lacks it
+    /// (that load was for another server), with a load of this call's own. `Ok(true)`: send
+    /// the call again; `Ok(false)`: both tries are spent, the `NOSCRIPT` stands.
+    pub(super) async fn reload<C: ConnectionLike>(
+        &self,
+        loading: &mut Loading,
+        invocation: &ScriptInvocation<'_>,
+        conn: &mut C,
+    ) -> Result<bool, RedisError> {
+        if loading.tries == 2 {
+            return Ok(false);
+        }
+        let seen = if loading.tries == 0 {
+            loading.seen
+        } else {
+            None
+        };
+        loading.tries += 1;
+        self.load(loading.scripts, seen, invocation, conn).await?;
+        Ok(true)
     }
 
     fn loads(&self, scripts: Scripts) -> &Loads {
@@ -294,7 +324,7 @@ impl Lua {
     /// load rather than each sending their own (`SCRIPT LOAD` compiles the script: the server's
     /// costliest command here). `seen`: how many loads the call had seen before it was sent; if
     /// one ended since, it is taken as the load the call needs and none is sent.
-    pub(super) async fn load<C: ConnectionLike>(
+    async fn load<C: ConnectionLike>(
         &self,
         scripts: Scripts,
         seen: Option<u64>,
