@@ -151,7 +151,7 @@ where
             () = crate::time::sleep_until(soft) => {
                 task.detach();
                 engine.core.counters.record(Event::SoftTimeout);
-                tracing::debug!(key = %keys.user,
+                tracing::debug!(key = %keys.user(),
                     "soft timeout: serving the fail-safe value while the computation goes on");
                 Ok(engine.serve_fallback(kept.value))
             }
@@ -219,13 +219,13 @@ where
             None => {
                 let after = crate::time::since(computing);
                 engine.core.counters.record(Event::HardTimeout);
-                crate::log::throttled!(warn, key = %keys.user, ?after,
+                crate::log::throttled!(warn, key = %keys.user(), ?after,
                     "hard timeout: the computation is cancelled and its lock freed");
                 engine
                     .after_failure::<T, E>(held, &keys, on_failure, None, born)
                     .await;
                 return Err(Error::ComputeTimeout {
-                    key: keys.user.clone(),
+                    key: keys.user().to_owned(),
                     after,
                 });
             }
@@ -254,7 +254,7 @@ impl<C: Codec> Engine<C> {
     {
         let ttl = computed.ttl.unwrap_or(ttl);
         let encoded = self
-            .value_tags(&keys.user, &computed.tags)
+            .value_tags(keys.user(), &computed.tags)
             .and_then(|tags| {
                 self.saw_tags(keys, &tags);
                 self.encode_value(&computed.value, ttl, took, held.fence(), (born, &tags))
@@ -277,12 +277,12 @@ impl<C: Codec> Engine<C> {
             Ok(Stored { written: false, .. }) => {
                 let why = &"the fencing token is no longer current";
                 let counters = &self.core.counters;
-                counters.not_stored(NotStoredReason::FenceLost, &keys.user, why);
+                counters.not_stored(NotStoredReason::FenceLost, keys.user(), why);
                 false
             }
             Err(e) => {
                 let counters = &self.core.counters;
-                counters.not_stored(NotStoredReason::of(e.kind()), &keys.user, &e);
+                counters.not_stored(NotStoredReason::of(e.kind()), keys.user(), &e);
                 false
             }
         };
@@ -342,7 +342,7 @@ impl<C: Codec> Engine<C> {
             _ => held.release().await,
         };
         if let Err(err) = released {
-            crate::log::throttled!(warn, key = %keys.user, error = %err,
+            crate::log::throttled!(warn, key = %keys.user(), error = %err,
                 "could not free the lock after a failed computation; it frees itself when its lease runs out");
         }
     }

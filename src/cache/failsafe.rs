@@ -75,7 +75,7 @@ impl<C: Codec> Engine<C> {
         let answer = Failure::of(&error).map(|failure| decide(failure, has));
         match (answer, kept) {
             (Some(Answer::ServeKept), Some(kept)) => {
-                crate::log::throttled!(warn, key = %keys.user, error = %error.chain(), "serving the fail-safe value");
+                crate::log::throttled!(warn, key = %keys.user(), error = %error.chain(), "serving the fail-safe value");
                 Ok(self.serve_fallback(kept.value))
             }
             _ => Err(error),

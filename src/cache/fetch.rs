@@ -93,7 +93,7 @@ where
         // The near tier with XFetch on: a fresh copy is served through `serve`, which draws as
         // for a Redis hit (without XFetch, `fetch` answered near hits before coming here).
         if self.engine.options.early_refresh_beta > 0.0 {
-            if let Some(entry) = self.engine.near_copy::<T>(&self.keys.user) {
+            if let Some(entry) = self.engine.near_copy::<T>(self.keys.user()) {
                 self.answered_by("near");
                 return (self.serve(entry, Source::Hit)).map(|fetched| fetched.via(Via::Near));
             }
@@ -146,7 +146,7 @@ where
             }
             Ok((None, _)) => {}
             Err(e) => {
-                let held = engine.held_copy::<T>(&keys.user, &e);
+                let held = engine.held_copy::<T>(keys.user(), &e);
                 match (engine.on_backend_failure(&e, held.is_some()), held) {
                     (Answer::ServeHeld, Some(held)) => {
                         self.answered_by("near");
@@ -165,7 +165,7 @@ where
     /// while this one waited): a refresh goes to the background with the call's computation.
     pub(crate) fn serve(self, entry: StoredEntry<T>, fresh: Source) -> Result<Fetched<T>, Error> {
         let engine = self.engine;
-        match engine.judge_entry(entry, &self.keys.user, fresh) {
+        match engine.judge_entry(entry, self.keys.user(), fresh) {
             Judged::Served(outcome) => outcome,
             Judged::Refresh(served, fence) => {
                 engine.refresh_in_background(self.keys, self.ttl, self.f, fence);
@@ -304,7 +304,7 @@ impl<C: Codec> Engine<C> {
         let mut read = crate::time::spawn(async move { engine.first_read(&owned).await });
         let joined = match crate::time::timeout(HELD_AFTER, &mut read).await {
             Ok(joined) => joined,
-            Err(_) => match tiers.held_unanswered::<T>(&keys.user, self.options.fail_safe_for) {
+            Err(_) => match tiers.held_unanswered::<T>(keys.user(), self.options.fail_safe_for) {
                 Some(held) => return Err(held),
                 None => read.await,
             },
@@ -371,11 +371,11 @@ impl<C: Codec> Engine<C> {
         match self.alive(&entry, epochs).await {
             Ok(true) => Some(entry),
             Ok(false) => {
-                tracing::debug!(key = %keys.user, "the value was invalidated by a tag or a clear; treating it as a miss");
+                tracing::debug!(key = %keys.user(), "the value was invalidated by a tag or a clear; treating it as a miss");
                 None
             }
             Err(e) => {
-                tracing::debug!(key = %keys.user, error = %e, "could not read the value's epochs; treating it as a miss");
+                tracing::debug!(key = %keys.user(), error = %e, "could not read the value's epochs; treating it as a miss");
                 None
             }
         }
@@ -393,13 +393,13 @@ impl<C: Codec> Engine<C> {
         let envelope = match Envelope::decode(bytes, codec.id()) {
             Ok(envelope) => envelope,
             Err(foreign) => {
-                crate::log::throttled!(warn, key = %keys.user, reason = %foreign, "unreadable bytes under the key; treating as a miss");
+                crate::log::throttled!(warn, key = %keys.user(), reason = %foreign, "unreadable bytes under the key; treating as a miss");
                 return None;
             }
         };
         // A compare of two numbers: the shape of `T` was traced on its first use, not here.
         if envelope.shape != shape::fingerprint::<T>() {
-            crate::log::throttled!(warn, key = %keys.user, r#type = std::any::type_name::<T>(),
+            crate::log::throttled!(warn, key = %keys.user(), r#type = std::any::type_name::<T>(),
                 "value written for another shape of the type (fields or variants renamed, reordered, added, removed or retyped: another deploy?); treating as a miss");
             return None;
         }
@@ -409,7 +409,7 @@ impl<C: Codec> Engine<C> {
             match codec.decode(envelope.payload) {
                 Ok(value) => Ok(value),
                 Err(e) => {
-                    crate::log::throttled!(warn, key = %keys.user, error = %e, "value does not decode as the requested type; treating as a miss");
+                    crate::log::throttled!(warn, key = %keys.user(), error = %e, "value does not decode as the requested type; treating as a miss");
                     return None;
                 }
             }

@@ -383,7 +383,7 @@ impl<C: Codec> Engine<C> {
         };
         let LockPeek { holder, fence } = peek;
         Ok(Inspection {
-            key: keys.user.clone(),
+            key: keys.user().to_owned(),
             value,
             unreadable,
             lock: holder.map(|(_, lease_left)| LockHolder {
@@ -391,7 +391,7 @@ impl<C: Codec> Engine<C> {
                 fencing_token: fence,
             }),
             fence,
-            near: (self.core.near().and_then(|near| near.peek(&keys.user))).map(|peek| NearCopy {
+            near: (self.core.near().and_then(|near| near.peek(keys.user()))).map(|peek| NearCopy {
                 held_for: peek.held_for,
                 fence: peek.fence,
                 servable: peek.servable,

@@ -176,7 +176,7 @@ impl<C: Codec> Engine<C> {
             Ok(outcome) => self.shared(outcome, keys, mark).await,
             Err(_) => {
                 let error = Error::WaitTimeout {
-                    key: keys.user.clone(),
+                    key: keys.user().to_owned(),
                     waited: crate::time::since(started),
                 };
                 let kept = match self.look_again::<T>(keys).await {

@@ -65,11 +65,11 @@ impl<C: Codec> Engine<C> {
                     let held = acquiring.granted(fence, asked).with_birth(born);
                     // Another process may have refreshed between our read and our lock.
                     if cache.replaced_since(&keys, seen_fence).await {
-                        tracing::debug!(key = %keys.user, "already refreshed elsewhere");
+                        tracing::debug!(key = %keys.user(), "already refreshed elsewhere");
                         let _ = held.release().await;
                         return;
                     }
-                    tracing::debug!(key = %keys.user, "refreshing in the background");
+                    tracing::debug!(key = %keys.user(), "refreshing in the background");
                     // Without serving stale on error, the failure removes the stale value; the
                     // delete is fenced by the refresh's token, in one step with the unlock, so
                     // a value another process wrote meanwhile survives.
@@ -85,7 +85,7 @@ impl<C: Codec> Engine<C> {
                         f,
                     };
                     if let Err(e) = computation.compute_and_store(held, on_failure).await {
-                        crate::log::throttled!(warn, key = %keys.user, error = %e.chain(), "background refresh failed");
+                        crate::log::throttled!(warn, key = %keys.user(), error = %e.chain(), "background refresh failed");
                     }
                 }
                 Ok(ReadOrLock::Held { expires_in }) => {
@@ -94,7 +94,7 @@ impl<C: Codec> Engine<C> {
                 }
                 Ok(ReadOrLock::Value(_)) => {}
                 Err(e) => {
-                    crate::log::throttled!(warn, key = %keys.user, error = %e, "background refresh could not reach the backend");
+                    crate::log::throttled!(warn, key = %keys.user(), error = %e, "background refresh could not reach the backend");
                 }
             }
             drop(claim);

@@ -133,14 +133,14 @@ impl Tiers {
 
     /// A ticket for a read of `keys` whose answer may go into the near tier.
     pub(crate) fn ticket(&self, keys: &EntryKeys) -> Option<Ticket> {
-        self.near.as_ref()?.ticket(&keys.user)
+        self.near.as_ref()?.ticket(keys.user())
     }
 
     /// A read of `keys` reached the backend: what the near tier held for it from before an
     /// outage goes (see `NearTier::reached`).
     pub(crate) fn reached(&self, keys: &EntryKeys) {
         if let Some(near) = &self.near {
-            near.reached(&keys.user);
+            near.reached(keys.user());
         }
     }
 
@@ -148,7 +148,7 @@ impl Tiers {
     /// announcement to come back (read-your-writes within the instance).
     pub(crate) fn forget(&self, keys: &EntryKeys) {
         if let Some(near) = &self.near {
-            near.forget(&keys.user);
+            near.forget(keys.user());
         }
     }
 
@@ -180,7 +180,7 @@ impl Tiers {
         };
         near.hold_epochs(ticket, epochs);
         let fill = Fill {
-            key: &keys.user,
+            key: keys.user(),
             value,
             fence: entry.fence,
             fresh_until_ms: entry.fresh_until_ms,

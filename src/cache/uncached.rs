@@ -34,7 +34,7 @@ impl<C: Codec> Engine<C> {
         }
         // Not a warning per call: an outage would log every call (the circuit breaker logs
         // when it opens and closes; `Stats::backend_errors` counts each).
-        tracing::debug!(key = %keys.user, op, kind = %error.kind(), error = %error,
+        tracing::debug!(key = %keys.user(), op, kind = %error.kind(), error = %error,
             "backend unavailable; {instead}");
         Ok(())
     }
@@ -75,7 +75,7 @@ where
         error: StoreError,
     ) -> Result<Fetched<T>, Error> {
         let (engine, keys) = (self.engine, &self.keys);
-        let held = engine.held_copy::<T>(&keys.user, &error);
+        let held = engine.held_copy::<T>(keys.user(), &error);
         match (engine.on_backend_failure(&error, held.is_some()), held) {
             (Answer::ServeHeld, Some(held)) => return Ok(held),
             (Answer::ComputeUncached, _) => {}
@@ -83,11 +83,11 @@ where
         }
         // Not a warning per call: a value computed here is counted and logged as not stored,
         // at most once a minute per reason (a full or unreachable Redis would log every miss).
-        tracing::debug!(key = %keys.user, op, kind = %error.kind(), error = %error,
+        tracing::debug!(key = %keys.user(), op, kind = %error.kind(), error = %error,
             "backend unavailable; computing without the cache");
         match (self.f)(Lease::unlocked()).await {
             Ok(computed) => {
-                engine.not_stored_uncached(&keys.user, &error);
+                engine.not_stored_uncached(keys.user(), &error);
                 Ok(Fetched::new(computed.value, Source::Uncached))
             }
             Err(e) => Err(Error::compute(e)),

@@ -286,7 +286,7 @@ impl Renewing {
                 .renew_until
                 .is_some_and(|until| crate::time::now() >= until)
             {
-                tracing::info!(key = %self.keys.user, "maximum hold time reached; no more renewals");
+                tracing::info!(key = %self.keys.user(), "maximum hold time reached; no more renewals");
                 continue;
             }
             if let Renewed::Taken = self.renew(period).await {
@@ -328,16 +328,16 @@ impl Renewing {
                 Renewed::GoOn
             }
             Ok(Ok(false)) => {
-                crate::log::throttled!(warn, key = %keys.user, "lease lost: the lock is no longer ours");
+                crate::log::throttled!(warn, key = %keys.user(), "lease lost: the lock is no longer ours");
                 Renewed::Taken
             }
             Ok(Err(e)) => {
                 // Retried by itself: what matters is a lease lost, logged at `warn` by its holder.
-                crate::log::throttled!(info, key = %keys.user, error = %e, "lease renewal failed; retrying");
+                crate::log::throttled!(info, key = %keys.user(), error = %e, "lease renewal failed; retrying");
                 Renewed::GoOn
             }
             Err(_) => {
-                crate::log::throttled!(info, key = %keys.user, "lease renewal timed out; retrying");
+                crate::log::throttled!(info, key = %keys.user(), "lease renewal timed out; retrying");
                 Renewed::GoOn
             }
         }
@@ -380,7 +380,7 @@ pub(crate) struct Acquiring {
 impl std::fmt::Debug for Acquiring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Acquiring")
-            .field("key", &self.keys.user)
+            .field("key", &self.keys.user())
             .field("maybe_granted", &self.maybe_granted)
             .finish_non_exhaustive()
     }
@@ -463,7 +463,7 @@ const ABANDONED_LOG_EVERY: Duration = Duration::from_secs(60);
 /// lease running out is the backstop. Harmless when the lock is not (or no longer) `token`'s.
 fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: &Arc<str>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        crate::log::throttled!(warn, key = %keys.user, "lock dropped outside a runtime; it frees itself when its lease runs out");
+        crate::log::throttled!(warn, key = %keys.user(), "lock dropped outside a runtime; it frees itself when its lease runs out");
         return;
     };
     let store = Arc::clone(store);
@@ -475,9 +475,9 @@ fn free_in_background(store: &Arc<dyn LockStore>, keys: &Arc<EntryKeys>, token: 
             static FAILED: LogThrottle = LogThrottle::new();
             match FAILED.due(ABANDONED_LOG_EVERY) {
                 // Self-healing (the lease runs out): `info`, not a warning.
-                Some(count) => tracing::info!(key = %keys.user, count, error = %e,
+                Some(count) => tracing::info!(key = %keys.user(), count, error = %e,
                     "could not free abandoned locks (count since the last such line); each frees itself when its lease runs out"),
-                None => tracing::debug!(key = %keys.user, error = %e,
+                None => tracing::debug!(key = %keys.user(), error = %e,
                     "could not free an abandoned lock; it frees itself when its lease runs out"),
             }
         }
@@ -502,7 +502,7 @@ pub(crate) struct HeldLock {
 impl std::fmt::Debug for HeldLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HeldLock")
-            .field("key", &self.keys.user)
+            .field("key", &self.keys.user())
             .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
@@ -535,7 +535,7 @@ impl HeldLock {
 
     /// The lock's name, as the user gave it.
     pub(crate) fn name(&self) -> &str {
-        &self.keys.user
+        self.keys.user()
     }
 
     pub(crate) async fn extend(&self) -> StoreResult<bool> {

@@ -79,7 +79,7 @@ pub struct Lock {
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
-            .field("name", &self.keys.user)
+            .field("name", &self.keys.user())
             .field("key", &self.keys.lock())
             .field("options", &self.options)
             .finish_non_exhaustive()
@@ -134,7 +134,7 @@ impl Lock {
     /// assert_eq!(cache.lock("sync").unwrap().name(), "sync");
     /// ```
     pub fn name(&self) -> &str {
-        &self.keys.user
+        self.keys.user()
     }
 
     /// The options in force (lease, renewal, maximum hold, wait bound, backoff).

@@ -100,14 +100,14 @@ impl Recording {
 
 impl LockStore for Recording {
     fn lock<'a>(&'a self, op: LockOp<'a>) -> BoxFuture<'a, StoreResult<super::Reply>> {
-        let keys = vec![lock_keys(&op).user.clone()];
+        let keys = vec![lock_keys(&op).user().to_owned()];
         self.record(op.name(), keys, self.inner.lock(op))
     }
 
     fn listen<'a>(&'a self, keys: &'a EntryKeys) -> BoxFuture<'a, StoreResult<Listener>> {
         let listening = self.inner.listen(keys);
         let request = Box::pin(async move { listening.await.map(Listening) });
-        let logged = self.record("listen", vec![keys.user.clone()], request);
+        let logged = self.record("listen", vec![keys.user().to_owned()], request);
         Box::pin(async move { logged.await.map(|Listening(listener)| listener) })
     }
 
@@ -152,7 +152,7 @@ fn lock_keys<'a>(op: &LockOp<'a>) -> &'a EntryKeys {
 
 /// What an operation is about: the user keys of its entries, else the epochs' names.
 fn subjects(op: &Op<'_>) -> Vec<String> {
-    let users = |entries: &[&EntryKeys]| entries.iter().map(|k| k.user.clone()).collect();
+    let users = |entries: &[&EntryKeys]| entries.iter().map(|k| k.user().to_owned()).collect();
     match op {
         Op::Get { keys }
         | Op::ReadOrLock { keys, .. }
@@ -161,13 +161,14 @@ fn subjects(op: &Op<'_>) -> Vec<String> {
         | Op::Set { keys, .. }
         | Op::Invalidate { keys, .. }
         | Op::GetWithEpochs { keys, .. }
-        | Op::Wake { keys } => vec![keys.user.clone()],
+        | Op::Wake { keys } => vec![keys.user().to_owned()],
         Op::GetMany { entries }
         | Op::InvalidateMany { entries, .. }
         | Op::GetManyWithEpochs { entries, .. } => users(entries),
-        Op::ReadOrLockMany { entries, .. } => {
-            entries.iter().map(|(k, _, _)| k.user.clone()).collect()
-        }
+        Op::ReadOrLockMany { entries, .. } => entries
+            .iter()
+            .map(|(k, _, _)| k.user().to_owned())
+            .collect(),
         Op::Born { clock } => vec![(*clock).to_owned()],
         Op::Epochs { names } | Op::RaiseEpochs { names, .. } => names.to_vec(),
         Op::Ping => Vec::new(),

@@ -492,12 +492,12 @@ fn lock_changes(op: &LockOp<'_>, answer: &StoreResult<Reply>) -> Vec<Applied> {
     match (op, answer) {
         (LockOp::TryLock { keys, .. }, Ok(Reply::Acquire(Acquire::Acquired { fence }))) => {
             vec![Applied::Acquired {
-                key: keys.user.clone(),
+                key: keys.user().to_owned(),
                 token: *fence,
             }]
         }
         (LockOp::NextFence { keys, .. }, Ok(Reply::Number(_))) => vec![Applied::Bumped {
-            key: keys.user.clone(),
+            key: keys.user().to_owned(),
         }],
         _ => Vec::new(),
     }
@@ -507,7 +507,7 @@ fn lock_changes(op: &LockOp<'_>, answer: &StoreResult<Reply>) -> Vec<Applied> {
 fn changes(op: &Op<'_>, answer: &StoreResult<Reply>) -> Vec<Applied> {
     let acquired = |keys: &EntryKeys, answer: &ReadOrLock| match answer {
         ReadOrLock::Acquired { fence, .. } => vec![Applied::Acquired {
-            key: keys.user.clone(),
+            key: keys.user().to_owned(),
             token: *fence,
         }],
         _ => Vec::new(),
@@ -535,16 +535,16 @@ fn changes(op: &Op<'_>, answer: &StoreResult<Reply>) -> Vec<Applied> {
         }
         (Op::WriteFenced { keys, write, .. }, Reply::Flag(true)) => vec![fenced_write(keys, write)],
         (Op::Set { keys, value, .. }, Reply::Done) => vec![Applied::Set {
-            key: keys.user.clone(),
+            key: keys.user().to_owned(),
             bytes: value.clone(),
         }],
         (Op::Invalidate { keys, .. }, Reply::Done) => vec![Applied::Invalidated {
-            key: keys.user.clone(),
+            key: keys.user().to_owned(),
         }],
         (Op::InvalidateMany { entries, .. }, Reply::Done) => entries
             .iter()
             .map(|keys| Applied::Invalidated {
-                key: keys.user.clone(),
+                key: keys.user().to_owned(),
             })
             .collect(),
         _ => Vec::new(),
@@ -553,7 +553,7 @@ fn changes(op: &Op<'_>, answer: &StoreResult<Reply>) -> Vec<Applied> {
 
 /// An accepted fenced write of `write`.
 fn fenced_write(keys: &EntryKeys, write: &Write) -> Applied {
-    let key = keys.user.clone();
+    let key = keys.user().to_owned();
     match write {
         Write::Value { bytes, .. } | Write::Keep { bytes, .. } => Applied::Written {
             key,

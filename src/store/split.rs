@@ -43,7 +43,7 @@ impl SplitStore {
             // A failure here is not the lock's: the lease is extended; the value store may
             // only have been briefly unreachable.
             if let Err(e) = self.values.raise_fence(keys, 0, lease).await {
-                tracing::debug!(key = %keys.user, error = %e, "could not keep the value store's fencing counter");
+                tracing::debug!(key = %keys.user(), error = %e, "could not keep the value store's fencing counter");
             }
         }
         Ok(extended)
@@ -57,7 +57,7 @@ impl SplitStore {
             // there, or they would learn of it only at their backoff. The lock is free either
             // way, so a failed wake-up is no failed release.
             if let Err(e) = self.values.wake(keys).await {
-                tracing::debug!(key = %keys.user, error = %e, "could not wake the waiters; they look again at their backoff");
+                tracing::debug!(key = %keys.user(), error = %e, "could not wake the waiters; they look again at their backoff");
             }
         }
         Ok(released)
@@ -87,7 +87,7 @@ impl SplitStore {
                 // The value is the answer; a lock that cannot be freed now frees itself at
                 // the end of its lease, which must not turn this read into an error.
                 if let Err(e) = self.unlock_across(keys, token).await {
-                    crate::log::throttled!(warn, key = %keys.user, error = %e, "could not free a lock taken over a value that had landed; it frees itself when its lease runs out");
+                    crate::log::throttled!(warn, key = %keys.user(), error = %e, "could not free a lock taken over a value that had landed; it frees itself when its lease runs out");
                 }
                 return Ok(ReadOrLock::Value(value.to_vec()));
             }

@@ -58,7 +58,7 @@ impl<'a> Waiter<'a> {
                 Ok(l) => self.listener = Some(l),
                 // Not a warning: every waiting call would log one while the subscription's
                 // connection is down (the breaker and the feed say so once).
-                Err(e) => tracing::debug!(key = %self.keys.user, error = %e,
+                Err(e) => tracing::debug!(key = %self.keys.user(), error = %e,
                     "wake-up subscription failed; waiting by polling"),
             }
             return Ok(Wake::Subscribed);
@@ -67,7 +67,7 @@ impl<'a> Waiter<'a> {
         let remaining = self.options.wait_timeout.saturating_sub(waited);
         if remaining.is_zero() {
             return Err(Error::WaitTimeout {
-                key: self.keys.user.clone(),
+                key: self.keys.user().to_owned(),
                 waited,
             });
         }

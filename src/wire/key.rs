@@ -25,13 +25,16 @@ const MAX_NAMESPACE_BYTES: usize = 64;
 /// The Redis names that belong to one entry.
 ///
 /// Only the value key is built up front: a hit needs nothing else, and it is the hot path. The
-/// others are built on first use, on a miss.
+/// others are built on first use, on a miss. The key as the user gave it is the value key's
+/// braced part whenever escaping left it as it was (nearly always), so a hit builds one string.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EntryKeys {
-    /// The key as the user gave it, for messages and logs.
-    pub user: String,
     /// `ns:{k}`: the value envelope.
     pub value: String,
+    /// Where the escaped key starts in `value` (after `ns:{`).
+    braced_at: usize,
+    /// The key as the user gave it, kept only when escaping changed it.
+    escaped_from: Option<Box<str>>,
     lock: OnceLock<String>,
     fence: OnceLock<String>,
     channel: OnceLock<String>,
@@ -47,13 +50,24 @@ impl EntryKeys {
         // Room for the prefix, the braces and a little escaping, so one allocation usually does.
         let mut value = String::with_capacity(namespace.len() + key.len() + 8);
         value_key_into(namespace, key, &mut value);
+        let braced_at = namespace.len() + 2;
+        let escaped = value.get(braced_at..value.len() - 1) != Some(key);
         Ok(EntryKeys {
-            user: key.to_owned(),
             value,
+            braced_at,
+            escaped_from: escaped.then(|| key.into()),
             lock: OnceLock::new(),
             fence: OnceLock::new(),
             channel: OnceLock::new(),
         })
+    }
+
+    /// The key as the user gave it, for messages and logs.
+    pub(crate) fn user(&self) -> &str {
+        match &self.escaped_from {
+            Some(key) => key,
+            None => (self.value.get(self.braced_at..self.value.len() - 1)).unwrap_or_default(),
+        }
     }
 
     /// `ns:{k}_lock`: the owner's token while someone computes.
@@ -286,7 +300,9 @@ mod tests {
             assert!(!inner.contains(['{', '}', '\n', ' ']), "{inner}");
             assert!(inner.is_ascii());
             assert!(seen.insert(keys.value.clone()), "collision for {k:?}");
+            assert_eq!(keys.user(), k, "messages name the key as given");
         }
+        assert_eq!(EntryKeys::new("ns", "2019-05").unwrap().user(), "2019-05");
     }
 
     #[test]

@@ -156,16 +156,16 @@ where
     pub(super) async fn compute_uncached(&self, leds: Vec<Led<'a, T, E>>) -> Settled<T> {
         let names: Vec<(String, Lease)> = leds
             .iter()
-            .map(|l| (l.keys.user.clone(), Lease::unlocked()))
+            .map(|l| (l.keys.user().to_owned(), Lease::unlocked()))
             .collect();
         match (self.f)(names).await {
             Ok(mut values) => leds
                 .into_iter()
                 .map(|led| {
-                    let outcome = match values.remove(&led.keys.user) {
+                    let outcome = match values.remove(led.keys.user()) {
                         Some(computed) => Ok(Fetched::new(computed.value, Source::Uncached)),
                         None => Err(Error::MissingFromBatch {
-                            key: led.keys.user.clone(),
+                            key: led.keys.user().to_owned(),
                         }),
                     };
                     led.settle(outcome)
@@ -230,7 +230,7 @@ where
 {
     let names: Vec<(String, Lease)> = locked
         .iter()
-        .map(|l| (l.keys.user.clone(), l.held.lease()))
+        .map(|l| (l.keys.user().to_owned(), l.held.lease()))
         .collect();
     for _ in &locked {
         cache.core.counters.record(Event::Compute);
@@ -285,7 +285,7 @@ where
     let stores: Vec<_> = locked
         .into_iter()
         .map(|l| {
-            let computed = values.remove(&l.keys.user);
+            let computed = values.remove(l.keys.user());
             async move {
                 match computed {
                     Some(computed) => {
@@ -353,7 +353,7 @@ where
                 .after_failure::<T, E>(l.held, &l.keys, l.on_failure, None, born)
                 .await;
             Err(Error::ComputeTimeout {
-                key: l.keys.user.clone(),
+                key: l.keys.user().to_owned(),
                 after: took,
             })
         })
@@ -364,12 +364,12 @@ where
 /// A key the computation left out: its lock goes at once (waking its waiters), nothing is
 /// cached, and the key's callers get [`Error::MissingFromBatch`].
 async fn missing(held: HeldLock, keys: &EntryKeys) -> Error {
-    crate::log::throttled!(warn, key = %keys.user, "the batch computation returned no value for this key");
+    crate::log::throttled!(warn, key = %keys.user(), "the batch computation returned no value for this key");
     if let Err(e) = held.release().await {
-        crate::log::throttled!(warn, key = %keys.user, error = %e,
+        crate::log::throttled!(warn, key = %keys.user(), error = %e,
             "could not free the lock of a key left out; it frees itself when its lease runs out");
     }
     Error::MissingFromBatch {
-        key: keys.user.clone(),
+        key: keys.user().to_owned(),
     }
 }

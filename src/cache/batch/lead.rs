@@ -187,7 +187,7 @@ where
                 if cache.on_backend_failure(&e, false) == Answer::ComputeUncached {
                     // Counted (and logged at most once a minute per reason) as not stored when
                     // it goes to the uncached computation, not warned once per key.
-                    cache.not_stored_uncached(&l.keys.user, &e);
+                    cache.not_stored_uncached(l.keys.user(), &e);
                     answered.uncached.push(l);
                 } else {
                     let outcome = Err(Error::backend("read-or-lock", e));
@@ -310,7 +310,7 @@ where
             Claim::Fallback(value) => Ok(cache.serve_fallback(value)),
             Claim::Failed(e) => Err(e),
             Claim::Backend(e) if cache.on_backend_failure(&e, false) == Answer::ComputeUncached => {
-                cache.not_stored_uncached(&keys.user, &e);
+                cache.not_stored_uncached(keys.user(), &e);
                 return self.compute_uncached(vec![led]).await;
             }
             Claim::Backend(e) => Err(Error::backend("read-or-lock", e)),

@@ -172,12 +172,12 @@ where
     /// draw) starts a background refresh of that key, by a call of `f` for it alone. The
     /// refresh's closure is only built then: a fresh hit prepares nothing.
     fn serve(&self, entry: StoredEntry<T>, keys: &EntryKeys, found: Source) -> Outcome<T> {
-        let (served, fence) = match self.cache.judge_entry(entry, &keys.user, found) {
+        let (served, fence) = match self.cache.judge_entry(entry, keys.user(), found) {
             Judged::Served(outcome) => return outcome,
             Judged::Refresh(served, fence) => (served, fence),
         };
         let f = Arc::clone(&self.f);
-        let key = keys.user.clone();
+        let key = keys.user().to_owned();
         let refresh = move |lease: Lease| async move {
             let mut values = f(vec![(key.clone(), lease)])
                 .await

@@ -34,7 +34,7 @@ where
         outcomes: &mut [Option<Outcome<T>>],
     ) {
         for (slot, keys) in distinct.iter().enumerate() {
-            if let Some(entry) = self.cache.near_copy::<T>(&keys.user) {
+            if let Some(entry) = self.cache.near_copy::<T>(keys.user()) {
                 let served = self.serve(entry, keys, Source::Hit);
                 outcomes[slot] = Some(served.map(|fetched| fetched.via(Via::Near)));
             }
@@ -134,7 +134,7 @@ where
                 // Copies held while the backend is down answer their keys; the others fail,
                 // or take the fallback when locking, under the single flight, as for one key.
                 for &slot in &remote {
-                    let held = cache.held_copy::<T>(&distinct[slot].user, &e);
+                    let held = cache.held_copy::<T>(distinct[slot].user(), &e);
                     match (cache.on_backend_failure(&e, held.is_some()), held) {
                         (Answer::ServeHeld, Some(held)) => outcomes[slot] = Some(Ok(held)),
                         (Answer::ComputeUncached, _) => {}

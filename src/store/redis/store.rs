@@ -349,7 +349,7 @@ where
     /// running out frees it.
     async fn release_unacked(&self, keys: &EntryKeys, token: &str) {
         if let Err(e) = self.unlock(keys, token).await {
-            crate::log::throttled!(warn, key = %keys.user, error = %e, "could not release a lock that too few replicas acknowledged; it expires with its lease");
+            crate::log::throttled!(warn, key = %keys.user(), error = %e, "could not release a lock that too few replicas acknowledged; it expires with its lease");
         }
     }
 
