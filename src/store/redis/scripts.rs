@@ -69,17 +69,14 @@ pub(crate) use write_fenced::WriteFencedCall;
 ///
 /// `bump_fence` hands out max(counter + 1, the server clock in microseconds) and stores it as the
 /// counter (`SET ... KEEPTTL`: the counter keeps its life, then `keep_at_least` as for any
-/// bump). The clock is `seconds * 1e6 + micros`, a Lua number: exact, since µs tokens are far
-/// below 2^53 (until the year 2255), and `redis.call` and the reply write it out in full (only
-/// Lua's own `..` would round it: fences are formatted with `%d`). Built as text with
-/// `string.format`, it cost the server 0.4-0.8 µs more per bump, 0.1-0.3 µs of a whole
-/// read-or-lock (`docs/history/past-one-redis.md`).
-/// A counter that did not exist (INCR made it 1) is the clock, with the retention as its
+/// bump). The clock is `seconds .. zero-padded micros`, built as a string because Lua's number
+/// formatting would round it, and compared with `tonumber` (exact: µs tokens are far below
+/// 2^53). A counter that did not exist (INCR made it 1) is the clock, with the retention as its
 /// life. The clock is why a failover cannot hand a token out twice: replication is
 /// asynchronous, so the new master may lack the old one's last bumps, but every token the old
 /// master handed out was at most its clock then, and a failover takes longer than the nodes'
 /// clocks disagree (NTP), so the new master's next token is above them all. Within one µs the
-/// counter + 1 keeps tokens strictly increasing. It also returns the clock it read,
+/// counter + 1 keeps tokens strictly increasing. It also returns the clock it read (as text),
 /// which `read_or_lock` sends back with a granted lock: on one server that is the namespace's
 /// clock, the new value's birth, read without a request of its own.
 ///
@@ -151,14 +148,14 @@ end
 local function bump_fence(fence, retention_ms)
   local n = redis.call('INCR', fence)
   local t = redis.call('TIME')
-  local now = t[1] * 1000000 + t[2]
+  local now = t[1] .. string.format('%06d', tonumber(t[2]))
   if n == 1 then
     set_expiring(fence, now, retention_ms)
-    return now, now
+    return tonumber(now), now
   end
-  if now > n then
+  if tonumber(now) > n then
     redis.call('SET', fence, now, 'KEEPTTL')
-    n = now
+    n = tonumber(now)
   end
   keep_at_least(fence, retention_ms)
   return n, now

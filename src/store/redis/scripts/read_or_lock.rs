@@ -10,8 +10,8 @@ use crate::store::{expiry_ms, HolderTrace, ReadOrLock, StoreResult, MAX_HOLDER_T
 use crate::wire::key::EntryKeys;
 
 /// KEYS: value, lock, fence[, trace]. ARGV: token, lease ms, read value (1/0), fence retention
-/// ms[, traceparent, most trace bytes]. Returns {1, value} | {2, fence, server clock in µs} (lock
-/// taken) | {3, lock pttl[, holder's trace]} (held by another).
+/// ms[, traceparent, most trace bytes]. Returns {1, value} | {2, fence, server clock in µs as
+/// text} (lock taken) | {3, lock pttl[, holder's trace]} (held by another).
 /// A value of another Redis type (a list...) reads as a miss, so it gets replaced.
 ///
 /// With the trace key (the `opentelemetry` feature, a caller with a trace context): a lock
@@ -164,7 +164,7 @@ impl FromReply for Vec<StoreResult<ReadOrLock>> {
 fn entry_reply(reply: Vec<Value>) -> StoreResult<ReadOrLock> {
     match reply.as_slice() {
         [Value::Int(1), Value::BulkString(v)] => Ok(ReadOrLock::Value(v.clone())),
-        [Value::Int(2), fence, clock] => match (int(fence), clock_us(clock)) {
+        [Value::Int(2), fence, clock] => match (int(fence), clock_text(clock)) {
             (Some(n), Some(born)) if n > 0 => Ok(ReadOrLock::Acquired {
                 fence: n as u64,
                 born: Some(born),
@@ -194,7 +194,10 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-/// The server clock the script sends, in µs (a Lua number, exact below 2^53).
-fn clock_us(v: &Value) -> Option<u64> {
-    int(v).and_then(|us| u64::try_from(us).ok())
+/// The server clock the script sends as text (Lua's numbers would round it), in µs.
+fn clock_text(v: &Value) -> Option<u64> {
+    match v {
+        Value::BulkString(text) => std::str::from_utf8(text).ok()?.parse().ok(),
+        _ => None,
+    }
 }
