@@ -70,8 +70,9 @@ pub(crate) use write_fenced::WriteFencedCall;
 /// `bump_fence` hands out max(counter + 1, the server clock in microseconds) and stores it as the
 /// counter (`SET ... KEEPTTL`: the counter keeps its life, then `keep_at_least` as for any
 /// bump). The clock is `seconds .. zero-padded micros`, built as a string because Lua's number
-/// formatting would round it, and compared with `tonumber` (exact: µs tokens are far below
-/// 2^53). A counter that did not exist (INCR made it 1) is the clock, with the retention as its
+/// formatting would round it, and so would some servers' own writing of a number argument
+/// (Redis 7.2.0-7.2.4 write a round clock as `1.7e+15`), and compared with `tonumber` (exact:
+/// µs tokens are far below 2^53). A counter that did not exist (INCR made it 1) is the clock, with the retention as its
 /// life. The clock is why a failover cannot hand a token out twice: replication is
 /// asynchronous, so the new master may lack the old one's last bumps, but every token the old
 /// master handed out was at most its clock then, and a failover takes longer than the nodes'
