@@ -85,6 +85,12 @@ pub(crate) use write_fenced::WriteFencedCall;
 /// fail-safe's throttled copy: new bytes, a life never shortened and at least `ms`), or a delete.
 /// The fencing counter is kept at least as long as the value.
 ///
+/// No number goes to `redis.call` as a Lua number: every one is text (`ARGV`, or `%d`).
+/// Redis 7.2.0-7.2.4 and Valkey 7.2.5 write a Lua number argument with `fpconv_dtoa` alone,
+/// which writes one ending in eight zeros in exponent form: a `'keep'` of exactly 100,000 s
+/// reads its `PTTL` back as 100000000 (the script's clock stands still), and `1e+08` would
+/// fail the `PEXPIRE`, and with it the write.
+///
 /// `announce` tells the near tiers of other instances that an entry changed: `"<fence> <value
 /// key>"` on the namespace's near channel, or nothing when the channel is `''` (a lock's own
 /// store, which holds no values). It says `"PUBLISH"` in double
@@ -121,7 +127,7 @@ local function set_keeping(key, value, ms)
   end
   redis.call('SET', key, value)
   if pttl > 0 then
-    redis.call('PEXPIRE', key, pttl)
+    redis.call('PEXPIRE', key, string.format('%d', pttl))
     keep_at_least(key, ms)
   end
 end
@@ -135,7 +141,7 @@ local function write_value(key, fence, how, value, ms)
     if pttl == -1 then
       keep_at_least(fence, 0)
     else
-      keep_at_least(fence, pttl)
+      keep_at_least(fence, string.format('%d', pttl))
     end
   else
     redis.call('DEL', key)
