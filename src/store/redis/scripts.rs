@@ -72,12 +72,12 @@ pub(crate) use write_fenced::WriteFencedCall;
 /// bump). The clock is `seconds .. zero-padded micros`, built as a string because Lua's number
 /// formatting would round it, and so would some servers' own writing of a number argument
 /// (Redis 7.2.0-7.2.4 write a round clock as `1.7e+15`), and compared with `tonumber` (exact:
-/// µs tokens are far below 2^53). A counter that did not exist (INCR made it 1) is the clock, with the retention as its
-/// life. The clock is why a failover cannot hand a token out twice: replication is
-/// asynchronous, so the new master may lack the old one's last bumps, but every token the old
-/// master handed out was at most its clock then, and a failover takes longer than the nodes'
-/// clocks disagree (NTP), so the new master's next token is above them all. Within one µs the
-/// counter + 1 keeps tokens strictly increasing. It also returns the clock it read (as text),
+/// µs tokens are far below 2^53). A counter that did not exist (INCR made it 1) is the clock,
+/// with the retention as its life. The clock is why a failover cannot hand a token out twice:
+/// replication is asynchronous, so the new master may lack the old one's last bumps, but every
+/// token the old master handed out was at most its clock then, and a failover takes longer than
+/// the nodes' clocks disagree (NTP), so the new master's next token is above them all. Within one
+/// µs the counter + 1 keeps tokens strictly increasing. It also returns the clock it read (as text),
 /// which `read_or_lock` sends back with a granted lock: on one server that is the namespace's
 /// clock, the new value's birth, read without a request of its own.
 ///
