@@ -1,10 +1,14 @@
-//! The two bounds of the `get_or_compute` family, named once: what a cached value must be
-//! ([`CacheValue`]) and what a computation's error must be ([`ComputeFailure`]). Each has a
-//! blanket impl, so every type that meets the bounds is one: nobody implements them by hand.
+//! The bounds of the `get_or_compute` family, named once: what a cached value must be
+//! ([`CacheValue`]), what a computation's error must be ([`ComputeFailure`]) and, inside the
+//! crate, what a computation's future is ([`ComputeFuture`]). Each has a blanket impl, so every type that meets
+//! the bounds is one: nobody implements them by hand.
 
 use std::fmt::{Debug, Display};
+use std::future::Future;
 
 use serde::{de::DeserializeOwned, Serialize};
+
+use crate::Computed;
 
 /// A value the cache can store, share and hand out: encoded by the codec (`Serialize +
 /// DeserializeOwned`), cloned to every caller that shares one computation (`Clone`), and moved
@@ -32,3 +36,18 @@ impl<T> CacheValue for T where T: Serialize + DeserializeOwned + Clone + Send + 
 pub trait ComputeFailure: Display + Debug + Send + Sync + 'static {}
 
 impl<E> ComputeFailure for E where E: Display + Debug + Send + Sync + 'static {}
+
+/// The future a computation of the single-key path returns, as the public methods bound it
+/// (`Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static`), named once for the
+/// engine's steps. Bounded beside `F: FnOnce(Lease) -> Fut + Send + 'static`, never reached
+/// through a projection of `F`: a future that held `<F as Trait>::Output` across an `.await`
+/// would not be `Send` for an error type with a lifetime (`&'static str`), a limit of rustc.
+pub(crate) trait ComputeFuture<T, E>:
+    Future<Output = Result<Computed<T>, E>> + Send + 'static
+{
+}
+
+impl<T, E, Fut> ComputeFuture<T, E> for Fut where
+    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static
+{
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
-use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
 use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
@@ -73,13 +73,10 @@ impl<R> Drop for Detachable<R> {
     }
 }
 
-impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+    KeyCall<'_, C, T, E, F>
 where
-    C: Codec,
-    T: CacheValue,
-    E: ComputeFailure,
     F: FnOnce(Lease) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
 {
     /// Computes under `held`, as the caller that took the lock, and answers with the value or,
     /// with the fail-safe, the fallback `kept` when the computation fails or hits its hard
@@ -99,6 +96,7 @@ where
             started,
             f,
             span,
+            types: _,
         } = self;
         // The fence this call computes under, on its span; the followers of its flight link to
         // its span (`cache/trace.rs`).

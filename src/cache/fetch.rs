@@ -11,7 +11,7 @@
 //! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips); the path
 //! of a hit, step by step: `docs/architecture.md`.
 
-use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::fallback::Answer;
@@ -34,13 +34,14 @@ use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
 use crate::wire::shape;
-use crate::{Computed, Error, Fetched, Lease, Source};
+use crate::{Error, Fetched, Lease, Source};
 
 /// One call of the single-key path, from its first read to its outcome: the engine it runs on,
 /// its keys, its TTL, when it began to wait (the in-process flight or the lock) and its
 /// computation. Its steps are the methods below (a hit) and those of `miss.rs`, `compute.rs` and
-/// `uncached.rs`; the batch's counterpart is `Batch`.
-pub(crate) struct KeyCall<'e, C, F> {
+/// `uncached.rs`; the batch's counterpart is `Batch`. `T` and `E` are the value's and the
+/// computation's error's types, fixed by `f`.
+pub(crate) struct KeyCall<'e, C, T, E, F> {
     pub(crate) engine: &'e Engine<C>,
     pub(crate) keys: Arc<EntryKeys>,
     /// Whole: every TTL below is at most FOREVER.
@@ -51,15 +52,14 @@ pub(crate) struct KeyCall<'e, C, F> {
     /// The call's span (`cache/trace.rs`), disabled without a subscriber that wants it: the
     /// steps record on it the tier that answered and the fence a computation ran under.
     pub(crate) span: tracing::Span,
+    /// Fixed by `f`; as `fn` pointers, so that the call is `Send` and `Sync` whatever they are.
+    pub(crate) types: PhantomData<fn() -> (T, E)>,
 }
 
-impl<'e, C, F, T, E, Fut> KeyCall<'e, C, F>
+impl<'e, C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+    KeyCall<'e, C, T, E, F>
 where
-    C: Codec,
-    T: CacheValue,
-    E: ComputeFailure,
     F: FnOnce(Lease) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
 {
     /// `started`: when the call began (its miss waits from when it joins the flight).
     pub(crate) fn new(
@@ -77,6 +77,7 @@ where
             started,
             f,
             span,
+            types: PhantomData,
         }
     }
 
@@ -216,7 +217,7 @@ impl<C: Codec> Engine<C> {
         T: CacheValue,
         E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+        Fut: ComputeFuture<T, E>,
     {
         // One span per call (`cache/trace.rs`); how it ended is recorded when it ends.
         let span = CallSpan::open(&self.core.namespace, key, self.options.span_keys);

@@ -4,13 +4,12 @@
 //!
 //! Explained in the guide: `docs/how-it-works.md` (the protocol and its round trips).
 
-use std::future::Future;
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
 use crate::cache::claim::Claim;
 use crate::cache::engine::Engine;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
@@ -24,15 +23,12 @@ use crate::time::later_by;
 use crate::wait::flight::{Follower, Role};
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Computed, Error, Fetched, Lease, Source};
+use crate::{Error, Fetched, Lease, Source};
 
-impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+    KeyCall<'_, C, T, E, F>
 where
-    C: Codec,
-    T: CacheValue,
-    E: ComputeFailure,
     F: FnOnce(Lease) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
 {
     /// A miss: this process's flight of the key, followed or led (then [`load`](Self::load)).
     pub(crate) async fn share_or_load(mut self, start: Start) -> Result<Fetched<T>, Error> {

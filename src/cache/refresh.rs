@@ -7,13 +7,12 @@
 //!
 //! Explained in the guide: `docs/freshness.md`.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::cache::bounds::ComputeFailure;
+use crate::cache::bounds::{ComputeFailure, ComputeFuture};
 use crate::cache::compute::{Computation, OnFailure};
 use crate::cache::engine::Engine;
 use crate::store::ReadOrLock;
@@ -21,7 +20,7 @@ use crate::store::StoreExt;
 use crate::wire::codec::Codec;
 use crate::wire::envelope::Envelope;
 use crate::wire::key::EntryKeys;
-use crate::{Computed, Lease};
+use crate::Lease;
 
 /// The longest a process refrains from trying to refresh after finding the lock held.
 const HOLD_OFF_MAX: Duration = Duration::from_secs(1);
@@ -40,7 +39,7 @@ impl<C: Codec> Engine<C> {
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
         E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
+        Fut: ComputeFuture<T, E>,
     {
         let Some(mut claim) = self.core.refreshes.claim(&keys.value) else {
             return;

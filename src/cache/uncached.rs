@@ -3,9 +3,7 @@
 //! ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)), as the table
 //! of `cache/fallback.rs` answers the failure's kind with what the call has at hand.
 
-use std::future::Future;
-
-use crate::cache::bounds::{CacheValue, ComputeFailure};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
 use crate::cache::engine::Engine;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
@@ -14,7 +12,7 @@ use crate::stats::{Event, NotStoredReason};
 use crate::store::StoreError;
 use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
-use crate::{Computed, Error, Fetched, Lease, Source};
+use crate::{Error, Fetched, Lease, Source};
 
 impl<C: Codec> Engine<C> {
     /// A plain call (`get`, `set`) failed on the backend: counted, then returned as an error or,
@@ -59,13 +57,10 @@ impl<C: Codec> Engine<C> {
     }
 }
 
-impl<C, F, T, E, Fut> KeyCall<'_, C, F>
+impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+    KeyCall<'_, C, T, E, F>
 where
-    C: Codec,
-    T: CacheValue,
-    E: ComputeFailure,
     F: FnOnce(Lease) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static,
 {
     /// The backend failed during `op`: serve a held copy, fail, or compute without the cache,
     /// as the table (`cache/fallback.rs`) answers the failure with what the call has at hand.
