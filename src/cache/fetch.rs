@@ -159,7 +159,9 @@ where
                 }
             }
         }
-        self.share_or_load(start).await
+        // Boxed: the miss's future (kilobytes: the flight, the claim loop, the computation)
+        // would otherwise sit inside every hit's, which is built and moved whole on each call.
+        Box::pin(self.share_or_load(start)).await
     }
 
     /// Serves `entry` to this call, found `fresh` (a hit, or a value another caller computed
