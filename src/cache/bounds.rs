@@ -1,7 +1,7 @@
 //! The bounds of the `get_or_compute` family, named once: what a cached value must be
 //! ([`CacheValue`]), what a computation's error must be ([`ComputeFailure`]) and, inside the
-//! crate, what a computation's future is ([`ComputeFuture`]). Each has a blanket impl, so every type that meets
-//! the bounds is one: nobody implements them by hand.
+//! crate, what a computation's future is ([`ComputedFuture`]). Each has a blanket impl, so every
+//! type that meets the bounds is one: nobody implements them by hand.
 
 use std::fmt::{Debug, Display};
 use std::future::Future;
@@ -37,17 +37,18 @@ pub trait ComputeFailure: Display + Debug + Send + Sync + 'static {}
 
 impl<E> ComputeFailure for E where E: Display + Debug + Send + Sync + 'static {}
 
-/// The future a computation of the single-key path returns, as the public methods bound it
-/// (`Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static`), named once for the
-/// engine's steps. Bounded beside `F: FnOnce(Lease) -> Fut + Send + 'static`, never reached
-/// through a projection of `F`: a future that held `<F as Trait>::Output` across an `.await`
-/// would not be `Send` for an error type with a lifetime (`&'static str`), a limit of rustc.
-pub(crate) trait ComputeFuture<T, E>:
+/// The future a key's computation returns, as `Cache::fetch` bounds it (`Fut: Future<Output =
+/// Result<Computed<T>, E>> + Send + 'static`), named once for the engine's steps (the single-key
+/// path and the background refresh). Bounded beside `F: FnOnce(Lease) -> Fut + Send + 'static`,
+/// never reached through a projection of `F` (an associated type of a trait on `F`): a future
+/// that held such a projection across an `.await` would not be `Send` for an error type with a
+/// lifetime (`&'static str`), a limit of rustc (rust-lang/rust#102211).
+pub(crate) trait ComputedFuture<T, E>:
     Future<Output = Result<Computed<T>, E>> + Send + 'static
 {
 }
 
-impl<T, E, Fut> ComputeFuture<T, E> for Fut where
+impl<T, E, Fut> ComputedFuture<T, E> for Fut where
     Fut: Future<Output = Result<Computed<T>, E>> + Send + 'static
 {
 }

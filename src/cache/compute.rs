@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{de::DeserializeOwned, Serialize};
 use tracing::Instrument;
 
-use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputedFuture};
 use crate::cache::engine::Engine;
 use crate::cache::failsafe::Kept;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
@@ -73,7 +73,7 @@ impl<R> Drop for Detachable<R> {
     }
 }
 
-impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputedFuture<T, E>>
     KeyCall<'_, C, T, E, F>
 where
     F: FnOnce(Lease) -> Fut + Send + 'static,

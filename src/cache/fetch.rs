@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputedFuture};
 use crate::cache::engine::Engine;
 use crate::cache::entry::StoredEntry;
 use crate::cache::fallback::Answer;
@@ -40,7 +40,9 @@ use crate::{Error, Fetched, Lease, Source};
 /// its keys, its TTL, when it began to wait (the in-process flight or the lock) and its
 /// computation. Its steps are the methods below (a hit) and those of `miss.rs`, `compute.rs` and
 /// `uncached.rs`; the batch's counterpart is `Batch`. `T` and `E` are the value's and the
-/// computation's error's types, fixed by `f`.
+/// computation's error's types: parameters of the call, because the bound that names them
+/// (`Fut: ComputedFuture<T, E>`) takes them as a trait's parameters, which do not fix them for an
+/// `impl` block (E0207).
 pub(crate) struct KeyCall<'e, C, T, E, F> {
     pub(crate) engine: &'e Engine<C>,
     pub(crate) keys: Arc<EntryKeys>,
@@ -52,11 +54,11 @@ pub(crate) struct KeyCall<'e, C, T, E, F> {
     /// The call's span (`cache/trace.rs`), disabled without a subscriber that wants it: the
     /// steps record on it the tier that answered and the fence a computation ran under.
     pub(crate) span: tracing::Span,
-    /// Fixed by `f`; as `fn` pointers, so that the call is `Send` and `Sync` whatever they are.
+    /// The call holds no `T` and no `E`: a `fn` type, which owns neither.
     pub(crate) types: PhantomData<fn() -> (T, E)>,
 }
 
-impl<'e, C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+impl<'e, C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputedFuture<T, E>>
     KeyCall<'e, C, T, E, F>
 where
     F: FnOnce(Lease) -> Fut + Send + 'static,
@@ -219,7 +221,7 @@ impl<C: Codec> Engine<C> {
         T: CacheValue,
         E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: ComputeFuture<T, E>,
+        Fut: ComputedFuture<T, E>,
     {
         // One span per call (`cache/trace.rs`); how it ended is recorded when it ends.
         let span = CallSpan::open(&self.core.namespace, key, self.options.span_keys);

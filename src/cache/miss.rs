@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
-use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputedFuture};
 use crate::cache::claim::Claim;
 use crate::cache::engine::Engine;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
@@ -25,7 +25,7 @@ use crate::wire::codec::Codec;
 use crate::wire::key::EntryKeys;
 use crate::{Error, Fetched, Lease, Source};
 
-impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputedFuture<T, E>>
     KeyCall<'_, C, T, E, F>
 where
     F: FnOnce(Lease) -> Fut + Send + 'static,

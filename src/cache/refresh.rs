@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-use crate::cache::bounds::{ComputeFailure, ComputeFuture};
+use crate::cache::bounds::{ComputeFailure, ComputedFuture};
 use crate::cache::compute::{Computation, OnFailure};
 use crate::cache::engine::Engine;
 use crate::store::ReadOrLock;
@@ -39,7 +39,7 @@ impl<C: Codec> Engine<C> {
         T: Serialize + DeserializeOwned + Send + Sync + 'static,
         E: ComputeFailure,
         F: FnOnce(Lease) -> Fut + Send + 'static,
-        Fut: ComputeFuture<T, E>,
+        Fut: ComputedFuture<T, E>,
     {
         let Some(mut claim) = self.core.refreshes.claim(&keys.value) else {
             return;

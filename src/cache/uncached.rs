@@ -3,7 +3,7 @@
 //! ([`OnBackendError::ComputeUncached`](crate::OnBackendError::ComputeUncached)), as the table
 //! of `cache/fallback.rs` answers the failure's kind with what the call has at hand.
 
-use crate::cache::bounds::{CacheValue, ComputeFailure, ComputeFuture};
+use crate::cache::bounds::{CacheValue, ComputeFailure, ComputedFuture};
 use crate::cache::engine::Engine;
 use crate::cache::fallback::{decide, Answer, AtHand, Failure};
 use crate::cache::fetch::KeyCall;
@@ -57,7 +57,7 @@ impl<C: Codec> Engine<C> {
     }
 }
 
-impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputeFuture<T, E>>
+impl<C: Codec, T: CacheValue, E: ComputeFailure, F, Fut: ComputedFuture<T, E>>
     KeyCall<'_, C, T, E, F>
 where
     F: FnOnce(Lease) -> Fut + Send + 'static,
